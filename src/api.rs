@@ -1,0 +1,168 @@
+//! The `Memcached` custom resource (`cache.example.com/v1alpha1`).
+//!
+//! Field names and defaults follow the Kubebuilder and Operator SDK memcached tutorials, so their sample
+//! manifests (`spec: {size: 1, containerPort: 11211}`) apply unchanged. Every limit that the API server can
+//! check is plain OpenAPI schema (no CEL), so the CRD works on every server from v1.24 up.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// API group of the custom resource.
+pub const GROUP: &str = "cache.example.com";
+/// API version of the custom resource.
+pub const VERSION: &str = "v1alpha1";
+/// Finalizer the operator puts on every instance (the name the tutorial's deploy-image variant uses).
+pub const FINALIZER: &str = "cache.example.com/finalizer";
+
+/// Default for `spec.size`.
+pub const DEFAULT_SIZE: i32 = 1;
+/// Upper bound for `spec.size`.
+pub const MAX_SIZE: i32 = 64;
+/// Default for `spec.containerPort`: memcached's well-known port.
+pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
+
+/// Desired state of a Memcached instance.
+// Several printer columns share a `type_`, which clippy would take for a repeated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "cache.example.com",
+    version = "v1alpha1",
+    kind = "Memcached",
+    plural = "memcacheds",
+    shortname = "mc",
+    namespaced,
+    status = "MemcachedStatus",
+    derive = "PartialEq",
+    doc = "Memcached runs a set of memcached servers (a Deployment and a Service) managed by memcached-operator.",
+    scale(
+        spec_replicas_path = ".spec.size",
+        status_replicas_path = ".status.replicas",
+        label_selector_path = ".status.selector"
+    ),
+    printcolumn(
+        name = "Size",
+        type_ = "integer",
+        json_path = ".spec.size",
+        description = "Desired number of memcached pods"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "integer",
+        json_path = ".status.readyReplicas",
+        description = "Number of ready memcached pods"
+    ),
+    printcolumn(
+        name = "Available",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Available\")].status",
+        description = "Whether every desired memcached pod is ready"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedSpec {
+    /// Number of memcached pods. 0 scales the instance to zero (the Deployment and Service are kept).
+    /// Also settable through the scale subresource (`kubectl scale memcached/NAME --replicas=N`).
+    #[serde(default = "default_size")]
+    #[schemars(range(min = 0, max = 64))]
+    pub size: i32,
+
+    /// TCP port memcached listens on inside the pod; the Service exposes the same port.
+    #[serde(default = "default_container_port")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub container_port: i32,
+
+    /// Container image to run. Defaults to the operator's MEMCACHED_IMAGE environment variable, or to the
+    /// operator's built-in memcached image when that is unset. Changing it rolls the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+}
+
+fn default_size() -> i32 {
+    DEFAULT_SIZE
+}
+
+fn default_container_port() -> i32 {
+    DEFAULT_CONTAINER_PORT
+}
+
+impl Default for MemcachedSpec {
+    fn default() -> Self {
+        Self {
+            size: DEFAULT_SIZE,
+            container_port: DEFAULT_CONTAINER_PORT,
+            image: None,
+        }
+    }
+}
+
+/// Observed state of a Memcached instance, written by the operator only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedStatus {
+    /// Latest observations: `Available` (all desired pods ready), `Progressing` (a rollout or scale is under
+    /// way) and `Degraded` (pods cannot start or the spec cannot be realised).
+    #[serde(default)]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+
+    /// The `metadata.generation` this status was computed for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// Number of memcached pods that exist (ready or not), as reported by the Deployment.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Number of memcached pods that are ready to serve.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// Label selector of the instance's pods, in string form (used by the scale subresource and HPAs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+
+    /// Sorted names of the instance's pods.
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
+impl Memcached {
+    /// The spec'd image, or `default_image` when the spec leaves it out.
+    pub fn image_or<'a>(&'a self, default_image: &'a str) -> &'a str {
+        self.spec.image.as_deref().unwrap_or(default_image)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tutorial_spec_deserializes_with_defaults() {
+        let spec: MemcachedSpec = serde_json::from_str(r#"{"size": 3}"#).unwrap();
+        assert_eq!(spec.size, 3);
+        assert_eq!(spec.container_port, DEFAULT_CONTAINER_PORT);
+        assert_eq!(spec.image, None);
+
+        let empty: MemcachedSpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(empty, MemcachedSpec::default());
+    }
+
+    #[test]
+    fn status_serializes_every_count_so_server_side_apply_can_zero_them() {
+        let json = serde_json::to_value(MemcachedStatus::default()).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"conditions": [], "replicas": 0, "readyReplicas": 0, "nodes": []})
+        );
+    }
+}

@@ -1,0 +1,160 @@
+//! Command line. Flag names follow the Kubebuilder scaffold where one exists; each flag also reads an
+//! environment variable, so the in-cluster Deployment can be configured either way.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use crate::resources::DEFAULT_IMAGE;
+
+/// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
+#[derive(Debug, Parser)]
+#[command(name = "memcached-operator", version, args_conflicts_with_subcommands = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+
+    /// Flags of `run`, so the operator also starts when no subcommand is given.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the operator against the current kube context or in-cluster config (the default).
+    Run(RunArgs),
+    /// Print the CustomResourceDefinition YAML.
+    Crd,
+    /// Print the operator's RBAC roles (ClusterRole manager-role, Role leader-election-role) as YAML.
+    Rbac,
+    /// Print the version.
+    Version,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct RunArgs {
+    /// Address of the Prometheus /metrics endpoint (":8080" means every interface; "0" disables it).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    pub metrics_bind_address: String,
+
+    /// Address of the /healthz and /readyz endpoints.
+    #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
+    pub health_probe_bind_address: String,
+
+    /// Elect a leader through a coordination.k8s.io Lease, so that only one replica reconciles.
+    #[arg(long, env = "LEADER_ELECT")]
+    pub leader_elect: bool,
+
+    /// Namespace of the leader-election Lease [default: $POD_NAMESPACE].
+    #[arg(long, env = "LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// Name of the leader-election Lease.
+    #[arg(long, env = "LEADER_ELECTION_ID", default_value = "memcached-operator.cache.example.com")]
+    pub leader_election_id: String,
+
+    /// Watch and reconcile only this namespace [default: all namespaces].
+    #[arg(long, env = "WATCH_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Most instances reconciled at the same time.
+    #[arg(long, env = "CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    pub concurrency: u16,
+
+    /// Safety requeue of every instance after a successful reconcile (e.g. 300s, 5m, 1h).
+    #[arg(long, env = "REQUEUE_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub requeue_interval: Duration,
+
+    /// Image for instances whose spec sets none.
+    #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
+    pub memcached_image: String,
+
+    /// Log filter: a level (error, warn, info, debug, trace) or tracing directives such as "info,kube=debug".
+    #[arg(long, env = "LOG_LEVEL", default_value = "info")]
+    pub log_level: String,
+
+    /// Log format.
+    #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+/// Parses "90", "90s", "5m" or "1h".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| !c.is_ascii_digit()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration such as 300s, 5m or 1h"))?;
+    let secs = match unit {
+        "s" => n,
+        "m" => n.saturating_mul(60),
+        "h" => n.saturating_mul(3600),
+        _ => return Err(format!("{s:?} has an unknown unit; use s, m or h")),
+    };
+    if secs == 0 {
+        return Err("the duration must be positive".into());
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// A bind address with the Go-style empty host (":8080") read as every interface.
+pub fn bind_address(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
+    if s == "0" {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_owned() };
+    full.parse()
+        .map(Some)
+        .map_err(|e| format!("{s:?} is not an address such as :8080 or 127.0.0.1:8080: {e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn flags_work_with_and_without_the_run_subcommand() {
+        let cli = Cli::try_parse_from(["memcached-operator", "--leader-elect", "--namespace", "a"]).unwrap();
+        assert!(cli.command.is_none());
+        assert!(cli.run.leader_elect);
+        assert_eq!(cli.run.namespace.as_deref(), Some("a"));
+
+        let cli = Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "8", "--log-format", "json"]).unwrap();
+        let Some(Command::Run(run)) = cli.command else { panic!("expected run") };
+        assert_eq!(run.concurrency, 8);
+        assert_eq!(run.log_format, LogFormat::Json);
+        assert_eq!(run.metrics_bind_address, ":8080");
+        assert_eq!(run.health_probe_bind_address, ":8081");
+        assert!(!run.leader_elect);
+
+        assert!(Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "0"]).is_err());
+    }
+
+    #[test]
+    fn durations_and_addresses() {
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert!(parse_duration("0s").is_err() && parse_duration("5d").is_err() && parse_duration("x").is_err());
+
+        assert_eq!(bind_address(":8080").unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(bind_address("127.0.0.1:9").unwrap(), Some("127.0.0.1:9".parse().unwrap()));
+        assert_eq!(bind_address("0").unwrap(), None);
+        assert!(bind_address("localhost").is_err());
+    }
+}

@@ -1,0 +1,85 @@
+//! Typed reconcile errors. Each has a `kind` for metrics and says whether it is worth a `Degraded`
+//! condition (a problem a person must fix) or is transient (retried with backoff, nothing to report).
+
+use crate::status::Problem;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("failed to apply {kind} {name}: {source}")]
+    Apply {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("{kind} {name} is controlled by another owner (uid {owner_uid}), not by this Memcached")]
+    ForeignOwner {
+        kind: String,
+        name: String,
+        owner_uid: String,
+    },
+
+    #[error("failed to update the status of Memcached {name}: {source}")]
+    Status {
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("failed to add or remove the finalizer: {0}")]
+    Finalizer(#[source] kube::Error),
+
+    #[error("the Memcached object is malformed: {0}")]
+    Malformed(String),
+}
+
+impl Error {
+    /// Short, stable label for the `reconcile_errors` metric.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Apply { .. } => "apply",
+            Self::ForeignOwner { .. } => "foreign_owner",
+            Self::Status { .. } => "status",
+            Self::Finalizer(_) => "finalizer",
+            Self::Malformed(_) => "malformed",
+        }
+    }
+
+    /// The condition to surface for errors a retry alone will not fix: requests the API server rejects as
+    /// invalid or forbidden, and children someone else controls. Transient failures (conflicts, 5xx,
+    /// network) return `None`: they are retried with backoff and not reported as `Degraded`.
+    pub fn problem(&self) -> Option<Problem> {
+        match self {
+            Self::Apply {
+                kind,
+                name,
+                source: kube::Error::Api(status),
+            } if matches!(status.code, 400 | 403 | 422) => Some(Problem {
+                reason: "ApplyRejected".into(),
+                message: format!("the API server rejected {kind} {name}: {}", status.message),
+            }),
+            Self::ForeignOwner { .. } => Some(Problem {
+                reason: "OwnershipConflict".into(),
+                message: format!(
+                    "{self}; delete it or rename this Memcached (an old object is removed by garbage collection \
+                     shortly after its owner is deleted)"
+                ),
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// Flattens the finalizer helper's error into ours.
+impl From<kube::runtime::finalizer::Error<Error>> for Error {
+    fn from(e: kube::runtime::finalizer::Error<Error>) -> Self {
+        use kube::runtime::finalizer::Error as F;
+        match e {
+            F::ApplyFailed(e) | F::CleanupFailed(e) => e,
+            F::AddFinalizer(e) | F::RemoveFinalizer(e) => Self::Finalizer(e),
+            F::UnnamedObject => Self::Malformed("it has no name".into()),
+            F::InvalidFinalizer => Self::Malformed("its finalizer cannot be addressed".into()),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! The reconciler: context, reconcile, error policy, and the watches that drive it.
+//!
+//! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
+//! watches, so a reconcile makes no read requests; it writes only when something differs.
+
+mod backoff;
+mod children;
+mod error;
+mod reconcile;
+mod watches;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Client;
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::reflector::Store;
+
+pub use backoff::Backoff;
+pub use error::Error;
+pub use reconcile::{error_policy, reconcile};
+pub use watches::{RunOptions, pod_owner, run, trim_pod};
+
+use crate::api::Memcached;
+use crate::metrics::Metrics;
+use crate::resources::Defaults;
+
+/// Name the operator reports events under.
+pub const REPORTER: &str = "memcached-operator";
+
+/// Tunables of the reconciler.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Operator-wide defaults for the children (image).
+    pub defaults: Defaults,
+    /// Safety requeue after a successful reconcile, in case a watch event was missed.
+    pub requeue_after: Duration,
+    /// First retry delay after a failed reconcile; doubles per failure.
+    pub backoff_base: Duration,
+    /// Longest retry delay after failed reconciles.
+    pub backoff_max: Duration,
+    /// Time limit for best-effort side steps (events, status during deletion).
+    pub side_step_timeout: Duration,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            defaults: Defaults::default(),
+            requeue_after: Duration::from_secs(300),
+            backoff_base: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(300),
+            side_step_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Caches the reconciler reads instead of calling the API server.
+#[derive(Clone)]
+pub struct Stores {
+    pub memcacheds: Store<Memcached>,
+    pub deployments: Store<Deployment>,
+    pub services: Store<Service>,
+    pub pods: Store<Pod>,
+}
+
+/// Source of "now" for condition transition times (pinned in tests).
+pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
+
+/// The system clock.
+pub fn system_clock() -> Clock {
+    Arc::new(|| Time(Timestamp::now()))
+}
+
+/// Shared state of every reconcile.
+pub struct Context {
+    pub client: Client,
+    pub settings: Settings,
+    pub stores: Stores,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub backoff: Backoff,
+    pub clock: Clock,
+}
+
+impl Context {
+    pub fn new(
+        client: Client,
+        settings: Settings,
+        stores: Stores,
+        metrics: Arc<Metrics>,
+        reporter_instance: Option<String>,
+        clock: Clock,
+    ) -> Self {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: REPORTER.to_owned(),
+                instance: reporter_instance,
+            },
+        );
+        let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
+        Self {
+            client,
+            settings,
+            stores,
+            recorder,
+            metrics,
+            backoff,
+            clock,
+        }
+    }
+}

@@ -1,0 +1,66 @@
+//! The `memcached-operator` binary.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use memcached_operator::cli::{Cli, Command, LogFormat, RunArgs};
+use memcached_operator::{manager, manifests};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Some(Command::Crd) => print(manifests::crd_yaml()),
+        Some(Command::Rbac) => print(manifests::rbac_yaml()),
+        Some(Command::Version) => {
+            println!("memcached-operator {}", env!("CARGO_PKG_VERSION"));
+            ExitCode::SUCCESS
+        }
+        Some(Command::Run(args)) => run(args),
+        None => run(cli.run),
+    }
+}
+
+fn print(yaml: Result<String, impl std::fmt::Display>) -> ExitCode {
+    match yaml {
+        Ok(yaml) => {
+            print!("{yaml}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(args: RunArgs) -> ExitCode {
+    if let Err(error) = init_logging(&args) {
+        eprintln!("error: {error}");
+        return ExitCode::from(2);
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(manager::run(args)) {
+        Ok(code) => code,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(args: &RunArgs) -> Result<(), String> {
+    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+        .map_err(|e| format!("invalid --log-level {:?}: {e}", args.log_level))?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let result = match args.log_format {
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+        LogFormat::Text => builder.try_init(),
+    };
+    result.map_err(|e| format!("cannot set up logging: {e}"))
+}

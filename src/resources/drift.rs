@@ -1,0 +1,120 @@
+//! Deciding whether a child needs to be applied at all.
+//!
+//! Server-side apply of an unchanged object is harmless but is still a write request; at scale those
+//! add up, so the reconciler applies a child only when the cached live object differs from what it would
+//! apply. Two checks together make that exact:
+//! - every field the operator sets must be present in the live object with the same value, which catches
+//!   edits and deletions made by others (drift);
+//! - the live object must carry the hash of the operator's whole desired object, which catches fields a
+//!   newer operator version stopped setting (a subset check alone would keep them forever).
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Annotation holding the hash of the desired object the operator last applied.
+pub const DESIRED_HASH_ANNOTATION: &str = "cache.example.com/desired-hash";
+
+/// Stamps `obj` with the hash of its own content, so a later change of the desired object is visible on the
+/// live one.
+pub fn stamp<K: Resource + Serialize>(mut obj: K) -> K {
+    let hash = hash_of(&obj);
+    annotations(obj.meta_mut()).insert(DESIRED_HASH_ANNOTATION.to_owned(), hash);
+    obj
+}
+
+/// Whether `live` already holds everything in `desired` (a stamped object), i.e. whether applying
+/// `desired` would change nothing.
+pub fn is_up_to_date<K: Serialize>(live: &K, desired: &K) -> bool {
+    match (serde_json::to_value(live), serde_json::to_value(desired)) {
+        (Ok(live), Ok(desired)) => contains(&live, &desired),
+        // Unserializable objects cannot be compared: applying is the safe answer.
+        _ => false,
+    }
+}
+
+/// Hex SHA-256 of the object's JSON form.
+pub fn hash_of<T: Serialize>(value: &T) -> String {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
+    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn annotations(meta: &mut ObjectMeta) -> &mut std::collections::BTreeMap<String, String> {
+    meta.annotations.get_or_insert_with(Default::default)
+}
+
+/// `desired ⊆ live`: objects by key (extra live keys, e.g. server defaults, are fine), lists element-wise
+/// with equal length (an extra list item is drift the operator must not ignore), scalars by equality.
+pub fn contains(live: &Value, desired: &Value) -> bool {
+    match (live, desired) {
+        (Value::Object(live), Value::Object(desired)) => desired.iter().all(|(key, want)| match live.get(key) {
+            Some(have) => contains(have, want),
+            None => is_empty(want),
+        }),
+        (Value::Array(live), Value::Array(desired)) => {
+            live.len() == desired.len() && live.iter().zip(desired).all(|(have, want)| contains(have, want))
+        }
+        (live, desired) => live == desired,
+    }
+}
+
+/// Empty objects and lists may be dropped by the server; they are not drift.
+fn is_empty(value: &Value) -> bool {
+    match value {
+        Value::Null => true,
+        Value::Object(map) => map.is_empty(),
+        Value::Array(items) => items.is_empty(),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use serde_json::json;
+
+    #[test]
+    fn server_defaults_and_foreign_fields_are_not_drift() {
+        let desired = json!({"spec": {"replicas": 3, "template": {"containers": [{"name": "m", "image": "x"}]}}});
+        let live = json!({
+            "spec": {"replicas": 3, "progressDeadlineSeconds": 600,
+                     "template": {"containers": [{"name": "m", "image": "x", "terminationMessagePath": "/dev/t"}]}},
+            "status": {"readyReplicas": 3}
+        });
+        assert!(contains(&live, &desired));
+    }
+
+    #[test]
+    fn changed_missing_or_extra_items_are_drift() {
+        let desired = json!({"spec": {"replicas": 3, "args": ["-m", "64"]}});
+        assert!(!contains(&json!({"spec": {"replicas": 1, "args": ["-m", "64"]}}), &desired));
+        assert!(!contains(&json!({"spec": {"args": ["-m", "64"]}}), &desired));
+        assert!(!contains(&json!({"spec": {"replicas": 3, "args": ["-m", "64", "-v"]}}), &desired));
+        assert!(!contains(&json!({"spec": {"replicas": 3, "args": ["-m", "65"]}}), &desired));
+    }
+
+    #[test]
+    fn empty_desired_values_match_absent_live_ones() {
+        assert!(contains(&json!({}), &json!({"emptyDir": {}, "list": []})));
+    }
+
+    #[test]
+    fn stamp_changes_when_the_desired_object_changes() {
+        let mut a = ConfigMap::default();
+        a.metadata.name = Some("a".into());
+        let mut b = a.clone();
+        b.data = Some([("k".to_owned(), "v".to_owned())].into());
+        let (a, b) = (stamp(a), stamp(b));
+        let hash = |c: &ConfigMap| c.metadata.annotations.as_ref().unwrap()[DESIRED_HASH_ANNOTATION].clone();
+        assert_ne!(hash(&a), hash(&b));
+        assert_eq!(hash(&a), hash(&stamp(ConfigMap { metadata: ObjectMeta { name: Some("a".into()), ..Default::default() }, ..Default::default() })));
+        // A live object stamped by an older desired object is out of date even if it holds every field.
+        let mut live = b.clone();
+        live.metadata.annotations = a.metadata.annotations.clone();
+        assert!(!is_up_to_date(&live, &b));
+        assert!(is_up_to_date(&b, &b));
+    }
+}

@@ -1,0 +1,193 @@
+//! Pure builders: a `Memcached` in, the exact child objects the operator server-side applies out.
+//!
+//! Nothing here talks to the API server, so every shape decision is unit-tested with plain values.
+
+pub mod args;
+pub mod drift;
+pub mod deployment;
+pub mod labels;
+pub mod service;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use crate::api::{Memcached, MemcachedSpec};
+
+/// Image used when neither `spec.image` nor `MEMCACHED_IMAGE` says otherwise.
+pub const DEFAULT_IMAGE: &str = "memcached:1.6-alpine";
+
+/// Operator-wide settings that shape the children of every instance.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Defaults {
+    /// Image for instances whose spec has none (`MEMCACHED_IMAGE`).
+    pub image: String,
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Self {
+            image: DEFAULT_IMAGE.to_owned(),
+        }
+    }
+}
+
+/// A spec the operator cannot realise, found before anything is applied. Reported as `Degraded`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}: {message}")]
+pub struct InvalidSpec {
+    /// CamelCase condition reason.
+    pub reason: &'static str,
+    /// Human-readable explanation naming the offending field.
+    pub message: String,
+}
+
+/// A validated instance: everything the builders need, with the checks the schema cannot express done.
+#[derive(Clone, Debug)]
+pub struct Instance<'a> {
+    pub name: &'a str,
+    pub namespace: &'a str,
+    pub spec: &'a MemcachedSpec,
+    pub image: &'a str,
+    owner: OwnerReference,
+}
+
+impl<'a> Instance<'a> {
+    /// Validates `mc` for what only the operator can check (the schema covers the rest).
+    pub fn new(mc: &'a Memcached, defaults: &'a Defaults) -> Result<Self, InvalidSpec> {
+        let meta = mc.meta();
+        let (Some(name), Some(namespace)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+            return Err(InvalidSpec {
+                reason: "InvalidObject",
+                message: "the Memcached object has no name or namespace".into(),
+            });
+        };
+        let owner = mc.controller_owner_ref(&()).ok_or_else(|| InvalidSpec {
+            reason: "InvalidObject",
+            message: "the Memcached object has no uid yet".into(),
+        })?;
+        validate_child_name(name)?;
+        Ok(Self {
+            name,
+            namespace,
+            spec: &mc.spec,
+            image: mc.image_or(&defaults.image),
+            owner,
+        })
+    }
+
+    /// Metadata shared by every child: same name and namespace as the instance, common labels, and a
+    /// controller owner reference so that garbage collection removes the child with the instance.
+    pub fn child_meta(&self) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(self.name.to_owned()),
+            namespace: Some(self.namespace.to_owned()),
+            labels: Some(labels::common_labels(self.name)),
+            owner_references: Some(vec![self.owner.clone()]),
+            ..ObjectMeta::default()
+        }
+    }
+
+    /// UID of the instance, as found in its children's controller owner reference.
+    pub fn uid(&self) -> &str {
+        &self.owner.uid
+    }
+}
+
+/// Children are named after the instance. A Service name must be an RFC 1035 label and the instance name
+/// is also a label value, so both limits apply; a Memcached name may be a longer DNS subdomain.
+fn validate_child_name(name: &str) -> Result<(), InvalidSpec> {
+    let bytes = name.as_bytes();
+    let valid = !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes[0].is_ascii_lowercase()
+        && bytes[bytes.len() - 1].is_ascii_alphanumeric()
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
+    if valid {
+        Ok(())
+    } else {
+        Err(InvalidSpec {
+            reason: "InvalidName",
+            message: format!(
+                "metadata.name {name:?} cannot name a Service: it must be at most 63 characters of \
+                 lower-case letters, digits and '-', start with a letter and end with a letter or digit; \
+                 recreate the Memcached under such a name"
+            ),
+        })
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod testing {
+    //! Sample instances for the builder and status tests.
+    use super::*;
+
+    pub fn memcached(name: &str, spec: MemcachedSpec) -> Memcached {
+        let mut mc = Memcached::new(name, spec);
+        mc.metadata.namespace = Some("default".into());
+        mc.metadata.uid = Some("uid-1".into());
+        mc.metadata.generation = Some(1);
+        mc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::memcached;
+    use super::*;
+
+    #[test]
+    fn instance_uses_default_image_unless_spec_sets_one() {
+        let defaults = Defaults::default();
+        let mc = memcached("cache", MemcachedSpec::default());
+        assert_eq!(Instance::new(&mc, &defaults).unwrap().image, DEFAULT_IMAGE);
+
+        let mc = memcached(
+            "cache",
+            MemcachedSpec {
+                image: Some("memcached:1.6.38".into()),
+                ..MemcachedSpec::default()
+            },
+        );
+        assert_eq!(Instance::new(&mc, &defaults).unwrap().image, "memcached:1.6.38");
+    }
+
+    #[test]
+    fn child_meta_carries_labels_and_controller_owner() {
+        let defaults = Defaults::default();
+        let mc = memcached("cache", MemcachedSpec::default());
+        let meta = Instance::new(&mc, &defaults).unwrap().child_meta();
+        assert_eq!(meta.name.as_deref(), Some("cache"));
+        assert_eq!(meta.namespace.as_deref(), Some("default"));
+        let owners = meta.owner_references.unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Memcached");
+        assert_eq!(owners[0].uid, "uid-1");
+        assert_eq!(owners[0].controller, Some(true));
+        assert_eq!(meta.labels.unwrap(), labels::common_labels("cache"));
+    }
+
+    #[test]
+    fn names_that_cannot_name_a_service_are_invalid() {
+        let defaults = Defaults::default();
+        for bad in ["1cache", "my.cache", &"a".repeat(64), "cache-"] {
+            let mc = memcached(bad, MemcachedSpec::default());
+            let err = Instance::new(&mc, &defaults).unwrap_err();
+            assert_eq!(err.reason, "InvalidName", "{bad}");
+            assert!(err.message.contains("metadata.name"), "{}", err.message);
+        }
+        for good in ["cache", "memcached-sample", "a1", &"a".repeat(63)] {
+            let mc = memcached(good, MemcachedSpec::default());
+            assert!(Instance::new(&mc, &defaults).is_ok(), "{good}");
+        }
+    }
+
+    #[test]
+    fn objects_without_uid_are_rejected_not_panicked_on() {
+        let defaults = Defaults::default();
+        let mut mc = memcached("cache", MemcachedSpec::default());
+        mc.metadata.uid = None;
+        assert_eq!(Instance::new(&mc, &defaults).unwrap_err().reason, "InvalidObject");
+    }
+}

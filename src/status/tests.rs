@@ -1,0 +1,210 @@
+//! Table tests for every condition and its transitions.
+
+use super::*;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+fn at(secs: i64) -> Time {
+    Time(Timestamp::from_second(secs).unwrap())
+}
+
+/// A Deployment at generation 1 with the given status fields.
+fn deployment(status: serde_json::Value) -> Deployment {
+    let mut status = status;
+    if status.get("observedGeneration").is_none() {
+        status["observedGeneration"] = json!(1);
+    }
+    serde_json::from_value(json!({
+        "metadata": {"name": "cache", "namespace": "default", "generation": 1},
+        "status": status,
+    }))
+    .unwrap()
+}
+
+fn pod(name: &str, status: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"}, "status": status})).unwrap()
+}
+
+fn ready_deployment(n: i32) -> Deployment {
+    deployment(json!({"replicas": n, "readyReplicas": n, "updatedReplicas": n, "availableReplicas": n}))
+}
+
+fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod>) -> Observed<'a> {
+    Observed {
+        generation: Some(1),
+        size,
+        selector: Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached".into()),
+        deployment,
+        pods,
+        problem: None,
+    }
+}
+
+/// (status, reason) of each condition, in the fixed order Available, Progressing, Degraded.
+fn summary(status: &MemcachedStatus) -> Vec<(String, String, String)> {
+    status
+        .conditions
+        .iter()
+        .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone()))
+        .collect()
+}
+
+fn expect(status: &MemcachedStatus, want: [(&str, &str); 3]) {
+    let want: Vec<_> = [AVAILABLE, PROGRESSING, DEGRADED]
+        .iter()
+        .zip(want)
+        .map(|(t, (s, r))| (t.to_string(), s.to_string(), r.to_string()))
+        .collect();
+    assert_eq!(summary(status), want);
+}
+
+#[test]
+fn condition_table() {
+    let none = ready_deployment(0);
+    let three = ready_deployment(3);
+    let creating = deployment(json!({"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}));
+    let scaling_up = deployment(json!({"replicas": 3, "readyReplicas": 1, "updatedReplicas": 3}));
+    let scaling_down = deployment(json!({"replicas": 3, "readyReplicas": 3, "updatedReplicas": 3}));
+    let rolling = deployment(json!({"replicas": 4, "readyReplicas": 3, "updatedReplicas": 1}));
+    let mut unobserved = ready_deployment(1);
+    unobserved.metadata.generation = Some(2);
+    let deadline = deployment(json!({
+        "replicas": 1, "updatedReplicas": 1,
+        "conditions": [{"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+                        "message": "ReplicaSet \"cache-1\" has timed out progressing."}]
+    }));
+    let quota = deployment(json!({
+        "replicas": 0,
+        "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
+                        "message": "pods \"cache-1\" is forbidden: exceeded quota: q"}]
+    }));
+
+    type Case<'a> = (&'a str, Observed<'a>, [(&'a str, &'a str); 3]);
+    let cases: Vec<Case<'_>> = vec![
+        ("no deployment yet", observed(1, None, vec![]),
+            [("False", "ReplicasNotReady"), ("True", "Creating"), ("False", "AsExpected")]),
+        ("pod starting", observed(1, Some(&creating), vec![]),
+            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("False", "AsExpected")]),
+        ("all ready", observed(3, Some(&three), vec![]),
+            [("True", "AllReplicasReady"), ("False", "Complete"), ("False", "AsExpected")]),
+        ("scaling up", observed(3, Some(&scaling_up), vec![]),
+            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("False", "AsExpected")]),
+        ("scaling down", observed(1, Some(&scaling_down), vec![]),
+            [("True", "AllReplicasReady"), ("True", "ScalingDown"), ("False", "AsExpected")]),
+        ("rolling update", observed(3, Some(&rolling), vec![]),
+            [("True", "AllReplicasReady"), ("True", "RollingUpdate"), ("False", "AsExpected")]),
+        ("spec not yet observed by the deployment controller", observed(1, Some(&unobserved), vec![]),
+            [("True", "AllReplicasReady"), ("True", "Reconciling"), ("False", "AsExpected")]),
+        ("scaled to zero", observed(0, Some(&none), vec![]),
+            [("True", "ScaledToZero"), ("False", "Complete"), ("False", "AsExpected")]),
+        ("progress deadline exceeded", observed(1, Some(&deadline), vec![]),
+            [("False", "ReplicasNotReady"), ("False", "ProgressDeadlineExceeded"), ("True", "ProgressDeadlineExceeded")]),
+        ("quota rejects pods", observed(1, Some(&quota), vec![]),
+            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("True", "ReplicaFailure")]),
+    ];
+    for (name, obs, want) in cases {
+        let status = compute(&obs, None, &at(0));
+        let got = summary(&status);
+        let want_v: Vec<_> = [AVAILABLE, PROGRESSING, DEGRADED]
+            .iter()
+            .zip(want)
+            .map(|(t, (s, r))| (t.to_string(), s.to_string(), r.to_string()))
+            .collect();
+        assert_eq!(got, want_v, "case {name:?}");
+        for c in &status.conditions {
+            assert_eq!(c.observed_generation, Some(1), "case {name:?}");
+            assert!(!c.message.is_empty(), "case {name:?}");
+        }
+    }
+}
+
+#[test]
+fn pod_problems_become_degraded_with_stable_messages() {
+    let d = deployment(json!({"replicas": 1, "updatedReplicas": 1}));
+    let cases = [
+        (json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}), "ImagePullFailed", "cannot pull image"),
+        (json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error"}}}]}), "ImagePullFailed", "cannot pull image"),
+        (json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 7,
+            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
+            "lastState": {"terminated": {"exitCode": 71, "reason": "Error"}}}]}), "CrashLoopBackOff", "last exit code 71 (Error)"),
+        (json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"x\" not found"}}}]}), "ContainerCreateFailed", "secret"),
+        (json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: insufficient memory"}]}), "Unschedulable", "insufficient memory"),
+    ];
+    for (pod_status, reason, fragment) in cases {
+        let p = pod("cache-abc", pod_status);
+        let status = compute(&observed(1, Some(&d), vec![&p]), None, &at(0));
+        let degraded = find(Some(&status), DEGRADED).unwrap();
+        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", reason));
+        assert!(degraded.message.contains("cache-abc"), "{}", degraded.message);
+        assert!(degraded.message.contains(fragment), "{}", degraded.message);
+        assert!(!degraded.message.contains("restart"), "no volatile counts: {}", degraded.message);
+    }
+}
+
+#[test]
+fn operator_problems_take_precedence() {
+    let d = ready_deployment(1);
+    let mut obs = observed(1, Some(&d), vec![]);
+    obs.problem = Some(Problem {
+        reason: "InvalidName".into(),
+        message: "metadata.name is bad".into(),
+    });
+    let status = compute(&obs, None, &at(0));
+    expect(&status, [("True", "AllReplicasReady"), ("False", "Complete"), ("True", "InvalidName")]);
+}
+
+#[test]
+fn counts_nodes_and_selector_come_from_what_exists() {
+    let d = deployment(json!({"replicas": 3, "readyReplicas": 2, "updatedReplicas": 3}));
+    let (b, a, c) = (pod("cache-b", json!({})), pod("cache-a", json!({})), pod("cache-c", json!({})));
+    let mut gone = pod("cache-0", json!({}));
+    gone.metadata.deletion_timestamp = Some(at(5));
+    let status = compute(&observed(3, Some(&d), vec![&b, &gone, &a, &c]), None, &at(0));
+    assert_eq!(status.replicas, 3);
+    assert_eq!(status.ready_replicas, 2);
+    assert_eq!(status.nodes, ["cache-a", "cache-b", "cache-c"]);
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(
+        status.selector.as_deref(),
+        Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached")
+    );
+}
+
+#[test]
+fn transition_time_moves_only_when_status_changes() {
+    let starting = deployment(json!({"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}));
+    let ready = ready_deployment(1);
+    let first = compute(&observed(1, Some(&starting), vec![]), None, &at(10));
+
+    // Same observation later: identical status, so the reconciler writes nothing.
+    let again = compute(&observed(1, Some(&starting), vec![]), Some(&first), &at(20));
+    assert_eq!(again, first);
+
+    // Pod becomes ready: Available and Progressing flip (new time), Degraded stays (old time).
+    let later = compute(&observed(1, Some(&ready), vec![]), Some(&again), &at(30));
+    let time = |s: &MemcachedStatus, t| find(Some(s), t).unwrap().last_transition_time.clone();
+    assert_eq!(time(&later, AVAILABLE), at(30));
+    assert_eq!(time(&later, PROGRESSING), at(30));
+    assert_eq!(time(&later, DEGRADED), at(10));
+
+    // Reason or message changes without a status change keep the time.
+    let scaled = ready_deployment(3);
+    let bigger = compute(&observed(3, Some(&scaled), vec![]), Some(&later), &at(40));
+    assert_eq!(find(Some(&bigger), AVAILABLE).unwrap().message, "3 of 3 pods ready");
+    assert_eq!(time(&bigger, AVAILABLE), at(30));
+}
+
+#[test]
+fn finalizing_sets_degraded_and_keeps_the_rest() {
+    let ready = ready_deployment(1);
+    let before = compute(&observed(1, Some(&ready), vec![]), None, &at(10));
+    let after = finalizing(Some(&before), Some(1), &at(20));
+    expect(&after, [("True", "AllReplicasReady"), ("False", "Complete"), ("True", FINALIZING)]);
+    assert_eq!(find(Some(&after), DEGRADED).unwrap().last_transition_time, at(20));
+    assert_eq!(find(Some(&after), AVAILABLE).unwrap().last_transition_time, at(10));
+    assert_eq!(finalizing(Some(&after), Some(1), &at(30)), after);
+}

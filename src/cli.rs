@@ -9,7 +9,11 @@ use crate::resources::DEFAULT_IMAGE;
 
 /// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
 #[derive(Debug, Parser)]
-#[command(name = "memcached-operator", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "memcached-operator",
+    version,
+    args_conflicts_with_subcommands = true
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -56,7 +60,11 @@ pub struct RunArgs {
     pub leader_election_namespace: Option<String>,
 
     /// Name of the leader-election Lease.
-    #[arg(long, env = "LEADER_ELECTION_ID", default_value = "memcached-operator.cache.example.com")]
+    #[arg(
+        long,
+        env = "LEADER_ELECTION_ID",
+        default_value = "memcached-operator.cache.example.com"
+    )]
     pub leader_election_id: String,
 
     /// Watch and reconcile only this namespace [default: all namespaces].
@@ -111,7 +119,11 @@ pub fn bind_address(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
     if s == "0" {
         return Ok(None);
     }
-    let full = if s.starts_with(':') { format!("0.0.0.0{s}") } else { s.to_owned() };
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
     full.parse()
         .map(Some)
         .map_err(|e| format!("{s:?} is not an address such as :8080 or 127.0.0.1:8080: {e}"))
@@ -129,13 +141,24 @@ mod tests {
 
     #[test]
     fn flags_work_with_and_without_the_run_subcommand() {
-        let cli = Cli::try_parse_from(["memcached-operator", "--leader-elect", "--namespace", "a"]).unwrap();
+        let cli = Cli::try_parse_from(["memcached-operator", "--leader-elect", "--namespace", "a"])
+            .unwrap();
         assert!(cli.command.is_none());
         assert!(cli.run.leader_elect);
         assert_eq!(cli.run.namespace.as_deref(), Some("a"));
 
-        let cli = Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "8", "--log-format", "json"]).unwrap();
-        let Some(Command::Run(run)) = cli.command else { panic!("expected run") };
+        let cli = Cli::try_parse_from([
+            "memcached-operator",
+            "run",
+            "--concurrency",
+            "8",
+            "--log-format",
+            "json",
+        ])
+        .unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("expected run")
+        };
         assert_eq!(run.concurrency, 8);
         assert_eq!(run.log_format, LogFormat::Json);
         assert_eq!(run.metrics_bind_address, ":8080");
@@ -150,10 +173,20 @@ mod tests {
         assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert!(parse_duration("0s").is_err() && parse_duration("5d").is_err() && parse_duration("x").is_err());
+        assert!(
+            parse_duration("0s").is_err()
+                && parse_duration("5d").is_err()
+                && parse_duration("x").is_err()
+        );
 
-        assert_eq!(bind_address(":8080").unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
-        assert_eq!(bind_address("127.0.0.1:9").unwrap(), Some("127.0.0.1:9".parse().unwrap()));
+        assert_eq!(
+            bind_address(":8080").unwrap(),
+            Some("0.0.0.0:8080".parse().unwrap())
+        );
+        assert_eq!(
+            bind_address("127.0.0.1:9").unwrap(),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
         assert_eq!(bind_address("0").unwrap(), None);
         assert!(bind_address("localhost").is_err());
     }

@@ -38,7 +38,10 @@ fn run(args: RunArgs) -> ExitCode {
         eprintln!("error: {error}");
         return ExitCode::from(2);
     }
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: cannot start the async runtime: {error}");
@@ -57,7 +60,9 @@ fn run(args: RunArgs) -> ExitCode {
 fn init_logging(args: &RunArgs) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .map_err(|e| format!("invalid --log-level {:?}: {e}", args.log_level))?;
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     let result = match args.log_format {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),

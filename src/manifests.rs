@@ -52,8 +52,16 @@ pub fn manager_role() -> ClusterRole {
             rule(GROUP, &["memcacheds"], &["get", "list", "watch", "patch"]),
             rule(GROUP, &["memcacheds/status"], &["get", "patch"]),
             rule(GROUP, &["memcacheds/finalizers"], &["update"]),
-            rule("apps", &["deployments"], &["get", "list", "watch", "create", "patch"]),
-            rule("", &["services"], &["get", "list", "watch", "create", "patch"]),
+            rule(
+                "apps",
+                &["deployments"],
+                &["get", "list", "watch", "create", "patch"],
+            ),
+            rule(
+                "",
+                &["services"],
+                &["get", "list", "watch", "create", "patch"],
+            ),
             rule("", &["pods"], &["get", "list", "watch"]),
             rule("events.k8s.io", &["events"], &["create", "patch"]),
         ]),
@@ -70,7 +78,11 @@ pub fn leader_election_role() -> Role {
             namespace: Some("system".to_owned()),
             ..ObjectMeta::default()
         },
-        rules: Some(vec![rule("coordination.k8s.io", &["leases"], &["get", "create", "patch"])]),
+        rules: Some(vec![rule(
+            "coordination.k8s.io",
+            &["leases"],
+            &["get", "create", "patch"],
+        )]),
     }
 }
 

@@ -48,9 +48,17 @@ impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("memcached_operator");
         let reconciles = Family::<ResultLabels, Counter>::default();
-        registry.register("reconcile", "Reconciliations by result (success, error)", reconciles.clone());
+        registry.register(
+            "reconcile",
+            "Reconciliations by result (success, error)",
+            reconciles.clone(),
+        );
         let errors = Family::<ErrorLabels, Counter>::default();
-        registry.register("reconcile_errors", "Failed reconciliations by error kind", errors.clone());
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciliations by error kind",
+            errors.clone(),
+        );
         let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
         registry.register(
             "reconcile_duration_seconds",
@@ -58,7 +66,11 @@ impl Default for Metrics {
             duration.clone(),
         );
         let instances = Gauge::default();
-        registry.register("managed_instances", "Memcached objects the operator watches", instances.clone());
+        registry.register(
+            "managed_instances",
+            "Memcached objects the operator watches",
+            instances.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -102,8 +114,14 @@ impl Metrics {
 
     /// Counts a finished reconciliation; `error_kind` is `None` on success.
     pub fn reconciled(&self, error_kind: Option<&'static str>) {
-        let result = if error_kind.is_some() { "error" } else { "success" };
-        self.reconciles.get_or_create(&ResultLabels { result }).inc();
+        let result = if error_kind.is_some() {
+            "error"
+        } else {
+            "success"
+        };
+        self.reconciles
+            .get_or_create(&ResultLabels { result })
+            .inc();
         if let Some(kind) = error_kind {
             self.errors.get_or_create(&ErrorLabels { kind }).inc();
         }
@@ -120,7 +138,9 @@ impl Metrics {
     }
 
     fn count_request(&self, verb: &'static str, code: String) {
-        self.requests.get_or_create(&RequestLabels { verb, code }).inc();
+        self.requests
+            .get_or_create(&RequestLabels { verb, code })
+            .inc();
     }
 }
 
@@ -222,10 +242,31 @@ mod tests {
     #[test]
     fn verbs_from_method_and_watch_flag() {
         let req = |m: Method, uri: &str| Request::builder().method(m).uri(uri).body(()).unwrap();
-        assert_eq!(verb(&req(Method::GET, "/apis/apps/v1/deployments?watch=true&resourceVersion=1")), "watch");
-        assert_eq!(verb(&req(Method::GET, "/apis/apps/v1/deployments?limit=500")), "get");
-        assert_eq!(verb(&req(Method::PATCH, "/apis/apps/v1/namespaces/a/deployments/b")), "patch");
-        assert_eq!(verb(&req(Method::POST, "/apis/events.k8s.io/v1/namespaces/a/events")), "create");
+        assert_eq!(
+            verb(&req(
+                Method::GET,
+                "/apis/apps/v1/deployments?watch=true&resourceVersion=1"
+            )),
+            "watch"
+        );
+        assert_eq!(
+            verb(&req(Method::GET, "/apis/apps/v1/deployments?limit=500")),
+            "get"
+        );
+        assert_eq!(
+            verb(&req(
+                Method::PATCH,
+                "/apis/apps/v1/namespaces/a/deployments/b"
+            )),
+            "patch"
+        );
+        assert_eq!(
+            verb(&req(
+                Method::POST,
+                "/apis/events.k8s.io/v1/namespaces/a/events"
+            )),
+            "create"
+        );
     }
 
     #[tokio::test]
@@ -235,7 +276,11 @@ mod tests {
             Ok::<_, std::convert::Infallible>(Response::builder().status(409).body(()).unwrap())
         });
         let mut svc = ApiMetricsLayer::new(metrics.clone()).layer(inner);
-        let req = Request::builder().method(Method::PATCH).uri("/x").body(()).unwrap();
+        let req = Request::builder()
+            .method(Method::PATCH)
+            .uri("/x")
+            .body(())
+            .unwrap();
         svc.ready().await.unwrap().call(req).await.unwrap();
         metrics.reconciled(None);
         metrics.reconciled(Some("apply"));

@@ -42,7 +42,10 @@ impl Backoff {
 
     /// Forgets the failures of `key` after it reconciled successfully (or went away).
     pub fn reset(&self, key: &ObjectRef<Memcached>) {
-        self.failures.lock().unwrap_or_else(|e| e.into_inner()).remove(key);
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(key);
     }
 
     /// Number of failures recorded in a row for `key`.
@@ -72,7 +75,9 @@ mod tests {
 
     #[test]
     fn grows_exponentially_up_to_the_cap() {
-        let ceilings: Vec<u64> = (1..=12).map(|a| delay(BASE, MAX, a, 1.0).as_secs()).collect();
+        let ceilings: Vec<u64> = (1..=12)
+            .map(|a| delay(BASE, MAX, a, 1.0).as_secs())
+            .collect();
         assert_eq!(ceilings, [1, 2, 4, 8, 16, 32, 64, 128, 256, 300, 300, 300]);
         assert_eq!(delay(BASE, MAX, u32::MAX, 1.0), MAX);
     }

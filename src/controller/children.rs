@@ -25,9 +25,18 @@ pub struct Applied<K> {
 
 /// Makes the child `desired` exist as desired. Reads the live object from `store`; sends a server-side
 /// apply only when the live object is missing, drifted, or stamped by a different desired object.
-pub async fn ensure<K>(ctx: &Context, instance: &Instance<'_>, desired: K, store: &Store<K>) -> Result<Applied<K>, Error>
+pub async fn ensure<K>(
+    ctx: &Context,
+    instance: &Instance<'_>,
+    desired: K,
+    store: &Store<K>,
+) -> Result<Applied<K>, Error>
 where
-    K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Serialize + DeserializeOwned + Debug,
+    K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
 {
     let kind = K::kind(&()).into_owned();
     let desired = drift::stamp(desired);

@@ -13,7 +13,9 @@ pub enum Error {
         source: kube::Error,
     },
 
-    #[error("{kind} {name} is controlled by another owner (uid {owner_uid}), not by this Memcached")]
+    #[error(
+        "{kind} {name} is controlled by another owner (uid {owner_uid}), not by this Memcached"
+    )]
     ForeignOwner {
         kind: String,
         name: String,

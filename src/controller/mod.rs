@@ -6,6 +6,7 @@
 mod backoff;
 mod children;
 mod error;
+mod events;
 mod reconcile;
 mod watches;
 
@@ -17,11 +18,12 @@ use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 
 pub use backoff::Backoff;
 pub use error::Error;
+pub use events::Publisher;
 pub use reconcile::{error_policy, reconcile};
 pub use watches::{RunOptions, pod_owner, run, trim_pod};
 
@@ -81,7 +83,7 @@ pub struct Context {
     pub client: Client,
     pub settings: Settings,
     pub stores: Stores,
-    pub recorder: Recorder,
+    pub events: Publisher,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
     pub clock: Clock,
@@ -96,7 +98,7 @@ impl Context {
         reporter_instance: Option<String>,
         clock: Clock,
     ) -> Self {
-        let recorder = Recorder::new(
+        let events = Publisher::new(
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),
@@ -108,7 +110,7 @@ impl Context {
             client,
             settings,
             stores,
-            recorder,
+            events,
             metrics,
             backoff,
             clock,

@@ -91,32 +91,58 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
 }
 
 /// Applies the Deployment and the Service (in that order) and records what changed as events.
-async fn apply_children(mc: &Memcached, instance: &Instance<'_>, ctx: &Context) -> Result<Arc<Deployment>, Error> {
+async fn apply_children(
+    mc: &Memcached,
+    instance: &Instance<'_>,
+    ctx: &Context,
+) -> Result<Arc<Deployment>, Error> {
     let reference = mc.object_ref(&());
     let desired = deployment::deployment(instance);
-    let replicas = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or_default();
+    let replicas = desired
+        .spec
+        .as_ref()
+        .and_then(|s| s.replicas)
+        .unwrap_or_default();
     let applied = children::ensure(ctx, instance, desired, &ctx.stores.deployments).await?;
     if applied.changed {
         let name = instance.name;
         let event = match previous_replicas(&applied) {
-            None => normal("Created", "Create", format!("Created Deployment {name} with {replicas} replicas")),
+            None => normal(
+                "Created",
+                "Create",
+                format!("Created Deployment {name} with {replicas} replicas"),
+            ),
             Some(before) if before != replicas => normal(
                 "Scaled",
                 "Scale",
                 format!("Scaled Deployment {name} from {before} to {replicas} replicas"),
             ),
-            Some(_) => normal("Updated", "Update", format!("Updated Deployment {name} to match the spec")),
+            Some(_) => normal(
+                "Updated",
+                "Update",
+                format!("Updated Deployment {name} to match the spec"),
+            ),
         };
         info!(memcached = %instance.name, namespace = %instance.namespace, reason = %event.reason, "applied Deployment");
         publish(ctx, &reference, event).await;
     }
 
-    let service = children::ensure(ctx, instance, service::service(instance), &ctx.stores.services).await?;
+    let service = children::ensure(
+        ctx,
+        instance,
+        service::service(instance),
+        &ctx.stores.services,
+    )
+    .await?;
     if service.changed {
         let name = instance.name;
         let event = match service.previous {
             None => normal("Created", "Create", format!("Created Service {name}")),
-            Some(_) => normal("Updated", "Update", format!("Updated Service {name} to match the spec")),
+            Some(_) => normal(
+                "Updated",
+                "Update",
+                format!("Updated Service {name} to match the spec"),
+            ),
         };
         info!(memcached = %instance.name, namespace = %instance.namespace, reason = %event.reason, "applied Service");
         publish(ctx, &reference, event).await;
@@ -171,17 +197,26 @@ async fn report(
 
 /// Server-side applies the whole status through the status subresource. Fields the operator no longer
 /// sets are removed, because it owns them all.
-async fn patch_status(mc: &Memcached, ctx: &Context, status: &MemcachedStatus) -> Result<(), Error> {
+async fn patch_status(
+    mc: &Memcached,
+    ctx: &Context,
+    status: &MemcachedStatus,
+) -> Result<(), Error> {
     let name = mc.name_any();
-    let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let api: Api<Memcached> =
+        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let patch = json!({
         "apiVersion": Memcached::api_version(&()),
         "kind": Memcached::kind(&()),
         "status": status,
     });
-    api.patch_status(&name, &PatchParams::apply(labels::MANAGER_NAME).force(), &Patch::Apply(&patch))
-        .await
-        .map_err(|source| Error::Status { name, source })?;
+    api.patch_status(
+        &name,
+        &PatchParams::apply(labels::MANAGER_NAME).force(),
+        &Patch::Apply(&patch),
+    )
+    .await
+    .map_err(|source| Error::Status { name, source })?;
     Ok(())
 }
 
@@ -193,15 +228,21 @@ async fn cleanup(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     let event = warning(
         "Deleting",
         "Delete",
-        format!("Deleting Memcached {name}; its Deployment and Service are removed by garbage collection"),
+        format!(
+            "Deleting Memcached {name}; its Deployment and Service are removed by garbage collection"
+        ),
     );
     publish(ctx, &mc.object_ref(&()), event).await;
 
     let new = status::finalizing(mc.status.as_ref(), mc.metadata.generation, &(ctx.clock)());
     if mc.status.as_ref() != Some(&new) {
-        match tokio::time::timeout(ctx.settings.side_step_timeout, patch_status(mc, ctx, &new)).await {
+        match tokio::time::timeout(ctx.settings.side_step_timeout, patch_status(mc, ctx, &new))
+            .await
+        {
             Ok(Ok(())) => {}
-            Ok(Err(error)) => warn!(%error, "could not mark the Memcached as finalizing; continuing"),
+            Ok(Err(error)) => {
+                warn!(%error, "could not mark the Memcached as finalizing; continuing")
+            }
             Err(_) => warn!("timed out marking the Memcached as finalizing; continuing"),
         }
     }
@@ -240,7 +281,12 @@ fn truncate(mut s: String, max: usize) -> String {
 
 /// Publishes an event; failures are logged, never returned: an event is not worth failing a reconcile.
 async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
-    match tokio::time::timeout(ctx.settings.side_step_timeout, ctx.recorder.publish(&event, reference)).await {
+    match tokio::time::timeout(
+        ctx.settings.side_step_timeout,
+        ctx.events.publish(&event, reference),
+    )
+    .await
+    {
         Ok(Ok(())) => {}
         Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
         Err(_) => warn!(reason = %event.reason, "timed out publishing event"),

@@ -73,17 +73,24 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = options.namespace.as_deref();
-    let children = watcher::Config::default().labels(&labels::managed_selector()).any_semantic();
+    let children = watcher::Config::default()
+        .labels(&labels::managed_selector())
+        .any_semantic();
 
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_stream = watcher(api::<Memcached>(&client, ns), watcher::Config::default().any_semantic())
-        .default_backoff()
-        .modify(trim_meta)
-        .reflect(mc_writer)
-        .applied_objects();
+    let mc_stream = watcher(
+        api::<Memcached>(&client, ns),
+        watcher::Config::default().any_semantic(),
+    )
+    .default_backoff()
+    .modify(trim_meta)
+    .reflect(mc_writer)
+    .applied_objects();
 
-    let (deployments, deployment_stream) = cached(api::<Deployment>(&client, ns), children.clone(), trim_meta);
-    let (services, service_stream) = cached(api::<Service>(&client, ns), children.clone(), trim_meta);
+    let (deployments, deployment_stream) =
+        cached(api::<Deployment>(&client, ns), children.clone(), trim_meta);
+    let (services, service_stream) =
+        cached(api::<Service>(&client, ns), children.clone(), trim_meta);
     let (pods, pod_stream) = cached(api::<Pod>(&client, ns), children, trim_pod);
 
     let stores = Stores {
@@ -102,7 +109,11 @@ pub async fn run(
         system_clock(),
     ));
 
-    info!(namespace = ns.unwrap_or("<all>"), concurrency = options.concurrency, "starting controller");
+    info!(
+        namespace = ns.unwrap_or("<all>"),
+        concurrency = options.concurrency,
+        "starting controller"
+    );
     Controller::for_stream(mc_stream, memcacheds)
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
@@ -140,7 +151,11 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
 {
     let (store, writer) = reflector::store::<K>();
-    let stream = watcher(api, config).default_backoff().modify(trim).reflect(writer).touched_objects();
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(trim)
+        .reflect(writer)
+        .touched_objects();
     (store, stream)
 }
 
@@ -180,9 +195,10 @@ mod tests {
             "labels": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "cache"}}}))
         .unwrap();
         assert_eq!(pod_owner(pod), Some(ObjectRef::new("cache").within("ns")));
-        let foreign: Pod = serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns",
+        let foreign: Pod =
+            serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns",
             "labels": {"app.kubernetes.io/name": "redis", "app.kubernetes.io/instance": "cache"}}}))
-        .unwrap();
+            .unwrap();
         assert_eq!(pod_owner(foreign), None);
     }
 
@@ -195,7 +211,11 @@ mod tests {
         }))
         .unwrap();
         trim_pod(&mut pod);
-        assert!(pod.spec.is_none() && pod.metadata.annotations.is_none() && pod.metadata.managed_fields.is_none());
+        assert!(
+            pod.spec.is_none()
+                && pod.metadata.annotations.is_none()
+                && pod.metadata.managed_fields.is_none()
+        );
         assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
     }
 }

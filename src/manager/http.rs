@@ -115,21 +115,41 @@ mod tests {
         assert!(health.ready().is_err());
 
         let single = Health::default();
-        assert!(single.ready().is_err(), "without leader election it reconciles, so it waits for sync");
+        assert!(
+            single.ready().is_err(),
+            "without leader election it reconciles, so it waits for sync"
+        );
     }
 
     #[tokio::test]
     async fn endpoints_answer_over_http() {
         let health = Arc::new(Health::default());
-        let probes_addr = serve("127.0.0.1:0".parse().unwrap(), probes(health.clone())).await.unwrap();
-        let metrics_addr = serve("127.0.0.1:0".parse().unwrap(), metrics(Arc::new(Metrics::default())))
+        let probes_addr = serve("127.0.0.1:0".parse().unwrap(), probes(health.clone()))
             .await
             .unwrap();
+        let metrics_addr = serve(
+            "127.0.0.1:0".parse().unwrap(),
+            metrics(Arc::new(Metrics::default())),
+        )
+        .await
+        .unwrap();
 
-        assert!(get(probes_addr, "/healthz").await.starts_with("HTTP/1.1 200"));
-        assert!(get(probes_addr, "/readyz").await.starts_with("HTTP/1.1 503"));
+        assert!(
+            get(probes_addr, "/healthz")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
+        assert!(
+            get(probes_addr, "/readyz")
+                .await
+                .starts_with("HTTP/1.1 503")
+        );
         health.synced.store(true, Ordering::Release);
-        assert!(get(probes_addr, "/readyz").await.starts_with("HTTP/1.1 200"));
+        assert!(
+            get(probes_addr, "/readyz")
+                .await
+                .starts_with("HTTP/1.1 200")
+        );
 
         let body = get(metrics_addr, "/metrics").await;
         assert!(body.starts_with("HTTP/1.1 200"), "{body}");

@@ -24,7 +24,12 @@ pub struct Election {
 
 impl Election {
     /// Starts competing for the Lease `name` in `namespace` as `identity`.
-    pub async fn start(client: Client, name: &str, namespace: &str, identity: &str) -> Result<Self, LeaseManagerError> {
+    pub async fn start(
+        client: Client,
+        name: &str,
+        namespace: &str,
+        identity: &str,
+    ) -> Result<Self, LeaseManagerError> {
         let manager = LeaseManagerBuilder::new(client, name)
             .with_namespace(namespace)
             .with_identity(identity)
@@ -85,7 +90,9 @@ impl Election {
         drop(self.leader);
         match tokio::time::timeout(std::time::Duration::from_secs(5), self.task).await {
             Ok(Ok(Ok(_))) => info!("leader lease released"),
-            Ok(Ok(Err(error))) => warn!(%error, "could not release the leader lease; it expires by itself"),
+            Ok(Ok(Err(error))) => {
+                warn!(%error, "could not release the leader lease; it expires by itself")
+            }
             Ok(Err(error)) => warn!(%error, "leader election task failed"),
             Err(_) => warn!("timed out releasing the leader lease; it expires by itself"),
         }

@@ -60,9 +60,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
             .context("--leader-elect needs --leader-election-namespace or the POD_NAMESPACE environment variable")?;
         info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
-        let mut started = Election::start(client.clone(), &args.leader_election_id, &namespace, &identity)
-            .await
-            .context("cannot start leader election")?;
+        let mut started = Election::start(
+            client.clone(),
+            &args.leader_election_id,
+            &namespace,
+            &identity,
+        )
+        .await
+        .context("cannot start leader election")?;
         if !started.acquired(&stop).await {
             info!("stopped before becoming leader");
             started.release().await;
@@ -96,7 +101,14 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         reporter_instance: Some(identity),
     };
-    controller::run(client, metrics.clone(), options, health.synced.clone(), shutdown).await;
+    controller::run(
+        client,
+        metrics.clone(),
+        options,
+        health.synced.clone(),
+        shutdown,
+    )
+    .await;
     health.stopping.store(true, Ordering::Release);
     metrics.set_leader(false);
 
@@ -125,10 +137,13 @@ async fn client(metrics: Arc<Metrics>) -> anyhow::Result<Client> {
 
 /// This replica's name in the Lease and in Events: the pod name in a cluster, else host and process id.
 fn identity() -> String {
-    std::env::var("POD_NAME").ok().filter(|s| !s.is_empty()).unwrap_or_else(|| {
-        let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
-        format!("{host}-{}", std::process::id())
-    })
+    std::env::var("POD_NAME")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| {
+            let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "local".into());
+            format!("{host}-{}", std::process::id())
+        })
 }
 
 /// First SIGTERM/SIGINT: graceful stop. Second: exit at once.

@@ -110,7 +110,10 @@ fn memcached_container(instance: &Instance<'_>) -> Container {
 /// Requests and limits sized from memcached's item memory: the limit leaves room for its overhead so the
 /// kernel never kills a full cache, and requests equal limits for memory (a cache should not be evicted).
 fn resources() -> ResourceRequirements {
-    let memory = Quantity(format!("{}Mi", args::MAX_MEMORY_MB + args::MEMORY_OVERHEAD_MB));
+    let memory = Quantity(format!(
+        "{}Mi",
+        args::MAX_MEMORY_MB + args::MEMORY_OVERHEAD_MB
+    ));
     ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_owned(), Quantity("100m".to_owned())),
@@ -135,7 +138,14 @@ mod tests {
     }
 
     fn container(d: &Deployment) -> &Container {
-        &d.spec.as_ref().unwrap().template.spec.as_ref().unwrap().containers[0]
+        &d.spec
+            .as_ref()
+            .unwrap()
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .containers[0]
     }
 
     #[test]
@@ -160,7 +170,9 @@ mod tests {
             assert_eq!(template_labels.get(k), Some(v));
         }
         assert_eq!(
-            template_labels.get(labels::MANAGED_BY_KEY).map(String::as_str),
+            template_labels
+                .get(labels::MANAGED_BY_KEY)
+                .map(String::as_str),
             Some(labels::MANAGER_NAME)
         );
     }
@@ -176,9 +188,15 @@ mod tests {
         assert_eq!(c.name, "memcached");
         assert_eq!(c.image.as_deref(), Some("memcached:1.6.38-alpine"));
         assert_eq!(c.command.as_ref().unwrap(), &["memcached"]);
-        assert_eq!(c.args.as_ref().unwrap().join(" "), "-p 11311 -m 64 -o modern");
+        assert_eq!(
+            c.args.as_ref().unwrap().join(" "),
+            "-p 11311 -m 64 -o modern"
+        );
         let port = &c.ports.as_ref().unwrap()[0];
-        assert_eq!((port.name.as_deref(), port.container_port), (Some("memcached"), 11311));
+        assert_eq!(
+            (port.name.as_deref(), port.container_port),
+            (Some("memcached"), 11311)
+        );
         for probe in [&c.readiness_probe, &c.liveness_probe] {
             let tcp = probe.as_ref().unwrap().tcp_socket.as_ref().unwrap();
             assert_eq!(tcp.port, IntOrString::String("memcached".into()));
@@ -193,7 +211,10 @@ mod tests {
         let psc = pod.security_context.as_ref().unwrap();
         assert_eq!(psc.run_as_non_root, Some(true));
         assert_ne!(psc.run_as_user, Some(0));
-        assert_eq!(psc.seccomp_profile.as_ref().unwrap().type_, "RuntimeDefault");
+        assert_eq!(
+            psc.seccomp_profile.as_ref().unwrap().type_,
+            "RuntimeDefault"
+        );
         assert!(pod.host_network.is_none() && pod.host_pid.is_none() && pod.host_ipc.is_none());
         assert!(pod.volumes.is_none(), "no hostPath or other volume types");
         for c in &pod.containers {
@@ -201,7 +222,10 @@ mod tests {
             assert_eq!(sc.allow_privilege_escalation, Some(false));
             assert_eq!(sc.read_only_root_filesystem, Some(true));
             assert_eq!(sc.privileged, None);
-            assert_eq!(sc.capabilities.as_ref().unwrap().drop.as_deref(), Some(&["ALL".to_owned()][..]));
+            assert_eq!(
+                sc.capabilities.as_ref().unwrap().drop.as_deref(),
+                Some(&["ALL".to_owned()][..])
+            );
             assert_eq!(sc.capabilities.as_ref().unwrap().add, None);
             assert!(c.ports.iter().flatten().all(|p| p.host_port.is_none()));
         }
@@ -212,7 +236,10 @@ mod tests {
         let d = build(MemcachedSpec::default());
         let resources = container(&d).resources.clone().unwrap();
         assert_eq!(resources.limits.unwrap()["memory"], Quantity("96Mi".into()));
-        assert_eq!(resources.requests.unwrap()["memory"], Quantity("96Mi".into()));
+        assert_eq!(
+            resources.requests.unwrap()["memory"],
+            Quantity("96Mi".into())
+        );
     }
 
     #[test]

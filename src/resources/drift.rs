@@ -38,7 +38,10 @@ pub fn is_up_to_date<K: Serialize>(live: &K, desired: &K) -> bool {
 /// Hex SHA-256 of the object's JSON form.
 pub fn hash_of<T: Serialize>(value: &T) -> String {
     let bytes = serde_json::to_vec(value).unwrap_or_default();
-    Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn annotations(meta: &mut ObjectMeta) -> &mut std::collections::BTreeMap<String, String> {
@@ -49,12 +52,18 @@ fn annotations(meta: &mut ObjectMeta) -> &mut std::collections::BTreeMap<String,
 /// with equal length (an extra list item is drift the operator must not ignore), scalars by equality.
 pub fn contains(live: &Value, desired: &Value) -> bool {
     match (live, desired) {
-        (Value::Object(live), Value::Object(desired)) => desired.iter().all(|(key, want)| match live.get(key) {
-            Some(have) => contains(have, want),
-            None => is_empty(want),
-        }),
+        (Value::Object(live), Value::Object(desired)) => {
+            desired.iter().all(|(key, want)| match live.get(key) {
+                Some(have) => contains(have, want),
+                None => is_empty(want),
+            })
+        }
         (Value::Array(live), Value::Array(desired)) => {
-            live.len() == desired.len() && live.iter().zip(desired).all(|(have, want)| contains(have, want))
+            live.len() == desired.len()
+                && live
+                    .iter()
+                    .zip(desired)
+                    .all(|(have, want)| contains(have, want))
         }
         (live, desired) => live == desired,
     }
@@ -90,10 +99,22 @@ mod tests {
     #[test]
     fn changed_missing_or_extra_items_are_drift() {
         let desired = json!({"spec": {"replicas": 3, "args": ["-m", "64"]}});
-        assert!(!contains(&json!({"spec": {"replicas": 1, "args": ["-m", "64"]}}), &desired));
-        assert!(!contains(&json!({"spec": {"args": ["-m", "64"]}}), &desired));
-        assert!(!contains(&json!({"spec": {"replicas": 3, "args": ["-m", "64", "-v"]}}), &desired));
-        assert!(!contains(&json!({"spec": {"replicas": 3, "args": ["-m", "65"]}}), &desired));
+        assert!(!contains(
+            &json!({"spec": {"replicas": 1, "args": ["-m", "64"]}}),
+            &desired
+        ));
+        assert!(!contains(
+            &json!({"spec": {"args": ["-m", "64"]}}),
+            &desired
+        ));
+        assert!(!contains(
+            &json!({"spec": {"replicas": 3, "args": ["-m", "64", "-v"]}}),
+            &desired
+        ));
+        assert!(!contains(
+            &json!({"spec": {"replicas": 3, "args": ["-m", "65"]}}),
+            &desired
+        ));
     }
 
     #[test]
@@ -108,9 +129,20 @@ mod tests {
         let mut b = a.clone();
         b.data = Some([("k".to_owned(), "v".to_owned())].into());
         let (a, b) = (stamp(a), stamp(b));
-        let hash = |c: &ConfigMap| c.metadata.annotations.as_ref().unwrap()[DESIRED_HASH_ANNOTATION].clone();
+        let hash = |c: &ConfigMap| {
+            c.metadata.annotations.as_ref().unwrap()[DESIRED_HASH_ANNOTATION].clone()
+        };
         assert_ne!(hash(&a), hash(&b));
-        assert_eq!(hash(&a), hash(&stamp(ConfigMap { metadata: ObjectMeta { name: Some("a".into()), ..Default::default() }, ..Default::default() })));
+        assert_eq!(
+            hash(&a),
+            hash(&stamp(ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("a".into()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            }))
+        );
         // A live object stamped by an older desired object is out of date even if it holds every field.
         let mut live = b.clone();
         live.metadata.annotations = a.metadata.annotations.clone();

@@ -64,6 +64,9 @@ mod tests {
         for (k, v) in selector_labels("cache") {
             assert_eq!(common.get(&k), Some(&v));
         }
-        assert_eq!(common.get(MANAGED_BY_KEY).map(String::as_str), Some(MANAGER_NAME));
+        assert_eq!(
+            common.get(MANAGED_BY_KEY).map(String::as_str),
+            Some(MANAGER_NAME)
+        );
     }
 }

@@ -3,8 +3,8 @@
 //! Nothing here talks to the API server, so every shape decision is unit-tested with plain values.
 
 pub mod args;
-pub mod drift;
 pub mod deployment;
+pub mod drift;
 pub mod labels;
 pub mod service;
 
@@ -55,7 +55,8 @@ impl<'a> Instance<'a> {
     /// Validates `mc` for what only the operator can check (the schema covers the rest).
     pub fn new(mc: &'a Memcached, defaults: &'a Defaults) -> Result<Self, InvalidSpec> {
         let meta = mc.meta();
-        let (Some(name), Some(namespace)) = (meta.name.as_deref(), meta.namespace.as_deref()) else {
+        let (Some(name), Some(namespace)) = (meta.name.as_deref(), meta.namespace.as_deref())
+        else {
             return Err(InvalidSpec {
                 reason: "InvalidObject",
                 message: "the Memcached object has no name or namespace".into(),
@@ -150,7 +151,10 @@ mod tests {
                 ..MemcachedSpec::default()
             },
         );
-        assert_eq!(Instance::new(&mc, &defaults).unwrap().image, "memcached:1.6.38");
+        assert_eq!(
+            Instance::new(&mc, &defaults).unwrap().image,
+            "memcached:1.6.38"
+        );
     }
 
     #[test]
@@ -188,6 +192,9 @@ mod tests {
         let defaults = Defaults::default();
         let mut mc = memcached("cache", MemcachedSpec::default());
         mc.metadata.uid = None;
-        assert_eq!(Instance::new(&mc, &defaults).unwrap_err().reason, "InvalidObject");
+        assert_eq!(
+            Instance::new(&mc, &defaults).unwrap_err().reason,
+            "InvalidObject"
+        );
     }
 }

@@ -50,7 +50,13 @@ mod tests {
         let port = &spec.ports.unwrap()[0];
         assert_eq!(port.port, 12345);
         assert_eq!(port.name.as_deref(), Some("memcached"));
-        assert_eq!(port.target_port, Some(IntOrString::String("memcached".into())));
-        assert_eq!(svc.metadata.owner_references.unwrap()[0].controller, Some(true));
+        assert_eq!(
+            port.target_port,
+            Some(IntOrString::String("memcached".into()))
+        );
+        assert_eq!(
+            svc.metadata.owner_references.unwrap()[0].controller,
+            Some(true)
+        );
     }
 }

@@ -6,9 +6,18 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 use super::Problem;
 
 /// Waiting reasons that mean the image cannot be pulled.
-const IMAGE_PULL_REASONS: &[&str] = &["ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull"];
+const IMAGE_PULL_REASONS: &[&str] = &[
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "InvalidImageName",
+    "ErrImageNeverPull",
+];
 /// Waiting reasons that mean the container cannot be created or started.
-const CREATE_REASONS: &[&str] = &["CreateContainerConfigError", "CreateContainerError", "RunContainerError"];
+const CREATE_REASONS: &[&str] = &[
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
 
 /// A `Deployment` condition of the given type and status, if present.
 fn deployment_condition<'a>(
@@ -42,7 +51,10 @@ pub fn progress_deadline_exceeded(deployment: &Deployment) -> Option<Problem> {
         .filter(|c| c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
         .map(|c| Problem {
             reason: "ProgressDeadlineExceeded".into(),
-            message: c.message.clone().unwrap_or_else(|| "the rollout made no progress".into()),
+            message: c
+                .message
+                .clone()
+                .unwrap_or_else(|| "the rollout made no progress".into()),
         })
 }
 
@@ -52,7 +64,11 @@ pub fn pod_problem(pods: &[&Pod]) -> Option<Problem> {
     pods.iter().find_map(|pod| {
         let name = pod.metadata.name.as_deref().unwrap_or("<unnamed>");
         let status = pod.status.as_ref()?;
-        let containers = status.init_container_statuses.iter().flatten().chain(status.container_statuses.iter().flatten());
+        let containers = status
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(status.container_statuses.iter().flatten());
         for container in containers {
             if let Some(problem) = container_problem(name, container) {
                 return Some(problem);
@@ -62,7 +78,11 @@ pub fn pod_problem(pods: &[&Pod]) -> Option<Problem> {
             .conditions
             .iter()
             .flatten()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+            .find(|c| {
+                c.type_ == "PodScheduled"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("Unschedulable")
+            })
             .map(|c| Problem {
                 reason: "Unschedulable".into(),
                 message: format!(
@@ -80,11 +100,17 @@ fn container_problem(pod: &str, container: &ContainerStatus) -> Option<Problem> 
     if IMAGE_PULL_REASONS.contains(&reason) {
         return Some(Problem {
             reason: "ImagePullFailed".into(),
-            message: format!("pod {pod}: container {name} cannot pull image {:?}", container.image),
+            message: format!(
+                "pod {pod}: container {name} cannot pull image {:?}",
+                container.image
+            ),
         });
     }
     if reason == "CrashLoopBackOff" {
-        let last = container.last_state.as_ref().and_then(|s| s.terminated.as_ref());
+        let last = container
+            .last_state
+            .as_ref()
+            .and_then(|s| s.terminated.as_ref());
         let detail = match last {
             Some(t) => format!(
                 "; last exit code {} ({})",

@@ -57,7 +57,11 @@ pub struct Observed<'a> {
 }
 
 /// Computes the status for `observed`, keeping transition times from `previous` where nothing transitioned.
-pub fn compute(observed: &Observed<'_>, previous: Option<&MemcachedStatus>, now: &Time) -> MemcachedStatus {
+pub fn compute(
+    observed: &Observed<'_>,
+    previous: Option<&MemcachedStatus>,
+    now: &Time,
+) -> MemcachedStatus {
     let mut pods: Vec<&Pod> = observed
         .pods
         .iter()
@@ -76,7 +80,9 @@ pub fn compute(observed: &Observed<'_>, previous: Option<&MemcachedStatus>, now:
         updated: dep_status.and_then(|s| s.updated_replicas).unwrap_or(0),
     };
 
-    let deadline = observed.deployment.and_then(health::progress_deadline_exceeded);
+    let deadline = observed
+        .deployment
+        .and_then(health::progress_deadline_exceeded);
     let degraded = observed
         .problem
         .clone()
@@ -85,13 +91,26 @@ pub fn compute(observed: &Observed<'_>, previous: Option<&MemcachedStatus>, now:
         .or_else(|| deadline.clone());
 
     let generation = observed.generation;
-    let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or_default();
+    let previous_conditions = previous
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
     let make = |type_: &str, (status, reason, message): (bool, &str, String)| {
-        condition(type_, status, reason, message, generation, previous_conditions, now)
+        condition(
+            type_,
+            status,
+            reason,
+            message,
+            generation,
+            previous_conditions,
+            now,
+        )
     };
     let conditions = vec![
         make(AVAILABLE, available(&counts)),
-        make(PROGRESSING, progressing(observed, &counts, deadline.as_ref())),
+        make(
+            PROGRESSING,
+            progressing(observed, &counts, deadline.as_ref()),
+        ),
         make(
             DEGRADED,
             match &degraded {
@@ -107,7 +126,10 @@ pub fn compute(observed: &Observed<'_>, previous: Option<&MemcachedStatus>, now:
         replicas,
         ready_replicas: ready,
         selector: observed.selector.clone(),
-        nodes: pods.iter().filter_map(|p| p.metadata.name.clone()).collect(),
+        nodes: pods
+            .iter()
+            .filter_map(|p| p.metadata.name.clone())
+            .collect(),
     }
 }
 
@@ -126,17 +148,36 @@ fn available(c: &Counts) -> (bool, &'static str, String) {
             "spec.size is 0: no memcached pods are wanted".to_owned(),
         )
     } else if c.ready >= c.size {
-        (true, "AllReplicasReady", format!("{} of {} pods ready", c.ready, c.size))
+        (
+            true,
+            "AllReplicasReady",
+            format!("{} of {} pods ready", c.ready, c.size),
+        )
     } else {
-        (false, "ReplicasNotReady", format!("{} of {} pods ready", c.ready, c.size))
+        (
+            false,
+            "ReplicasNotReady",
+            format!("{} of {} pods ready", c.ready, c.size),
+        )
     }
 }
 
-fn progressing(o: &Observed<'_>, c: &Counts, deadline: Option<&Problem>) -> (bool, &'static str, String) {
+fn progressing(
+    o: &Observed<'_>,
+    c: &Counts,
+    deadline: Option<&Problem>,
+) -> (bool, &'static str, String) {
     let Some(deployment) = o.deployment else {
-        return (true, "Creating", "the Deployment does not exist yet".to_owned());
+        return (
+            true,
+            "Creating",
+            "the Deployment does not exist yet".to_owned(),
+        );
     };
-    let seen = deployment.status.as_ref().and_then(|s| s.observed_generation);
+    let seen = deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.observed_generation);
     if seen < deployment.metadata.generation {
         return (
             true,
@@ -151,7 +192,10 @@ fn progressing(o: &Observed<'_>, c: &Counts, deadline: Option<&Problem>) -> (boo
         (
             true,
             "RollingUpdate",
-            format!("{} of {} pods updated to the current spec", c.updated, c.size),
+            format!(
+                "{} of {} pods updated to the current spec",
+                c.updated, c.size
+            ),
         )
     } else if c.replicas > c.size {
         (
@@ -200,7 +244,11 @@ fn condition(
 }
 
 /// Marks the instance as being deleted: `Degraded=True` with reason `Finalizing`, the rest kept.
-pub fn finalizing(previous: Option<&MemcachedStatus>, generation: Option<i64>, now: &Time) -> MemcachedStatus {
+pub fn finalizing(
+    previous: Option<&MemcachedStatus>,
+    generation: Option<i64>,
+    now: &Time,
+) -> MemcachedStatus {
     let mut status = previous.cloned().unwrap_or_default();
     let previous_conditions = status.conditions.clone();
     let degraded = condition(

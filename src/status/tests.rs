@@ -22,11 +22,16 @@ fn deployment(status: serde_json::Value) -> Deployment {
 }
 
 fn pod(name: &str, status: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({"metadata": {"name": name, "namespace": "default"}, "status": status})).unwrap()
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "namespace": "default"}, "status": status}),
+    )
+    .unwrap()
 }
 
 fn ready_deployment(n: i32) -> Deployment {
-    deployment(json!({"replicas": n, "readyReplicas": n, "updatedReplicas": n, "availableReplicas": n}))
+    deployment(
+        json!({"replicas": n, "readyReplicas": n, "updatedReplicas": n, "availableReplicas": n}),
+    )
 }
 
 fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod>) -> Observed<'a> {
@@ -81,26 +86,96 @@ fn condition_table() {
 
     type Case<'a> = (&'a str, Observed<'a>, [(&'a str, &'a str); 3]);
     let cases: Vec<Case<'_>> = vec![
-        ("no deployment yet", observed(1, None, vec![]),
-            [("False", "ReplicasNotReady"), ("True", "Creating"), ("False", "AsExpected")]),
-        ("pod starting", observed(1, Some(&creating), vec![]),
-            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("False", "AsExpected")]),
-        ("all ready", observed(3, Some(&three), vec![]),
-            [("True", "AllReplicasReady"), ("False", "Complete"), ("False", "AsExpected")]),
-        ("scaling up", observed(3, Some(&scaling_up), vec![]),
-            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("False", "AsExpected")]),
-        ("scaling down", observed(1, Some(&scaling_down), vec![]),
-            [("True", "AllReplicasReady"), ("True", "ScalingDown"), ("False", "AsExpected")]),
-        ("rolling update", observed(3, Some(&rolling), vec![]),
-            [("True", "AllReplicasReady"), ("True", "RollingUpdate"), ("False", "AsExpected")]),
-        ("spec not yet observed by the deployment controller", observed(1, Some(&unobserved), vec![]),
-            [("True", "AllReplicasReady"), ("True", "Reconciling"), ("False", "AsExpected")]),
-        ("scaled to zero", observed(0, Some(&none), vec![]),
-            [("True", "ScaledToZero"), ("False", "Complete"), ("False", "AsExpected")]),
-        ("progress deadline exceeded", observed(1, Some(&deadline), vec![]),
-            [("False", "ReplicasNotReady"), ("False", "ProgressDeadlineExceeded"), ("True", "ProgressDeadlineExceeded")]),
-        ("quota rejects pods", observed(1, Some(&quota), vec![]),
-            [("False", "ReplicasNotReady"), ("True", "ScalingUp"), ("True", "ReplicaFailure")]),
+        (
+            "no deployment yet",
+            observed(1, None, vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "Creating"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "pod starting",
+            observed(1, Some(&creating), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "all ready",
+            observed(3, Some(&three), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("False", "Complete"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaling up",
+            observed(3, Some(&scaling_up), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaling down",
+            observed(1, Some(&scaling_down), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "ScalingDown"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "rolling update",
+            observed(3, Some(&rolling), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "RollingUpdate"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "spec not yet observed by the deployment controller",
+            observed(1, Some(&unobserved), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "Reconciling"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaled to zero",
+            observed(0, Some(&none), vec![]),
+            [
+                ("True", "ScaledToZero"),
+                ("False", "Complete"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "progress deadline exceeded",
+            observed(1, Some(&deadline), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("False", "ProgressDeadlineExceeded"),
+                ("True", "ProgressDeadlineExceeded"),
+            ],
+        ),
+        (
+            "quota rejects pods",
+            observed(1, Some(&quota), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("True", "ReplicaFailure"),
+            ],
+        ),
     ];
     for (name, obs, want) in cases {
         let status = compute(&obs, None, &at(0));
@@ -122,26 +197,57 @@ fn condition_table() {
 fn pod_problems_become_degraded_with_stable_messages() {
     let d = deployment(json!({"replicas": 1, "updatedReplicas": 1}));
     let cases = [
-        (json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}), "ImagePullFailed", "cannot pull image"),
-        (json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error"}}}]}), "ImagePullFailed", "cannot pull image"),
-        (json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 7,
+        (
+            json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}),
+            "ImagePullFailed",
+            "cannot pull image",
+        ),
+        (
+            json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error"}}}]}),
+            "ImagePullFailed",
+            "cannot pull image",
+        ),
+        (
+            json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 7,
             "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
-            "lastState": {"terminated": {"exitCode": 71, "reason": "Error"}}}]}), "CrashLoopBackOff", "last exit code 71 (Error)"),
-        (json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"x\" not found"}}}]}), "ContainerCreateFailed", "secret"),
-        (json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": "0/3 nodes are available: insufficient memory"}]}), "Unschedulable", "insufficient memory"),
+            "lastState": {"terminated": {"exitCode": 71, "reason": "Error"}}}]}),
+            "CrashLoopBackOff",
+            "last exit code 71 (Error)",
+        ),
+        (
+            json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"x\" not found"}}}]}),
+            "ContainerCreateFailed",
+            "secret",
+        ),
+        (
+            json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": "0/3 nodes are available: insufficient memory"}]}),
+            "Unschedulable",
+            "insufficient memory",
+        ),
     ];
     for (pod_status, reason, fragment) in cases {
         let p = pod("cache-abc", pod_status);
         let status = compute(&observed(1, Some(&d), vec![&p]), None, &at(0));
         let degraded = find(Some(&status), DEGRADED).unwrap();
-        assert_eq!((degraded.status.as_str(), degraded.reason.as_str()), ("True", reason));
-        assert!(degraded.message.contains("cache-abc"), "{}", degraded.message);
+        assert_eq!(
+            (degraded.status.as_str(), degraded.reason.as_str()),
+            ("True", reason)
+        );
+        assert!(
+            degraded.message.contains("cache-abc"),
+            "{}",
+            degraded.message
+        );
         assert!(degraded.message.contains(fragment), "{}", degraded.message);
-        assert!(!degraded.message.contains("restart"), "no volatile counts: {}", degraded.message);
+        assert!(
+            !degraded.message.contains("restart"),
+            "no volatile counts: {}",
+            degraded.message
+        );
     }
 }
 
@@ -154,16 +260,31 @@ fn operator_problems_take_precedence() {
         message: "metadata.name is bad".into(),
     });
     let status = compute(&obs, None, &at(0));
-    expect(&status, [("True", "AllReplicasReady"), ("False", "Complete"), ("True", "InvalidName")]);
+    expect(
+        &status,
+        [
+            ("True", "AllReplicasReady"),
+            ("False", "Complete"),
+            ("True", "InvalidName"),
+        ],
+    );
 }
 
 #[test]
 fn counts_nodes_and_selector_come_from_what_exists() {
     let d = deployment(json!({"replicas": 3, "readyReplicas": 2, "updatedReplicas": 3}));
-    let (b, a, c) = (pod("cache-b", json!({})), pod("cache-a", json!({})), pod("cache-c", json!({})));
+    let (b, a, c) = (
+        pod("cache-b", json!({})),
+        pod("cache-a", json!({})),
+        pod("cache-c", json!({})),
+    );
     let mut gone = pod("cache-0", json!({}));
     gone.metadata.deletion_timestamp = Some(at(5));
-    let status = compute(&observed(3, Some(&d), vec![&b, &gone, &a, &c]), None, &at(0));
+    let status = compute(
+        &observed(3, Some(&d), vec![&b, &gone, &a, &c]),
+        None,
+        &at(0),
+    );
     assert_eq!(status.replicas, 3);
     assert_eq!(status.ready_replicas, 2);
     assert_eq!(status.nodes, ["cache-a", "cache-b", "cache-c"]);
@@ -194,7 +315,10 @@ fn transition_time_moves_only_when_status_changes() {
     // Reason or message changes without a status change keep the time.
     let scaled = ready_deployment(3);
     let bigger = compute(&observed(3, Some(&scaled), vec![]), Some(&later), &at(40));
-    assert_eq!(find(Some(&bigger), AVAILABLE).unwrap().message, "3 of 3 pods ready");
+    assert_eq!(
+        find(Some(&bigger), AVAILABLE).unwrap().message,
+        "3 of 3 pods ready"
+    );
     assert_eq!(time(&bigger, AVAILABLE), at(30));
 }
 
@@ -203,8 +327,21 @@ fn finalizing_sets_degraded_and_keeps_the_rest() {
     let ready = ready_deployment(1);
     let before = compute(&observed(1, Some(&ready), vec![]), None, &at(10));
     let after = finalizing(Some(&before), Some(1), &at(20));
-    expect(&after, [("True", "AllReplicasReady"), ("False", "Complete"), ("True", FINALIZING)]);
-    assert_eq!(find(Some(&after), DEGRADED).unwrap().last_transition_time, at(20));
-    assert_eq!(find(Some(&after), AVAILABLE).unwrap().last_transition_time, at(10));
+    expect(
+        &after,
+        [
+            ("True", "AllReplicasReady"),
+            ("False", "Complete"),
+            ("True", FINALIZING),
+        ],
+    );
+    assert_eq!(
+        find(Some(&after), DEGRADED).unwrap().last_transition_time,
+        at(20)
+    );
+    assert_eq!(
+        find(Some(&after), AVAILABLE).unwrap().last_transition_time,
+        at(10)
+    );
     assert_eq!(finalizing(Some(&after), Some(1), &at(30)), after);
 }

@@ -1,0 +1,798 @@
+//! The reconciler against a mocked API server: every request it makes, in order, per scenario.
+//!
+//! The stores stand in for the watch caches: each test puts in them what a real cluster would have, runs
+//! one reconcile, and the mock checks the requests (method, path, body) and answers them. When the
+//! reconcile returns, the mock asserts nothing else was sent.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::BodyExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{self, store::Writer};
+use kube::runtime::watcher;
+use kube::{Client, Resource};
+use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
+use memcached_operator::controller::{Context, Error, Settings, Stores, error_policy, reconcile};
+use memcached_operator::metrics::Metrics;
+use serde_json::{Value, json};
+use tower_test::mock::{self, Handle};
+
+const NOW: i64 = 1_700_000_000;
+const NS: &str = "default";
+const NAME: &str = "cache";
+
+// ---------------------------------------------------------------------------------------------------
+// Fixture: a scripted API server.
+
+/// One expected request and the answer to give.
+struct Exchange {
+    method: Method,
+    /// Path the request must have (query excluded).
+    path: String,
+    /// Substrings the query must contain.
+    query: Vec<&'static str>,
+    status: StatusCode,
+    /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
+    reply: Option<Value>,
+}
+
+fn expect(method: Method, path: &str) -> Exchange {
+    Exchange {
+        method,
+        path: path.to_owned(),
+        query: vec![],
+        status: StatusCode::OK,
+        reply: None,
+    }
+}
+
+impl Exchange {
+    fn apply(mut self) -> Self {
+        self.query = vec!["fieldManager=memcached-operator", "force=true"];
+        self
+    }
+    fn reply(mut self, status: StatusCode, body: Value) -> Self {
+        self.status = status;
+        self.reply = Some(body);
+        self
+    }
+    fn fail(self, code: u16, reason: &str) -> Self {
+        let status = StatusCode::from_u16(code).unwrap();
+        self.reply(
+            status,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                   "reason": reason, "message": format!("mock says {reason}")}),
+        )
+    }
+}
+
+/// A request the reconciler made.
+#[derive(Debug)]
+#[allow(dead_code)] // method and path show in failure messages
+struct Seen {
+    method: Method,
+    path: String,
+    body: Value,
+}
+
+const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
+const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
+const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
+const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+fn event() -> Exchange {
+    expect(Method::POST, EVENTS)
+}
+
+/// Answers `script` in order, then requires that no further request arrives.
+async fn serve(
+    mut handle: Handle<Request<Body>, Response<Body>>,
+    script: Vec<Exchange>,
+) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    let mut script: VecDeque<Exchange> = script.into();
+    while let Some(want) = script.pop_front() {
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        let Ok(Some((request, respond))) = next else {
+            panic!(
+                "expected {} {} but the reconciler sent nothing more; seen so far: {seen:#?}",
+                want.method, want.path
+            );
+        };
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let path = parts.uri.path().to_owned();
+        let query = parts.uri.query().unwrap_or_default().to_owned();
+        assert_eq!(
+            (&parts.method, path.as_str()),
+            (&want.method, want.path.as_str()),
+            "request #{} out of script (query {query:?}, body {body})",
+            seen.len() + 1
+        );
+        for q in &want.query {
+            assert!(
+                query.contains(q),
+                "{} {path}: query {query:?} lacks {q}",
+                parts.method
+            );
+        }
+        let reply = want.reply.clone().unwrap_or_else(|| echo(&body, &path));
+        let response = Response::builder()
+            .status(want.status)
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap();
+        respond.send_response(response);
+        seen.push(Seen {
+            method: parts.method,
+            path,
+            body,
+        });
+    }
+    match tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await {
+        Ok(None) => {}
+        Ok(Some((request, _))) => panic!(
+            "unexpected request after the script: {} {}; seen: {seen:#?}",
+            request.method(),
+            request.uri()
+        ),
+        Err(_) => panic!("the client was not dropped after the reconcile"),
+    }
+    seen
+}
+
+/// What a server returns for an apply: the object, with the metadata a status-only body leaves out.
+fn echo(body: &Value, path: &str) -> Value {
+    let mut obj = body.clone();
+    if obj.get("metadata").is_none() {
+        let name = path
+            .trim_end_matches("/status")
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        obj["metadata"] = json!({"name": name, "namespace": NS});
+        obj["spec"] = json!({});
+    }
+    obj
+}
+
+/// Caches as the watches would fill them.
+struct Cluster {
+    stores: Stores,
+    memcacheds: Writer<Memcached>,
+    deployments: Writer<Deployment>,
+    services: Writer<Service>,
+    pods: Writer<Pod>,
+}
+
+impl Cluster {
+    fn new() -> Self {
+        let (memcacheds_r, memcacheds) = reflector::store();
+        let (deployments_r, deployments) = reflector::store();
+        let (services_r, services) = reflector::store();
+        let (pods_r, pods) = reflector::store();
+        Self {
+            stores: Stores {
+                memcacheds: memcacheds_r,
+                deployments: deployments_r,
+                services: services_r,
+                pods: pods_r,
+            },
+            memcacheds,
+            deployments,
+            services,
+            pods,
+        }
+    }
+    fn deployment(&mut self, d: Deployment) {
+        self.deployments
+            .apply_watcher_event(&watcher::Event::Apply(d));
+    }
+    fn service(&mut self, s: Service) {
+        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+    }
+    fn pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+}
+
+struct Run {
+    result: Result<Action, Error>,
+    seen: Vec<Seen>,
+    metrics: Arc<Metrics>,
+}
+
+/// Runs one reconcile of `mc` against `script`.
+async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run {
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script));
+    let metrics = Arc::new(Metrics::default());
+    let ctx = Arc::new(Context::new(
+        Client::new(service, NS),
+        Settings::default(),
+        cluster.stores.clone(),
+        metrics.clone(),
+        Some("test".into()),
+        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
+    ));
+    let result = reconcile(Arc::new(mc), ctx).await;
+    let seen = server
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    Run {
+        result,
+        seen,
+        metrics,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Objects.
+
+fn memcached(size: i32) -> Memcached {
+    let mut mc = Memcached::new(
+        NAME,
+        MemcachedSpec {
+            size,
+            ..MemcachedSpec::default()
+        },
+    );
+    mc.metadata.namespace = Some(NS.into());
+    mc.metadata.uid = Some("uid-1".into());
+    mc.metadata.generation = Some(1);
+    mc.metadata.resource_version = Some("1".into());
+    mc.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    mc
+}
+
+/// What the API server returns for an applied object: the body plus server-set metadata and defaults.
+fn as_stored(applied: &Value) -> Value {
+    let mut obj = applied.clone();
+    obj["metadata"]["uid"] = json!("child-uid");
+    obj["metadata"]["resourceVersion"] = json!("10");
+    obj["metadata"]["generation"] = json!(1);
+    obj["metadata"]["creationTimestamp"] = json!("2023-11-14T22:13:20Z");
+    obj
+}
+
+/// A stored Deployment whose controller reports every replica ready.
+fn settled(applied: &Value) -> Deployment {
+    let mut obj = as_stored(applied);
+    let n = obj["spec"]["replicas"].as_i64().unwrap();
+    obj["spec"]["progressDeadlineSeconds"] = json!(600); // a server default
+    obj["status"] = json!({"observedGeneration": 1, "replicas": n, "readyReplicas": n,
+                           "updatedReplicas": n, "availableReplicas": n});
+    serde_json::from_value(obj).unwrap()
+}
+
+fn ready_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": NAME,
+            "app.kubernetes.io/managed-by": "memcached-operator"}},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap()
+}
+
+fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+/// The happy create path, returning what was applied (deployment, service, status bodies).
+async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
+    let run = run(
+        cluster,
+        memcached(size),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let [deployment, created_d, service, created_s, status] =
+        <[Seen; 5]>::try_from(run.seen).unwrap();
+    assert_eq!(created_d.body["reason"], "Created");
+    assert_eq!(created_d.body["type"], "Normal");
+    assert_eq!(created_d.body["regarding"]["kind"], "Memcached");
+    assert_eq!(
+        created_d.body["note"],
+        format!("Created Deployment cache with {size} replicas")
+    );
+    assert_eq!(created_s.body["note"], "Created Service cache");
+    (deployment.body, service.body, status.body)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Scenarios.
+
+#[tokio::test]
+async fn new_instance_gets_the_finalizer_first() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.finalizers = None;
+    let mut with_finalizer = serde_json::to_value(memcached(1)).unwrap();
+    with_finalizer["metadata"]["resourceVersion"] = json!("2");
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, with_finalizer)],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    let patch = &run.seen[0].body;
+    assert!(
+        patch.to_string().contains(FINALIZER),
+        "the JSON patch adds the finalizer: {patch}"
+    );
+}
+
+#[tokio::test]
+async fn create_applies_deployment_service_and_status() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, status) = create(&mut cluster, 1).await;
+
+    assert_eq!(deployment["apiVersion"], "apps/v1");
+    assert_eq!(deployment["kind"], "Deployment");
+    assert_eq!(deployment["spec"]["replicas"], 1);
+    let owner = &deployment["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (
+            owner["kind"].as_str(),
+            owner["uid"].as_str(),
+            owner["controller"].as_bool()
+        ),
+        (Some("Memcached"), Some("uid-1"), Some(true))
+    );
+    assert!(deployment["metadata"]["annotations"]["cache.example.com/desired-hash"].is_string());
+    assert!(
+        deployment.get("status").is_none(),
+        "status is never applied"
+    );
+    let container = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(
+        container["args"],
+        json!(["-p", "11211", "-m", "64", "-o", "modern"])
+    );
+    assert_eq!(container["image"], "memcached:1.6-alpine");
+
+    assert_eq!(service["kind"], "Service");
+    assert_eq!(service["spec"]["ports"][0]["port"], 11211);
+
+    assert_eq!(status["apiVersion"], "cache.example.com/v1alpha1");
+    assert_eq!(status["kind"], "Memcached");
+    assert_eq!(status["status"]["observedGeneration"], 1);
+    assert_eq!(
+        status["status"]["selector"],
+        "app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached"
+    );
+    assert_eq!(condition(&status, "Available")["status"], "False");
+    assert_eq!(condition(&status, "Progressing")["status"], "True");
+    assert_eq!(condition(&status, "Degraded")["status"], "False");
+    assert_eq!(
+        condition(&status, "Degraded")["lastTransitionTime"],
+        "2023-11-14T22:13:20Z"
+    );
+}
+
+#[tokio::test]
+async fn unchanged_instance_makes_no_request_at_all() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 2).await;
+
+    // The cluster catches up: children exist with server defaults, pods are ready.
+    cluster.deployment(settled(&deployment));
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.pod(ready_pod("cache-7d9f-b"));
+    cluster.pod(ready_pod("cache-7d9f-a"));
+
+    // One reconcile records the settled status ...
+    let run1 = run(
+        &mut cluster,
+        memcached(2),
+        vec![expect(Method::PATCH, STATUS).apply()],
+    )
+    .await;
+    run1.result.unwrap();
+    let status: MemcachedStatus =
+        serde_json::from_value(run1.seen[0].body["status"].clone()).unwrap();
+    assert_eq!(status.ready_replicas, 2);
+    assert_eq!(status.nodes, ["cache-7d9f-a", "cache-7d9f-b"]);
+    assert_eq!(condition(&run1.seen[0].body, "Available")["status"], "True");
+    assert_eq!(
+        condition(&run1.seen[0].body, "Progressing")["reason"],
+        "Complete"
+    );
+
+    // ... and from then on a reconcile writes nothing: no apply, no status, no event.
+    let mut mc = memcached(2);
+    mc.status = Some(status);
+    let run2 = run(&mut cluster, mc.clone(), vec![]).await;
+    assert_eq!(
+        run2.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    assert!(run2.seen.is_empty());
+    assert!(
+        run2.metrics
+            .encode()
+            .contains("memcached_operator_reconcile_total{result=\"success\"} 1")
+    );
+    let run3 = run(&mut cluster, mc, vec![]).await;
+    assert!(run3.result.is_ok() && run3.seen.is_empty());
+}
+
+#[tokio::test]
+async fn scaling_applies_only_the_deployment() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 1).await;
+    cluster.deployment(settled(&deployment));
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+
+    let run = run(
+        &mut cluster,
+        memcached(3),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    run.result.unwrap();
+    assert_eq!(run.seen[0].body["spec"]["replicas"], 3);
+    assert_eq!(run.seen[1].body["reason"], "Scaled");
+    assert_eq!(
+        run.seen[1].body["note"],
+        "Scaled Deployment cache from 1 to 3 replicas"
+    );
+}
+
+#[tokio::test]
+async fn drift_is_put_back_and_deleted_children_come_back() {
+    let mut cluster = Cluster::new();
+    let (deployment, _service, _) = create(&mut cluster, 3).await;
+
+    // Someone scaled the Deployment by hand and changed its image; the Service was deleted.
+    let mut drifted = settled(&deployment);
+    drifted.spec.as_mut().unwrap().replicas = Some(1);
+    let pod = drifted
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    pod.containers[0].image = Some("memcached:evil".into());
+    cluster.deployment(drifted);
+
+    let run = run(
+        &mut cluster,
+        memcached(3),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    run.result.unwrap();
+    let applied = &run.seen[0].body;
+    assert_eq!(applied["spec"]["replicas"], 3);
+    assert_eq!(
+        applied["spec"]["template"]["spec"]["containers"][0]["image"],
+        "memcached:1.6-alpine"
+    );
+    assert_eq!(
+        run.seen[1].body["note"],
+        "Scaled Deployment cache from 1 to 3 replicas"
+    );
+    assert_eq!(run.seen[3].body["note"], "Created Service cache");
+}
+
+#[tokio::test]
+async fn template_drift_without_replica_change_is_an_update() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 1).await;
+    let mut drifted = settled(&deployment);
+    let pod = drifted
+        .spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap();
+    pod.containers[0].args = Some(vec!["-m".into(), "1024".into()]);
+    cluster.deployment(drifted);
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    run.result.unwrap();
+    assert_eq!(run.seen[1].body["reason"], "Updated");
+}
+
+#[tokio::test]
+async fn deletion_records_event_and_status_then_removes_the_finalizer() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+            expect(Method::PATCH, MEMCACHED)
+                .reply(StatusCode::OK, serde_json::to_value(memcached(1)).unwrap()),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    assert_eq!(run.seen[0].body["type"], "Warning");
+    assert_eq!(run.seen[0].body["reason"], "Deleting");
+    let degraded = condition(&run.seen[1].body, "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some("Finalizing"))
+    );
+    let patch = run.seen[2].body.to_string();
+    assert!(
+        patch.contains("remove") && patch.contains("/metadata/finalizers/0"),
+        "{patch}"
+    );
+}
+
+#[tokio::test]
+async fn deletion_is_not_held_up_by_failing_side_steps() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event().fail(403, "Forbidden"),
+            expect(Method::PATCH, STATUS).fail(500, "InternalError"),
+            expect(Method::PATCH, MEMCACHED)
+                .reply(StatusCode::OK, serde_json::to_value(memcached(1)).unwrap()),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn transient_api_errors_are_retried_with_growing_backoff() {
+    for (code, reason) in [(500, "InternalError"), (409, "Conflict")] {
+        let mut cluster = Cluster::new();
+        let run = run(
+            &mut cluster,
+            memcached(1),
+            vec![
+                expect(Method::PATCH, DEPLOYMENTS)
+                    .apply()
+                    .fail(code, reason),
+                event(),
+            ],
+        )
+        .await;
+        let error = run.result.unwrap_err();
+        assert_eq!(error.kind(), "apply");
+        assert!(
+            error.problem().is_none(),
+            "a {code} is not reported as Degraded"
+        );
+        assert_eq!(run.seen[1].body["reason"], "ReconcileFailed");
+        assert_eq!(run.seen[1].body["type"], "Warning");
+        assert!(
+            run.metrics
+                .encode()
+                .contains("memcached_operator_reconcile_errors_total{kind=\"apply\"} 1")
+        );
+    }
+}
+
+#[tokio::test]
+async fn error_policy_backs_off_per_object_and_resets_on_success() {
+    let mut cluster = Cluster::new();
+    let (service, _handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(Context::new(
+        Client::new(service, NS),
+        Settings::default(),
+        cluster.stores.clone(),
+        Arc::new(Metrics::default()),
+        None,
+        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
+    ));
+    let mc = Arc::new(memcached(1));
+    let err = Error::Malformed("test".into());
+    let delays: Vec<Duration> = (0..6)
+        .map(|_| requeue_of(error_policy(mc.clone(), &err, ctx.clone())))
+        .collect();
+    // Jitter keeps each delay within [ceiling/2, ceiling] of 1, 2, 4, 8, 16, 32 seconds.
+    for (i, d) in delays.iter().enumerate() {
+        let ceiling = Duration::from_secs(1 << i);
+        assert!(*d <= ceiling && *d >= ceiling / 2, "attempt {i}: {d:?}");
+    }
+    let mut other = memcached(1);
+    other.metadata.name = Some("other".into());
+    assert!(requeue_of(error_policy(Arc::new(other), &err, ctx.clone())) <= Duration::from_secs(1));
+
+    // A successful reconcile (no writes needed) resets the count.
+    ctx.backoff
+        .reset(&kube::runtime::reflector::ObjectRef::from_obj(mc.as_ref()));
+    assert!(requeue_of(error_policy(mc, &err, ctx)) <= Duration::from_secs(1));
+    cluster.pods.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+fn requeue_of(action: Action) -> Duration {
+    // Action has no accessor; its Debug form is stable: `Action { requeue_after: Some(1.5s) }`.
+    let text = format!("{action:?}");
+    let secs = text
+        .split("Some(")
+        .nth(1)
+        .and_then(|s| s.split(')').next())
+        .unwrap_or_else(|| panic!("no requeue in {text}"));
+    if let Some(ms) = secs.strip_suffix("ms") {
+        Duration::from_secs_f64(ms.parse::<f64>().unwrap() / 1000.0)
+    } else {
+        Duration::from_secs_f64(secs.trim_end_matches('s').parse().unwrap())
+    }
+}
+
+#[tokio::test]
+async fn rejected_apply_is_reported_as_degraded() {
+    let mut cluster = Cluster::new();
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS)
+                .apply()
+                .fail(422, "Invalid"),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+            event(),
+        ],
+    )
+    .await;
+    assert!(run.result.is_err());
+    let degraded = condition(&run.seen[1].body, "Degraded");
+    assert_eq!(degraded["reason"], "ApplyRejected");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("mock says Invalid")
+    );
+    assert_eq!(run.seen[2].body["reason"], "ApplyRejected");
+    assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
+}
+
+#[tokio::test]
+async fn names_that_cannot_be_realised_are_degraded_without_retrying() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.name = Some("1cache".into());
+    let status_path =
+        "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/1cache/status";
+    let run = run(
+        &mut cluster,
+        mc.clone(),
+        vec![expect(Method::PATCH, status_path).apply(), event()],
+    )
+    .await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let degraded = condition(&run.seen[0].body, "Degraded");
+    assert_eq!(degraded["reason"], "InvalidName");
+    assert!(run.seen[0].body["status"].get("selector").is_none());
+    assert_eq!(run.seen[1].body["reason"], "InvalidName");
+
+    // Recorded once: the next reconcile finds the same status and sends nothing.
+    mc.status = Some(serde_json::from_value(run.seen[0].body["status"].clone()).unwrap());
+    let again = run_named(&mut cluster, mc).await;
+    assert!(again.is_empty());
+}
+
+async fn run_named(cluster: &mut Cluster, mc: Memcached) -> Vec<Seen> {
+    run(cluster, mc, vec![]).await.seen
+}
+
+#[tokio::test]
+async fn children_controlled_by_another_owner_are_left_alone() {
+    let mut cluster = Cluster::new();
+    let (deployment, _, _) = create(&mut cluster, 1).await;
+    let mut foreign = settled(&deployment);
+    foreign.metadata.owner_references.as_mut().unwrap()[0].uid = "old-uid".into();
+    cluster.deployment(foreign);
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, STATUS).apply(), event(), event()],
+    )
+    .await;
+    assert_eq!(run.result.unwrap_err().kind(), "foreign_owner");
+    assert_eq!(
+        condition(&run.seen[0].body, "Degraded")["reason"],
+        "OwnershipConflict"
+    );
+}
+
+#[tokio::test]
+async fn pod_trouble_shows_in_status() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 1).await;
+    let mut stuck = settled(&deployment);
+    stuck.status.as_mut().unwrap().ready_replicas = Some(0);
+    cluster.deployment(stuck);
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    let mut pod = ready_pod("cache-x");
+    pod.status = Some(
+        serde_json::from_value(json!({"containerStatuses": [{"name": "memcached", "image": "memcached:nope",
+            "imageID": "", "ready": false, "restartCount": 0,
+            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}))
+        .unwrap(),
+    );
+    cluster.pod(pod);
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, STATUS).apply(), event()],
+    )
+    .await;
+    run.result.unwrap();
+    let degraded = condition(&run.seen[0].body, "Degraded");
+    assert_eq!(degraded["reason"], "ImagePullFailed");
+    assert_eq!(run.seen[1].body["type"], "Warning");
+    assert_eq!(run.seen[1].body["reason"], "ImagePullFailed");
+}
+
+#[test]
+fn memcached_test_object_is_namespaced() {
+    assert_eq!(Memcached::kind(&()), "Memcached");
+    assert_eq!(memcached(1).meta().namespace.as_deref(), Some(NS));
+}

@@ -1,0 +1,473 @@
+//! The install tree: generated files match the code, the CRD schema is structural and rejects what it
+//! must, the samples are valid Memcached objects, and `kubectl kustomize` renders the install.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use memcached_operator::api::Memcached;
+use memcached_operator::manifests;
+use serde_json::{Value, json};
+
+fn repo(path: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
+}
+
+fn yaml_docs(text: &str) -> Vec<Value> {
+    serde_saphyr::from_multiple::<Value>(text)
+        .unwrap()
+        .into_iter()
+        .filter(|d| !d.is_null())
+        .collect()
+}
+
+#[test]
+fn committed_crd_matches_the_binary() {
+    assert!(
+        read(manifests::CRD_PATH) == manifests::crd_yaml().unwrap(),
+        "{} is stale: run `make manifests` and commit the result",
+        manifests::CRD_PATH
+    );
+}
+
+#[test]
+fn committed_rbac_matches_the_binary() {
+    assert!(
+        read(manifests::RBAC_PATH) == manifests::rbac_yaml().unwrap(),
+        "{} is stale: run `make manifests` and commit the result",
+        manifests::RBAC_PATH
+    );
+}
+
+#[test]
+fn binary_prints_what_is_committed() {
+    let out = Command::new(env!("CARGO_BIN_EXE_memcached-operator"))
+        .arg("crd")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        read(manifests::CRD_PATH)
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_memcached-operator"))
+        .arg("rbac")
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8(out.stdout).unwrap(),
+        read(manifests::RBAC_PATH)
+    );
+}
+
+fn schema() -> Value {
+    let crd = yaml_docs(&read(manifests::CRD_PATH)).remove(0);
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()
+}
+
+/// The rules of a structural schema (Kubernetes docs, "Specifying a structural schema"), which a v1 CRD
+/// must follow to be accepted.
+fn assert_structural(node: &Value, path: &str, in_junctor: bool) {
+    let Some(obj) = node.as_object() else {
+        panic!("{path}: schema node is not an object")
+    };
+    for forbidden in [
+        "$ref",
+        "definitions",
+        "$schema",
+        "id",
+        "patternProperties",
+        "dependencies",
+    ] {
+        assert!(
+            !obj.contains_key(forbidden),
+            "{path}: {forbidden} is not allowed"
+        );
+    }
+    let exempt = obj.get("x-kubernetes-int-or-string") == Some(&json!(true))
+        || obj.get("x-kubernetes-preserve-unknown-fields") == Some(&json!(true));
+    if in_junctor {
+        for key in [
+            "description",
+            "type",
+            "default",
+            "additionalProperties",
+            "nullable",
+        ] {
+            assert!(
+                !obj.contains_key(key),
+                "{path}: {key} inside allOf/anyOf/oneOf/not"
+            );
+        }
+    } else if !exempt {
+        let ty = obj.get("type").and_then(Value::as_str).unwrap_or_default();
+        assert!(!ty.is_empty(), "{path}: every node needs a type");
+        if obj.contains_key("properties") || obj.contains_key("additionalProperties") {
+            assert_eq!(ty, "object", "{path}");
+        }
+        if obj.contains_key("items") {
+            assert_eq!(ty, "array", "{path}");
+        }
+    }
+    assert!(
+        !(obj.contains_key("properties")
+            && obj
+                .get("additionalProperties")
+                .is_some_and(|a| a != &json!(false))),
+        "{path}: properties and additionalProperties are mutually exclusive"
+    );
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (name, child) in props {
+            assert_structural(child, &format!("{path}.{name}"), in_junctor);
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        assert_structural(items, &format!("{path}[]"), in_junctor);
+    }
+    if let Some(additional) = obj.get("additionalProperties").filter(|a| a.is_object()) {
+        assert_structural(additional, &format!("{path}{{}}"), in_junctor);
+    }
+    for junctor in ["allOf", "anyOf", "oneOf"] {
+        for (i, child) in obj
+            .get(junctor)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            assert_structural(child, &format!("{path}.{junctor}[{i}]"), true);
+        }
+    }
+    if let Some(not) = obj.get("not") {
+        assert_structural(not, &format!("{path}.not"), true);
+    }
+    if obj.get("x-kubernetes-list-type") == Some(&json!("map")) {
+        let keys = obj["x-kubernetes-list-map-keys"]
+            .as_array()
+            .expect("map lists need keys");
+        let required = obj["items"]["required"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        for key in keys {
+            assert!(
+                required.contains(key),
+                "{path}: list map key {key} must be required"
+            );
+        }
+    }
+}
+
+#[test]
+fn crd_schema_is_structural_and_documented() {
+    let schema = schema();
+    assert_structural(&schema, "openAPIV3Schema", false);
+    // `kubectl explain memcached.spec` is useful: every spec and status field says what it is.
+    for part in ["spec", "status"] {
+        let props = schema["properties"][part]["properties"]
+            .as_object()
+            .unwrap();
+        for (name, field) in props {
+            let description = field["description"].as_str().unwrap_or_default();
+            assert!(description.len() > 10, "{part}.{name} needs a description");
+        }
+    }
+}
+
+#[test]
+fn crd_has_the_tutorial_names_subresources_and_columns() {
+    let crd = yaml_docs(&read(manifests::CRD_PATH)).remove(0);
+    assert_eq!(crd["metadata"]["name"], "memcacheds.cache.example.com");
+    assert_eq!(crd["spec"]["scope"], "Namespaced");
+    assert_eq!(crd["spec"]["names"]["shortNames"], json!(["mc"]));
+    let version = &crd["spec"]["versions"][0];
+    assert_eq!(version["name"], "v1alpha1");
+    assert_eq!(version["subresources"]["status"], json!({}));
+    assert_eq!(
+        version["subresources"]["scale"],
+        json!({"specReplicasPath": ".spec.size", "statusReplicasPath": ".status.replicas",
+               "labelSelectorPath": ".status.selector"})
+    );
+    let columns: Vec<&str> = version["additionalPrinterColumns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
+    // Nothing newer than Kubernetes 1.24 understands: no CEL rules, no selectable fields.
+    let text = read(manifests::CRD_PATH);
+    assert!(!text.contains("x-kubernetes-validations") && !text.contains("selectableFields"));
+}
+
+/// A small validator for the subset of OpenAPI this CRD uses, standing in for the API server's admission
+/// checks: unknown fields, types, and numeric and length bounds. Returns the path of the first violation.
+fn validate(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
+    let ty = schema["type"].as_str().unwrap_or_default();
+    if value.is_null() && schema["nullable"] == json!(true) {
+        return Ok(());
+    }
+    match ty {
+        "object" => {
+            let obj = value
+                .as_object()
+                .ok_or(format!("{path}: must be an object"))?;
+            let props = schema["properties"]
+                .as_object()
+                .cloned()
+                .unwrap_or_default();
+            for (k, v) in obj {
+                let child = props.get(k).ok_or(format!("{path}.{k}: unknown field"))?;
+                validate(v, child, &format!("{path}.{k}"))?;
+            }
+            for req in schema["required"].as_array().into_iter().flatten() {
+                let req = req.as_str().unwrap_or_default();
+                if !obj.contains_key(req) {
+                    return Err(format!("{path}.{req}: required"));
+                }
+            }
+        }
+        "integer" => {
+            let n = value
+                .as_i64()
+                .ok_or(format!("{path}: must be an integer"))? as f64;
+            if let Some(min) = schema["minimum"].as_f64().filter(|m| n < *m) {
+                return Err(format!("{path}: must be >= {min}"));
+            }
+            if let Some(max) = schema["maximum"].as_f64().filter(|m| n > *m) {
+                return Err(format!("{path}: must be <= {max}"));
+            }
+        }
+        "string" => {
+            let s = value.as_str().ok_or(format!("{path}: must be a string"))?;
+            if let Some(min) = schema["minLength"]
+                .as_u64()
+                .filter(|m| (s.len() as u64) < *m)
+            {
+                return Err(format!("{path}: shorter than {min}"));
+            }
+            if let Some(max) = schema["maxLength"]
+                .as_u64()
+                .filter(|m| (s.len() as u64) > *m)
+            {
+                return Err(format!("{path}: longer than {max}"));
+            }
+        }
+        "array" => {
+            for (i, item) in value
+                .as_array()
+                .ok_or(format!("{path}: must be a list"))?
+                .iter()
+                .enumerate()
+            {
+                validate(item, &schema["items"], &format!("{path}[{i}]"))?;
+            }
+        }
+        other => return Err(format!("{path}: validator does not know type {other:?}")),
+    }
+    Ok(())
+}
+
+fn validate_spec(spec: Value) -> Result<(), String> {
+    validate(&spec, &schema()["properties"]["spec"], "spec")
+}
+
+#[test]
+fn schema_rejects_invalid_input_naming_the_field() {
+    let cases = [
+        (json!({"size": -1}), "spec.size"),
+        (json!({"size": 1000}), "spec.size"),
+        (json!({"size": 65}), "spec.size"),
+        (json!({"containerPort": 0}), "spec.containerPort"),
+        (json!({"containerPort": 65536}), "spec.containerPort"),
+        (json!({"size": "three"}), "spec.size"),
+        (json!({"image": ""}), "spec.image"),
+        (json!({"sise": 3}), "spec.sise"),
+    ];
+    for (spec, field) in cases {
+        let err = validate_spec(spec.clone()).expect_err(&format!("{spec} must be rejected"));
+        assert!(err.starts_with(field), "{spec}: {err}");
+    }
+    for spec in [
+        json!({}),
+        json!({"size": 0}),
+        json!({"size": 64, "containerPort": 65535, "image": "m:1"}),
+    ] {
+        validate_spec(spec.clone()).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    }
+    // Defaults are in the schema, so the API server fills them in.
+    let spec = &schema()["properties"]["spec"]["properties"];
+    assert_eq!(spec["size"]["default"], 1);
+    assert_eq!(spec["containerPort"]["default"], 11211);
+}
+
+#[test]
+fn every_sample_is_a_valid_memcached() {
+    let dir = repo("config/samples");
+    let mut samples = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".yaml") || name == "kustomization.yaml" {
+            continue;
+        }
+        for doc in yaml_docs(&std::fs::read_to_string(&path).unwrap()) {
+            assert_eq!(doc["apiVersion"], "cache.example.com/v1alpha1", "{name}");
+            assert_eq!(doc["kind"], "Memcached", "{name}");
+            validate_spec(doc["spec"].clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mc: Memcached =
+                serde_json::from_value(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(mc.metadata.name.is_some(), "{name}");
+            samples += 1;
+        }
+    }
+    assert!(
+        samples >= 2,
+        "expected the tutorial samples and a richer one"
+    );
+    let tutorial = yaml_docs(&read("config/samples/cache_v1alpha1_memcached.yaml")).remove(0);
+    assert_eq!(tutorial["metadata"]["name"], "memcached-sample");
+    assert_eq!(tutorial["spec"], json!({"size": 1, "containerPort": 11211}));
+}
+
+fn kustomize(dir: &str) -> Vec<Value> {
+    let out = Command::new("kubectl")
+        .args(["kustomize", dir])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("kubectl must be installed to check the install tree (kubectl kustomize)");
+    assert!(
+        out.status.success(),
+        "kubectl kustomize {dir} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    yaml_docs(&String::from_utf8(out.stdout).unwrap())
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} in the rendered install"))
+}
+
+#[test]
+fn default_install_renders_with_kustomize() {
+    let docs = kustomize("config/default");
+    const NS: &str = "memcached-operator-system";
+    for doc in &docs {
+        let kind = doc["kind"].as_str().unwrap();
+        let cluster_scoped = [
+            "Namespace",
+            "CustomResourceDefinition",
+            "ClusterRole",
+            "ClusterRoleBinding",
+        ];
+        if !cluster_scoped.contains(&kind) {
+            assert_eq!(
+                doc["metadata"]["namespace"], NS,
+                "{kind} {}",
+                doc["metadata"]["name"]
+            );
+        }
+    }
+    find(&docs, "Namespace", NS);
+    // Compared as typed values: kustomize writes `65535.0` as `65535`.
+    let crd = find(
+        &docs,
+        "CustomResourceDefinition",
+        "memcacheds.cache.example.com",
+    );
+    let crd: k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition =
+        serde_json::from_value(crd.clone()).unwrap();
+    assert_eq!(crd, manifests::crd());
+
+    let role = find(&docs, "ClusterRole", "memcached-operator-manager-role");
+    assert_eq!(
+        role["rules"],
+        serde_json::to_value(manifests::manager_role()).unwrap()["rules"]
+    );
+    let lease_role = find(&docs, "Role", "memcached-operator-leader-election-role");
+    assert_eq!(
+        lease_role["rules"],
+        serde_json::to_value(manifests::leader_election_role()).unwrap()["rules"]
+    );
+
+    let sa = "memcached-operator-controller-manager";
+    find(&docs, "ServiceAccount", sa);
+    for (kind, name) in [
+        (
+            "ClusterRoleBinding",
+            "memcached-operator-manager-rolebinding",
+        ),
+        (
+            "RoleBinding",
+            "memcached-operator-leader-election-rolebinding",
+        ),
+    ] {
+        let binding = find(&docs, kind, name);
+        assert_eq!(binding["subjects"][0]["name"], sa, "{name}");
+        assert_eq!(binding["subjects"][0]["namespace"], NS, "{name}");
+    }
+
+    let deployment = find(&docs, "Deployment", "memcached-operator-controller-manager");
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["serviceAccountName"], sa);
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let manager = &pod["containers"][0];
+    let args: Vec<&str> = manager["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert!(args.contains(&"--leader-elect"), "{args:?}");
+    let sc = &manager["securityContext"];
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["readOnlyRootFilesystem"], true);
+    assert_eq!(sc["capabilities"]["drop"], json!(["ALL"]));
+    assert_eq!(manager["livenessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(manager["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let env: Vec<&str> = manager["env"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    for var in ["POD_NAMESPACE", "POD_NAME", "MEMCACHED_IMAGE"] {
+        assert!(env.contains(&var), "manager env lacks {var}");
+    }
+    assert!(manager["resources"]["limits"]["memory"].is_string());
+
+    // Every flag the manifest passes is one the binary accepts.
+    let out = Command::new(env!("CARGO_BIN_EXE_memcached-operator"))
+        .args(["run", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    for arg in args.iter().filter(|a| a.starts_with("--")) {
+        let flag = arg.split('=').next().unwrap();
+        assert!(
+            help.contains(flag),
+            "the manager Deployment passes {flag}, which `run` does not know"
+        );
+    }
+}
+
+#[test]
+fn other_kustomizations_render() {
+    for dir in [
+        "config/crd",
+        "config/rbac",
+        "config/manager",
+        "config/samples",
+    ] {
+        assert!(!kustomize(dir).is_empty(), "{dir} renders nothing");
+    }
+}

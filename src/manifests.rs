@@ -41,6 +41,8 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 /// - Deployments and Services: watched and server-side applied (a PATCH that may create, so `create`
 ///   too); never deleted by the operator: garbage collection does that.
 /// - Pods: watched, to report pod names and why pods cannot start.
+/// - PodDisruptionBudgets and ServiceMonitors: like Deployments, and deleted when a spec turns them off.
+/// - Secrets: watched by metadata, and read when one an instance references changes (TLS, auth).
 /// - Events: recorded through `events.k8s.io/v1` (created, and patched when they repeat).
 pub fn manager_role() -> ClusterRole {
     ClusterRole {
@@ -63,6 +65,17 @@ pub fn manager_role() -> ClusterRole {
                 &["get", "list", "watch", "create", "patch"],
             ),
             rule("", &["pods"], &["get", "list", "watch"]),
+            rule("", &["secrets"], &["get", "list", "watch"]),
+            rule(
+                "policy",
+                &["poddisruptionbudgets"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule(
+                "monitoring.coreos.com",
+                &["servicemonitors"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
             rule("events.k8s.io", &["events"], &["create", "patch"]),
         ]),
         ..ClusterRole::default()

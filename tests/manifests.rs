@@ -210,7 +210,29 @@ fn validate(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
     if value.is_null() && schema["nullable"] == json!(true) {
         return Ok(());
     }
+    if let Some(allowed) = schema["enum"].as_array()
+        && !allowed.contains(value)
+    {
+        return Err(format!("{path}: must be one of {allowed:?}"));
+    }
+    if schema["x-kubernetes-int-or-string"] == json!(true) {
+        return match value {
+            Value::Number(_) | Value::String(_) => Ok(()),
+            _ => Err(format!("{path}: must be a number or a string")),
+        };
+    }
+    if schema["x-kubernetes-preserve-unknown-fields"] == json!(true) {
+        return Ok(());
+    }
     match ty {
+        "boolean" => {
+            value
+                .as_bool()
+                .ok_or(format!("{path}: must be true or false"))?;
+        }
+        "number" => {
+            value.as_f64().ok_or(format!("{path}: must be a number"))?;
+        }
         "object" => {
             let obj = value
                 .as_object()
@@ -220,7 +242,13 @@ fn validate(value: &Value, schema: &Value, path: &str) -> Result<(), String> {
                 .cloned()
                 .unwrap_or_default();
             for (k, v) in obj {
-                let child = props.get(k).ok_or(format!("{path}.{k}: unknown field"))?;
+                let child = match props.get(k) {
+                    Some(child) => child,
+                    None if schema["additionalProperties"].is_object() => {
+                        &schema["additionalProperties"]
+                    }
+                    None => return Err(format!("{path}.{k}: unknown field")),
+                };
                 validate(v, child, &format!("{path}.{k}"))?;
             }
             for req in schema["required"].as_array().into_iter().flatten() {
@@ -321,6 +349,9 @@ fn every_sample_is_a_valid_memcached() {
             let mc: Memcached =
                 serde_json::from_value(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
             assert!(mc.metadata.name.is_some(), "{name}");
+            // What only the operator checks passes too: no sample is InvalidConfig.
+            memcached_operator::resources::validate::validate(&mc.spec)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             samples += 1;
         }
     }

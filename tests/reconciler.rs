@@ -11,16 +11,20 @@ use std::time::Duration;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::client::Body;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{self, store::Writer};
 use kube::runtime::watcher;
 use kube::{Client, Resource};
 use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
-use memcached_operator::controller::{Context, Error, Settings, Stores, error_policy, reconcile};
+use memcached_operator::controller::{
+    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile,
+};
 use memcached_operator::metrics::Metrics;
 use serde_json::{Value, json};
 use tower_test::mock::{self, Handle};
@@ -85,6 +89,10 @@ struct Seen {
 
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
 const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
+const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
+const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
+const SERVICE_MONITORS: &str =
+    "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
 const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
 const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
@@ -176,6 +184,11 @@ struct Cluster {
     deployments: Writer<Deployment>,
     services: Writer<Service>,
     pods: Writer<Pod>,
+    pdbs: Writer<PodDisruptionBudget>,
+    secrets: Writer<PartialObjectMeta<Secret>>,
+    service_monitors: Option<Writer<DynamicObject>>,
+    /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
+    secret_hashes: SecretHashes,
 }
 
 impl Cluster {
@@ -184,18 +197,53 @@ impl Cluster {
         let (deployments_r, deployments) = reflector::store();
         let (services_r, services) = reflector::store();
         let (pods_r, pods) = reflector::store();
+        let (pdbs_r, pdbs) = reflector::store();
+        let (secrets_r, secrets) = reflector::store();
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
                 deployments: deployments_r,
                 services: services_r,
                 pods: pods_r,
+                pdbs: pdbs_r,
+                secrets: secrets_r,
+                service_monitors: None,
             },
             memcacheds,
             deployments,
             services,
             pods,
+            pdbs,
+            secrets,
+            service_monitors: None,
+            secret_hashes: SecretHashes::default(),
         }
+    }
+    /// A cluster that serves the ServiceMonitor API.
+    fn with_service_monitors() -> Self {
+        let mut cluster = Self::new();
+        let writer = Writer::new(memcached_operator::resources::service_monitor::api_resource());
+        cluster.stores.service_monitors = Some(writer.as_reader());
+        cluster.service_monitors = Some(writer);
+        cluster
+    }
+    fn pdb(&mut self, p: PodDisruptionBudget) {
+        self.pdbs.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+    fn service_monitor(&mut self, sm: DynamicObject) {
+        self.service_monitors
+            .as_mut()
+            .unwrap()
+            .apply_watcher_event(&watcher::Event::Apply(sm));
+    }
+    fn secret(&mut self, name: &str, version: &str) {
+        let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": version}
+        }))
+        .unwrap();
+        self.secrets
+            .apply_watcher_event(&watcher::Event::Apply(meta));
     }
     fn deployment(&mut self, d: Deployment) {
         self.deployments
@@ -223,15 +271,16 @@ async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run
     let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
     let server = tokio::spawn(serve(handle, script));
     let metrics = Arc::new(Metrics::default());
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         Client::new(service, NS),
         Settings::default(),
         cluster.stores.clone(),
         metrics.clone(),
         Some("test".into()),
         Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
-    ));
-    let result = reconcile(Arc::new(mc), ctx).await;
+    );
+    ctx.secret_hashes = cluster.secret_hashes.clone();
+    let result = reconcile(Arc::new(mc), Arc::new(ctx)).await;
     let seen = server
         .await
         .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
@@ -300,35 +349,46 @@ fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
-/// The happy create path, returning what was applied (deployment, service, status bodies).
+/// The happy create path of a default instance of `size` pods. It puts what was applied into the
+/// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
 async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
-    let run = run(
-        cluster,
-        memcached(size),
-        vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, SERVICES).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
+    let mut script = vec![
+        expect(Method::PATCH, DEPLOYMENTS).apply(),
+        event(),
+        expect(Method::PATCH, SERVICES).apply(),
+        event(),
+        expect(Method::PATCH, HEADLESS).apply(),
+        event(),
+    ];
+    if size > 1 {
+        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
+    }
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(cluster, memcached(size), script).await;
     assert_eq!(
         run.result.unwrap(),
         Action::requeue(Duration::from_secs(300))
     );
-    let [deployment, created_d, service, created_s, status] =
-        <[Seen; 5]>::try_from(run.seen).unwrap();
-    assert_eq!(created_d.body["reason"], "Created");
-    assert_eq!(created_d.body["type"], "Normal");
-    assert_eq!(created_d.body["regarding"]["kind"], "Memcached");
+    let seen = run.seen;
+    assert_eq!(seen[1].body["reason"], "Created");
+    assert_eq!(seen[1].body["type"], "Normal");
+    assert_eq!(seen[1].body["regarding"]["kind"], "Memcached");
     assert_eq!(
-        created_d.body["note"],
+        seen[1].body["note"],
         format!("Created Deployment cache with {size} replicas")
     );
-    assert_eq!(created_s.body["note"], "Created Service cache");
-    (deployment.body, service.body, status.body)
+    assert_eq!(seen[3].body["note"], "Created Service cache");
+    assert_eq!(seen[5].body["note"], "Created Service cache-headless");
+    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    if size > 1 {
+        assert_eq!(seen[7].body["note"], "Created PodDisruptionBudget cache");
+        cluster.pdb(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    }
+    (
+        seen[0].body.clone(),
+        seen[2].body.clone(),
+        seen.last().unwrap().body.clone(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -451,7 +511,7 @@ async fn unchanged_instance_makes_no_request_at_all() {
 }
 
 #[tokio::test]
-async fn scaling_applies_only_the_deployment() {
+async fn scaling_applies_the_deployment_and_adds_a_budget() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 1).await;
     cluster.deployment(settled(&deployment));
@@ -463,12 +523,15 @@ async fn scaling_applies_only_the_deployment() {
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
+            expect(Method::PATCH, PDBS).apply(),
+            event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
     )
     .await;
     run.result.unwrap();
     assert_eq!(run.seen[0].body["spec"]["replicas"], 3);
+    assert_eq!(run.seen[2].body["spec"]["maxUnavailable"], 1);
     assert_eq!(run.seen[1].body["reason"], "Scaled");
     assert_eq!(
         run.seen[1].body["note"],
@@ -729,7 +792,10 @@ async fn names_that_cannot_be_realised_are_degraded_without_retrying() {
     );
     let degraded = condition(&run.seen[0].body, "Degraded");
     assert_eq!(degraded["reason"], "InvalidName");
-    assert!(run.seen[0].body["status"].get("selector").is_none());
+    assert_eq!(
+        run.seen[0].body["status"]["selector"],
+        "app.kubernetes.io/instance=1cache,app.kubernetes.io/name=memcached"
+    );
     assert_eq!(run.seen[1].body["reason"], "InvalidName");
 
     // Recorded once: the next reconcile finds the same status and sends nothing.
@@ -795,4 +861,427 @@ async fn pod_trouble_shows_in_status() {
 fn memcached_test_object_is_namespaced() {
     assert_eq!(Memcached::kind(&()), "Memcached");
     assert_eq!(memcached(1).meta().namespace.as_deref(), Some(NS));
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Production features: Secrets, PodDisruptionBudget, exporter, ServiceMonitor.
+
+const TLS_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-tls";
+const AUTH_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-auth";
+
+fn with_spec(size: i32, spec: Value) -> Memcached {
+    let mut mc = memcached(size);
+    let mut merged = serde_json::to_value(&mc.spec).unwrap();
+    for (k, v) in spec.as_object().unwrap() {
+        merged[k] = v.clone();
+    }
+    mc.spec = serde_json::from_value(merged).unwrap();
+    mc
+}
+
+/// Every optional feature on.
+fn full(size: i32) -> Memcached {
+    with_spec(
+        size,
+        json!({
+            "memcached": {"maxMemoryMB": 256, "threads": 8, "extraArgs": ["-o", "lru_crawler"]},
+            "highAvailability": {"antiAffinity": "hard"},
+            "service": {"type": "ClusterIP", "annotations": {"a": "b"}},
+            "security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
+                         "auth": {"secretName": "cache-auth"}},
+            "monitoring": {"exporter": {"enabled": true},
+                           "serviceMonitor": {"enabled": true, "interval": "30s"}}
+        }),
+    )
+}
+
+fn secret(name: &str, version: &str, data: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Secret",
+           "metadata": {"name": name, "namespace": NS, "resourceVersion": version}, "data": data})
+}
+
+fn tls_secret(version: &str) -> Value {
+    // base64 of "crt", "key", "ca"
+    secret(
+        "cache-tls",
+        version,
+        json!({"tls.crt": "Y3J0", "tls.key": "a2V5", "ca.crt": "Y2E="}),
+    )
+}
+
+fn auth_secret(version: &str, content_b64: &str) -> Value {
+    secret("cache-auth", version, json!({"auth-file": content_b64}))
+}
+
+fn secret_hash(deployment: &Value) -> String {
+    deployment["spec"]["template"]["metadata"]["annotations"]["cache.example.com/secret-hash"]
+        .as_str()
+        .expect("the pod template carries the secret hash")
+        .to_owned()
+}
+
+/// Creates `full(size)` in a cluster that has its Secrets, puts every applied child into the caches, and
+/// returns the Deployment as applied.
+async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
+    cluster.secret("cache-tls", "1");
+    cluster.secret("cache-auth", "1");
+    let mut script = vec![
+        expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
+        expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
+        expect(Method::PATCH, DEPLOYMENTS).apply(),
+        event(),
+        expect(Method::PATCH, SERVICES).apply(),
+        event(),
+        expect(Method::PATCH, HEADLESS).apply(),
+        event(),
+    ];
+    if size > 1 {
+        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
+    }
+    script.extend([
+        expect(Method::PATCH, SERVICE_MONITORS).apply(),
+        event(),
+        expect(Method::PATCH, STATUS).apply(),
+    ]);
+    let run = run(cluster, full(size), script).await;
+    run.result.unwrap();
+    let seen = run.seen;
+    cluster.deployment(settled(&seen[2].body));
+    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    let mut i = 8;
+    if size > 1 {
+        cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+        i += 2;
+    }
+    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+    seen[2].body.clone()
+}
+
+/// Reconciles `mc` once more to record the settled status and returns the instance with that status.
+async fn settle_status(cluster: &mut Cluster, mut mc: Memcached) -> Memcached {
+    let run = run(
+        cluster,
+        mc.clone(),
+        vec![expect(Method::PATCH, STATUS).apply()],
+    )
+    .await;
+    run.result.unwrap();
+    mc.status = Some(serde_json::from_value(run.seen[0].body["status"].clone()).unwrap());
+    mc
+}
+
+#[tokio::test]
+async fn every_feature_on_applies_each_child_then_settles_with_no_request() {
+    let mut cluster = Cluster::with_service_monitors();
+    let deployment = create_full(&mut cluster, 3).await;
+
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["containers"].as_array().unwrap().len(),
+        2,
+        "memcached and the exporter"
+    );
+    assert!(
+        pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            .is_array()
+    );
+    assert_eq!(secret_hash(&deployment).len(), 64);
+    let args = pod["containers"][0]["args"].to_string();
+    assert!(
+        args.contains("-Z") && args.contains("ssl_verify_mode=2") && args.contains("lru_crawler"),
+        "{args}"
+    );
+
+    // Once the status is recorded, nothing is sent: no apply, no Secret read, no status, no event.
+    let mc = settle_status(&mut cluster, full(3)).await;
+    let quiet = run(&mut cluster, mc.clone(), vec![]).await;
+    assert!(quiet.result.is_ok() && quiet.seen.is_empty());
+    let again = run(&mut cluster, mc, vec![]).await;
+    assert!(again.result.is_ok() && again.seen.is_empty());
+}
+
+#[tokio::test]
+async fn a_changed_secret_rolls_the_pods() {
+    let mut cluster = Cluster::with_service_monitors();
+    let before = create_full(&mut cluster, 1).await;
+    let mc = settle_status(&mut cluster, full(1)).await;
+
+    // A new version with the same content: read once, nothing rolls.
+    cluster.secret("cache-auth", "2");
+    let same = run(
+        &mut cluster,
+        mc.clone(),
+        vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("2", "dTpw"))],
+    )
+    .await;
+    same.result.unwrap();
+
+    // New content: the pod template's hash changes, which rolls the pods.
+    cluster.secret("cache-auth", "3");
+    let rotated = run(
+        &mut cluster,
+        mc,
+        vec![
+            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("3", "dTpx")),
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    rotated.result.unwrap();
+    assert_ne!(secret_hash(&rotated.seen[1].body), secret_hash(&before));
+    assert_eq!(rotated.seen[2].body["reason"], "Updated");
+    let logged = format!("{:?}", rotated.seen);
+    assert!(
+        !logged.contains("u:q"),
+        "secret values never leave the reconciler"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_secret_is_degraded_until_it_appears() {
+    let mut cluster = Cluster::new();
+    let mc = with_spec(1, json!({"security": {"tls": {"secretName": "cache-tls"}}}));
+    let missing = run(
+        &mut cluster,
+        mc.clone(),
+        vec![expect(Method::PATCH, STATUS).apply(), event()],
+    )
+    .await;
+    assert_eq!(
+        missing.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let degraded = condition(&missing.seen[0].body, "Degraded");
+    assert_eq!(degraded["reason"], "SecretNotFound");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("default/cache-tls")
+    );
+    assert_eq!(missing.seen[1].body["reason"], "SecretNotFound");
+
+    // A Secret without the key needed is named too.
+    cluster.secret("cache-tls", "1");
+    let mut recorded = mc.clone();
+    recorded.status = Some(serde_json::from_value(missing.seen[0].body["status"].clone()).unwrap());
+    let invalid = run(
+        &mut cluster,
+        recorded.clone(),
+        vec![
+            expect(Method::GET, TLS_SECRET).reply(
+                StatusCode::OK,
+                secret("cache-tls", "1", json!({"tls.crt": "Y3J0"})),
+            ),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+        ],
+    )
+    .await;
+    invalid.result.unwrap();
+    let degraded = condition(&invalid.seen[1].body, "Degraded");
+    assert_eq!(degraded["reason"], "SecretInvalid");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("\"tls.key\"")
+    );
+
+    // The Secret is fixed (the watch triggers this reconcile): the instance comes up.
+    cluster.secret("cache-tls", "2");
+    let recovered = run(
+        &mut cluster,
+        recorded,
+        vec![
+            expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2")),
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, HEADLESS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    recovered.result.unwrap();
+    assert_eq!(
+        condition(&recovered.seen[7].body, "Degraded")["status"],
+        "False"
+    );
+}
+
+#[tokio::test]
+async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
+    for (size, spec) in [
+        (1, json!({})),
+        (
+            3,
+            json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
+        ),
+    ] {
+        let mut cluster = Cluster::new();
+        let (deployment, service, _) = create(&mut cluster, 3).await;
+        cluster.deployment(settled(&deployment));
+        cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+        let mut script = vec![];
+        if size != 3 {
+            script.extend([expect(Method::PATCH, DEPLOYMENTS).apply(), event()]);
+        }
+        script.extend([
+            expect(Method::DELETE, PDBS).reply(
+                StatusCode::OK,
+                json!({"kind": "Status", "status": "Success"}),
+            ),
+            event(),
+        ]);
+        script.push(expect(Method::PATCH, STATUS).apply());
+        let run = run(&mut cluster, with_spec(size, spec), script).await;
+        run.result.unwrap();
+        let deleted = run
+            .seen
+            .iter()
+            .find(|s| s.method == Method::POST && s.body["reason"] == "Deleted");
+        assert!(deleted.is_some(), "a Deleted event: {:?}", run.seen);
+    }
+}
+
+#[tokio::test]
+async fn the_exporter_is_added_and_removed_with_its_service_port() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 1).await;
+    cluster.deployment(settled(&deployment));
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+
+    let on = run(
+        &mut cluster,
+        with_spec(1, json!({"monitoring": {"exporter": {"enabled": true}}})),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    on.result.unwrap();
+    let containers = &on.seen[0].body["spec"]["template"]["spec"]["containers"];
+    assert_eq!(containers[1]["name"], "exporter");
+    assert_eq!(on.seen[2].body["spec"]["ports"][1]["port"], 9150);
+    cluster.deployment(settled(&on.seen[0].body));
+    cluster.service(serde_json::from_value(as_stored(&on.seen[2].body)).unwrap());
+
+    let off = run(
+        &mut cluster,
+        memcached(1),
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    off.result.unwrap();
+    let containers = off.seen[0].body["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(
+        containers, 1,
+        "server-side apply drops the sidecar the operator no longer sets"
+    );
+    assert_eq!(
+        off.seen[2].body["spec"]["ports"].as_array().unwrap().len(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
+    let mut cluster = Cluster::new();
+    let mc = with_spec(
+        1,
+        json!({"monitoring": {"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}}}),
+    );
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            event(),
+            expect(Method::PATCH, SERVICES).apply(),
+            event(),
+            expect(Method::PATCH, HEADLESS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let degraded = condition(&run.seen[6].body, "Degraded");
+    assert_eq!(degraded["reason"], "ServiceMonitorUnavailable");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("monitoring.coreos.com/v1")
+    );
+}
+
+#[tokio::test]
+async fn the_service_monitor_is_removed_when_turned_off() {
+    let mut cluster = Cluster::with_service_monitors();
+    create_full(&mut cluster, 1).await;
+    let mut mc = full(1);
+    mc.spec.monitoring.as_mut().unwrap().service_monitor = None;
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            expect(Method::DELETE, SERVICE_MONITORS).reply(
+                StatusCode::OK,
+                json!({"kind": "Status", "status": "Success"}),
+            ),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    run.result.unwrap();
+    assert_eq!(run.seen[1].body["note"], "Deleted ServiceMonitor cache");
+}
+
+#[tokio::test]
+async fn invalid_config_is_degraded_and_nothing_is_applied() {
+    let mut cluster = Cluster::new();
+    let mc = with_spec(1, json!({"memcached": {"extraArgs": ["-m", "4096"]}}));
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![expect(Method::PATCH, STATUS).apply(), event()],
+    )
+    .await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let degraded = condition(&run.seen[0].body, "Degraded");
+    assert_eq!(degraded["reason"], "InvalidConfig");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("extraArgs[0]")
+    );
 }

@@ -13,6 +13,22 @@ pub enum Error {
         source: kube::Error,
     },
 
+    #[error("failed to delete {kind} {name}: {source}")]
+    Delete {
+        kind: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
+    #[error("failed to read Secret {namespace}/{name}: {source}")]
+    SecretRead {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+
     #[error(
         "{kind} {name} is controlled by another owner (uid {owner_uid}), not by this Memcached"
     )]
@@ -41,6 +57,8 @@ impl Error {
     pub fn kind(&self) -> &'static str {
         match self {
             Self::Apply { .. } => "apply",
+            Self::Delete { .. } => "delete",
+            Self::SecretRead { .. } => "secret",
             Self::ForeignOwner { .. } => "foreign_owner",
             Self::Status { .. } => "status",
             Self::Finalizer(_) => "finalizer",
@@ -60,6 +78,17 @@ impl Error {
             } if matches!(status.code, 400 | 403 | 422) => Some(Problem {
                 reason: "ApplyRejected".into(),
                 message: format!("the API server rejected {kind} {name}: {}", status.message),
+            }),
+            Self::SecretRead {
+                namespace,
+                name,
+                source: kube::Error::Api(status),
+            } if status.code == 403 => Some(Problem {
+                reason: "SecretUnreadable".into(),
+                message: format!(
+                    "the operator may not read Secret {namespace}/{name}: {}; check its RBAC",
+                    status.message
+                ),
             }),
             Self::ForeignOwner { .. } => Some(Problem {
                 reason: "OwnershipConflict".into(),

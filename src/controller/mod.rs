@@ -8,16 +8,19 @@ mod children;
 mod error;
 mod events;
 mod reconcile;
+mod secrets;
 mod watches;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 
@@ -25,6 +28,7 @@ pub use backoff::Backoff;
 pub use error::Error;
 pub use events::Publisher;
 pub use reconcile::{error_policy, reconcile};
+pub use secrets::SecretHashes;
 pub use watches::{RunOptions, pod_owner, run, trim_pod};
 
 use crate::api::Memcached;
@@ -68,6 +72,11 @@ pub struct Stores {
     pub deployments: Store<Deployment>,
     pub services: Store<Service>,
     pub pods: Store<Pod>,
+    pub pdbs: Store<PodDisruptionBudget>,
+    /// Secrets by metadata only: which exist, and their resourceVersion.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// ServiceMonitors, when the cluster serves their API (checked once at start).
+    pub service_monitors: Option<Store<DynamicObject>>,
 }
 
 /// Source of "now" for condition transition times (pinned in tests).
@@ -87,6 +96,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
     pub clock: Clock,
+    /// Hashes of the referenced Secrets' values, per Secret version.
+    pub secret_hashes: SecretHashes,
 }
 
 impl Context {
@@ -114,6 +125,7 @@ impl Context {
             metrics,
             backoff,
             clock,
+            secret_hashes: SecretHashes::default(),
         }
     }
 }

@@ -14,9 +14,10 @@ use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::children::{self, Applied};
+use super::secrets::{self, Resolved};
 use super::{Context, Error};
 use crate::api::{FINALIZER, Memcached, MemcachedStatus};
-use crate::resources::{Instance, deployment, labels, service};
+use crate::resources::{Instance, deployment, labels, pdb, service, service_monitor};
 use crate::status::{self, DEGRADED, Observed, Problem};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
@@ -61,49 +62,107 @@ pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Ac
 
 async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     let requeue = Action::requeue(ctx.settings.requeue_after);
+    let cached_deployment = || {
+        let name = mc.name_any();
+        let namespace = mc.namespace().unwrap_or_default();
+        ctx.stores
+            .deployments
+            .get(&ObjectRef::new(&name).within(&namespace))
+    };
     let instance = match Instance::new(mc, &ctx.settings.defaults) {
         Ok(instance) => instance,
         Err(invalid) => {
-            // Nothing can be applied until the object changes: report it and wait; retrying cannot help.
-            report(mc, ctx, None, Some(invalid.into()), None).await?;
+            // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
+            // cannot help, so report it and wait.
+            let selector = valid_selector(mc);
+            report(
+                mc,
+                ctx,
+                cached_deployment().as_deref(),
+                Some(invalid.into()),
+                selector,
+            )
+            .await?;
             return Ok(requeue);
         }
     };
     let selector = Some(labels::selector_string(instance.name));
-    match apply_children(mc, &instance, ctx).await {
-        Ok(deployment) => {
-            report(mc, ctx, Some(&deployment), None, selector).await?;
-            Ok(requeue)
+    let secret_hash = match secrets::resolve(ctx, &instance).await {
+        Ok(Resolved::Ready(hash)) => hash,
+        Ok(Resolved::Missing(missing)) => {
+            // The Secret watch brings the instance back as soon as the Secret appears or changes.
+            report(
+                mc,
+                ctx,
+                cached_deployment().as_deref(),
+                Some(missing.into()),
+                selector,
+            )
+            .await?;
+            return Ok(requeue);
         }
         Err(error) => {
-            if let Some(problem) = error.problem() {
-                let cached = ctx
-                    .stores
-                    .deployments
-                    .get(&ObjectRef::new(instance.name).within(instance.namespace));
-                if let Err(e) = report(mc, ctx, cached.as_deref(), Some(problem), selector).await {
-                    warn!(error = %e, "could not record the failure in the status");
-                }
-            }
-            Err(error)
+            return Err(fail(mc, ctx, error, cached_deployment().as_deref(), selector).await);
         }
+    };
+    match apply_children(mc, &instance, secret_hash.as_deref(), ctx).await {
+        Ok((deployment, problem)) => {
+            report(mc, ctx, Some(&deployment), problem, selector).await?;
+            Ok(requeue)
+        }
+        Err(error) => Err(fail(mc, ctx, error, cached_deployment().as_deref(), selector).await),
     }
 }
 
-/// Applies the Deployment and the Service (in that order) and records what changed as events.
+/// Records an error worth a condition in the status (best effort) and hands it back for the retry.
+async fn fail(
+    mc: &Memcached,
+    ctx: &Context,
+    error: Error,
+    deployment: Option<&Deployment>,
+    selector: Option<String>,
+) -> Error {
+    if let Some(problem) = error.problem()
+        && let Err(e) = report(mc, ctx, deployment, Some(problem), selector).await
+    {
+        warn!(error = %e, "could not record the failure in the status");
+    }
+    error
+}
+
+/// The selector for the status when the instance name is a valid label value, else none.
+fn valid_selector(mc: &Memcached) -> Option<String> {
+    let name = mc.name_any();
+    let valid = name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    valid.then(|| labels::selector_string(&name))
+}
+
+/// Applies the children in a fixed order (Deployment, Services, PodDisruptionBudget, ServiceMonitor),
+/// removes the optional ones that are no longer wanted, and records what changed as events. Returns the
+/// Deployment and a problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
+    secret_hash: Option<&str>,
     ctx: &Context,
-) -> Result<Arc<Deployment>, Error> {
+) -> Result<(Arc<Deployment>, Option<Problem>), Error> {
     let reference = mc.object_ref(&());
-    let desired = deployment::deployment(instance);
+    let stores = &ctx.stores;
+    let (client, ns) = (&ctx.client, instance.namespace);
+    let desired = deployment::deployment(instance, secret_hash);
     let replicas = desired
         .spec
         .as_ref()
         .and_then(|s| s.replicas)
         .unwrap_or_default();
-    let applied = children::ensure(ctx, instance, desired, &ctx.stores.deployments).await?;
+    let applied = children::ensure(
+        instance,
+        desired,
+        &stores.deployments,
+        Api::namespaced(client.clone(), ns),
+        &(),
+    )
+    .await?;
     if applied.changed {
         let name = instance.name;
         let event = match previous_replicas(&applied) {
@@ -123,31 +182,139 @@ async fn apply_children(
                 format!("Updated Deployment {name} to match the spec"),
             ),
         };
-        info!(memcached = %instance.name, namespace = %instance.namespace, reason = %event.reason, "applied Deployment");
-        publish(ctx, &reference, event).await;
+        record(ctx, &reference, instance, event).await;
     }
 
-    let service = children::ensure(
-        ctx,
-        instance,
-        service::service(instance),
-        &ctx.stores.services,
-    )
-    .await?;
-    if service.changed {
-        let name = instance.name;
-        let event = match service.previous {
-            None => normal("Created", "Create", format!("Created Service {name}")),
-            Some(_) => normal(
-                "Updated",
-                "Update",
-                format!("Updated Service {name} to match the spec"),
-            ),
-        };
-        info!(memcached = %instance.name, namespace = %instance.namespace, reason = %event.reason, "applied Service");
-        publish(ctx, &reference, event).await;
+    for desired in [service::service(instance), service::headless(instance)] {
+        let name = desired.name_any();
+        let applied = children::ensure(
+            instance,
+            desired,
+            &stores.services,
+            Api::namespaced(client.clone(), ns),
+            &(),
+        )
+        .await?;
+        if applied.changed {
+            record(
+                ctx,
+                &reference,
+                instance,
+                created_or_updated("Service", &name, applied.previous.is_some()),
+            )
+            .await;
+        }
     }
-    Ok(applied.current)
+
+    match pdb::pdb(instance) {
+        Some(desired) => {
+            let applied = children::ensure(
+                instance,
+                desired,
+                &stores.pdbs,
+                Api::namespaced(client.clone(), ns),
+                &(),
+            )
+            .await?;
+            if applied.changed {
+                let event = created_or_updated(
+                    "PodDisruptionBudget",
+                    instance.name,
+                    applied.previous.is_some(),
+                );
+                record(ctx, &reference, instance, event).await;
+            }
+        }
+        None => {
+            if children::remove(
+                instance,
+                instance.name,
+                &stores.pdbs,
+                Api::namespaced(client.clone(), ns),
+                &(),
+            )
+            .await?
+            {
+                let note = format!(
+                    "Deleted PodDisruptionBudget {} (not wanted at this size or setting)",
+                    instance.name
+                );
+                record(ctx, &reference, instance, normal("Deleted", "Delete", note)).await;
+            }
+        }
+    }
+
+    let mut problem = None;
+    let api_resource = service_monitor::api_resource();
+    match (
+        service_monitor::service_monitor(instance),
+        &stores.service_monitors,
+    ) {
+        (Some(_), None) => {
+            problem = Some(Problem {
+                reason: "ServiceMonitorUnavailable".into(),
+                message: "spec.monitoring.serviceMonitor is enabled, but the cluster did not serve \
+                          monitoring.coreos.com/v1 ServiceMonitor when the operator started; install the \
+                          Prometheus Operator CRDs and restart the operator, or disable the ServiceMonitor"
+                    .into(),
+            });
+        }
+        (Some(desired), Some(store)) => {
+            let applied = children::ensure(
+                instance,
+                desired,
+                store,
+                Api::namespaced_with(client.clone(), ns, &api_resource),
+                &api_resource,
+            )
+            .await?;
+            if applied.changed {
+                let event =
+                    created_or_updated("ServiceMonitor", instance.name, applied.previous.is_some());
+                record(ctx, &reference, instance, event).await;
+            }
+        }
+        (None, Some(store)) => {
+            if children::remove(
+                instance,
+                instance.name,
+                store,
+                Api::namespaced_with(client.clone(), ns, &api_resource),
+                &api_resource,
+            )
+            .await?
+            {
+                let note = format!("Deleted ServiceMonitor {}", instance.name);
+                record(ctx, &reference, instance, normal("Deleted", "Delete", note)).await;
+            }
+        }
+        (None, None) => {}
+    }
+    Ok((applied.current, problem))
+}
+
+fn created_or_updated(kind: &str, name: &str, existed: bool) -> Event {
+    if existed {
+        normal(
+            "Updated",
+            "Update",
+            format!("Updated {kind} {name} to match the spec"),
+        )
+    } else {
+        normal("Created", "Create", format!("Created {kind} {name}"))
+    }
+}
+
+/// Logs and publishes an event about a child.
+async fn record(ctx: &Context, reference: &ObjectReference, instance: &Instance<'_>, event: Event) {
+    info!(
+        memcached = %instance.name,
+        namespace = %instance.namespace,
+        reason = %event.reason,
+        note = event.note.as_deref().unwrap_or_default(),
+        "child changed"
+    );
+    publish(ctx, reference, event).await;
 }
 
 fn previous_replicas(applied: &Applied<Deployment>) -> Option<i32> {
@@ -176,6 +343,7 @@ async fn report(
         selector,
         deployment,
         pods: pods.iter().map(Arc::as_ref).collect(),
+        port: mc.spec.container_port,
         problem,
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());

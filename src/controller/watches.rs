@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -27,7 +29,7 @@ use tracing::{info, warn};
 use super::{Context, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
-use crate::resources::labels;
+use crate::resources::{labels, secrets, service_monitor};
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -87,17 +89,51 @@ pub async fn run(
     .reflect(mc_writer)
     .applied_objects();
 
-    let (deployments, deployment_stream) =
-        cached(api::<Deployment>(&client, ns), children.clone(), trim_meta);
+    let (deployments, deployment_stream) = cached(
+        api::<Deployment>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
     let (services, service_stream) =
-        cached(api::<Service>(&client, ns), children.clone(), trim_meta);
-    let (pods, pod_stream) = cached(api::<Pod>(&client, ns), children, trim_pod);
+        cached(api::<Service>(&client, ns), children.clone(), trim_meta, ());
+    let (pods, pod_stream) = cached(api::<Pod>(&client, ns), children.clone(), trim_pod, ());
+    let (pdbs, pdb_stream) = cached(
+        api::<PodDisruptionBudget>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
+    let (secrets, secret_stream) = cached(
+        api::<PartialObjectMeta<Secret>>(&client, ns),
+        watcher::Config::default().any_semantic(),
+        trim_secret,
+        (),
+    );
+    let service_monitor = service_monitor::api_resource();
+    let (service_monitors, service_monitor_stream) = if service_monitors_served(&client).await {
+        let api = match ns {
+            Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &service_monitor),
+            None => Api::<DynamicObject>::all_with(client.clone(), &service_monitor),
+        };
+        let (store, stream) = cached(api, children, trim_meta, service_monitor.clone());
+        (Some(store), Some(stream))
+    } else {
+        info!(
+            "the cluster does not serve monitoring.coreos.com/v1 ServiceMonitor; not watching them"
+        );
+        (None, None)
+    };
 
     let stores = Stores {
         memcacheds: memcacheds.clone(),
         deployments,
         services,
         pods,
+        pdbs,
+        secrets,
+        service_monitors,
     };
     tokio::spawn(mark_synced(stores.clone(), synced));
     let ctx = Arc::new(Context::new(
@@ -114,10 +150,19 @@ pub async fn run(
         concurrency = options.concurrency,
         "starting controller"
     );
-    Controller::for_stream(mc_stream, memcacheds)
+    let instances = memcacheds.clone();
+    let mut controller = Controller::for_stream(mc_stream, memcacheds)
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
+        .owns_stream(pdb_stream)
         .watches_stream(pod_stream, pod_owner)
+        .watches_stream(secret_stream, move |secret| {
+            referencing(&instances.state(), &secret)
+        });
+    if let Some(stream) = service_monitor_stream {
+        controller = controller.owns_stream_with(stream, service_monitor);
+    }
+    controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
@@ -137,26 +182,71 @@ pub async fn run(
     info!("controller stopped");
 }
 
-/// A label-scoped, trimmed, cached watch of children: its store, and the stream of touched objects
-/// (deletions included, so a deleted child triggers its owner and is recreated).
+/// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
+/// deleted child triggers its owner and is recreated).
 fn cached<K>(
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
+    dyntype: K::DynamicType,
 ) -> (
     reflector::Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
 )
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    let (store, writer) = reflector::store::<K>();
+    let writer = reflector::store::Writer::new(dyntype);
+    let store = writer.as_reader();
     let stream = watcher(api, config)
         .default_backoff()
         .modify(trim)
         .reflect(writer)
         .touched_objects();
     (store, stream)
+}
+
+/// Keeps of a Secret only its identity and version. Annotations go too: `kubectl apply` stores the whole
+/// Secret, data included, in one.
+pub fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
+    secret.metadata.managed_fields = None;
+    secret.metadata.annotations = None;
+    secret.metadata.labels = None;
+}
+
+/// The instances that reference `secret` (same namespace, named in their spec).
+pub fn referencing(
+    instances: &[Arc<Memcached>],
+    secret: &PartialObjectMeta<Secret>,
+) -> Vec<ObjectRef<Memcached>> {
+    let (Some(name), namespace) = (
+        secret.metadata.name.as_deref(),
+        secret.metadata.namespace.as_deref(),
+    ) else {
+        return Vec::new();
+    };
+    instances
+        .iter()
+        .filter(|mc| mc.metadata.namespace.as_deref() == namespace)
+        .filter(|mc| secrets::referenced(&mc.spec).iter().any(|r| r.name == name))
+        .map(|mc| ObjectRef::from_obj(mc.as_ref()))
+        .collect()
+}
+
+/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API.
+async fn service_monitors_served(client: &Client) -> bool {
+    match client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+    {
+        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
+        Err(kube::Error::Api(status)) if status.code == 404 => false,
+        Err(error) => {
+            warn!(%error, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
+            false
+        }
+    }
 }
 
 /// The instance a pod belongs to, from its labels.
@@ -171,11 +261,22 @@ pub fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
 }
 
 async fn mark_synced(stores: Stores, synced: Arc<AtomicBool>) {
-    let ready = futures::future::try_join4(
+    let service_monitors = async {
+        match &stores.service_monitors {
+            Some(store) => store.wait_until_ready().await,
+            None => Ok(()),
+        }
+    };
+    let ready = futures::future::try_join5(
         stores.memcacheds.wait_until_ready(),
         stores.deployments.wait_until_ready(),
         stores.services.wait_until_ready(),
         stores.pods.wait_until_ready(),
+        futures::future::try_join3(
+            stores.pdbs.wait_until_ready(),
+            stores.secrets.wait_until_ready(),
+            service_monitors,
+        ),
     )
     .await;
     if ready.is_ok() {
@@ -200,6 +301,53 @@ mod tests {
             "labels": {"app.kubernetes.io/name": "redis", "app.kubernetes.io/instance": "cache"}}}))
             .unwrap();
         assert_eq!(pod_owner(foreign), None);
+    }
+
+    #[test]
+    fn secrets_trigger_the_instances_that_name_them() {
+        let mc = |name: &str, ns: &str, secret: Option<&str>| {
+            let mut mc: Memcached = serde_json::from_value(json!({
+                "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                "metadata": {"name": name, "namespace": ns}, "spec": {}
+            }))
+            .unwrap();
+            if let Some(secret) = secret {
+                mc.spec =
+                    serde_json::from_value(json!({"security": {"auth": {"secretName": secret}}}))
+                        .unwrap();
+            }
+            Arc::new(mc)
+        };
+        let instances = [
+            mc("a", "ns", Some("creds")),
+            mc("b", "ns", None),
+            mc("c", "other", Some("creds")),
+            mc("d", "ns", Some("creds")),
+        ];
+        let mut secret = PartialObjectMeta::<Secret>::default();
+        secret.metadata.name = Some("creds".into());
+        secret.metadata.namespace = Some("ns".into());
+        let refs = referencing(&instances, &secret);
+        assert_eq!(
+            refs,
+            [
+                ObjectRef::new("a").within("ns"),
+                ObjectRef::new("d").within("ns")
+            ]
+        );
+
+        secret.metadata.annotations = Some(
+            [(
+                "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
+                "{..data..}".to_owned(),
+            )]
+            .into(),
+        );
+        trim_secret(&mut secret);
+        assert!(
+            secret.metadata.annotations.is_none(),
+            "no Secret data is kept in the cache"
+        );
     }
 
     #[test]

@@ -1,41 +1,178 @@
-//! The memcached command line.
+//! The memcached command line, from `spec.memcached`, TLS and auth.
+//!
+//! Flags whose value equals memcached's own default are left out unless the spec sets them, so an
+//! instance's command line (and so its pods) only changes when its spec does.
 
 use crate::api::MemcachedSpec;
 
-/// Memory for items in MiB (`-m`): the tutorials' value.
-pub const MAX_MEMORY_MB: i32 = 64;
 /// Headroom above the item memory for connections, hash table and threads, used to size the container.
 pub const MEMORY_OVERHEAD_MB: i32 = 32;
+/// Where the TLS Secret is mounted.
+pub const TLS_DIR: &str = "/etc/memcached/tls";
+/// Where the auth Secret is mounted.
+pub const AUTH_DIR: &str = "/etc/memcached/auth";
+
+/// Short flags the operator manages (`-p`, `-m`, ...): repeating one in extraArgs would conflict.
+const MANAGED_SHORT: &[char] = &[
+    'p', 'm', 'c', 't', 'I', 'v', 'Z', 'Y', 'U', 'l', 'u', 'd', 'P',
+];
+/// Long forms of the managed flags.
+const MANAGED_LONG: &[&str] = &[
+    "port",
+    "memory-limit",
+    "conn-limit",
+    "threads",
+    "max-item-size",
+    "verbose",
+    "enable-ssl",
+    "auth-file",
+    "udp-port",
+    "listen",
+    "user",
+    "daemon",
+    "pidfile",
+];
 
 /// The program the container runs. Set explicitly so the image's entrypoint script is not relied on.
 pub fn command() -> Vec<String> {
     vec!["memcached".to_owned()]
 }
 
-/// Arguments for memcached: `-p <port> -m 64 -o modern`, the tutorials' flags.
+/// Arguments for memcached. Starts with the tutorials' `-p <port> -m 64 -o modern`.
 pub fn args(spec: &MemcachedSpec) -> Vec<String> {
-    [
+    let config = spec.memcached();
+    let mut args = vec![
         "-p".to_owned(),
         spec.container_port.to_string(),
         "-m".to_owned(),
-        MAX_MEMORY_MB.to_string(),
-        "-o".to_owned(),
-        "modern".to_owned(),
-    ]
-    .into()
+        config.max_memory_mb().to_string(),
+    ];
+    if let Some(c) = config.max_connections {
+        args.extend(["-c".to_owned(), c.to_string()]);
+    }
+    if let Some(t) = config.threads {
+        args.extend(["-t".to_owned(), t.to_string()]);
+    }
+    if let Some(size) = &config.max_item_size {
+        args.extend(["-I".to_owned(), size.clone()]);
+    }
+    match config.verbosity.unwrap_or(0) {
+        0 => {}
+        1 => args.push("-v".to_owned()),
+        _ => args.push("-vv".to_owned()),
+    }
+    let mut options = vec!["modern".to_owned()];
+    if let Some(tls) = spec.tls() {
+        options.push(format!("ssl_chain_cert={TLS_DIR}/tls.crt"));
+        options.push(format!("ssl_key={TLS_DIR}/tls.key"));
+        if tls.client_auth {
+            options.push(format!("ssl_ca_cert={TLS_DIR}/ca.crt"));
+            // 2 = SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT: a client certificate is required.
+            options.push("ssl_verify_mode=2".to_owned());
+        }
+    }
+    args.extend(["-o".to_owned(), options.join(",")]);
+    if spec.tls().is_some() {
+        args.push("-Z".to_owned());
+    }
+    if let Some(auth) = spec.auth() {
+        args.extend(["-Y".to_owned(), format!("{AUTH_DIR}/{}", auth.key())]);
+    }
+    args.extend(config.extra_args.iter().cloned());
+    args
+}
+
+/// Whether `arg` sets a flag the operator manages.
+pub fn is_managed(arg: &str) -> bool {
+    if arg.contains("ssl_") {
+        return true;
+    }
+    if let Some(long) = arg.strip_prefix("--") {
+        let name = long.split('=').next().unwrap_or_default();
+        return MANAGED_LONG.contains(&name);
+    }
+    match arg.strip_prefix('-').and_then(|rest| rest.chars().next()) {
+        Some(flag) => MANAGED_SHORT.contains(&flag),
+        None => false,
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api::{AuthConfig, MemcachedConfig, Security, TlsConfig};
 
     #[test]
-    fn renders_the_tutorial_flags_with_the_spec_port() {
+    fn defaults_render_the_tutorial_flags() {
         let spec = MemcachedSpec {
             container_port: 11311,
             ..MemcachedSpec::default()
         };
         assert_eq!(args(&spec).join(" "), "-p 11311 -m 64 -o modern");
         assert_eq!(command(), ["memcached"]);
+    }
+
+    #[test]
+    fn every_setting_renders_its_flag() {
+        let spec = MemcachedSpec {
+            memcached: Some(MemcachedConfig {
+                max_memory_mb: Some(1024),
+                max_connections: Some(4096),
+                threads: Some(8),
+                max_item_size: Some("2m".into()),
+                verbosity: Some(2),
+                extra_args: vec!["-o".into(), "lru_crawler".into()],
+            }),
+            security: Some(Security {
+                tls: Some(TlsConfig {
+                    secret_name: "tls".into(),
+                    client_auth: true,
+                }),
+                auth: Some(AuthConfig {
+                    secret_name: "auth".into(),
+                    key: None,
+                }),
+            }),
+            ..MemcachedSpec::default()
+        };
+        assert_eq!(
+            args(&spec).join(" "),
+            "-p 11211 -m 1024 -c 4096 -t 8 -I 2m -vv \
+             -o modern,ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key,\
+             ssl_ca_cert=/etc/memcached/tls/ca.crt,ssl_verify_mode=2 -Z -Y /etc/memcached/auth/auth-file \
+             -o lru_crawler"
+        );
+    }
+
+    #[test]
+    fn managed_flags_are_recognised_in_every_form() {
+        for arg in [
+            "-p",
+            "-p11211",
+            "-m",
+            "-vv",
+            "--port=1",
+            "--memory-limit",
+            "-Z",
+            "-Y",
+            "ssl_key=/x",
+            "-U",
+            "-l",
+        ] {
+            assert!(is_managed(arg), "{arg}");
+        }
+        for arg in [
+            "-o",
+            "lru_crawler",
+            "-R",
+            "40",
+            "-B",
+            "binary",
+            "--lru-crawler",
+            "modern",
+            "-f",
+        ] {
+            assert!(!is_managed(arg), "{arg}");
+        }
     }
 }

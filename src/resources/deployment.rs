@@ -2,28 +2,49 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecurityContext, TCPSocketAction,
+    Affinity, Capabilities, Container, ContainerPort, ExecAction, Lifecycle, LifecycleHandler,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, TCPSocketAction,
+    Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Instance, args, labels};
+use crate::api::{AntiAffinity, DEFAULT_EXPORTER_IMAGE, MemcachedSpec};
 
 /// Name of the memcached container (and of its port).
 pub const CONTAINER_NAME: &str = "memcached";
-/// Name of the memcached port on the container and the Service.
+/// Name of the memcached port on the container and the Services.
 pub const PORT_NAME: &str = "memcached";
+/// Name of the exporter container.
+pub const EXPORTER_NAME: &str = "exporter";
+/// Name of the exporter's port on the container and the client Service.
+pub const METRICS_PORT_NAME: &str = "metrics";
+/// Port of the exporter.
+pub const METRICS_PORT: i32 = 9150;
 /// UID and GID of the `memcache` user in the official memcached images. Set explicitly because the
 /// images name their user instead of numbering it, and `runAsNonRoot` needs a number to verify.
 pub const RUN_AS_USER: i64 = 11211;
+/// Pod-template annotation carrying the hash of the referenced Secrets' content: a change rolls the pods.
+pub const SECRET_HASH_ANNOTATION: &str = "cache.example.com/secret-hash";
+/// Node label the anti-affinity spreads across.
+const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
 
-/// The Deployment for `instance`: `spec.size` replicas of memcached in a pod that meets the `restricted`
-/// Pod Security Standard.
-pub fn deployment(instance: &Instance<'_>) -> Deployment {
+const TLS_VOLUME: &str = "tls";
+const AUTH_VOLUME: &str = "auth";
+
+/// The Deployment for `instance`: `spec.size` replicas of memcached in pods that meet the `restricted`
+/// Pod Security Standard, rolled out without ever lowering capacity. `secret_hash` is the hash of the
+/// referenced Secrets' content (when any are referenced).
+pub fn deployment(instance: &Instance<'_>, secret_hash: Option<&str>) -> Deployment {
+    let annotations = secret_hash
+        .map(|hash| BTreeMap::from([(SECRET_HASH_ANNOTATION.to_owned(), hash.to_owned())]));
     Deployment {
         metadata: instance.child_meta(),
         spec: Some(DeploymentSpec {
@@ -32,9 +53,18 @@ pub fn deployment(instance: &Instance<'_>) -> Deployment {
                 match_labels: Some(labels::selector_labels(instance.name)),
                 ..LabelSelector::default()
             },
+            // A new pod is ready before an old one goes: capacity never drops during a rollout.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels::common_labels(instance.name)),
+                    annotations,
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod_spec(instance)),
@@ -46,8 +76,14 @@ pub fn deployment(instance: &Instance<'_>) -> Deployment {
 }
 
 fn pod_spec(instance: &Instance<'_>) -> PodSpec {
+    let spec = instance.spec;
+    let mut containers = vec![memcached_container(instance)];
+    if spec.exporter().is_some() {
+        containers.push(exporter_container(spec));
+    }
+    let volumes = volumes(spec);
     PodSpec {
-        containers: vec![memcached_container(instance)],
+        containers,
         // memcached never talks to the API server, and the Service env vars are noise for it.
         automount_service_account_token: Some(false),
         enable_service_links: Some(false),
@@ -55,21 +91,107 @@ fn pod_spec(instance: &Instance<'_>) -> PodSpec {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS_USER),
             run_as_group: Some(RUN_AS_USER),
+            // Secret files are group-readable (0440) by this group only.
+            fs_group: (!volumes.is_empty()).then_some(RUN_AS_USER),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 ..SeccompProfile::default()
             }),
             ..PodSecurityContext::default()
         }),
+        termination_grace_period_seconds: Some(
+            spec.high_availability().termination_grace_period_seconds(),
+        ),
+        affinity: affinity(instance),
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        topology_spread_constraints: spec.topology_spread_constraints.clone(),
+        priority_class_name: spec.priority_class_name.clone(),
+        volumes: (!volumes.is_empty()).then_some(volumes),
         ..PodSpec::default()
     }
 }
 
-fn memcached_container(instance: &Instance<'_>) -> Container {
-    let port = IntOrString::String(PORT_NAME.to_owned());
-    let tcp_probe = |initial_delay, period, timeout| Probe {
+/// The spec's affinity, plus the anti-affinity of `highAvailability.antiAffinity` unless the spec brings
+/// its own podAntiAffinity.
+fn affinity(instance: &Instance<'_>) -> Option<Affinity> {
+    let mut affinity = instance.spec.affinity.clone().unwrap_or_default();
+    if affinity.pod_anti_affinity.is_none() {
+        let term = PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(labels::selector_labels(instance.name)),
+                ..LabelSelector::default()
+            }),
+            topology_key: HOSTNAME_TOPOLOGY.to_owned(),
+            ..PodAffinityTerm::default()
+        };
+        affinity.pod_anti_affinity = match instance.spec.high_availability().anti_affinity() {
+            AntiAffinity::None => None,
+            AntiAffinity::Soft => Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: term,
+                    },
+                ]),
+                ..PodAntiAffinity::default()
+            }),
+            AntiAffinity::Hard => Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![term]),
+                ..PodAntiAffinity::default()
+            }),
+        };
+    }
+    (affinity != Affinity::default()).then_some(affinity)
+}
+
+fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
+    let secret = |name: &str, secret_name: &str| Volume {
+        name: name.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name.to_owned()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut volumes = Vec::new();
+    if let Some(tls) = spec.tls() {
+        volumes.push(secret(TLS_VOLUME, &tls.secret_name));
+    }
+    if let Some(auth) = spec.auth() {
+        volumes.push(secret(AUTH_VOLUME, &auth.secret_name));
+    }
+    volumes
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The restricted-profile container security context every container gets.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn tcp_probe(port: &str, initial_delay: i32, period: i32, timeout: i32) -> Probe {
+    Probe {
         tcp_socket: Some(TCPSocketAction {
-            port: port.clone(),
+            port: IntOrString::String(port.to_owned()),
             ..TCPSocketAction::default()
         }),
         initial_delay_seconds: Some(initial_delay),
@@ -77,173 +199,142 @@ fn memcached_container(instance: &Instance<'_>) -> Container {
         timeout_seconds: Some(timeout),
         failure_threshold: Some(3),
         ..Probe::default()
-    };
+    }
+}
+
+fn memcached_container(instance: &Instance<'_>) -> Container {
+    let spec = instance.spec;
+    let mut mounts = Vec::new();
+    if spec.tls().is_some() {
+        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
+    if spec.auth().is_some() {
+        mounts.push(mount(AUTH_VOLUME, args::AUTH_DIR));
+    }
+    let delay = spec.high_availability().pre_stop_delay_seconds();
+    // Endpoints are removed when the pod starts terminating; sleeping first lets clients and kube-proxy
+    // catch up before memcached gets SIGTERM.
+    let lifecycle = (delay > 0).then(|| Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(vec!["sleep".to_owned(), delay.to_string()]),
+            }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    });
     Container {
         name: CONTAINER_NAME.to_owned(),
         image: Some(instance.image.to_owned()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
         command: Some(args::command()),
-        args: Some(args::args(instance.spec)),
+        args: Some(args::args(spec)),
         ports: Some(vec![ContainerPort {
             name: Some(PORT_NAME.to_owned()),
-            container_port: instance.spec.container_port,
+            container_port: spec.container_port,
             protocol: Some("TCP".to_owned()),
             ..ContainerPort::default()
         }]),
-        readiness_probe: Some(tcp_probe(2, 5, 2)),
-        liveness_probe: Some(tcp_probe(10, 10, 5)),
-        resources: Some(resources()),
-        security_context: Some(SecurityContext {
-            allow_privilege_escalation: Some(false),
-            read_only_root_filesystem: Some(true),
-            run_as_non_root: Some(true),
-            capabilities: Some(Capabilities {
-                drop: Some(vec!["ALL".to_owned()]),
-                ..Capabilities::default()
-            }),
-            ..SecurityContext::default()
-        }),
+        readiness_probe: Some(tcp_probe(PORT_NAME, 2, 5, 2)),
+        liveness_probe: Some(tcp_probe(PORT_NAME, 10, 10, 5)),
+        lifecycle,
+        resources: Some(memcached_resources(spec)),
+        security_context: Some(restricted()),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
         ..Container::default()
     }
 }
 
-/// Requests and limits sized from memcached's item memory: the limit leaves room for its overhead so the
-/// kernel never kills a full cache, and requests equal limits for memory (a cache should not be evicted).
-fn resources() -> ResourceRequirements {
-    let memory = Quantity(format!(
-        "{}Mi",
-        args::MAX_MEMORY_MB + args::MEMORY_OVERHEAD_MB
-    ));
+/// The exporter sidecar. It has no readiness probe on purpose: an exporter problem must not take the
+/// memcached pod out of the Service.
+fn exporter_container(spec: &MemcachedSpec) -> Container {
+    let exporter = spec.exporter().cloned().unwrap_or_default();
+    let mut container_args = vec![
+        format!("--memcached.address=localhost:{}", spec.container_port),
+        format!("--web.listen-address=:{METRICS_PORT}"),
+    ];
+    let mut mounts = Vec::new();
+    if let Some(tls) = spec.tls() {
+        // The exporter talks to memcached over loopback, where the server name cannot match.
+        container_args.push("--memcached.tls.enable".to_owned());
+        container_args.push("--memcached.tls.insecure-skip-verify".to_owned());
+        if tls.client_auth {
+            container_args.push(format!(
+                "--memcached.tls.cert-file={}/tls.crt",
+                args::TLS_DIR
+            ));
+            container_args.push(format!(
+                "--memcached.tls.key-file={}/tls.key",
+                args::TLS_DIR
+            ));
+        }
+        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
+    Container {
+        name: EXPORTER_NAME.to_owned(),
+        image: Some(
+            exporter
+                .image
+                .unwrap_or_else(|| DEFAULT_EXPORTER_IMAGE.to_owned()),
+        ),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(container_args),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.to_owned()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(tcp_probe(METRICS_PORT_NAME, 10, 20, 5)),
+        resources: Some(
+            exporter
+                .resources
+                .unwrap_or_else(|| requirements("10m", "32Mi", "64Mi")),
+        ),
+        security_context: Some(restricted()),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Container::default()
+    }
+}
+
+fn requirements(cpu: &str, memory_request: &str, memory_limit: &str) -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([
-            ("cpu".to_owned(), Quantity("100m".to_owned())),
-            ("memory".to_owned(), memory.clone()),
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory_request.to_owned())),
         ])),
-        limits: Some(BTreeMap::from([("memory".to_owned(), memory)])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity(memory_limit.to_owned()),
+        )])),
         ..ResourceRequirements::default()
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::api::MemcachedSpec;
-    use crate::resources::Defaults;
-    use crate::resources::testing::memcached;
-
-    fn build(spec: MemcachedSpec) -> Deployment {
-        let mc = memcached("cache", spec);
-        let defaults = Defaults::default();
-        deployment(&Instance::new(&mc, &defaults).unwrap())
+/// Requests and limits for memcached: derived from its item memory (the limit leaves room for memcached's
+/// overhead, and memory requests equal limits because a cache should not be evicted), with the keys of
+/// `spec.resources` replacing the derived ones one by one.
+pub fn memcached_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let memory = format!(
+        "{}Mi",
+        spec.memcached().max_memory_mb() + args::MEMORY_OVERHEAD_MB
+    );
+    let mut resources = requirements("100m", &memory, &memory);
+    if let Some(user) = &spec.resources {
+        let overlay = |derived: &mut Option<BTreeMap<String, Quantity>>,
+                       given: &Option<BTreeMap<String, Quantity>>| {
+            if let Some(given) = given {
+                derived
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(given.clone());
+            }
+        };
+        overlay(&mut resources.requests, &user.requests);
+        overlay(&mut resources.limits, &user.limits);
+        resources.claims = user.claims.clone();
     }
-
-    fn container(d: &Deployment) -> &Container {
-        &d.spec
-            .as_ref()
-            .unwrap()
-            .template
-            .spec
-            .as_ref()
-            .unwrap()
-            .containers[0]
-    }
-
-    #[test]
-    fn replicas_follow_size_including_zero() {
-        for size in [0, 1, 3, 64] {
-            let d = build(MemcachedSpec {
-                size,
-                ..MemcachedSpec::default()
-            });
-            assert_eq!(d.spec.unwrap().replicas, Some(size));
-        }
-    }
-
-    #[test]
-    fn selector_is_only_the_stable_labels_and_matches_the_template() {
-        let d = build(MemcachedSpec::default());
-        let spec = d.spec.unwrap();
-        let selector = spec.selector.match_labels.unwrap();
-        assert_eq!(selector, labels::selector_labels("cache"));
-        let template_labels = spec.template.metadata.unwrap().labels.unwrap();
-        for (k, v) in &selector {
-            assert_eq!(template_labels.get(k), Some(v));
-        }
-        assert_eq!(
-            template_labels
-                .get(labels::MANAGED_BY_KEY)
-                .map(String::as_str),
-            Some(labels::MANAGER_NAME)
-        );
-    }
-
-    #[test]
-    fn container_runs_memcached_with_the_spec_port_and_image() {
-        let d = build(MemcachedSpec {
-            container_port: 11311,
-            image: Some("memcached:1.6.38-alpine".into()),
-            ..MemcachedSpec::default()
-        });
-        let c = container(&d);
-        assert_eq!(c.name, "memcached");
-        assert_eq!(c.image.as_deref(), Some("memcached:1.6.38-alpine"));
-        assert_eq!(c.command.as_ref().unwrap(), &["memcached"]);
-        assert_eq!(
-            c.args.as_ref().unwrap().join(" "),
-            "-p 11311 -m 64 -o modern"
-        );
-        let port = &c.ports.as_ref().unwrap()[0];
-        assert_eq!(
-            (port.name.as_deref(), port.container_port),
-            (Some("memcached"), 11311)
-        );
-        for probe in [&c.readiness_probe, &c.liveness_probe] {
-            let tcp = probe.as_ref().unwrap().tcp_socket.as_ref().unwrap();
-            assert_eq!(tcp.port, IntOrString::String("memcached".into()));
-        }
-    }
-
-    /// The `restricted` Pod Security Standard, checked field by field.
-    #[test]
-    fn pod_meets_the_restricted_pod_security_standard() {
-        let d = build(MemcachedSpec::default());
-        let pod = d.spec.unwrap().template.spec.unwrap();
-        let psc = pod.security_context.as_ref().unwrap();
-        assert_eq!(psc.run_as_non_root, Some(true));
-        assert_ne!(psc.run_as_user, Some(0));
-        assert_eq!(
-            psc.seccomp_profile.as_ref().unwrap().type_,
-            "RuntimeDefault"
-        );
-        assert!(pod.host_network.is_none() && pod.host_pid.is_none() && pod.host_ipc.is_none());
-        assert!(pod.volumes.is_none(), "no hostPath or other volume types");
-        for c in &pod.containers {
-            let sc = c.security_context.as_ref().unwrap();
-            assert_eq!(sc.allow_privilege_escalation, Some(false));
-            assert_eq!(sc.read_only_root_filesystem, Some(true));
-            assert_eq!(sc.privileged, None);
-            assert_eq!(
-                sc.capabilities.as_ref().unwrap().drop.as_deref(),
-                Some(&["ALL".to_owned()][..])
-            );
-            assert_eq!(sc.capabilities.as_ref().unwrap().add, None);
-            assert!(c.ports.iter().flatten().all(|p| p.host_port.is_none()));
-        }
-    }
-
-    #[test]
-    fn memory_limit_leaves_room_above_item_memory() {
-        let d = build(MemcachedSpec::default());
-        let resources = container(&d).resources.clone().unwrap();
-        assert_eq!(resources.limits.unwrap()["memory"], Quantity("96Mi".into()));
-        assert_eq!(
-            resources.requests.unwrap()["memory"],
-            Quantity("96Mi".into())
-        );
-    }
-
-    #[test]
-    fn status_is_never_applied() {
-        assert!(build(MemcachedSpec::default()).status.is_none());
-    }
+    resources
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,12 @@ pub mod args;
 pub mod deployment;
 pub mod drift;
 pub mod labels;
+pub mod pdb;
+pub mod quantity;
+pub mod secrets;
 pub mod service;
+pub mod service_monitor;
+pub mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
@@ -67,6 +72,7 @@ impl<'a> Instance<'a> {
             message: "the Memcached object has no uid yet".into(),
         })?;
         validate_child_name(name)?;
+        validate::validate(&mc.spec)?;
         Ok(Self {
             name,
             namespace,
@@ -94,12 +100,15 @@ impl<'a> Instance<'a> {
     }
 }
 
-/// Children are named after the instance. A Service name must be an RFC 1035 label and the instance name
-/// is also a label value, so both limits apply; a Memcached name may be a longer DNS subdomain.
+/// Longest instance name: the headless Service `<name>-headless` must fit in 63 characters.
+pub const MAX_NAME_LEN: usize = 63 - service::HEADLESS_SUFFIX.len();
+
+/// Children are named after the instance. A Service name must be an RFC 1035 label of at most 63
+/// characters, including the headless Service's suffix; a Memcached name may be a longer DNS subdomain.
 fn validate_child_name(name: &str) -> Result<(), InvalidSpec> {
     let bytes = name.as_bytes();
     let valid = !bytes.is_empty()
-        && bytes.len() <= 63
+        && bytes.len() <= MAX_NAME_LEN
         && bytes[0].is_ascii_lowercase()
         && bytes[bytes.len() - 1].is_ascii_alphanumeric()
         && bytes
@@ -111,9 +120,9 @@ fn validate_child_name(name: &str) -> Result<(), InvalidSpec> {
         Err(InvalidSpec {
             reason: "InvalidName",
             message: format!(
-                "metadata.name {name:?} cannot name a Service: it must be at most 63 characters of \
-                 lower-case letters, digits and '-', start with a letter and end with a letter or digit; \
-                 recreate the Memcached under such a name"
+                "metadata.name {name:?} cannot name the instance's Services: it must be at most \
+                 {MAX_NAME_LEN} characters of lower-case letters, digits and '-', start with a letter and end \
+                 with a letter or digit; recreate the Memcached under such a name"
             ),
         })
     }
@@ -175,13 +184,13 @@ mod tests {
     #[test]
     fn names_that_cannot_name_a_service_are_invalid() {
         let defaults = Defaults::default();
-        for bad in ["1cache", "my.cache", &"a".repeat(64), "cache-"] {
+        for bad in ["1cache", "my.cache", &"a".repeat(55), "cache-"] {
             let mc = memcached(bad, MemcachedSpec::default());
             let err = Instance::new(&mc, &defaults).unwrap_err();
             assert_eq!(err.reason, "InvalidName", "{bad}");
             assert!(err.message.contains("metadata.name"), "{}", err.message);
         }
-        for good in ["cache", "memcached-sample", "a1", &"a".repeat(63)] {
+        for good in ["cache", "memcached-sample", "a1", &"a".repeat(54)] {
             let mc = memcached(good, MemcachedSpec::default());
             assert!(Instance::new(&mc, &defaults).is_ok(), "{good}");
         }

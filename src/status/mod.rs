@@ -52,6 +52,8 @@ pub struct Observed<'a> {
     pub deployment: Option<&'a Deployment>,
     /// The instance's pods (any order; terminating ones are ignored).
     pub pods: Vec<&'a Pod>,
+    /// Port memcached listens on in the pods (`spec.containerPort`), for the server list.
+    pub port: i32,
     /// A problem only the operator can see (invalid spec, rejected apply, deletion under way).
     pub problem: Option<Problem>,
 }
@@ -130,7 +132,34 @@ pub fn compute(
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect(),
+        server_list: server_list(&pods, observed.port),
     }
+}
+
+/// `ip:port` (`[ip]:port` for IPv6) of every ready pod, sorted.
+fn server_list(pods: &[&Pod], port: i32) -> Vec<String> {
+    let mut servers: Vec<String> = pods
+        .iter()
+        .filter_map(|pod| {
+            let status = pod.status.as_ref()?;
+            let ready = status
+                .conditions
+                .iter()
+                .flatten()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            let ip = status
+                .pod_ip
+                .as_deref()
+                .filter(|ip| ready && !ip.is_empty())?;
+            Some(if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            })
+        })
+        .collect();
+    servers.sort();
+    servers
 }
 
 struct Counts {

@@ -41,6 +41,7 @@ fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod
         selector: Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached".into()),
         deployment,
         pods,
+        port: 11211,
         problem: None,
     }
 }
@@ -293,6 +294,37 @@ fn counts_nodes_and_selector_come_from_what_exists() {
         status.selector.as_deref(),
         Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached")
     );
+}
+
+#[test]
+fn server_list_has_the_ready_pods_only() {
+    let d = ready_deployment(3);
+    let ready = |name: &str, ip: &str| {
+        pod(
+            name,
+            json!({"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}),
+        )
+    };
+    let (a, b, v6) = (
+        ready("cache-a", "10.0.0.9"),
+        ready("cache-b", "10.0.0.10"),
+        ready("cache-c", "fd00::1"),
+    );
+    let starting = pod(
+        "cache-d",
+        json!({"podIP": "10.0.0.11", "conditions": [{"type": "Ready", "status": "False"}]}),
+    );
+    let pending = pod("cache-e", json!({}));
+    let status = compute(
+        &observed(3, Some(&d), vec![&b, &starting, &a, &v6, &pending]),
+        None,
+        &at(0),
+    );
+    assert_eq!(
+        status.server_list,
+        ["10.0.0.10:11211", "10.0.0.9:11211", "[fd00::1]:11211"]
+    );
+    assert_eq!(status.nodes.len(), 5);
 }
 
 #[test]

@@ -4,6 +4,13 @@
 //! manifests (`spec: {size: 1, containerPort: 11211}`) apply unchanged. Every limit that the API server can
 //! check is plain OpenAPI schema (no CEL), so the CRD works on every server from v1.24 up.
 
+mod features;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, ResourceRequirements, Toleration, TopologySpreadConstraint,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::CustomResource;
 use schemars::JsonSchema;
@@ -84,6 +91,53 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
+
+    /// memcached's own settings: memory, connections, threads, item size, verbosity, extra arguments.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memcached: Option<MemcachedConfig>,
+
+    /// CPU and memory for the memcached container. Default: requests of 100m CPU and maxMemoryMB + 32Mi
+    /// memory, and a memory limit of the same; keys given here replace those defaults one by one. A memory
+    /// limit must be at least maxMemoryMB + 32Mi.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+
+    /// Node labels the pods must run on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<BTreeMap<String, String>>,
+
+    /// Taints the pods tolerate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tolerations: Option<Vec<Toleration>>,
+
+    /// Scheduling constraints. A podAntiAffinity here replaces highAvailability.antiAffinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+
+    /// How pods spread across topology domains such as zones.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub topology_spread_constraints: Option<Vec<TopologySpreadConstraint>>,
+
+    /// PriorityClass of the pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub priority_class_name: Option<String>,
+
+    /// Spreading across nodes, the PodDisruptionBudget, and graceful termination.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub high_availability: Option<HighAvailability>,
+
+    /// The client Service: type, annotations, port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service: Option<ServiceConfig>,
+
+    /// TLS and authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub security: Option<Security>,
+
+    /// Prometheus exporter sidecar and ServiceMonitor.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub monitoring: Option<Monitoring>,
 }
 
 fn default_size() -> i32 {
@@ -100,6 +154,17 @@ impl Default for MemcachedSpec {
             size: DEFAULT_SIZE,
             container_port: DEFAULT_CONTAINER_PORT,
             image: None,
+            memcached: None,
+            resources: None,
+            node_selector: None,
+            tolerations: None,
+            affinity: None,
+            topology_spread_constraints: None,
+            priority_class_name: None,
+            high_availability: None,
+            service: None,
+            security: None,
+            monitoring: None,
         }
     }
 }
@@ -133,12 +198,57 @@ pub struct MemcachedStatus {
     /// Sorted names of the instance's pods.
     #[serde(default)]
     pub nodes: Vec<String>,
+
+    /// `host:port` of every ready pod, sorted: the server list for clients that hash keys across servers.
+    #[serde(default)]
+    pub server_list: Vec<String>,
 }
+
+pub use features::*;
 
 impl Memcached {
     /// The spec'd image, or `default_image` when the spec leaves it out.
     pub fn image_or<'a>(&'a self, default_image: &'a str) -> &'a str {
         self.spec.image.as_deref().unwrap_or(default_image)
+    }
+}
+
+impl MemcachedSpec {
+    /// `spec.memcached`, or all defaults.
+    pub fn memcached(&self) -> MemcachedConfig {
+        self.memcached.clone().unwrap_or_default()
+    }
+    /// `spec.highAvailability`, or all defaults.
+    pub fn high_availability(&self) -> HighAvailability {
+        self.high_availability.clone().unwrap_or_default()
+    }
+    /// `spec.service`, or all defaults.
+    pub fn service(&self) -> ServiceConfig {
+        self.service.clone().unwrap_or_default()
+    }
+    /// TLS settings, if TLS is on.
+    pub fn tls(&self) -> Option<&TlsConfig> {
+        self.security.as_ref()?.tls.as_ref()
+    }
+    /// Auth settings, if authentication is on.
+    pub fn auth(&self) -> Option<&AuthConfig> {
+        self.security.as_ref()?.auth.as_ref()
+    }
+    /// Exporter settings, if the exporter is on.
+    pub fn exporter(&self) -> Option<&ExporterConfig> {
+        self.monitoring
+            .as_ref()?
+            .exporter
+            .as_ref()
+            .filter(|e| e.enabled)
+    }
+    /// ServiceMonitor settings, if a ServiceMonitor is wanted.
+    pub fn service_monitor(&self) -> Option<&ServiceMonitorConfig> {
+        self.monitoring
+            .as_ref()?
+            .service_monitor
+            .as_ref()
+            .filter(|s| s.enabled)
     }
 }
 
@@ -162,7 +272,7 @@ mod tests {
         let json = serde_json::to_value(MemcachedStatus::default()).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"conditions": [], "replicas": 0, "readyReplicas": 0, "nodes": []})
+            serde_json::json!({"conditions": [], "replicas": 0, "readyReplicas": 0, "nodes": [], "serverList": []})
         );
     }
 }

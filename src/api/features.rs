@@ -1,0 +1,287 @@
+//! The optional parts of `spec` for running Memcached in production: memcached settings, availability,
+//! Service, security and monitoring. Every field is optional and its default keeps the tutorials'
+//! behaviour, so existing manifests keep working.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Default for `spec.memcached.maxMemoryMB`: the tutorials' `-m 64`.
+pub const DEFAULT_MAX_MEMORY_MB: i32 = 64;
+/// Default for `spec.memcached.maxConnections` (memcached's own default).
+pub const DEFAULT_MAX_CONNECTIONS: i32 = 1024;
+/// Default for `spec.memcached.threads` (memcached's own default).
+pub const DEFAULT_THREADS: i32 = 4;
+/// Default for `spec.highAvailability.preStopDelaySeconds`.
+pub const DEFAULT_PRE_STOP_DELAY_SECONDS: i32 = 10;
+/// Default for `spec.highAvailability.terminationGracePeriodSeconds`.
+pub const DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 30;
+/// Default image of the Prometheus exporter sidecar.
+pub const DEFAULT_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.15.0";
+/// Default key of the auth Secret holding memcached's credentials file.
+pub const DEFAULT_AUTH_KEY: &str = "auth-file";
+
+/// memcached's own settings (`spec.memcached`). Changing any of them rolls the pods.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MemcachedConfig {
+    /// Memory for items, in MiB (`-m`). Default 64. The container's memory limit must leave at least
+    /// 32Mi above it for connections and internal structures.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        rename = "maxMemoryMB"
+    )]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_memory_mb: Option<i32>,
+
+    /// Most simultaneous client connections (`-c`). Default 1024.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1048576))]
+    pub max_connections: Option<i32>,
+
+    /// Worker threads (`-t`). Default 4.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub threads: Option<i32>,
+
+    /// Largest item memcached stores (`-I`), as a size with an optional k or m suffix such as `1m` or
+    /// `512k`; between 1k and 1024m and at most half of maxMemoryMB. Default: memcached's (1m).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 16), regex(pattern = r"^[0-9]+[kKmM]?$"))]
+    pub max_item_size: Option<String>,
+
+    /// Log verbosity: 0 (default), 1 (`-v`, errors and warnings) or 2 (`-vv`, also client commands).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 2))]
+    pub verbosity: Option<i32>,
+
+    /// Further memcached arguments, appended as given (e.g. `["-o", "lru_crawler", "-R", "40"]`). They
+    /// may not repeat a flag the operator manages (-p, -m, -c, -t, -I, -v, -Z, -Y, -U, -l, -u, -d, -P,
+    /// the TLS options); such a spec is reported as Degraded with reason InvalidConfig.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 256)))]
+    pub extra_args: Vec<String>,
+}
+
+impl MemcachedConfig {
+    pub fn max_memory_mb(&self) -> i32 {
+        self.max_memory_mb.unwrap_or(DEFAULT_MAX_MEMORY_MB)
+    }
+    pub fn max_connections(&self) -> i32 {
+        self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+    pub fn threads(&self) -> i32 {
+        self.threads.unwrap_or(DEFAULT_THREADS)
+    }
+}
+
+/// How strictly pods are spread across nodes.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum AntiAffinity {
+    /// No spreading rule.
+    None,
+    /// Prefer different nodes, but schedule on a shared node rather than not at all.
+    #[default]
+    Soft,
+    /// Never two pods of the instance on one node (pods stay Pending when nodes run out).
+    Hard,
+}
+
+/// Availability settings (`spec.highAvailability`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HighAvailability {
+    /// Spread pods across nodes by hostname: `none`, `soft` (default) or `hard`. Ignored when
+    /// spec.affinity sets its own podAntiAffinity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub anti_affinity: Option<AntiAffinity>,
+
+    /// The PodDisruptionBudget that keeps voluntary disruptions (node drains) from taking down more than
+    /// one pod at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_disruption_budget: Option<PodDisruptionBudgetConfig>,
+
+    /// Seconds a stopping pod keeps serving after it has left the Service endpoints, so that clients
+    /// see it go before memcached exits (a preStop `sleep`; the image must provide `sleep`, as the
+    /// official memcached images do). 0 disables it. Default 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 600))]
+    pub pre_stop_delay_seconds: Option<i32>,
+
+    /// Seconds Kubernetes waits for a stopping pod before killing it; must be longer than
+    /// preStopDelaySeconds. Default 30.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 3600))]
+    pub termination_grace_period_seconds: Option<i64>,
+}
+
+impl HighAvailability {
+    pub fn anti_affinity(&self) -> AntiAffinity {
+        self.anti_affinity.unwrap_or_default()
+    }
+    pub fn pre_stop_delay_seconds(&self) -> i32 {
+        self.pre_stop_delay_seconds
+            .unwrap_or(DEFAULT_PRE_STOP_DELAY_SECONDS)
+    }
+    pub fn termination_grace_period_seconds(&self) -> i64 {
+        self.termination_grace_period_seconds
+            .unwrap_or(DEFAULT_TERMINATION_GRACE_PERIOD_SECONDS)
+    }
+}
+
+/// PodDisruptionBudget settings. At most one of maxUnavailable and minAvailable may be set.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodDisruptionBudgetConfig {
+    /// Whether to keep a PodDisruptionBudget. Default: only while spec.size is above 1 (a budget for a
+    /// single pod would block node drains). When false, or when size drops to 1, it is removed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+
+    /// Pods that may be down at once, as a number or a percentage. Default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<IntOrString>,
+
+    /// Pods that must stay up, as a number or a percentage (instead of maxUnavailable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_available: Option<IntOrString>,
+}
+
+/// Kind of the client Service.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ServiceType {
+    #[default]
+    ClusterIP,
+    NodePort,
+    LoadBalancer,
+}
+
+impl ServiceType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::ClusterIP => "ClusterIP",
+            Self::NodePort => "NodePort",
+            Self::LoadBalancer => "LoadBalancer",
+        }
+    }
+}
+
+/// The client Service (`spec.service`). A headless Service `<name>-headless` is always kept too, for
+/// per-pod discovery.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceConfig {
+    /// Service type: ClusterIP (default), NodePort or LoadBalancer.
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub type_: Option<ServiceType>,
+
+    /// Annotations for the Service (e.g. for a cloud load balancer).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+
+    /// Port the Service exposes. Default: spec.containerPort.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: Option<i32>,
+}
+
+/// Security settings (`spec.security`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Security {
+    /// Serve memcached over TLS.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsConfig>,
+
+    /// Require ASCII authentication.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub auth: Option<AuthConfig>,
+}
+
+/// TLS for client connections (memcached `-Z`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsConfig {
+    /// A `kubernetes.io/tls` Secret in the instance's namespace with tls.crt and tls.key, and ca.crt when
+    /// clientAuth is on. A change of its content rolls the pods.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+
+    /// Require clients to present a certificate signed by the Secret's ca.crt (mutual TLS).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub client_auth: bool,
+}
+
+/// ASCII authentication (memcached `-Y`): clients must send `set <user> <password>` first.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AuthConfig {
+    /// Secret in the instance's namespace holding the credentials file (lines of `user:password`).
+    /// A change of its content rolls the pods.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+
+    /// Key of the credentials file in the Secret. Default `auth-file`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+impl AuthConfig {
+    pub fn key(&self) -> &str {
+        self.key.as_deref().unwrap_or(DEFAULT_AUTH_KEY)
+    }
+}
+
+/// Monitoring settings (`spec.monitoring`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Monitoring {
+    /// A Prometheus memcached exporter sidecar in every pod, on port 9150 (named `metrics`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exporter: Option<ExporterConfig>,
+
+    /// A Prometheus Operator ServiceMonitor for the exporter (needs the monitoring.coreos.com API).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_monitor: Option<ServiceMonitorConfig>,
+}
+
+/// The exporter sidecar.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExporterConfig {
+    /// Run the exporter.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Exporter image. Default prom/memcached-exporter:v0.15.0.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// Exporter resources. Default: requests 10m CPU and 32Mi memory, limit 64Mi memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+}
+
+/// The ServiceMonitor.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMonitorConfig {
+    /// Create a ServiceMonitor (requires monitoring.exporter.enabled).
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Scrape interval, such as 30s or 1m. Default: Prometheus' own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[0-9]+(ms|s|m|h)$"))]
+    pub interval: Option<String>,
+
+    /// Labels for the ServiceMonitor, so that a Prometheus' serviceMonitorSelector picks it up.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}

@@ -193,12 +193,21 @@ struct Cluster {
 
 impl Cluster {
     fn new() -> Self {
-        let (memcacheds_r, memcacheds) = reflector::store();
-        let (deployments_r, deployments) = reflector::store();
-        let (services_r, services) = reflector::store();
-        let (pods_r, pods) = reflector::store();
-        let (pdbs_r, pdbs) = reflector::store();
-        let (secrets_r, secrets) = reflector::store();
+        // Each cache has had its initial (empty) list, as after the operator's start.
+        fn synced<K>() -> (reflector::Store<K>, Writer<K>)
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            let (reader, mut writer) = reflector::store();
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+            (reader, writer)
+        }
+        let (memcacheds_r, memcacheds) = synced();
+        let (deployments_r, deployments) = synced();
+        let (services_r, services) = synced();
+        let (pods_r, pods) = synced();
+        let (pdbs_r, pdbs) = synced();
+        let (secrets_r, secrets) = synced();
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
@@ -222,7 +231,9 @@ impl Cluster {
     /// A cluster that serves the ServiceMonitor API.
     fn with_service_monitors() -> Self {
         let mut cluster = Self::new();
-        let writer = Writer::new(memcached_operator::resources::service_monitor::api_resource());
+        let mut writer =
+            Writer::new(memcached_operator::resources::service_monitor::api_resource());
+        writer.apply_watcher_event(&watcher::Event::InitDone);
         cluster.stores.service_monitors = Some(writer.as_reader());
         cluster.service_monitors = Some(writer);
         cluster

@@ -261,25 +261,7 @@ pub fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
 }
 
 async fn mark_synced(stores: Stores, synced: Arc<AtomicBool>) {
-    let service_monitors = async {
-        match &stores.service_monitors {
-            Some(store) => store.wait_until_ready().await,
-            None => Ok(()),
-        }
-    };
-    let ready = futures::future::try_join5(
-        stores.memcacheds.wait_until_ready(),
-        stores.deployments.wait_until_ready(),
-        stores.services.wait_until_ready(),
-        stores.pods.wait_until_ready(),
-        futures::future::try_join3(
-            stores.pdbs.wait_until_ready(),
-            stores.secrets.wait_until_ready(),
-            service_monitors,
-        ),
-    )
-    .await;
-    if ready.is_ok() {
+    if stores.ready().await.is_ok() {
         info!("caches synced");
         synced.store(true, Ordering::Release);
     }

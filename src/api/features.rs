@@ -23,9 +23,27 @@ pub const DEFAULT_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.15.0";
 /// Default key of the auth Secret holding memcached's credentials file.
 pub const DEFAULT_AUTH_KEY: &str = "auth-file";
 
+/// CEL rule on `spec.memcached`: no flag the operator manages in extraArgs. Servers without CEL (before
+/// Kubernetes 1.25) skip it; the operator's own check (`InvalidConfig`) covers them.
+pub const EXTRA_ARGS_RULE: &str = "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('^-[pmctIvZYUludP]') && \
+     !a.matches('^--(port|memory-limit|conn-limit|threads|max-item-size|verbose|enable-ssl|auth-file|udp-port|listen|user|daemon|pidfile)(=.*)?$') && \
+     !a.contains('ssl_'))";
+/// CEL rule on `spec.highAvailability`: the grace period outlasts the preStop delay (defaults included).
+pub const TERMINATION_RULE: &str = "(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : 30) > \
+     (has(self.preStopDelaySeconds) ? self.preStopDelaySeconds : 10)";
+/// CEL rule on `spec.highAvailability.podDisruptionBudget`: one bound at most.
+pub const BUDGET_RULE: &str = "!(has(self.maxUnavailable) && has(self.minAvailable))";
+/// CEL rule on `spec.monitoring`: a ServiceMonitor needs the exporter it scrapes.
+pub const MONITORING_RULE: &str = "!(has(self.serviceMonitor) && has(self.serviceMonitor.enabled) && \
+     self.serviceMonitor.enabled) || (has(self.exporter) && has(self.exporter.enabled) && self.exporter.enabled)";
+
 /// memcached's own settings (`spec.memcached`). Changing any of them rolls the pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": EXTRA_ARGS_RULE,
+    "message": "extraArgs may not set a flag the operator manages (-p -m -c -t -I -v -Z -Y -U -l -u -d -P, their long forms, or ssl_ options); use the matching spec field"
+}]))]
 pub struct MemcachedConfig {
     /// Memory for items, in MiB (`-m`). Default 64. The container's memory limit must leave at least
     /// 32Mi above it for connections and internal structures.
@@ -94,6 +112,10 @@ pub enum AntiAffinity {
 /// Availability settings (`spec.highAvailability`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": TERMINATION_RULE,
+    "message": "terminationGracePeriodSeconds (default 30) must be longer than preStopDelaySeconds (default 10)"
+}]))]
 pub struct HighAvailability {
     /// Spread pods across nodes by hostname: `none`, `soft` (default) or `hard`. Ignored when
     /// spec.affinity sets its own podAntiAffinity.
@@ -136,6 +158,10 @@ impl HighAvailability {
 /// PodDisruptionBudget settings. At most one of maxUnavailable and minAvailable may be set.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": BUDGET_RULE,
+    "message": "set maxUnavailable or minAvailable, not both"
+}]))]
 pub struct PodDisruptionBudgetConfig {
     /// Whether to keep a PodDisruptionBudget. Default: only while spec.size is above 1 (a budget for a
     /// single pod would block node drains). When false, or when size drops to 1, it is removed.
@@ -240,6 +266,10 @@ impl AuthConfig {
 /// Monitoring settings (`spec.monitoring`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": MONITORING_RULE,
+    "message": "serviceMonitor.enabled needs exporter.enabled: the ServiceMonitor scrapes the exporter"
+}]))]
 pub struct Monitoring {
     /// A Prometheus memcached exporter sidecar in every pod, on port 9150 (named `metrics`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -14,7 +14,9 @@
 //! ServiceAccount, so the RBAC from `config/` is exercised for real. One test, `lifecycle`, walks these steps
 //! in order (they share state); each step is printed as `==> step N: ...`:
 //!
-//!  1. install: render `kubectl kustomize config/default`, apply everything but the Deployment, wait for the CRD
+//!  1. install: a test namespace that enforces the `restricted` Pod Security Standard (checked with a
+//!     server-side dry run of a non-compliant pod), then `kubectl kustomize config/default` minus the
+//!     Deployment; wait for the CRD
 //!  2. operator: check the ServiceAccount's RBAC, write a token kubeconfig, start the operator (leader election on)
 //!  3. endpoints and lease: `/healthz`, `/readyz`, `/metrics`; the leader Lease names the operator
 //!  4. sample: the tutorial's Memcached produces a correct Deployment, Service, finalizer, status, columns, events
@@ -25,7 +27,23 @@
 //!  9. invalid specs are rejected at admission
 //! 10. an unpullable image makes the instance Degraded
 //! 11. deleting the Memcached runs the finalizer and garbage-collects its children
-//! 12. cleanup (always, also after a failure): see `impl Drop for E2e`
+//! 12. production sample (`config/samples/cache_v1alpha1_memcached_full.yaml`): 3 pods with the exporter sidecar
+//!     are admitted under `restricted` and become ready (no ReplicaFailure); the Deployment (rollout strategy,
+//!     memcached flags, preStop, grace period, anti-affinity, resources, sidecar), client and headless Services,
+//!     PodDisruptionBudget and `status.serverList` match the sample
+//! 13. the exporter sidecar and the Service's metrics port go away and come back with `monitoring.exporter.enabled`
+//! 14. the PodDisruptionBudget goes at size 1, comes back at size 2, goes when disabled; the instance is deleted
+//! 15. auth Secret: missing → `Degraded` `SecretNotFound` and nothing applied; created → ready with `-Y` and a
+//!     Secret hash on the pod template; rotated → the hash changes and the pods roll; its values appear in no
+//!     event, status, child object or operator log
+//! 16. a managed flag in `extraArgs` → `Degraded` `InvalidConfig`, nothing applied
+//! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
+//!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
+//! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
+//! 19. cleanup (always, also after a failure): see `impl Drop for E2e`
+//!
+//! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
+//! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
 //!
 //! Knobs: `E2E_KEEP=1` keeps the test namespace and the installed objects (the operator is stopped anyway);
 //! `E2E_TIMEOUT_SCALE=2` multiplies every timeout (slow clusters); `KUBECTL=/path/to/kubectl`.
@@ -65,6 +83,33 @@ const BAD_IMAGE: &str = "registry.invalid/does-not-exist:0.0.0";
 const DRIFT_IMAGE: &str = "registry.invalid/e2e-drift/memcached:0.0.0";
 const PORT: i64 = 11211;
 
+/// The production-shaped sample, relative to the crate root, and the instance it creates.
+const PRODUCTION_SAMPLE: &str = "config/samples/cache_v1alpha1_memcached_full.yaml";
+const PRODUCTION: &str = "memcached-production";
+const AUTH_NAME: &str = "memcached-auth";
+const AUTH_SECRET: &str = "memcached-auth-creds";
+/// Credentials written into the auth Secret, then rotated; neither may show up anywhere the operator writes.
+const AUTH_CREDENTIALS: &str = "app:s3cret";
+const ROTATED_CREDENTIALS: &str = "app:r0tated";
+const BAD_CONFIG_NAME: &str = "memcached-badconfig";
+const MONITOR_NAME: &str = "memcached-monitor";
+const TLS_NAME: &str = "memcached-tls";
+const TLS_SECRET: &str = "memcached-tls-certs";
+
+const EXPORTER_NAME: &str = "exporter";
+const METRICS_PORT_NAME: &str = "metrics";
+const METRICS_PORT: i64 = 9150;
+const SECRET_HASH_ANNOTATION: &str = "cache.example.com/secret-hash";
+const AUTH_FILE_ARG: &str = "-Y /etc/memcached/auth/auth-file";
+const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
+const PDB: &str = "poddisruptionbudgets.policy";
+const SERVICE_MONITORS: &str = "servicemonitors.monitoring.coreos.com";
+/// Pod Security Standard the test namespace enforces (and warns and audits with).
+const POD_SECURITY_LEVEL: &str = "restricted";
+
+/// Number of the cleanup step, printed by `impl Drop for E2e`.
+const CLEANUP_STEP: u32 = 19;
+
 const NAME_KEY: &str = "app.kubernetes.io/name";
 const INSTANCE_KEY: &str = "app.kubernetes.io/instance";
 const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";
@@ -99,9 +144,11 @@ fn lifecycle() {
 
     env.step(
         1,
-        "install the CRD, RBAC and namespace from config/default (without the Deployment)",
+        "a test namespace enforcing the restricted Pod Security Standard; install the CRD, RBAC and \
+         namespace from config/default (without the Deployment)",
     );
     env.create_test_namespace();
+    env.check_pod_security();
     env.install();
 
     env.step(
@@ -110,6 +157,11 @@ fn lifecycle() {
     );
     env.check_rbac();
     env.write_operator_kubeconfig();
+    // The operator looks for the ServiceMonitor API once, when it starts (step 17 depends on it).
+    let service_monitors_at_start = service_monitors_served();
+    eprintln!(
+        "    monitoring.coreos.com ServiceMonitors served at operator start: {service_monitors_at_start}"
+    );
     let first = env.start_operator("first");
 
     env.step(3, "health, readiness and metrics endpoints; leader lease");
@@ -159,8 +211,48 @@ fn lifecycle() {
     );
     step_delete(&env);
 
+    env.step(
+        12,
+        "production sample memcached-production (3 pods with the exporter sidecar) is admitted under the \
+         restricted Pod Security Standard and matches the sample",
+    );
+    let production = step_production(&env);
+
+    env.step(
+        13,
+        "exporter sidecar and metrics port follow spec.monitoring.exporter.enabled",
+    );
+    step_exporter_toggle(&env, &production);
+
+    env.step(
+        14,
+        "PodDisruptionBudget follows size and highAvailability.podDisruptionBudget.enabled; delete memcached-production",
+    );
+    step_pdb_lifecycle(&env, &production);
+
+    env.step(
+        15,
+        "auth Secret: missing -> SecretNotFound, created -> ready, rotated -> rollout; values never leak",
+    );
+    step_auth_secret(&env);
+
+    env.step(
+        16,
+        "a managed flag in spec.memcached.extraArgs -> Degraded InvalidConfig, nothing applied",
+    );
+    step_invalid_config(&env);
+
+    env.step(
+        17,
+        "ServiceMonitor created and removed, or ServiceMonitorUnavailable without its API",
+    );
+    step_service_monitor(&env, service_monitors_at_start);
+
+    env.step(18, "TLS from a kubernetes.io/tls Secret (needs openssl)");
+    step_tls(&env);
+
     eprintln!(
-        "\n==> all steps passed [t+{}s]; step 12 (cleanup) follows",
+        "\n==> all steps passed [t+{}s]; step {CLEANUP_STEP} (cleanup) follows",
         env.started.elapsed().as_secs()
     );
 }
@@ -723,6 +815,831 @@ fn step_delete(env: &E2e) {
     }
 }
 
+/// What the production sample asks for, read back from the applied Memcached (so the checks follow the sample).
+struct Production {
+    uid: String,
+    size: i64,
+    /// `spec.containerPort`: the pods' port, also the headless Service's.
+    port: i64,
+    /// `spec.service.port`, else `containerPort`: the client Service's port.
+    service_port: i64,
+    image: Option<String>,
+    /// Pieces the memcached command line must contain, e.g. `-m 512`.
+    args: Vec<String>,
+    pre_stop: Value,
+    grace_period: Value,
+    resources: Value,
+    service_annotations: Value,
+    pdb_max_unavailable: Value,
+}
+
+impl Production {
+    fn from_spec(mc: &Value) -> Self {
+        let spec = &mc["spec"];
+        let m = &spec["memcached"];
+        let ha = &spec["highAvailability"];
+        let need = |v: &Value, what: &str| -> Value {
+            assert!(
+                !v.is_null(),
+                "{PRODUCTION_SAMPLE} no longer sets {what}, which step 12 checks; spec: {}",
+                compact(spec)
+            );
+            v.clone()
+        };
+        let scalar = |v: &Value| match v {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        let mut args = vec![
+            format!(
+                "-m {}",
+                scalar(&need(&m["maxMemoryMB"], "memcached.maxMemoryMB"))
+            ),
+            format!(
+                "-c {}",
+                scalar(&need(&m["maxConnections"], "memcached.maxConnections"))
+            ),
+            format!(
+                "-I {}",
+                scalar(&need(&m["maxItemSize"], "memcached.maxItemSize"))
+            ),
+            "-o modern".to_owned(),
+        ];
+        if !m["threads"].is_null() {
+            args.push(format!("-t {}", scalar(&m["threads"])));
+        }
+        let extra: Vec<String> = need(&m["extraArgs"], "memcached.extraArgs")
+            .as_array()
+            .map(|a| a.iter().map(scalar).collect())
+            .unwrap_or_default();
+        args.push(extra.join(" "));
+        let size = spec["size"].as_i64().unwrap_or(1);
+        assert!(
+            size >= 2,
+            "{PRODUCTION_SAMPLE} should run at least 2 pods (it has a PodDisruptionBudget); spec.size is {size}"
+        );
+        let pre_stop = ha["preStopDelaySeconds"].as_i64().unwrap_or(10);
+        let port = spec["containerPort"].as_i64().unwrap_or(PORT);
+        Production {
+            uid: str_at(mc, "/metadata/uid").to_owned(),
+            size,
+            port,
+            service_port: spec["service"]["port"].as_i64().unwrap_or(port),
+            image: spec["image"].as_str().map(str::to_owned),
+            args,
+            pre_stop: json!(["sleep", pre_stop.to_string()]),
+            grace_period: json!(ha["terminationGracePeriodSeconds"].as_i64().unwrap_or(30)),
+            resources: need(&spec["resources"], "resources"),
+            service_annotations: need(&spec["service"]["annotations"], "service.annotations"),
+            pdb_max_unavailable: match &ha["podDisruptionBudget"]["maxUnavailable"] {
+                Value::Null => json!(1),
+                v => v.clone(),
+            },
+        }
+    }
+}
+
+fn step_production(env: &E2e) -> Production {
+    let ns = env.ns.as_str();
+    let path = Path::new(REPO_ROOT).join(PRODUCTION_SAMPLE);
+    let path_arg = path.to_string_lossy().into_owned();
+    let out = kubectl_ok(&["apply", "-n", ns, "-f", &path_arg]);
+    eprint!("{}", indent(&out));
+    let mc = kubectl_json(&["get", MC, PRODUCTION, "-n", ns, "-o", "json"]);
+    let want = Production::from_spec(&mc);
+    eprintln!(
+        "    expecting from the sample: {} pods, memcached flags {:?}, preStop {}, grace {}s, resources {}",
+        want.size,
+        want.args,
+        compact(&want.pre_stop),
+        want.grace_period,
+        compact(&want.resources)
+    );
+
+    env.wait(
+        &format!("Deployment {PRODUCTION} to match the sample (strategy, flags, preStop, affinity, resources, exporter)"),
+        secs(60),
+        || {
+            let dep = get_required("deployments.apps", ns, PRODUCTION)?;
+            check_production_deployment(&dep, &want, true)
+        },
+    );
+    env.wait(
+        &format!("Service {PRODUCTION} (memcached and metrics ports, sample annotation) and {PRODUCTION}-headless"),
+        secs(60),
+        || {
+            let svc = get_required("services", ns, PRODUCTION)?;
+            check_client_service(&svc, &want, true)?;
+            let headless = get_required("services", ns, &format!("{PRODUCTION}-headless"))?;
+            check_headless_service(&headless, PRODUCTION, &want.uid, want.port)
+        },
+    );
+
+    // The pods carry the exporter sidecar and must be admitted under the namespace's restricted standard:
+    // a refusal would show as the Deployment's ReplicaFailure, reported as Degraded/ReplicaFailure.
+    env.wait(
+        &format!(
+            "Memcached {PRODUCTION}: {} ready pods (admitted under Pod Security {POD_SECURITY_LEVEL}), Available=True",
+            want.size
+        ),
+        secs(300),
+        || {
+            if let Some(mc) = get_opt(MC, ns, PRODUCTION)? {
+                refuse_replica_failure(&mc);
+            }
+            check_ready_status(ns, PRODUCTION, want.size)
+        },
+    );
+    let dep = kubectl_json(&[
+        "get",
+        "deployments.apps",
+        PRODUCTION,
+        "-n",
+        ns,
+        "-o",
+        "json",
+    ]);
+    if let Some(c) = deployment_condition(&dep, "ReplicaFailure") {
+        assert_ne!(
+            c["status"],
+            "True",
+            "Deployment {PRODUCTION} reports ReplicaFailure (pods refused, e.g. by Pod Security admission): {}",
+            compact(c)
+        );
+    }
+    eprintln!("    ok: no ReplicaFailure; pods admitted under {POD_SECURITY_LEVEL}");
+
+    env.wait(
+        &format!(
+            "PodDisruptionBudget {PRODUCTION} with maxUnavailable {} and a controller ownerReference",
+            want.pdb_max_unavailable
+        ),
+        secs(60),
+        || {
+            let pdb = get_required(PDB, ns, PRODUCTION)?;
+            check_pdb(&pdb, PRODUCTION, &want)
+        },
+    );
+    let servers = env.wait(
+        &format!(
+            "Memcached {PRODUCTION} status.serverList: {} sorted <podIP>:{} entries of the ready pods",
+            want.size, want.port
+        ),
+        secs(60),
+        || check_server_list(ns, PRODUCTION, want.size, want.port),
+    );
+    eprintln!("    serverList: {servers:?}");
+    want
+}
+
+fn step_exporter_toggle(env: &E2e, want: &Production) {
+    let ns = env.ns.as_str();
+    for enabled in [false, true] {
+        let patch = json!({"spec": {"monitoring": {"exporter": {"enabled": enabled}}}}).to_string();
+        kubectl_ok(&[
+            "patch",
+            MC,
+            PRODUCTION,
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            &patch,
+        ]);
+        let (containers, ports): (&[&str], &[&str]) = if enabled {
+            (&[APP_NAME, EXPORTER_NAME], &[APP_NAME, METRICS_PORT_NAME])
+        } else {
+            (&[APP_NAME], &[APP_NAME])
+        };
+        env.wait(
+            &format!(
+                "exporter enabled={enabled}: pod template containers {containers:?}, Service {PRODUCTION} ports {ports:?}"
+            ),
+            secs(60),
+            || {
+                let dep = get_required("deployments.apps", ns, PRODUCTION)?;
+                let svc = get_required("services", ns, PRODUCTION)?;
+                let mut p = Vec::new();
+                let have = names(&dep["spec"]["template"]["spec"]["containers"]);
+                if have != containers {
+                    p.push(format!("pod template containers are {have:?}"));
+                }
+                let have = names(&svc["spec"]["ports"]);
+                if have != ports {
+                    p.push(format!("Service ports are {have:?}"));
+                }
+                result(p, &json!({"containers": dep["spec"]["template"]["spec"]["containers"], "ports": svc["spec"]["ports"]}))
+            },
+        );
+    }
+    env.wait(
+        &format!("Deployment {PRODUCTION} to match the sample again, exporter included"),
+        secs(30),
+        || {
+            let dep = get_required("deployments.apps", ns, PRODUCTION)?;
+            check_production_deployment(&dep, want, true)?;
+            let svc = get_required("services", ns, PRODUCTION)?;
+            check_client_service(&svc, want, true)
+        },
+    );
+    env.wait(
+        &format!(
+            "Memcached {PRODUCTION} to finish rolling out: {} ready pods, Available=True, Progressing=False",
+            want.size
+        ),
+        secs(300),
+        || {
+            if let Some(mc) = get_opt(MC, ns, PRODUCTION)? {
+                refuse_replica_failure(&mc);
+            }
+            check_ready_status(ns, PRODUCTION, want.size)
+        },
+    );
+}
+
+fn step_pdb_lifecycle(env: &E2e, want: &Production) {
+    let ns = env.ns.as_str();
+    let target = format!("{MC}/{PRODUCTION}");
+
+    kubectl_ok(&["scale", &target, "--replicas=1", "-n", ns]);
+    env.wait(
+        &format!("PodDisruptionBudget {PRODUCTION} to be deleted at size 1"),
+        secs(60),
+        || gone(PDB, ns, PRODUCTION),
+    );
+    env.wait(
+        &format!(
+            "a Normal event with reason Deleted regarding Memcached {PRODUCTION} (the budget)"
+        ),
+        secs(30),
+        || {
+            expect_event(ns, |e| {
+                e.type_ == "Normal"
+                    && e.reason == "Deleted"
+                    && e.kind == "Memcached"
+                    && e.name == PRODUCTION
+                    && e.note.contains("PodDisruptionBudget")
+            })
+        },
+    );
+
+    kubectl_ok(&["scale", &target, "--replicas=2", "-n", ns]);
+    env.wait(
+        &format!("PodDisruptionBudget {PRODUCTION} to be back at size 2"),
+        secs(60),
+        || {
+            let pdb = get_required(PDB, ns, PRODUCTION)?;
+            check_pdb(&pdb, PRODUCTION, want)
+        },
+    );
+
+    let patch = r#"{"spec":{"highAvailability":{"podDisruptionBudget":{"enabled":false}}}}"#;
+    kubectl_ok(&[
+        "patch",
+        MC,
+        PRODUCTION,
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        patch,
+    ]);
+    env.wait(
+        &format!(
+            "PodDisruptionBudget {PRODUCTION} to be deleted with podDisruptionBudget.enabled=false"
+        ),
+        secs(60),
+        || gone(PDB, ns, PRODUCTION),
+    );
+    env.hold(
+        &format!("PodDisruptionBudget {PRODUCTION} stays deleted"),
+        secs(5),
+        || gone(PDB, ns, PRODUCTION),
+    );
+
+    delete_instance(env, PRODUCTION);
+    let headless = format!("{PRODUCTION}-headless");
+    for (resource, name) in [
+        ("deployments.apps", PRODUCTION),
+        ("services", PRODUCTION),
+        ("services", headless.as_str()),
+    ] {
+        env.wait(
+            &format!("{resource} {name} to be garbage-collected"),
+            secs(120),
+            || gone(resource, ns, name),
+        );
+    }
+}
+
+fn step_auth_secret(env: &E2e) {
+    let ns = env.ns.as_str();
+    let _ = kubectl(&[
+        "delete",
+        "secret",
+        AUTH_SECRET,
+        "-n",
+        ns,
+        "--ignore-not-found",
+    ]);
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {AUTH_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  security:\n    auth:\n      secretName: {AUTH_SECRET}\n"
+    ));
+    let mc = env.wait(
+        &format!("Memcached {AUTH_NAME}: Degraded=True, reason SecretNotFound, naming Secret {AUTH_SECRET}"),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, AUTH_NAME)?;
+            expect_degraded(&mc, "SecretNotFound", AUTH_SECRET).map(|()| mc)
+        },
+    );
+    eprintln!(
+        "    Degraded condition: {}",
+        compact(condition(&mc, "Degraded").unwrap_or(&Value::Null))
+    );
+    env.hold(
+        &format!("no Deployment or Service {AUTH_NAME} is applied while the Secret is missing"),
+        secs(5),
+        || {
+            gone("deployments.apps", ns, AUTH_NAME)?;
+            gone("services", ns, AUTH_NAME)
+        },
+    );
+    env.wait(
+        &format!("a Warning event with reason SecretNotFound regarding Memcached {AUTH_NAME}"),
+        secs(30),
+        || {
+            expect_event(ns, |e| {
+                e.type_ == "Warning"
+                    && e.reason == "SecretNotFound"
+                    && e.kind == "Memcached"
+                    && e.name == AUTH_NAME
+            })
+        },
+    );
+
+    let literal = format!("--from-literal=auth-file={AUTH_CREDENTIALS}");
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        AUTH_SECRET,
+        &literal,
+        "-n",
+        ns,
+    ]);
+    env.wait(
+        &format!(
+            "Memcached {AUTH_NAME} to recover: Degraded=False once Secret {AUTH_SECRET} exists"
+        ),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, AUTH_NAME)?;
+            match condition(&mc, "Degraded") {
+                Some(c) if c["status"] == "False" => Ok(()),
+                other => Err(format!(
+                    "Degraded condition is {}",
+                    compact(other.unwrap_or(&Value::Null))
+                )),
+            }
+        },
+    );
+    env.wait(
+        &format!("Memcached {AUTH_NAME} status: 1 ready pod, Available=True"),
+        secs(180),
+        || check_ready_status(ns, AUTH_NAME, 1),
+    );
+    let first_hash = env.wait(
+        &format!(
+            "Deployment {AUTH_NAME}: {SECRET_HASH_ANNOTATION} on the pod template, `{AUTH_FILE_ARG}`, Secret volume"
+        ),
+        secs(30),
+        || {
+            let dep = get_required("deployments.apps", ns, AUTH_NAME)?;
+            check_auth_deployment(&dep)
+        },
+    );
+    eprintln!("    {SECRET_HASH_ANNOTATION}: {first_hash}");
+
+    // Rotate the credentials the way people do it: render the Secret again and apply it over the old one.
+    let rotated = format!("--from-literal=auth-file={ROTATED_CREDENTIALS}");
+    let yaml = kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        AUTH_SECRET,
+        &rotated,
+        "-n",
+        ns,
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    apply_yaml_ok(&yaml);
+    let second_hash = env.wait(
+        &format!("the pod template's {SECRET_HASH_ANNOTATION} to change after the Secret rotation"),
+        secs(60),
+        || {
+            let dep = get_required("deployments.apps", ns, AUTH_NAME)?;
+            let hash = check_auth_deployment(&dep)?;
+            if hash == first_hash {
+                Err(format!("{SECRET_HASH_ANNOTATION} is still {hash}"))
+            } else {
+                Ok(hash)
+            }
+        },
+    );
+    eprintln!("    {SECRET_HASH_ANNOTATION}: {second_hash}");
+    env.wait(
+        &format!("the rollout to finish: 1 ready pod carrying the new hash {second_hash}"),
+        secs(180),
+        || {
+            check_ready_status(ns, AUTH_NAME, 1)?;
+            let pods = live_pods(ns, AUTH_NAME)?;
+            let stale: Vec<String> = pods
+                .iter()
+                .filter(|p| {
+                    p["metadata"]["annotations"][SECRET_HASH_ANNOTATION] != second_hash.as_str()
+                })
+                .map(|p| p["metadata"]["name"].as_str().unwrap_or("?").to_owned())
+                .collect();
+            if pods.is_empty() || !stale.is_empty() {
+                Err(format!(
+                    "pods without the new hash: {stale:?} (of {})",
+                    pods.len()
+                ))
+            } else {
+                Ok(())
+            }
+        },
+    );
+
+    check_no_leak(env, AUTH_NAME);
+    delete_instance(env, AUTH_NAME);
+}
+
+/// Neither the credentials nor their base64 form may appear in events, in the instance (status included),
+/// its Deployment, or the operator logs.
+fn check_no_leak(env: &E2e, name: &str) {
+    let ns = env.ns.as_str();
+    let mut needles = Vec::new();
+    for credentials in [AUTH_CREDENTIALS, ROTATED_CREDENTIALS] {
+        let password = credentials.split_once(':').map_or(credentials, |(_, p)| p);
+        needles.push(password.to_owned());
+        needles.push(base64(credentials.as_bytes()));
+    }
+    let mut haystacks: Vec<(String, String)> = Vec::new();
+    let events = list_events(ns).unwrap_or_else(|e| panic!("cannot list events: {e}"));
+    for e in &events {
+        haystacks.push((
+            format!("event {} {} {}/{}", e.type_, e.reason, e.kind, e.name),
+            format!("{} {}", e.reason, e.note),
+        ));
+    }
+    for (resource, what) in [(MC, "Memcached"), ("deployments.apps", "Deployment")] {
+        let obj = kubectl_json(&["get", resource, name, "-n", ns, "-o", "json"]);
+        haystacks.push((format!("{what} {name}"), obj.to_string()));
+    }
+    for (label, path) in env.operator_logs() {
+        let text = fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        haystacks.push((
+            format!("log of operator '{label}' ({})", path.display()),
+            text,
+        ));
+    }
+    let leaks: Vec<String> = haystacks
+        .iter()
+        .flat_map(|(what, text)| {
+            needles
+                .iter()
+                .filter(|n| text.contains(n.as_str()))
+                .map(move |n| format!("{what} contains {n:?}"))
+        })
+        .collect();
+    assert!(
+        leaks.is_empty(),
+        "Secret values leaked:\n  - {}",
+        leaks.join("\n  - ")
+    );
+    eprintln!(
+        "    ok: no Secret value in {} events, the Memcached and Deployment, or {} operator log(s)",
+        events.len(),
+        env.operator_logs().len()
+    );
+}
+
+fn step_invalid_config(env: &E2e) {
+    let ns = env.ns.as_str();
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {BAD_CONFIG_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  memcached:\n    extraArgs: [\"-m\", \"1\"]\n"
+    ));
+    let mc = env.wait(
+        &format!(
+            "Memcached {BAD_CONFIG_NAME}: Degraded=True, reason InvalidConfig, naming extraArgs[0]"
+        ),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, BAD_CONFIG_NAME)?;
+            expect_degraded(&mc, "InvalidConfig", "extraArgs[0]").map(|()| mc)
+        },
+    );
+    eprintln!(
+        "    Degraded condition: {}",
+        compact(condition(&mc, "Degraded").unwrap_or(&Value::Null))
+    );
+    env.hold(
+        &format!("no Deployment {BAD_CONFIG_NAME} is applied for an invalid config"),
+        secs(5),
+        || gone("deployments.apps", ns, BAD_CONFIG_NAME),
+    );
+    env.wait(
+        &format!("a Warning event with reason InvalidConfig regarding Memcached {BAD_CONFIG_NAME}"),
+        secs(30),
+        || {
+            expect_event(ns, |e| {
+                e.type_ == "Warning"
+                    && e.reason == "InvalidConfig"
+                    && e.kind == "Memcached"
+                    && e.name == BAD_CONFIG_NAME
+            })
+        },
+    );
+    delete_instance(env, BAD_CONFIG_NAME);
+}
+
+fn step_service_monitor(env: &E2e, served_at_start: bool) {
+    let ns = env.ns.as_str();
+    let served = service_monitors_served();
+    if served != served_at_start {
+        eprintln!(
+            "    SKIP: the ServiceMonitor API was {}served when the operator started and is {}served now; the \
+             operator only looks at start, so neither outcome can be checked",
+            if served_at_start { "" } else { "not " },
+            if served { "" } else { "not " }
+        );
+        return;
+    }
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {MONITOR_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  monitoring:\n    exporter:\n      enabled: true\n    serviceMonitor:\n      \
+         enabled: true\n      interval: 30s\n"
+    ));
+    let uid = uid_of(MC, ns, MONITOR_NAME);
+    if served {
+        eprintln!("    the cluster serves {SERVICE_MONITORS}");
+        env.wait(
+            &format!("ServiceMonitor {MONITOR_NAME} scraping the port named {METRICS_PORT_NAME}"),
+            secs(60),
+            || {
+                let sm = get_required(SERVICE_MONITORS, ns, MONITOR_NAME)?;
+                let mut p = Vec::new();
+                push_err(
+                    &mut p,
+                    expect_eq(
+                        "spec.endpoints[0].port",
+                        &sm["spec"]["endpoints"][0]["port"],
+                        &json!(METRICS_PORT_NAME),
+                    ),
+                );
+                push_err(
+                    &mut p,
+                    expect_eq(
+                        "spec.selector.matchLabels",
+                        &sm["spec"]["selector"]["matchLabels"],
+                        &selector_labels(MONITOR_NAME),
+                    ),
+                );
+                push_err(&mut p, check_owner(&sm, MONITOR_NAME, &uid, true));
+                result(p, &sm)
+            },
+        );
+        let mc = kubectl_json(&["get", MC, MONITOR_NAME, "-n", ns, "-o", "json"]);
+        if let Some(c) = condition(&mc, "Degraded") {
+            assert_ne!(
+                c["reason"],
+                "ServiceMonitorUnavailable",
+                "the API is served, yet Memcached {MONITOR_NAME} reports {}",
+                compact(c)
+            );
+        }
+        let patch = r#"{"spec":{"monitoring":{"serviceMonitor":{"enabled":false}}}}"#;
+        kubectl_ok(&[
+            "patch",
+            MC,
+            MONITOR_NAME,
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            patch,
+        ]);
+        env.wait(
+            &format!(
+                "ServiceMonitor {MONITOR_NAME} to be deleted with serviceMonitor.enabled=false"
+            ),
+            secs(60),
+            || gone(SERVICE_MONITORS, ns, MONITOR_NAME),
+        );
+    } else {
+        eprintln!("    the cluster does not serve {SERVICE_MONITORS}");
+        env.wait(
+            &format!("Memcached {MONITOR_NAME}: Degraded=True, reason ServiceMonitorUnavailable"),
+            secs(60),
+            || {
+                let mc = get_required(MC, ns, MONITOR_NAME)?;
+                expect_degraded(&mc, "ServiceMonitorUnavailable", "ServiceMonitor")
+            },
+        );
+        env.wait(
+            &format!("Deployment {MONITOR_NAME} (with the exporter) and Service {MONITOR_NAME} (with the metrics port) to be applied anyway"),
+            secs(60),
+            || {
+                let dep = get_required("deployments.apps", ns, MONITOR_NAME)?;
+                let svc = get_required("services", ns, MONITOR_NAME)?;
+                let mut p = Vec::new();
+                let containers = names(&dep["spec"]["template"]["spec"]["containers"]);
+                if containers != [APP_NAME, EXPORTER_NAME] {
+                    p.push(format!("pod template containers are {containers:?}"));
+                }
+                let ports = names(&svc["spec"]["ports"]);
+                if ports != [APP_NAME, METRICS_PORT_NAME] {
+                    p.push(format!("Service ports are {ports:?}"));
+                }
+                push_err(&mut p, check_owner(&dep, MONITOR_NAME, &uid, true));
+                result(p, &json!({"containers": containers, "ports": ports}))
+            },
+        );
+    }
+    delete_instance(env, MONITOR_NAME);
+}
+
+fn step_tls(env: &E2e) {
+    let ns = env.ns.as_str();
+    let openssl = run(
+        "openssl",
+        "openssl",
+        &["version"],
+        None,
+        None,
+        Duration::from_secs(10),
+    );
+    if !openssl.is_ok_and(|o| o.status.success()) {
+        eprintln!(
+            "    SKIP: openssl is not on PATH, so no certificate can be made for the TLS step"
+        );
+        return;
+    }
+    let dir = env.dir.join("tls");
+    fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+    fs::write(
+        dir.join("server.ext"),
+        format!("subjectAltName=DNS:{TLS_NAME},DNS:{TLS_NAME}.{ns}.svc\n"),
+    )
+    .unwrap_or_else(|e| panic!("cannot write {}: {e}", dir.join("server.ext").display()));
+    let commands: [&[&str]; 3] = [
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=memcached-e2e-ca",
+        ],
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "tls.key",
+            "-out",
+            "tls.csr",
+            "-subj",
+            &format!("/CN={TLS_NAME}"),
+        ],
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "tls.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-set_serial",
+            "1",
+            "-days",
+            "2",
+            "-extfile",
+            "server.ext",
+            "-out",
+            "tls.crt",
+        ],
+    ];
+    for args in commands {
+        eprintln!("    $ openssl {}", shell_words(args));
+        let out = run("openssl", "openssl", args, None, Some(&dir), secs(60))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            out.status.success(),
+            "`openssl {}` failed ({}): {}",
+            shell_words(args),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let file = |key: &str| format!("--from-file={key}={}", dir.join(key).display());
+    let (crt, key, ca) = (file("tls.crt"), file("tls.key"), file("ca.crt"));
+    kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        TLS_SECRET,
+        "--type=kubernetes.io/tls",
+        &crt,
+        &key,
+        &ca,
+        "-n",
+        ns,
+    ]);
+    // The private keys are in the Secret now; the scratch dir keeps only logs.
+    let _ = fs::remove_dir_all(&dir);
+
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {TLS_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  security:\n    tls:\n      secretName: {TLS_SECRET}\n      clientAuth: false\n"
+    ));
+    env.wait(
+        &format!("Deployment {TLS_NAME}: memcached runs with -Z and ssl_chain_cert=, the Secret mounted, a Secret hash"),
+        secs(60),
+        || {
+            let dep = get_required("deployments.apps", ns, TLS_NAME)?;
+            let (_, c) = memcached_container(&dep)?;
+            let args = string_list(&c["args"]);
+            let mut p = Vec::new();
+            if !args.iter().any(|a| a == "-Z") {
+                p.push(format!("memcached args {args:?} lack -Z"));
+            }
+            if !args.iter().any(|a| a.contains("ssl_chain_cert=")) {
+                p.push(format!("memcached args {args:?} lack ssl_chain_cert="));
+            }
+            if args.iter().any(|a| a.contains("ssl_ca_cert=")) {
+                p.push(format!("memcached args {args:?} ask for client certificates, but clientAuth is false"));
+            }
+            push_err(&mut p, check_secret_volume(&dep, TLS_SECRET));
+            if dep["spec"]["template"]["metadata"]["annotations"][SECRET_HASH_ANNOTATION]
+                .as_str()
+                .is_none_or(str::is_empty)
+            {
+                p.push(format!("no {SECRET_HASH_ANNOTATION} on the pod template"));
+            }
+            result(p, &dep["spec"]["template"])
+        },
+    );
+    env.wait(
+        &format!("Memcached {TLS_NAME}: 1 ready pod (memcached started with TLS), Available=True"),
+        secs(180),
+        || check_ready_status(ns, TLS_NAME, 1),
+    );
+    let pods = live_pods(ns, TLS_NAME).unwrap_or_else(|e| panic!("{e}"));
+    for pod in &pods {
+        let restarts: i64 = pod["status"]["containerStatuses"]
+            .as_array()
+            .map(|cs| cs.iter().filter_map(|c| c["restartCount"].as_i64()).sum())
+            .unwrap_or_default();
+        assert_eq!(
+            restarts,
+            0,
+            "pod {} restarted {restarts} times (memcached failing to load the certificate?): {}",
+            pod["metadata"]["name"],
+            compact(&pod["status"]["containerStatuses"])
+        );
+    }
+    eprintln!("    ok: {} TLS pod(s) ready without restarts", pods.len());
+    delete_instance(env, TLS_NAME);
+}
+
+/// Deletes a Memcached and waits until the operator has removed its finalizer.
+fn delete_instance(env: &E2e, name: &str) {
+    let ns = env.ns.as_str();
+    kubectl_ok(&["delete", MC, name, "-n", ns, "--wait=false"]);
+    env.wait(
+        &format!("Memcached {name} to be deleted (finalizer removed)"),
+        secs(60),
+        || gone(MC, ns, name),
+    );
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Expectations on the operator's objects
 // ---------------------------------------------------------------------------------------------------------
@@ -1137,6 +2054,504 @@ fn condition_status<'a>(obj: &'a Value, ty: &str) -> Option<&'a str> {
     condition(obj, ty)?["status"].as_str()
 }
 
+/// The production instance's Deployment: rollout strategy, memcached flags, graceful stop, anti-affinity,
+/// resources, restricted security contexts and, when `exporter`, the exporter sidecar.
+fn check_production_deployment(
+    dep: &Value,
+    want: &Production,
+    exporter: bool,
+) -> Result<(), String> {
+    let mut p = Vec::new();
+    push_err(
+        &mut p,
+        expect_eq("spec.replicas", &dep["spec"]["replicas"], &json!(want.size)),
+    );
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.selector.matchLabels",
+            &dep["spec"]["selector"]["matchLabels"],
+            &selector_labels(PRODUCTION),
+        ),
+    );
+    push_err(
+        &mut p,
+        expect_labels(
+            "metadata.labels",
+            &dep["metadata"]["labels"],
+            &common_labels(PRODUCTION),
+        ),
+    );
+    let strategy = &dep["spec"]["strategy"];
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.strategy.type",
+            &strategy["type"],
+            &json!("RollingUpdate"),
+        ),
+    );
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.strategy.rollingUpdate",
+            &strategy["rollingUpdate"],
+            &json!({"maxUnavailable": 0, "maxSurge": 1}),
+        ),
+    );
+
+    let pod = &dep["spec"]["template"]["spec"];
+    let want_containers: &[&str] = if exporter {
+        &[APP_NAME, EXPORTER_NAME]
+    } else {
+        &[APP_NAME]
+    };
+    let containers = names(&pod["containers"]);
+    if containers != want_containers {
+        p.push(format!(
+            "pod template containers are {containers:?}, want {want_containers:?}"
+        ));
+    }
+    match memcached_container(dep) {
+        Err(e) => p.push(e),
+        Ok((_, c)) => {
+            if let Some(image) = &want.image {
+                push_err(
+                    &mut p,
+                    expect_eq("memcached image", &c["image"], &json!(image)),
+                );
+            }
+            let cmdline = command_line(c);
+            for piece in
+                std::iter::once(format!("-p {}", want.port)).chain(want.args.iter().cloned())
+            {
+                if !cmdline.contains(&piece) {
+                    p.push(format!(
+                        "memcached command line {cmdline:?} lacks {piece:?}"
+                    ));
+                }
+            }
+            push_err(
+                &mut p,
+                expect_eq(
+                    "memcached lifecycle.preStop.exec.command",
+                    &c["lifecycle"]["preStop"]["exec"]["command"],
+                    &want.pre_stop,
+                ),
+            );
+            push_err(
+                &mut p,
+                expect_eq("memcached resources", &c["resources"], &want.resources),
+            );
+            p.extend(check_restricted("memcached", c));
+        }
+    }
+    if exporter {
+        match named(&pod["containers"], EXPORTER_NAME) {
+            None => p.push("no exporter container".into()),
+            Some(c) => {
+                let ports = c["ports"].as_array().cloned().unwrap_or_default();
+                if !ports
+                    .iter()
+                    .any(|x| x["name"] == METRICS_PORT_NAME && x["containerPort"] == METRICS_PORT)
+                {
+                    p.push(format!(
+                        "exporter has no port {METRICS_PORT_NAME} = {METRICS_PORT}: {}",
+                        compact(&c["ports"])
+                    ));
+                }
+                let address = format!("--memcached.address=localhost:{}", want.port);
+                if !string_list(&c["args"]).contains(&address) {
+                    p.push(format!(
+                        "exporter args {} lack {address}",
+                        compact(&c["args"])
+                    ));
+                }
+                p.extend(check_restricted("exporter", c));
+            }
+        }
+    }
+    push_err(
+        &mut p,
+        expect_eq(
+            "terminationGracePeriodSeconds",
+            &pod["terminationGracePeriodSeconds"],
+            &want.grace_period,
+        ),
+    );
+    let psc = &pod["securityContext"];
+    push_err(
+        &mut p,
+        expect_eq("pod runAsNonRoot", &psc["runAsNonRoot"], &json!(true)),
+    );
+    push_err(
+        &mut p,
+        expect_eq(
+            "pod seccompProfile.type",
+            &psc["seccompProfile"]["type"],
+            &json!("RuntimeDefault"),
+        ),
+    );
+    let preferred =
+        &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+    match preferred.as_array().map(Vec::as_slice) {
+        Some([term]) => {
+            let affinity_term = &term["podAffinityTerm"];
+            push_err(
+                &mut p,
+                expect_eq(
+                    "podAntiAffinity topologyKey",
+                    &affinity_term["topologyKey"],
+                    &json!(HOSTNAME_TOPOLOGY),
+                ),
+            );
+            push_err(
+                &mut p,
+                expect_eq(
+                    "podAntiAffinity labelSelector.matchLabels",
+                    &affinity_term["labelSelector"]["matchLabels"],
+                    &selector_labels(PRODUCTION),
+                ),
+            );
+        }
+        _ => p.push(format!(
+            "expected one preferred podAntiAffinity term (antiAffinity: soft), got {}",
+            compact(&pod["affinity"])
+        )),
+    }
+    push_err(&mut p, check_owner(dep, PRODUCTION, &want.uid, true));
+    result(p, dep)
+}
+
+/// The restricted-profile container security context.
+fn check_restricted(container: &str, c: &Value) -> Vec<String> {
+    let sc = &c["securityContext"];
+    let mut p = Vec::new();
+    for (field, value, want) in [
+        (
+            "allowPrivilegeEscalation",
+            &sc["allowPrivilegeEscalation"],
+            json!(false),
+        ),
+        (
+            "readOnlyRootFilesystem",
+            &sc["readOnlyRootFilesystem"],
+            json!(true),
+        ),
+        ("runAsNonRoot", &sc["runAsNonRoot"], json!(true)),
+        (
+            "capabilities.drop",
+            &sc["capabilities"]["drop"],
+            json!(["ALL"]),
+        ),
+    ] {
+        push_err(
+            &mut p,
+            expect_eq(&format!("{container} {field}"), value, &want),
+        );
+    }
+    p
+}
+
+/// The client Service of the production instance: its ports (memcached, and metrics with the exporter)
+/// and the sample's annotations.
+fn check_client_service(svc: &Value, want: &Production, exporter: bool) -> Result<(), String> {
+    let mut p = Vec::new();
+    push_err(
+        &mut p,
+        check_service(svc, PRODUCTION, &want.uid, want.service_port),
+    );
+    let mut expected =
+        vec![json!({"name": APP_NAME, "port": want.service_port, "targetPort": APP_NAME})];
+    if exporter {
+        expected.push(json!({"name": METRICS_PORT_NAME, "port": METRICS_PORT, "targetPort": METRICS_PORT_NAME}));
+    }
+    let ports: Vec<Value> = svc["spec"]["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|x| json!({"name": x["name"], "port": x["port"], "targetPort": x["targetPort"]}))
+                .collect()
+        })
+        .unwrap_or_default();
+    push_err(
+        &mut p,
+        expect_eq("spec.ports", &json!(ports), &json!(expected)),
+    );
+    push_err(
+        &mut p,
+        expect_labels(
+            "metadata.annotations",
+            &svc["metadata"]["annotations"],
+            &want.service_annotations,
+        ),
+    );
+    result(p, svc)
+}
+
+fn check_headless_service(svc: &Value, name: &str, mc_uid: &str, port: i64) -> Result<(), String> {
+    let mut p = Vec::new();
+    push_err(
+        &mut p,
+        expect_eq("spec.clusterIP", &svc["spec"]["clusterIP"], &json!("None")),
+    );
+    let ports = names(&svc["spec"]["ports"]);
+    if ports != [APP_NAME] {
+        p.push(format!(
+            "headless Service ports are {ports:?}, want [memcached]"
+        ));
+    }
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.ports[0].port",
+            &svc["spec"]["ports"][0]["port"],
+            &json!(port),
+        ),
+    );
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.selector",
+            &svc["spec"]["selector"],
+            &selector_labels(name),
+        ),
+    );
+    push_err(
+        &mut p,
+        expect_labels(
+            "metadata.labels",
+            &svc["metadata"]["labels"],
+            &common_labels(name),
+        ),
+    );
+    push_err(&mut p, check_owner(svc, name, mc_uid, true));
+    result(p, svc)
+}
+
+fn check_pdb(pdb: &Value, name: &str, want: &Production) -> Result<(), String> {
+    let mut p = Vec::new();
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.maxUnavailable",
+            &pdb["spec"]["maxUnavailable"],
+            &want.pdb_max_unavailable,
+        ),
+    );
+    if !pdb["spec"]["minAvailable"].is_null() {
+        p.push(format!(
+            "unexpected spec.minAvailable {}",
+            pdb["spec"]["minAvailable"]
+        ));
+    }
+    push_err(
+        &mut p,
+        expect_eq(
+            "spec.selector.matchLabels",
+            &pdb["spec"]["selector"]["matchLabels"],
+            &selector_labels(name),
+        ),
+    );
+    push_err(
+        &mut p,
+        expect_labels(
+            "metadata.labels",
+            &pdb["metadata"]["labels"],
+            &common_labels(name),
+        ),
+    );
+    push_err(&mut p, check_owner(pdb, name, &want.uid, true));
+    result(p, pdb)
+}
+
+/// `status.serverList` must hold `size` sorted `<podIP>:<port>` entries, exactly those of the ready pods.
+fn check_server_list(ns: &str, name: &str, size: i64, port: i64) -> Result<Vec<String>, String> {
+    let mc = get_required(MC, ns, name)?;
+    let list = string_list(&mc["status"]["serverList"]);
+    let mut ready: Vec<String> = live_pods(ns, name)?
+        .iter()
+        .filter(|pod| pod_ready(pod))
+        .filter_map(|pod| pod["status"]["podIP"].as_str().filter(|ip| !ip.is_empty()))
+        .map(|ip| {
+            if ip.contains(':') {
+                format!("[{ip}]:{port}")
+            } else {
+                format!("{ip}:{port}")
+            }
+        })
+        .collect();
+    ready.sort();
+    let mut p = Vec::new();
+    if i64::try_from(list.len()).ok() != Some(size) {
+        p.push(format!(
+            "status.serverList has {} entries, want {size}: {list:?}",
+            list.len()
+        ));
+    }
+    if !list.windows(2).all(|w| w[0] < w[1]) {
+        p.push(format!(
+            "status.serverList is not sorted (or has duplicates): {list:?}"
+        ));
+    }
+    if list != ready {
+        p.push(format!(
+            "status.serverList {list:?} != the ready pods' <podIP>:{port} {ready:?}"
+        ));
+    }
+    if p.is_empty() {
+        Ok(list)
+    } else {
+        Err(p.join("; "))
+    }
+}
+
+/// The auth instance's Deployment: the Secret hash annotation (returned), `-Y`, and the Secret volume.
+fn check_auth_deployment(dep: &Value) -> Result<String, String> {
+    let mut p = Vec::new();
+    let hash = dep["spec"]["template"]["metadata"]["annotations"][SECRET_HASH_ANNOTATION]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    if hash.len() != 64 || !hash.bytes().all(|b| b.is_ascii_hexdigit()) {
+        p.push(format!(
+            "pod template annotation {SECRET_HASH_ANNOTATION} is {hash:?}, want a SHA-256 in hex"
+        ));
+    }
+    match memcached_container(dep) {
+        Err(e) => p.push(e),
+        Ok((_, c)) => {
+            let cmdline = command_line(c);
+            if !cmdline.contains(AUTH_FILE_ARG) {
+                p.push(format!(
+                    "memcached command line {cmdline:?} lacks {AUTH_FILE_ARG:?}"
+                ));
+            }
+        }
+    }
+    push_err(&mut p, check_secret_volume(dep, AUTH_SECRET));
+    result(p, &dep["spec"]["template"]).map(|()| hash)
+}
+
+/// The pod template mounts Secret `secret` read-only into the memcached container.
+fn check_secret_volume(dep: &Value, secret: &str) -> Result<(), String> {
+    let pod = &dep["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .and_then(|vs| vs.iter().find(|v| v["secret"]["secretName"] == secret))
+        .ok_or_else(|| format!("no volume of Secret {secret}: {}", compact(&pod["volumes"])))?;
+    let (_, c) = memcached_container(dep)?;
+    let mounted = c["volumeMounts"].as_array().is_some_and(|ms| {
+        ms.iter()
+            .any(|m| m["name"] == volume["name"] && m["readOnly"] == true)
+    });
+    if mounted {
+        Ok(())
+    } else {
+        Err(format!(
+            "the memcached container does not mount volume {} read-only: {}",
+            volume["name"],
+            compact(&c["volumeMounts"])
+        ))
+    }
+}
+
+/// `Degraded=True` with `reason`, and a message containing `mention`.
+fn expect_degraded(mc: &Value, reason: &str, mention: &str) -> Result<(), String> {
+    match condition(mc, "Degraded") {
+        Some(c)
+            if c["status"] == "True"
+                && c["reason"] == reason
+                && c["message"].as_str().is_some_and(|m| m.contains(mention)) =>
+        {
+            Ok(())
+        }
+        Some(c) => Err(format!(
+            "Degraded condition is {}, want True/{reason} with a message mentioning {mention:?}",
+            compact(c)
+        )),
+        None => Err(format!(
+            "no Degraded condition; status {}",
+            compact(&mc["status"])
+        )),
+    }
+}
+
+/// Fails the test at once when pods are refused (the Deployment's ReplicaFailure, e.g. Pod Security
+/// admission): waiting longer cannot help.
+fn refuse_replica_failure(mc: &Value) {
+    if let Some(c) = condition(mc, "Degraded")
+        && c["status"] == "True"
+        && c["reason"] == "ReplicaFailure"
+    {
+        panic!(
+            "Memcached {} is Degraded with reason ReplicaFailure: its pods are refused (in a namespace \
+             enforcing Pod Security {POD_SECURITY_LEVEL}): {}",
+            mc["metadata"]["name"],
+            compact(c)
+        );
+    }
+}
+
+fn deployment_condition<'a>(dep: &'a Value, ty: &str) -> Option<&'a Value> {
+    dep["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == ty)
+}
+
+/// The instance's pods that are not being deleted.
+fn live_pods(ns: &str, name: &str) -> Result<Vec<Value>, String> {
+    let selector = format!("{INSTANCE_KEY}={name},{NAME_KEY}={APP_NAME}");
+    let pods = try_kubectl_json(&["get", "pods", "-n", ns, "-l", &selector, "-o", "json"])?;
+    Ok(items(&pods)
+        .into_iter()
+        .filter(|pod| pod["metadata"]["deletionTimestamp"].is_null())
+        .collect())
+}
+
+fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|cs| {
+        cs.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+/// `command` and `args` of a container, joined by spaces.
+fn command_line(c: &Value) -> String {
+    ["command", "args"]
+        .iter()
+        .flat_map(|k| string_list(&c[*k]))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn string_list(v: &Value) -> Vec<String> {
+    v.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| x.as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The `name`s of a list of containers, ports, ...
+fn names(list: &Value) -> Vec<String> {
+    list.as_array()
+        .map(|a| {
+            a.iter()
+                .map(|x| x["name"].as_str().unwrap_or_default().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn named<'a>(list: &'a Value, name: &str) -> Option<&'a Value> {
+    list.as_array()?.iter().find(|x| x["name"] == name)
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Events and the leader lease
 // ---------------------------------------------------------------------------------------------------------
@@ -1234,6 +2649,36 @@ fn holder_contains(identity: &str) -> Result<(), String> {
     }
 }
 
+/// `Ok` once an event in `ns` matches `pred`; else the events seen.
+fn expect_event(ns: &str, pred: impl Fn(&Event) -> bool) -> Result<(), String> {
+    let events = list_events(ns)?;
+    if events.iter().any(pred) {
+        Ok(())
+    } else {
+        Err(format!("events in {ns}: {}", summarize_events(&events)))
+    }
+}
+
+/// Whether the cluster serves the Prometheus Operator's ServiceMonitor (`kubectl api-resources`).
+fn service_monitors_served() -> bool {
+    let out = kubectl(&[
+        "api-resources",
+        "--api-group=monitoring.coreos.com",
+        "-o",
+        "name",
+    ]);
+    if !out.status.success() {
+        // Discovery can fail for an unrelated group while still listing this one.
+        eprintln!(
+            "    (kubectl api-resources: {})",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .any(|l| l.trim() == SERVICE_MONITORS)
+}
+
 // ---------------------------------------------------------------------------------------------------------
 // Test environment: setup, the operator processes, and cleanup
 // ---------------------------------------------------------------------------------------------------------
@@ -1305,12 +2750,63 @@ impl E2e {
         );
     }
 
+    /// Creates the test namespace, enforcing (and warning and auditing with) the `restricted` Pod Security
+    /// Standard, so every pod the operator makes in it must meet that standard to be admitted.
     fn create_test_namespace(&mut self) {
         self.ns_created = true;
+        let psa: String = ["enforce", "warn", "audit"]
+            .iter()
+            .map(|mode| {
+                format!(
+                    "    pod-security.kubernetes.io/{mode}: {POD_SECURITY_LEVEL}\n    \
+                     pod-security.kubernetes.io/{mode}-version: latest\n"
+                )
+            })
+            .collect();
         apply_yaml_ok(&format!(
-            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels:\n    app.kubernetes.io/created-by: {FIELD_MANAGER}\n",
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {}\n  labels:\n    app.kubernetes.io/created-by: {FIELD_MANAGER}\n{psa}",
             self.ns
         ));
+    }
+
+    /// The namespace carries the Pod Security labels, and the API server enforces them: a server-side dry run
+    /// of a pod without any security context must be refused. Where it is not (Pod Security admission
+    /// disabled), the later "admitted under restricted" checks prove nothing, which is reported loudly.
+    fn check_pod_security(&self) {
+        let ns = self.ns.as_str();
+        let namespace = kubectl_json(&["get", "namespace", ns, "-o", "json"]);
+        for mode in ["enforce", "warn", "audit"] {
+            let key = format!("pod-security.kubernetes.io/{mode}");
+            assert_eq!(
+                namespace["metadata"]["labels"][&key],
+                json!(POD_SECURITY_LEVEL),
+                "namespace {ns} should be labelled {key}={POD_SECURITY_LEVEL}: {}",
+                compact(&namespace["metadata"]["labels"])
+            );
+        }
+        let probe = format!(
+            "apiVersion: v1\nkind: Pod\nmetadata:\n  name: e2e-psa-probe\n  namespace: {ns}\n\
+             spec:\n  containers:\n  - name: probe\n    image: {BAD_IMAGE}\n"
+        );
+        let out = run_kubectl(&["apply", "--dry-run=server", "-f", "-"], Some(&probe));
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        if out.status.success() {
+            eprintln!(
+                "    WARNING: a pod without a security context was admitted (server-side dry run) in {ns}: Pod \
+                 Security admission does not enforce here, so steps 12 to 18 cannot show that the operator's \
+                 pods meet the restricted standard"
+            );
+        } else if stderr.contains("PodSecurity") {
+            eprintln!(
+                "    ok: Pod Security admission refuses a non-compliant pod in {ns}: {}",
+                truncate(&stderr, 300)
+            );
+        } else {
+            panic!(
+                "the server-side dry run of a non-compliant pod in {ns} failed, but not because of Pod \
+                 Security admission: {stderr}"
+            );
+        }
     }
 
     /// Renders config/default, applies everything except Deployments, and waits for the CRD.
@@ -1423,9 +2919,15 @@ impl E2e {
     /// Sanity check of the RBAC the operator will run with (cluster admins may impersonate).
     fn check_rbac(&self) {
         let ns = self.ns.as_str();
-        let checks: [(&[&str], bool, bool); 6] = [
+        let checks: [(&[&str], bool, bool); 11] = [
             (&["create", "deployments.apps", "-n", ns], true, true),
             (&["delete", "namespaces"], false, true),
+            // Secrets are read (for their hash), never written.
+            (&["get", "secrets", "-n", ns], true, true),
+            (&["watch", "secrets", "-n", ns], true, true),
+            (&["create", "secrets", "-n", ns], false, true),
+            (&["delete", PDB, "-n", ns], true, true),
+            (&["create", SERVICE_MONITORS, "-n", ns], true, false),
             (&["create", "services", "-n", ns], true, false),
             (&["watch", MC, "-n", ns], true, false),
             (
@@ -1617,6 +3119,15 @@ impl E2e {
         info
     }
 
+    /// Label and log file of every operator started so far.
+    fn operator_logs(&self) -> Vec<(String, PathBuf)> {
+        self.operators
+            .borrow()
+            .iter()
+            .map(|o| (o.info.label.clone(), o.info.log.clone()))
+            .collect()
+    }
+
     /// Panics right away if an operator that should be running has exited.
     fn assert_operators_alive(&self) {
         let mut crashed = None;
@@ -1730,7 +3241,7 @@ impl E2e {
                 Err(e) => eprintln!("(cannot read: {e})"),
             }
         }
-        let all = format!("all,{MC},events");
+        let all = format!("all,{MC},{PDB},events");
         let lease = format!("leases.coordination.k8s.io/{LEASE}");
         let commands: [&[&str]; 3] = [
             &["get", &all, "-n", &self.ns, "-o", "wide"],
@@ -1898,11 +3409,13 @@ impl E2e {
 }
 
 impl Drop for E2e {
-    /// Step 12, cleanup. Runs after success and after a failure (panic); must not panic itself.
+    /// The last step, cleanup. Runs after success and after a failure (panic); must not panic itself.
+    /// Every Memcached left in the test namespace (whichever step created it) is deleted while an operator
+    /// still runs, so its finalizer is removed; the Secrets the test created go with the namespace.
     fn drop(&mut self) {
         let failed = thread::panicking();
         eprintln!(
-            "\n==> step 12: cleanup{}  [t+{}s]",
+            "\n==> step {CLEANUP_STEP}: cleanup{}  [t+{}s]",
             if failed {
                 " after a FAILURE (diagnostics first)"
             } else {
@@ -2395,6 +3908,35 @@ fn truncate(s: &str, max: usize) -> String {
 
 fn compact(v: &Value) -> String {
     truncate(&v.to_string(), 2000)
+}
+
+/// Standard base64 with padding, as Secret `data` holds values (to look for leaked values in that form too).
+fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let byte = |i: usize| u32::from(chunk.get(i).copied().unwrap_or(0));
+        let group = (byte(0) << 16) | (byte(1) << 8) | byte(2);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(char::from(
+                    ALPHABET[((group >> (18 - 6 * i)) & 63) as usize],
+                ));
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn base64_matches_secret_data_encoding() {
+    assert_eq!(base64(b""), "");
+    assert_eq!(base64(b"a"), "YQ==");
+    assert_eq!(base64(b"ab"), "YWI=");
+    assert_eq!(base64(b"abc"), "YWJj");
+    assert_eq!(base64(AUTH_CREDENTIALS.as_bytes()), "YXBwOnMzY3JldA==");
 }
 
 // ---------------------------------------------------------------------------------------------------------

@@ -201,8 +201,16 @@ fn crd_has_the_tutorial_names_subresources_and_columns() {
     // Nothing only newer servers understand, except CEL rules (skipped before 1.25, and each backed by an
     // operator-side check): no selectable fields, no messageExpression/reason/fieldPath on rules.
     let text = read(manifests::CRD_PATH);
-    for newer in ["selectableFields", "messageExpression", "fieldPath:", "reason: Field"] {
-        assert!(!text.contains(newer), "{newer} needs a newer Kubernetes than 1.24");
+    for newer in [
+        "selectableFields",
+        "messageExpression",
+        "fieldPath:",
+        "reason: Field",
+    ] {
+        assert!(
+            !text.contains(newer),
+            "{newer} needs a newer Kubernetes than 1.24"
+        );
     }
 }
 
@@ -527,10 +535,18 @@ fn cel_rules_compile_and_are_bounded() {
     let schema = schema();
     let mut nodes = Vec::new();
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
-    assert_eq!(nodes.len(), 4, "memcached, highAvailability, podDisruptionBudget, monitoring");
+    assert_eq!(
+        nodes.len(),
+        4,
+        "memcached, highAvailability, podDisruptionBudget, monitoring"
+    );
     for (path, node) in nodes {
         let compiled = compile_schema(node);
-        assert!(!compiled.has_errors(), "{path}: {:?}", compiled.compilation_errors());
+        assert!(
+            !compiled.has_errors(),
+            "{path}: {:?}",
+            compiled.compilation_errors()
+        );
         for rule in node["x-kubernetes-validations"].as_array().unwrap() {
             let rule = rule["rule"].as_str().unwrap();
             // kube-cel's cost heuristic (the scope analysis does not know comprehension variables).
@@ -551,23 +567,67 @@ fn cel_rules_agree_with_the_operator_checks() {
     let schema = schema();
     let cases = [
         (json!({}), true),
-        (json!({"memcached": {"extraArgs": ["-o", "lru_crawler", "-R", "40", "-B", "binary"]}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "lru_crawler", "-R", "40", "-B", "binary"]}}),
+            true,
+        ),
         (json!({"memcached": {"extraArgs": ["-m", "2048"]}}), false),
         (json!({"memcached": {"extraArgs": ["-p11311"]}}), false),
-        (json!({"memcached": {"extraArgs": ["--memory-limit=2048"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--memory-limit=2048"]}}),
+            false,
+        ),
         (json!({"memcached": {"extraArgs": ["--threads"]}}), false),
         (json!({"memcached": {"extraArgs": ["-vv"]}}), false),
-        (json!({"memcached": {"extraArgs": ["-o", "ssl_key=/x"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "ssl_key=/x"]}}),
+            false,
+        ),
         (json!({"memcached": {"extraArgs": ["--lru-crawler"]}}), true),
-        (json!({"highAvailability": {"preStopDelaySeconds": 20}}), true),
-        (json!({"highAvailability": {"preStopDelaySeconds": 30}}), false),
-        (json!({"highAvailability": {"terminationGracePeriodSeconds": 10}}), false),
-        (json!({"highAvailability": {"preStopDelaySeconds": 0, "terminationGracePeriodSeconds": 1}}), true),
-        (json!({"highAvailability": {"podDisruptionBudget": {"maxUnavailable": 1}}}), true),
-        (json!({"highAvailability": {"podDisruptionBudget": {"maxUnavailable": 1, "minAvailable": "50%"}}}), false),
-        (json!({"monitoring": {"serviceMonitor": {"enabled": true}}}), false),
-        (json!({"monitoring": {"serviceMonitor": {"enabled": false}}}), true),
-        (json!({"monitoring": {"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "modern,ssl_verify_mode=0"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "ext_path=/data/ssl_cache"]}}),
+            true,
+        ),
+        (
+            json!({"highAvailability": {"preStopDelaySeconds": 20}}),
+            true,
+        ),
+        (
+            json!({"highAvailability": {"preStopDelaySeconds": 30}}),
+            false,
+        ),
+        (
+            json!({"highAvailability": {"terminationGracePeriodSeconds": 10}}),
+            false,
+        ),
+        (
+            json!({"highAvailability": {"preStopDelaySeconds": 0, "terminationGracePeriodSeconds": 1}}),
+            true,
+        ),
+        (
+            json!({"highAvailability": {"podDisruptionBudget": {"maxUnavailable": 1}}}),
+            true,
+        ),
+        (
+            json!({"highAvailability": {"podDisruptionBudget": {"maxUnavailable": 1, "minAvailable": "50%"}}}),
+            false,
+        ),
+        (
+            json!({"monitoring": {"serviceMonitor": {"enabled": true}}}),
+            false,
+        ),
+        (
+            json!({"monitoring": {"serviceMonitor": {"enabled": false}}}),
+            true,
+        ),
+        (
+            json!({"monitoring": {"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}}}),
+            true,
+        ),
     ];
     for (spec, valid) in cases {
         let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",

@@ -27,7 +27,7 @@ pub const DEFAULT_AUTH_KEY: &str = "auth-file";
 /// Kubernetes 1.25) skip it; the operator's own check (`InvalidConfig`) covers them.
 pub const EXTRA_ARGS_RULE: &str = "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('^-[pmctIvZYUludP]') && \
      !a.matches('^--(port|memory-limit|conn-limit|threads|max-item-size|verbose|enable-ssl|auth-file|udp-port|listen|user|daemon|pidfile)(=.*)?$') && \
-     !a.contains('ssl_'))";
+     !a.matches('(^|,)ssl_'))";
 /// CEL rule on `spec.highAvailability`: the grace period outlasts the preStop delay (defaults included).
 pub const TERMINATION_RULE: &str = "(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : 30) > \
      (has(self.preStopDelaySeconds) ? self.preStopDelaySeconds : 10)";

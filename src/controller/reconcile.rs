@@ -400,9 +400,7 @@ async fn cleanup(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     let event = warning(
         "Deleting",
         "Delete",
-        format!(
-            "Deleting Memcached {name}; its Deployment and Service are removed by garbage collection"
-        ),
+        format!("Deleting Memcached {name}; what it created is removed by garbage collection"),
     );
     publish(ctx, &mc.object_ref(&()), event).await;
 

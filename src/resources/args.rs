@@ -84,7 +84,8 @@ pub fn args(spec: &MemcachedSpec) -> Vec<String> {
 
 /// Whether `arg` sets a flag the operator manages.
 pub fn is_managed(arg: &str) -> bool {
-    if arg.contains("ssl_") {
+    // TLS options are `-o` values: a comma-separated list whose items may start with ssl_.
+    if arg.split(',').any(|option| option.starts_with("ssl_")) {
         return true;
     }
     if let Some(long) = arg.strip_prefix("--") {

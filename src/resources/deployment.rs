@@ -53,14 +53,7 @@ pub fn deployment(instance: &Instance<'_>, secret_hash: Option<&str>) -> Deploym
                 match_labels: Some(labels::selector_labels(instance.name)),
                 ..LabelSelector::default()
             },
-            // A new pod is ready before an old one goes: capacity never drops during a rollout.
-            strategy: Some(DeploymentStrategy {
-                type_: Some("RollingUpdate".to_owned()),
-                rolling_update: Some(RollingUpdateDeployment {
-                    max_unavailable: Some(IntOrString::Int(0)),
-                    max_surge: Some(IntOrString::Int(1)),
-                }),
-            }),
+            strategy: Some(strategy(instance.spec)),
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels::common_labels(instance.name)),
@@ -72,6 +65,26 @@ pub fn deployment(instance: &Instance<'_>, secret_hash: Option<&str>) -> Deploym
             ..DeploymentSpec::default()
         }),
         status: None,
+    }
+}
+
+/// A new pod is ready before an old one goes, so capacity never drops during a rollout. With hard
+/// anti-affinity the extra pod may have no node to go to (as many pods as nodes), so there an old pod goes
+/// first, one at a time.
+fn strategy(spec: &MemcachedSpec) -> DeploymentStrategy {
+    let hard = spec.high_availability().anti_affinity() == AntiAffinity::Hard
+        && spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .is_none();
+    let (max_unavailable, max_surge) = if hard { (1, 0) } else { (0, 1) };
+    DeploymentStrategy {
+        type_: Some("RollingUpdate".to_owned()),
+        rolling_update: Some(RollingUpdateDeployment {
+            max_unavailable: Some(IntOrString::Int(max_unavailable)),
+            max_surge: Some(IntOrString::Int(max_surge)),
+        }),
     }
 }
 

@@ -50,11 +50,20 @@ fn annotations(meta: &mut ObjectMeta) -> &mut std::collections::BTreeMap<String,
 
 /// `desired ⊆ live`: objects by key (extra live keys, e.g. server defaults, are fine), lists element-wise
 /// with equal length (an extra list item is drift the operator must not ignore), scalars by equality.
+/// Resource quantities (values under `requests` and `limits`) compare by amount, because the API server
+/// stores them in canonical form (`1024Mi` comes back as `1Gi`).
 pub fn contains(live: &Value, desired: &Value) -> bool {
+    contains_in(live, desired, false)
+}
+
+fn contains_in(live: &Value, desired: &Value, quantities: bool) -> bool {
     match (live, desired) {
         (Value::Object(live), Value::Object(desired)) => {
             desired.iter().all(|(key, want)| match live.get(key) {
-                Some(have) => contains(have, want),
+                Some(have) => {
+                    let quantities = quantities || matches!(key.as_str(), "requests" | "limits");
+                    contains_in(have, want, quantities)
+                }
                 None => is_empty(want),
             })
         }
@@ -63,7 +72,13 @@ pub fn contains(live: &Value, desired: &Value) -> bool {
                 && live
                     .iter()
                     .zip(desired)
-                    .all(|(have, want)| contains(have, want))
+                    .all(|(have, want)| contains_in(have, want, false))
+        }
+        (Value::String(have), Value::String(want)) if quantities && have != want => {
+            match (super::quantity::parse(have), super::quantity::parse(want)) {
+                (Some(a), Some(b)) => (a - b).abs() <= 1e-9 * a.abs().max(b.abs()),
+                _ => false,
+            }
         }
         (live, desired) => live == desired,
     }
@@ -115,6 +130,17 @@ mod tests {
             &json!({"spec": {"replicas": 3, "args": ["-m", "65"]}}),
             &desired
         ));
+    }
+
+    #[test]
+    fn quantities_compare_by_amount_as_the_server_canonicalises_them() {
+        let desired = json!({"resources": {"limits": {"memory": "1024Mi", "cpu": "0.5"}, "requests": {"cpu": "1000m"}}});
+        let live = json!({"resources": {"limits": {"memory": "1Gi", "cpu": "500m"}, "requests": {"cpu": "1"}}});
+        assert!(contains(&live, &desired));
+        let smaller = json!({"resources": {"limits": {"memory": "1000Mi", "cpu": "500m"}, "requests": {"cpu": "1"}}});
+        assert!(!contains(&smaller, &desired));
+        // Only under requests/limits: elsewhere "1" and "1.0" are different strings.
+        assert!(!contains(&json!({"image": "1"}), &json!({"image": "1.0"})));
     }
 
     #[test]

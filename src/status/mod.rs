@@ -284,7 +284,8 @@ pub fn finalizing(
         DEGRADED,
         true,
         FINALIZING,
-        "the Memcached is being deleted; its Deployment and Service are removed by garbage collection".to_owned(),
+        "the Memcached is being deleted; what it created is removed by garbage collection"
+            .to_owned(),
         generation,
         &previous_conditions,
         now,

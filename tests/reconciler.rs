@@ -193,7 +193,7 @@ struct Cluster {
 
 impl Cluster {
     fn new() -> Self {
-        // Each cache has had its initial (empty) list, as after the operator's start.
+        // Each cache has had its initial (empty) list, as when the operator's watches have synced.
         fn synced<K>() -> (reflector::Store<K>, Writer<K>)
         where
             K: kube::Resource<DynamicType = ()> + Clone + 'static,

@@ -22,7 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::Store;
 
 pub use backoff::Backoff;
 pub use error::Error;
@@ -77,32 +77,6 @@ pub struct Stores {
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// ServiceMonitors, when the cluster serves their API (checked once at start).
     pub service_monitors: Option<Store<DynamicObject>>,
-}
-
-impl Stores {
-    /// Waits until every cache holds its initial list. Until then an empty cache would read as "the child
-    /// is missing" or "the Secret does not exist", and a reconcile would act on that.
-    pub async fn ready(&self) -> Result<(), reflector::store::WriterDropped> {
-        let service_monitors = async {
-            match &self.service_monitors {
-                Some(store) => store.wait_until_ready().await,
-                None => Ok(()),
-            }
-        };
-        futures::future::try_join5(
-            self.memcacheds.wait_until_ready(),
-            self.deployments.wait_until_ready(),
-            self.services.wait_until_ready(),
-            self.pods.wait_until_ready(),
-            futures::future::try_join3(
-                self.pdbs.wait_until_ready(),
-                self.secrets.wait_until_ready(),
-                service_monitors,
-            ),
-        )
-        .await
-        .map(|_| ())
-    }
 }
 
 /// Source of "now" for condition transition times (pinned in tests).

@@ -22,10 +22,6 @@ use crate::status::{self, DEGRADED, Observed, Problem};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
-    if ctx.stores.ready().await.is_err() {
-        // A cache's watch is gone: only during shutdown. Nothing trustworthy to act on.
-        return Ok(Action::await_change());
-    }
     let _timer = ctx.metrics.reconcile_timer();
     ctx.metrics.set_instances(ctx.stores.memcacheds.len());
     let key = ObjectRef::from_obj(mc.as_ref());

@@ -13,20 +13,22 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::StreamExt;
+use futures::future::{BoxFuture, Shared};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, PartialObjectMeta};
-use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
+use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::{Context, Settings, Stores, error_policy, reconcile, system_clock};
+use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, service_monitor};
@@ -79,6 +81,9 @@ pub async fn run(
         .labels(&labels::managed_selector())
         .any_semantic();
 
+    // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
+    // waiter), so the end of its initial list is observed on the stream instead.
+    let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
     let mc_stream = watcher(
         api::<Memcached>(&client, ns),
@@ -87,6 +92,11 @@ pub async fn run(
     .default_backoff()
     .modify(trim_meta)
     .reflect(mc_writer)
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            mc_listed_tx.send_replace(true);
+        }
+    })
     .applied_objects();
 
     let (deployments, deployment_stream) = cached(
@@ -135,7 +145,11 @@ pub async fn run(
         secrets,
         service_monitors,
     };
-    tokio::spawn(mark_synced(stores.clone(), synced));
+    // Shared: reconciles waiting for the caches must give up when shutdown begins, or it would wait for
+    // them.
+    let shutdown = shutdown.boxed().shared();
+    let children_synced = children_synced(&stores, shutdown.clone());
+    tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
     let ctx = Arc::new(Context::new(
         client,
         options.settings,
@@ -165,7 +179,11 @@ pub async fn run(
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
         .graceful_shutdown_on(shutdown)
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |mc, ctx| reconcile_when_synced(mc, ctx, children_synced.clone()),
+            error_policy,
+            ctx,
+        )
         .for_each(|result| async move {
             if let Err(error) = result {
                 // Reconcile failures are logged by reconcile itself; these are queue or watch problems.
@@ -260,8 +278,67 @@ pub fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
     Some(ObjectRef::new(name).within(&namespace))
 }
 
-async fn mark_synced(stores: Stores, synced: Arc<AtomicBool>) {
-    if stores.ready().await.is_ok() {
+/// Resolves to `true` once every child, pod and Secret cache holds its initial list, `false` if shutdown
+/// comes first or one never will. A reflector store wakes only the latest task waiting for it to become
+/// ready, so each store gets this one waiter, shared by everyone who needs to know.
+type Synced = Shared<BoxFuture<'static, bool>>;
+
+fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) -> Synced {
+    let stores = stores.clone();
+    async move {
+        let service_monitors = async {
+            match &stores.service_monitors {
+                Some(store) => store.wait_until_ready().await,
+                None => Ok(()),
+            }
+        };
+        let all = futures::future::try_join3(
+            futures::future::try_join3(
+                stores.deployments.wait_until_ready(),
+                stores.services.wait_until_ready(),
+                stores.pods.wait_until_ready(),
+            ),
+            futures::future::try_join(
+                stores.pdbs.wait_until_ready(),
+                stores.secrets.wait_until_ready(),
+            ),
+            service_monitors,
+        );
+        tokio::select! {
+            ready = all => ready.is_ok(),
+            () = shutdown => false,
+        }
+    }
+    .boxed()
+    .shared()
+}
+
+/// [`reconcile`], once the other caches hold their initial lists. The controller itself waits only for
+/// the Memcached cache; a reconcile that ran before the others are filled would take existing children
+/// for missing ones (re-applying them and recording "Created" events), report existing Secrets as missing,
+/// and compute the status without the pods. The caches keep filling while a reconcile waits here, so the
+/// instance is read again from its cache afterwards.
+async fn reconcile_when_synced(
+    mc: Arc<Memcached>,
+    ctx: Arc<Context>,
+    children_synced: Synced,
+) -> Result<Action, Error> {
+    if !children_synced.await {
+        return Ok(Action::await_change());
+    }
+    match ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc.as_ref())) {
+        Some(latest) => reconcile(latest, ctx).await,
+        // Deleted while waiting: nothing left to reconcile.
+        None => Ok(Action::await_change()),
+    }
+}
+
+async fn mark_synced(
+    children: Synced,
+    mut mc_listed: watch::Receiver<bool>,
+    synced: Arc<AtomicBool>,
+) {
+    if mc_listed.wait_for(|listed| *listed).await.is_ok() && children.await {
         info!("caches synced");
         synced.store(true, Ordering::Release);
     }

@@ -78,9 +78,8 @@ fn committed_install_matches_the_binary() {
         "{} {STALE}",
         install::INSTALL_PATH
     );
-    assert_eq!(
-        binary(&["manifests"]),
-        read(install::INSTALL_PATH),
+    assert!(
+        binary(&["manifests"]) == read(install::INSTALL_PATH),
         "`memcached-operator manifests` must print {} (the default image is {DEFAULT_OPERATOR_IMAGE})",
         install::INSTALL_PATH
     );
@@ -321,15 +320,16 @@ fn bundle_command_writes_the_committed_bundle_and_drops_stale_files() {
         "stale files must go"
     );
     for file in files_under(&dir) {
-        assert_eq!(
-            std::fs::read_to_string(dir.join(&file)).unwrap(),
-            bundle_file(&file),
-            "{file}"
+        assert!(
+            std::fs::read_to_string(dir.join(&file)).unwrap() == bundle_file(&file),
+            "{}/{file} {STALE}",
+            bundle::BUNDLE_DIR
         );
     }
-    assert_eq!(
-        std::fs::read_to_string(tmp.join(bundle::DOCKERFILE)).unwrap(),
-        read(bundle::DOCKERFILE)
+    assert!(
+        std::fs::read_to_string(tmp.join(bundle::DOCKERFILE)).unwrap() == read(bundle::DOCKERFILE),
+        "{} {STALE}",
+        bundle::DOCKERFILE
     );
     std::fs::remove_dir_all(&tmp).unwrap();
 }
@@ -444,7 +444,10 @@ fn csv_install_strategy_deploys_the_install_deployment() {
             json!({"name": "WATCH_NAMESPACE", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['olm.targetNamespaces']"}}}),
         );
-    assert_eq!(normalize(spec), normalize(&expected));
+    assert!(
+        normalize(spec) == normalize(&expected),
+        "the CSV's Deployment is not the install's (plus WATCH_NAMESPACE): run `make manifests`"
+    );
     let help = binary(&["run", "--help"]);
     assert!(
         help.contains("WATCH_NAMESPACE"),
@@ -478,10 +481,9 @@ fn owned_crds_match_the_bundled_crds() {
         .unwrap();
     let crd = serde_json::to_value(manifests::crd()).unwrap();
     let bundled = yaml_docs(&bundle_file("manifests/cache.example.com_memcacheds.yaml")).remove(0);
-    assert_eq!(
-        normalize(&bundled),
-        normalize(&crd),
-        "the bundled CRD is the generated one"
+    assert!(
+        normalize(&bundled) == normalize(&crd),
+        "the bundled CRD is not the generated one: run `make manifests`"
     );
     // Every CRD file of the bundle is owned, and every owned entry names a served version of a bundled CRD.
     let crd_files: Vec<String> = files_under(&repo(bundle::BUNDLE_DIR))
@@ -568,7 +570,10 @@ fn alm_examples_are_the_samples_and_valid_memcacheds() {
             .unwrap(),
     )
     .expect("alm-examples must be a JSON array");
-    assert_eq!(examples, install::samples().unwrap());
+    assert!(
+        examples == install::samples().unwrap(),
+        "alm-examples are not config/samples: run `make manifests`"
+    );
     assert_eq!(
         examples[0]["metadata"]["name"], "memcached-sample",
         "the tutorial's sample comes first: the console pre-fills its form with it"
@@ -802,7 +807,11 @@ fn committed_api_docs_match_the_binary() {
         "{} {STALE}",
         docs::API_DOCS_PATH
     );
-    assert_eq!(binary(&["api-docs"]), read(docs::API_DOCS_PATH));
+    assert!(
+        binary(&["api-docs"]) == read(docs::API_DOCS_PATH),
+        "`memcached-operator api-docs` must print {}",
+        docs::API_DOCS_PATH
+    );
 }
 
 /// Every field at every depth has a row, and every nested structure a section.

@@ -247,7 +247,8 @@ fn every_config_file_is_embedded() {
         .collect();
     assert_eq!(
         embedded, on_disk,
-        "rebuild: the binary embeds a different config/ tree"
+        "the binary embeds another config/ tree than the one on disk (a target directory shared with \
+         another checkout?): `touch config` and rebuild"
     );
 }
 

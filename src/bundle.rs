@@ -39,6 +39,10 @@ pub const CSV_PATH: &str = "manifests/memcached-operator.clusterserviceversion.y
 /// Path of the annotations in the bundle.
 pub const ANNOTATIONS_PATH: &str = "metadata/annotations.yaml";
 
+// The project's public face on OperatorHub and in the OLM console (links, provider, maintainers, icon,
+// description): the answers `operator-sdk generate kustomize manifests` asks for interactively. Edit them
+// when publishing the operator under your own organisation, then run `make manifests`.
+
 /// Where the project lives; the CSV's links and provider point here.
 pub const PROJECT_URL: &str = "https://github.com/example/memcached-operator";
 const MAINTAINER_NAME: &str = "memcached-operator maintainers";

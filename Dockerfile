@@ -31,10 +31,13 @@ RUN mkdir -p src \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \
     && rm -rf src
 
-# Then the operator itself. Touching the sources makes them newer than the placeholder
-# build, so cargo rebuilds the crate whatever timestamps COPY preserved.
+# Then the operator itself. build.rs embeds config/ (the install tree) in the binary, for
+# `memcached-operator manifests` and `bundle`. Touching the sources makes them newer than the
+# placeholder build, so cargo rebuilds the crate whatever timestamps COPY preserved.
+COPY build.rs ./
+COPY config ./config
 COPY src ./src
-RUN find src -type f -exec touch {} + \
+RUN find src config build.rs -type f -exec touch {} + \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \
     && mkdir -p /out \
     && cp "target/$(cat /rust-target)/release/memcached-operator" /out/memcached-operator

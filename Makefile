@@ -1,19 +1,41 @@
 # memcached-operator: build, test and deploy. `make help` lists the targets.
 
+# Version of the operator: the crate version. It tags the default images and versions the OLM bundle.
+VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+# Repository of the operator image; the bundle image is $(IMAGE_TAG_BASE)-bundle. The binary's default
+# image (memcached-operator manifests|bundle) is $(IMAGE_TAG_BASE):v<crate version> too.
+IMAGE_TAG_BASE ?= registry.example.com/memcached-operator
 # Image to build, push and deploy.
-IMG ?= controller:latest
+IMG ?= $(IMAGE_TAG_BASE):v$(VERSION)
+# OLM bundle image to build and push.
+BUNDLE_IMG ?= $(IMAGE_TAG_BASE)-bundle:v$(VERSION)
+# OLM channels of the bundle (comma-separated), and the one subscriptions follow by default.
+CHANNELS ?= alpha
+DEFAULT_CHANNEL ?= alpha
 
 KUBECTL ?= kubectl
 CARGO ?= cargo
+OPERATOR_SDK ?= operator-sdk
 # Container tool to build and push the image with (docker or podman).
 CONTAINER_TOOL ?= docker
 
 # Extra flags for `make run`, e.g. make run ARGS="--namespace=default --log-level=debug".
 ARGS ?=
 
-# Files generated from the Rust code by `make manifests`.
+# Files generated from the Rust code by `make manifests`. Tests fail when a committed copy is stale.
 CRD_FILE := config/crd/bases/cache.example.com_memcacheds.yaml
 RBAC_FILE := config/rbac/role.yaml
+INSTALL_FILE := dist/install.yaml
+API_DOCS_FILE := docs/api.md
+BUNDLE_DIR := bundle
+
+# $(call generate,FILE,ARGUMENTS): writes the output of `memcached-operator ARGUMENTS` to FILE, through a
+# temporary file so that a failure leaves the old FILE in place.
+define generate
+	@mkdir -p $(dir $(1))
+	$(CARGO) run --quiet -- $(2) > $(1).tmp || { rm -f $(1).tmp; exit 1; }
+	mv -f $(1).tmp $(1)
+endef
 
 # Recipes run in bash with pipefail, so a failure anywhere in a pipeline fails the target.
 SHELL = /usr/bin/env bash -o pipefail
@@ -35,13 +57,20 @@ help: ## Display this help.
 
 ##@ Development
 
+# The committed dist/install.yaml and bundle/ use the binary's defaults (version and image), whatever
+# VERSION and IMG say, so that `make manifests` always reproduces them; `make build-installer` and
+# `make bundle` honour IMG and VERSION for a release.
 .PHONY: manifests
-manifests: ## Generate the CRD and the RBAC roles under config/ from the Rust code.
-	@mkdir -p $(dir $(CRD_FILE)) $(dir $(RBAC_FILE))
-	$(CARGO) run --quiet -- crd > $(CRD_FILE).tmp || { rm -f $(CRD_FILE).tmp; exit 1; }
-	mv -f $(CRD_FILE).tmp $(CRD_FILE)
-	$(CARGO) run --quiet -- rbac > $(RBAC_FILE).tmp || { rm -f $(RBAC_FILE).tmp; exit 1; }
-	mv -f $(RBAC_FILE).tmp $(RBAC_FILE)
+manifests: ## Regenerate every generated file: CRD, RBAC, dist/install.yaml, docs/api.md and the OLM bundle.
+	$(call generate,$(CRD_FILE),crd)
+	$(call generate,$(RBAC_FILE),rbac)
+	$(call generate,$(INSTALL_FILE),manifests)
+	$(call generate,$(API_DOCS_FILE),api-docs)
+	$(CARGO) run --quiet -- bundle --output-dir $(BUNDLE_DIR)
+
+.PHONY: docs
+docs: ## Regenerate the API reference docs/api.md from the CRD schema.
+	$(call generate,$(API_DOCS_FILE),api-docs)
 
 .PHONY: fmt
 fmt: ## Format the code with rustfmt.
@@ -82,6 +111,29 @@ docker-build: ## Build the operator image IMG.
 .PHONY: docker-push
 docker-push: ## Push the operator image IMG.
 	$(CONTAINER_TOOL) push $(IMG)
+
+.PHONY: build-installer
+build-installer: ## Write the one-file install dist/install.yaml for image IMG.
+	$(call generate,$(INSTALL_FILE),manifests --image $(IMG))
+
+##@ OLM bundle
+
+.PHONY: bundle
+bundle: ## Write the OLM bundle (bundle/, bundle.Dockerfile) for VERSION and IMG.
+	$(CARGO) run --quiet -- bundle --version $(VERSION) --image $(IMG) \
+		--channels $(CHANNELS) --default-channel $(DEFAULT_CHANNEL) --output-dir $(BUNDLE_DIR)
+
+.PHONY: bundle-build
+bundle-build: ## Build the bundle image BUNDLE_IMG (run `make bundle` first).
+	$(CONTAINER_TOOL) build -f bundle.Dockerfile -t $(BUNDLE_IMG) .
+
+.PHONY: bundle-push
+bundle-push: ## Push the bundle image BUNDLE_IMG.
+	$(CONTAINER_TOOL) push $(BUNDLE_IMG)
+
+.PHONY: bundle-validate
+bundle-validate: ## Validate bundle/ with operator-sdk (needs operator-sdk; the tests check the offline rules).
+	$(OPERATOR_SDK) bundle validate ./$(BUNDLE_DIR) --select-optional suite=operatorframework
 
 ##@ Deployment
 

@@ -1,10 +1,13 @@
 //! Command line. Flag names follow the Kubebuilder scaffold where one exists; each flag also reads an
 //! environment variable, so the in-cluster Deployment can be configured either way.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::bundle;
+use crate::install::DEFAULT_OPERATOR_IMAGE;
 use crate::resources::DEFAULT_IMAGE;
 
 /// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
@@ -31,8 +34,79 @@ pub enum Command {
     Crd,
     /// Print the operator's RBAC roles (ClusterRole manager-role, Role leader-election-role) as YAML.
     Rbac,
+    /// Print the complete install as one YAML file (namespace, CRD, RBAC, operator Deployment, metrics
+    /// Service): the objects `kubectl kustomize config/default` renders.
+    Manifests(ManifestsArgs),
+    /// Write the Operator Lifecycle Manager bundle (manifests/, metadata/) and bundle.Dockerfile.
+    Bundle(BundleArgs),
+    /// Print the API reference of the Memcached resource (docs/api.md) as markdown.
+    ApiDocs,
     /// Print the version.
     Version,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ManifestsArgs {
+    /// Operator image the Deployment runs.
+    #[arg(long, default_value = DEFAULT_OPERATOR_IMAGE, value_parser = parse_image)]
+    pub image: String,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct BundleArgs {
+    /// Bundle and ClusterServiceVersion version (semver, no leading v).
+    #[arg(
+        id = "bundle_version",
+        long = "version",
+        value_name = "VERSION",
+        default_value = env!("CARGO_PKG_VERSION"),
+        value_parser = bundle::parse_version
+    )]
+    pub version: String,
+
+    /// Operator image the ClusterServiceVersion deploys.
+    #[arg(long, default_value = DEFAULT_OPERATOR_IMAGE, value_parser = parse_image)]
+    pub image: String,
+
+    /// Bundle directory; bundle.Dockerfile is written next to it.
+    #[arg(long, default_value = bundle::BUNDLE_DIR)]
+    pub output_dir: PathBuf,
+
+    /// Channels the bundle belongs to (comma-separated).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = bundle::DEFAULT_CHANNEL,
+        value_parser = bundle::parse_channel
+    )]
+    pub channels: Vec<String>,
+
+    /// Channel subscriptions follow when they name none; one of --channels.
+    #[arg(long, default_value = bundle::DEFAULT_CHANNEL, value_parser = bundle::parse_channel)]
+    pub default_channel: String,
+}
+
+impl BundleArgs {
+    /// The bundle options these arguments ask for.
+    pub fn options(&self) -> bundle::Options {
+        bundle::Options {
+            version: self.version.clone(),
+            image: self.image.clone(),
+            channels: self.channels.clone(),
+            default_channel: self.default_channel.clone(),
+        }
+    }
+}
+
+/// Accepts an image reference: non-empty, no whitespace (the registry checks the rest when pulling).
+pub fn parse_image(s: &str) -> Result<String, String> {
+    if s.is_empty() || s.contains(char::is_whitespace) {
+        Err(format!(
+            "{s:?} is not an image reference such as registry.example.com/memcached-operator:v1.0.0"
+        ))
+    } else {
+        Ok(s.to_owned())
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -67,7 +141,8 @@ pub struct RunArgs {
     )]
     pub leader_election_id: String,
 
-    /// Watch and reconcile only this namespace [default: all namespaces].
+    /// Watch and reconcile only this namespace [default: all namespaces]. Empty means all namespaces, as
+    /// OLM's AllNamespaces install mode passes it.
     #[arg(long, env = "WATCH_NAMESPACE")]
     pub namespace: Option<String>,
 
@@ -90,6 +165,18 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+impl RunArgs {
+    /// The arguments with empty namespaces read as unset. An environment variable that is set but empty
+    /// reaches clap as `Some("")`: OLM sets WATCH_NAMESPACE to "" for the AllNamespaces install mode (from
+    /// the `olm.targetNamespaces` annotation), and that must mean every namespace, not a namespace named "".
+    pub fn normalized(mut self) -> Self {
+        let unset_if_blank = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
+        self.namespace = unset_if_blank(self.namespace);
+        self.leader_election_namespace = unset_if_blank(self.leader_election_namespace);
+        self
+    }
 }
 
 /// Parses "90", "90s", "5m" or "1h".
@@ -166,6 +253,109 @@ mod tests {
         assert!(!run.leader_elect);
 
         assert!(Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "0"]).is_err());
+    }
+
+    #[test]
+    fn empty_namespaces_mean_all_namespaces() {
+        let cli = Cli::try_parse_from(["memcached-operator", "run", "--namespace", ""]).unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(
+            run.namespace.as_deref(),
+            Some(""),
+            "clap keeps the empty value"
+        );
+        assert_eq!(run.normalized().namespace, None);
+
+        let cli = Cli::try_parse_from(["memcached-operator", "--namespace", "cache"]).unwrap();
+        assert_eq!(cli.run.normalized().namespace.as_deref(), Some("cache"));
+    }
+
+    /// Marker telling [`watch_namespace_env_probe`] that it runs in the child process of
+    /// [`empty_watch_namespace_env_means_all_namespaces`].
+    const PROBE: &str = "MEMCACHED_OPERATOR_CLI_ENV_PROBE";
+
+    /// Runs this test binary again with WATCH_NAMESPACE set but empty (as OLM's AllNamespaces mode sets it),
+    /// so the real environment path of clap is exercised without changing this process's environment.
+    #[test]
+    fn empty_watch_namespace_env_means_all_namespaces() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "cli::tests::watch_namespace_env_probe",
+                "--nocapture",
+            ])
+            .env("WATCH_NAMESPACE", "")
+            .env(PROBE, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("1 passed"),
+            "probe failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+
+    #[test]
+    fn watch_namespace_env_probe() {
+        if std::env::var_os(PROBE).is_none() {
+            return;
+        }
+        assert_eq!(std::env::var("WATCH_NAMESPACE").as_deref(), Ok(""));
+        let cli = Cli::try_parse_from(["memcached-operator", "run"]).unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(run.normalized().namespace, None);
+    }
+
+    #[test]
+    fn distribution_commands_parse_and_check_their_input() {
+        let cli = Cli::try_parse_from(["memcached-operator", "manifests"]).unwrap();
+        let Some(Command::Manifests(args)) = cli.command else {
+            panic!("expected manifests")
+        };
+        assert_eq!(args.image, DEFAULT_OPERATOR_IMAGE);
+
+        let cli = Cli::try_parse_from([
+            "memcached-operator",
+            "bundle",
+            "--version",
+            "1.2.3",
+            "--image",
+            "reg/op:v1.2.3",
+            "--channels",
+            "alpha,stable",
+            "--default-channel",
+            "stable",
+        ])
+        .unwrap();
+        let Some(Command::Bundle(args)) = cli.command else {
+            panic!("expected bundle")
+        };
+        let options = args.options();
+        assert_eq!(options.version, "1.2.3");
+        assert_eq!(options.channels, ["alpha", "stable"]);
+        assert_eq!(args.output_dir, PathBuf::from("bundle"));
+
+        let cli = Cli::try_parse_from(["memcached-operator", "bundle"]).unwrap();
+        let Some(Command::Bundle(args)) = cli.command else {
+            panic!("expected bundle")
+        };
+        assert_eq!(args.options(), bundle::Options::default());
+
+        for bad in [
+            vec!["bundle", "--version", "v1.0.0"],
+            vec!["bundle", "--channels", "Alpha"],
+            vec!["manifests", "--image", ""],
+            vec!["manifests", "--image", "a b"],
+        ] {
+            let args = std::iter::once("memcached-operator").chain(bad.iter().copied());
+            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+        }
+        assert!(Cli::try_parse_from(["memcached-operator", "api-docs"]).is_ok());
     }
 
     #[test]

@@ -3,14 +3,17 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use memcached_operator::cli::{Cli, Command, LogFormat, RunArgs};
-use memcached_operator::{manager, manifests};
+use memcached_operator::cli::{BundleArgs, Cli, Command, LogFormat, RunArgs};
+use memcached_operator::{bundle, docs, install, manager, manifests};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Some(Command::Crd) => print(manifests::crd_yaml()),
         Some(Command::Rbac) => print(manifests::rbac_yaml()),
+        Some(Command::Manifests(args)) => print(install::install_yaml(&args.image)),
+        Some(Command::Bundle(args)) => write_bundle(&args),
+        Some(Command::ApiDocs) => print(Ok::<_, std::convert::Infallible>(docs::api_markdown())),
         Some(Command::Version) => {
             println!("memcached-operator {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
@@ -33,7 +36,24 @@ fn print(yaml: Result<String, impl std::fmt::Display>) -> ExitCode {
     }
 }
 
+/// Writes the bundle and lists what it wrote on stderr, so stdout stays clean for scripts.
+fn write_bundle(args: &BundleArgs) -> ExitCode {
+    match bundle::write(&args.options(), &args.output_dir) {
+        Ok(paths) => {
+            for path in paths {
+                eprintln!("wrote {}", path.display());
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn run(args: RunArgs) -> ExitCode {
+    let args = args.normalized();
     if let Err(error) = init_logging(&args) {
         eprintln!("error: {error}");
         return ExitCode::from(2);

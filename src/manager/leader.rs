@@ -1,6 +1,7 @@
 //! Leader election through a `coordination.k8s.io/v1` Lease (kube-lease-manager), with the timings of
 //! controller-runtime: a 15 s lease renewed when 5 s of it are left (every 10 s), so a standby takes over
-//! at most 15 s after the leader stops renewing, and at once when the leader releases the lease.
+//! at most 15 s after the leader stops renewing or releases the lease (a standby looks again when the lease
+//! it saw would have expired; released, it is free then without the expiry margin).
 
 use kube::Client;
 use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
@@ -81,7 +82,7 @@ impl Election {
         token
     }
 
-    /// Gives the Lease up (if held) so that a standby takes over at once.
+    /// Gives the Lease up (if held) so that a standby can take it as soon as it looks again.
     pub async fn release(self) {
         if let Some(monitor) = self.monitor {
             monitor.abort();

@@ -2,7 +2,7 @@
 //!
 //! Order of events: endpoints come up first (the kubelet probes a standby too); with `--leader-elect` the
 //! replica waits for the Lease; the controller runs until SIGTERM/SIGINT or until the Lease is lost. On a
-//! signal, in-flight reconciles finish, then the Lease is released so a standby takes over at once. On a
+//! signal, in-flight reconciles finish, then the Lease is released so a standby can take it over. On a
 //! lost Lease the process exits non-zero without touching anything, as controller-runtime does, and the
 //! kubelet restarts it as a standby.
 

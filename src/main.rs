@@ -81,6 +81,7 @@ fn init_logging(args: &RunArgs) -> Result<(), String> {
     let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
         .map_err(|e| format!("invalid --log-level {:?}: {e}", args.log_level))?;
     let builder = tracing_subscriber::fmt()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let result = match args.log_format {

@@ -45,6 +45,15 @@ pub struct RunOptions {
     pub reporter_instance: Option<String>,
 }
 
+/// Lists served from the API server's watch cache (`resourceVersion=0`) instead of etcd. kube leaves
+/// `resourceVersion=0` out of paginated lists, and the server ignores the page size for them anyway, so
+/// pagination is off.
+fn from_cache(config: watcher::Config) -> watcher::Config {
+    let mut config = config.any_semantic();
+    config.page_size = None;
+    config
+}
+
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>,
@@ -77,9 +86,7 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = options.namespace.as_deref();
-    let children = watcher::Config::default()
-        .labels(&labels::managed_selector())
-        .any_semantic();
+    let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
 
     // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
     // waiter), so the end of its initial list is observed on the stream instead.
@@ -87,7 +94,7 @@ pub async fn run(
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
     let mc_stream = watcher(
         api::<Memcached>(&client, ns),
-        watcher::Config::default().any_semantic(),
+        from_cache(watcher::Config::default()),
     )
     .default_backoff()
     .modify(trim_meta)
@@ -117,7 +124,7 @@ pub async fn run(
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
         api::<PartialObjectMeta<Secret>>(&client, ns),
-        watcher::Config::default().any_semantic(),
+        from_cache(watcher::Config::default()),
         trim_secret,
         (),
     );

@@ -1,28 +1,15 @@
 //! The install tree: generated files match the code, the CRD schema is structural and rejects what it
 //! must, the samples are valid Memcached objects, and `kubectl kustomize` renders the install.
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{read, repo, yaml_docs};
+
 use std::process::Command;
 
 use memcached_operator::api::Memcached;
 use memcached_operator::manifests;
 use serde_json::{Value, json};
-
-fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
-}
-
-fn read(path: &str) -> String {
-    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
-}
-
-fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple::<Value>(text)
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
 
 #[test]
 fn committed_crd_matches_the_binary() {

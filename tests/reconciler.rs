@@ -351,6 +351,20 @@ fn ready_pod(name: &str) -> Pod {
     .unwrap()
 }
 
+/// Asserts that the status body has `Degraded=True` with `reason` and a message containing `fragment`.
+fn assert_degraded(status: &Value, reason: &str, fragment: &str) {
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some(reason))
+    );
+    let message = degraded["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(fragment),
+        "{reason}: {message:?} lacks {fragment:?}"
+    );
+}
+
 fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
     status["status"]["conditions"]
         .as_array()
@@ -772,14 +786,7 @@ async fn rejected_apply_is_reported_as_degraded() {
     )
     .await;
     assert!(run.result.is_err());
-    let degraded = condition(&run.seen[1].body, "Degraded");
-    assert_eq!(degraded["reason"], "ApplyRejected");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("mock says Invalid")
-    );
+    assert_degraded(&run.seen[1].body, "ApplyRejected", "mock says Invalid");
     assert_eq!(run.seen[2].body["reason"], "ApplyRejected");
     assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
 }
@@ -1065,14 +1072,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
         missing.result.unwrap(),
         Action::requeue(Duration::from_secs(300))
     );
-    let degraded = condition(&missing.seen[0].body, "Degraded");
-    assert_eq!(degraded["reason"], "SecretNotFound");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("default/cache-tls")
-    );
+    assert_degraded(&missing.seen[0].body, "SecretNotFound", "default/cache-tls");
     assert_eq!(missing.seen[1].body["reason"], "SecretNotFound");
 
     // A Secret without the key needed is named too.
@@ -1093,14 +1093,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     )
     .await;
     invalid.result.unwrap();
-    let degraded = condition(&invalid.seen[1].body, "Degraded");
-    assert_eq!(degraded["reason"], "SecretInvalid");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("\"tls.key\"")
-    );
+    assert_degraded(&invalid.seen[1].body, "SecretInvalid", "\"tls.key\"");
 
     // The Secret is fixed (the watch triggers this reconcile): the instance comes up.
     cluster.secret("cache-tls", "2");
@@ -1240,13 +1233,10 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         run.result.unwrap(),
         Action::requeue(Duration::from_secs(300))
     );
-    let degraded = condition(&run.seen[6].body, "Degraded");
-    assert_eq!(degraded["reason"], "ServiceMonitorUnavailable");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("monitoring.coreos.com/v1")
+    assert_degraded(
+        &run.seen[6].body,
+        "ServiceMonitorUnavailable",
+        "monitoring.coreos.com/v1",
     );
 }
 
@@ -1287,12 +1277,5 @@ async fn invalid_config_is_degraded_and_nothing_is_applied() {
         run.result.unwrap(),
         Action::requeue(Duration::from_secs(300))
     );
-    let degraded = condition(&run.seen[0].body, "Degraded");
-    assert_eq!(degraded["reason"], "InvalidConfig");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("extraArgs[0]")
-    );
+    assert_degraded(&run.seen[0].body, "InvalidConfig", "extraArgs[0]");
 }

@@ -43,7 +43,7 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     namespaced,
     status = "MemcachedStatus",
     derive = "PartialEq",
-    doc = "Memcached runs a set of memcached servers (a Deployment and a Service) managed by memcached-operator.",
+    doc = "Memcached runs a set of memcached servers (a Deployment, its Services and optional extras) managed by memcached-operator.",
     scale(
         spec_replicas_path = ".spec.size",
         status_replicas_path = ".status.replicas",

@@ -1260,7 +1260,10 @@ async fn the_service_monitor_is_removed_when_turned_off() {
     )
     .await;
     run.result.unwrap();
-    assert_eq!(run.seen[1].body["note"], "Deleted ServiceMonitor cache");
+    assert_eq!(
+        run.seen[1].body["note"],
+        "Deleted ServiceMonitor cache: the spec no longer wants it"
+    );
 }
 
 #[tokio::test]

@@ -3,13 +3,19 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ObjectReference, Pod};
+use std::fmt::Debug;
+use std::hash::Hash;
+
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
@@ -185,72 +191,45 @@ async fn apply_children(
         record(ctx, &reference, instance, event).await;
     }
 
+    let scope = Scope {
+        ctx,
+        reference: &reference,
+        instance,
+    };
+    let services: Api<Service> = Api::namespaced(client.clone(), ns);
     for desired in [service::service(instance), service::headless(instance)] {
         let name = desired.name_any();
-        let applied = children::ensure(
-            instance,
+        let desired = Some(desired);
+        sync_child(
+            &scope,
+            &name,
             desired,
             &stores.services,
-            Api::namespaced(client.clone(), ns),
+            services.clone(),
             &(),
         )
         .await?;
-        if applied.changed {
-            record(
-                ctx,
-                &reference,
-                instance,
-                created_or_updated("Service", &name, applied.previous.is_some()),
-            )
-            .await;
-        }
     }
-
-    match pdb::pdb(instance) {
-        Some(desired) => {
-            let applied = children::ensure(
-                instance,
-                desired,
-                &stores.pdbs,
-                Api::namespaced(client.clone(), ns),
-                &(),
-            )
-            .await?;
-            if applied.changed {
-                let event = created_or_updated(
-                    "PodDisruptionBudget",
-                    instance.name,
-                    applied.previous.is_some(),
-                );
-                record(ctx, &reference, instance, event).await;
-            }
-        }
-        None => {
-            if children::remove(
-                instance,
-                instance.name,
-                &stores.pdbs,
-                Api::namespaced(client.clone(), ns),
-                &(),
-            )
-            .await?
-            {
-                let note = format!(
-                    "Deleted PodDisruptionBudget {} (not wanted at this size or setting)",
-                    instance.name
-                );
-                record(ctx, &reference, instance, normal("Deleted", "Delete", note)).await;
-            }
-        }
-    }
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    sync_child(
+        &scope,
+        instance.name,
+        pdb::pdb(instance),
+        &stores.pdbs,
+        pdbs,
+        &(),
+    )
+    .await?;
 
     let mut problem = None;
-    let api_resource = service_monitor::api_resource();
-    match (
-        service_monitor::service_monitor(instance),
-        &stores.service_monitors,
-    ) {
-        (Some(_), None) => {
+    let monitor = service_monitor::service_monitor(instance);
+    match &stores.service_monitors {
+        Some(store) => {
+            let resource = service_monitor::api_resource();
+            let api = Api::namespaced_with(client.clone(), ns, &resource);
+            sync_child(&scope, instance.name, monitor, store, api, &resource).await?;
+        }
+        None if monitor.is_some() => {
             problem = Some(Problem {
                 reason: "ServiceMonitorUnavailable".into(),
                 message: "spec.monitoring.serviceMonitor is enabled, but the cluster did not serve \
@@ -259,38 +238,54 @@ async fn apply_children(
                     .into(),
             });
         }
-        (Some(desired), Some(store)) => {
-            let applied = children::ensure(
-                instance,
-                desired,
-                store,
-                Api::namespaced_with(client.clone(), ns, &api_resource),
-                &api_resource,
-            )
-            .await?;
-            if applied.changed {
-                let event =
-                    created_or_updated("ServiceMonitor", instance.name, applied.previous.is_some());
-                record(ctx, &reference, instance, event).await;
-            }
-        }
-        (None, Some(store)) => {
-            if children::remove(
-                instance,
-                instance.name,
-                store,
-                Api::namespaced_with(client.clone(), ns, &api_resource),
-                &api_resource,
-            )
-            .await?
-            {
-                let note = format!("Deleted ServiceMonitor {}", instance.name);
-                record(ctx, &reference, instance, normal("Deleted", "Delete", note)).await;
-            }
-        }
-        (None, None) => {}
+        None => {}
     }
     Ok((applied.current, problem))
+}
+
+/// What events about an instance's children refer to.
+struct Scope<'a> {
+    ctx: &'a Context,
+    reference: &'a ObjectReference,
+    instance: &'a Instance<'a>,
+}
+
+/// Applies the optional child `name` as `desired`, or deletes it when nothing is desired (and the cache
+/// shows one), and records what changed.
+async fn sync_child<K>(
+    scope: &Scope<'_>,
+    name: &str,
+    desired: Option<K>,
+    store: &Store<K>,
+    api: Api<K>,
+    dt: &K::DynamicType,
+) -> Result<(), Error>
+where
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    let kind = K::kind(dt);
+    let event = match desired {
+        Some(desired) => {
+            let applied = children::ensure(scope.instance, desired, store, api, dt).await?;
+            applied
+                .changed
+                .then(|| created_or_updated(&kind, name, applied.previous.is_some()))
+        }
+        None => children::remove(scope.instance, name, store, api, dt)
+            .await?
+            .then(|| {
+                normal(
+                    "Deleted",
+                    "Delete",
+                    format!("Deleted {kind} {name}: the spec no longer wants it"),
+                )
+            }),
+    };
+    if let Some(event) = event {
+        record(scope.ctx, scope.reference, scope.instance, event).await;
+    }
+    Ok(())
 }
 
 fn created_or_updated(kind: &str, name: &str, existed: bool) -> Event {

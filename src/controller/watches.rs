@@ -1,12 +1,17 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
-//! - Deployments and Services: only those labelled `app.kubernetes.io/managed-by=memcached-operator`; a
-//!   change or deletion triggers the owning instance through its controller owner reference.
+//! - Deployments, Services, PodDisruptionBudgets and (where the cluster serves them) ServiceMonitors: only
+//!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
+//!   owning instance through its controller owner reference. They are cached whole: the drift check
+//!   compares their spec.
 //! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
 //!   is never read); a change triggers the instance named by the `app.kubernetes.io/instance` label.
+//! - Secrets: every one in scope (users name their own), metadata only, since only existence and version
+//!   matter until one an instance references changes; a change triggers the instances that name it.
 //!
-//! `managedFields` are dropped from everything cached. Watches restart with backoff on errors, and a
+//! `managedFields` are dropped from everything cached. Initial lists come from the API server's watch
+//! cache. Watches restart with backoff on errors, and a
 //! watch that expired (410 Gone) is re-listed by the watcher.
 
 use std::future::Future;

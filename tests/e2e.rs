@@ -1799,23 +1799,7 @@ fn check_service(svc: &Value, name: &str, mc_uid: &str, port: i64) -> Result<(),
             compact(&svc["spec"]["ports"])
         ));
     }
-    push_err(
-        &mut p,
-        expect_eq(
-            "spec.selector",
-            &svc["spec"]["selector"],
-            &selector_labels(name),
-        ),
-    );
-    push_err(
-        &mut p,
-        expect_labels(
-            "metadata.labels",
-            &svc["metadata"]["labels"],
-            &common_labels(name),
-        ),
-    );
-    push_err(&mut p, check_owner(svc, name, mc_uid, false));
+    check_service_identity(&mut p, svc, name, mc_uid, false);
     result(p, svc)
 }
 
@@ -2290,6 +2274,33 @@ fn check_client_service(svc: &Value, want: &Production, exporter: bool) -> Resul
     result(p, svc)
 }
 
+/// What every Service of an instance carries: the pod selector, the common labels, the owner reference.
+fn check_service_identity(
+    p: &mut Vec<String>,
+    svc: &Value,
+    name: &str,
+    mc_uid: &str,
+    only_owner: bool,
+) {
+    push_err(
+        p,
+        expect_eq(
+            "spec.selector",
+            &svc["spec"]["selector"],
+            &selector_labels(name),
+        ),
+    );
+    push_err(
+        p,
+        expect_labels(
+            "metadata.labels",
+            &svc["metadata"]["labels"],
+            &common_labels(name),
+        ),
+    );
+    push_err(p, check_owner(svc, name, mc_uid, only_owner));
+}
+
 fn check_headless_service(svc: &Value, name: &str, mc_uid: &str, port: i64) -> Result<(), String> {
     let mut p = Vec::new();
     push_err(
@@ -2310,23 +2321,7 @@ fn check_headless_service(svc: &Value, name: &str, mc_uid: &str, port: i64) -> R
             &json!(port),
         ),
     );
-    push_err(
-        &mut p,
-        expect_eq(
-            "spec.selector",
-            &svc["spec"]["selector"],
-            &selector_labels(name),
-        ),
-    );
-    push_err(
-        &mut p,
-        expect_labels(
-            "metadata.labels",
-            &svc["metadata"]["labels"],
-            &common_labels(name),
-        ),
-    );
-    push_err(&mut p, check_owner(svc, name, mc_uid, true));
+    check_service_identity(&mut p, svc, name, mc_uid, true);
     result(p, svc)
 }
 

@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{
 fn build_with(spec: MemcachedSpec, hash: Option<&str>) -> Deployment {
     let mc = memcached("cache", spec);
     let defaults = Defaults::default();
-    deployment(&Instance::new(&mc, &defaults).unwrap(), hash)
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    deployment(&instance, instance.spec.size, hash)
 }
 
 fn build(spec: MemcachedSpec) -> Deployment {

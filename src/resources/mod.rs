@@ -11,9 +11,9 @@ pub mod pod;
 pub mod quantity;
 pub mod scaling;
 pub mod secrets;
+pub mod servers;
 pub mod service;
 pub mod service_monitor;
-pub mod servers;
 pub mod statefulset;
 pub mod validate;
 

@@ -110,7 +110,8 @@ pub fn plan(input: &Input<'_>) -> Plan {
         Some(d) => d.clone(),
     };
     let elapsed = input.now.0.as_second() - drain.started_at.0.as_second();
-    let remaining = (i64::from(input.drain_seconds) - elapsed).clamp(0, i64::from(input.drain_seconds));
+    let remaining =
+        (i64::from(input.drain_seconds) - elapsed).clamp(0, i64::from(input.drain_seconds));
     if remaining == 0 && input.removable {
         steps.push(Step::Drained {
             from: drain.from_size,
@@ -147,7 +148,12 @@ mod tests {
         Time(Timestamp::from_second(1_700_000_000 + second).unwrap())
     }
 
-    fn input<'a>(size: i32, live: Option<i32>, previous: Option<&'a Drain>, now: &'a Time) -> Input<'a> {
+    fn input<'a>(
+        size: i32,
+        live: Option<i32>,
+        previous: Option<&'a Drain>,
+        now: &'a Time,
+    ) -> Input<'a> {
         Input {
             size,
             live_replicas: live,

@@ -205,18 +205,18 @@ pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> ConfigMap {
         "pools": {instance.name: {"servers": addresses}},
         "route": format!("PoolRoute|{}", instance.name),
     });
-    let pretty = |value: serde_json::Value| {
-        serde_json::to_string_pretty(&value).unwrap_or_default() + "\n"
-    };
-    let entries = serde_json::to_value(&published).unwrap_or_default();
+    // Serialising plain values cannot fail; struct fields keep their declared order.
+    fn pretty<T: serde::Serialize>(value: &T) -> String {
+        serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+    }
     let mut metadata = instance.child_meta();
     metadata.name = Some(config_map_name(instance.name));
     ConfigMap {
         metadata,
         data: Some(BTreeMap::from([
             (SERVERS_KEY.to_owned(), lines),
-            (SERVERS_JSON_KEY.to_owned(), pretty(entries)),
-            (MCROUTER_KEY.to_owned(), pretty(mcrouter)),
+            (SERVERS_JSON_KEY.to_owned(), pretty(&published)),
+            (MCROUTER_KEY.to_owned(), pretty(&mcrouter)),
         ])),
         ..ConfigMap::default()
     }

@@ -15,7 +15,11 @@ use super::{Instance, labels, pod, service};
 /// - `RollingUpdate` replaces one pod at a time (highest ordinal first) and waits until the new one has
 ///   been ready for `minReadySeconds` (`spec.rollout.warmupSeconds`) before the next.
 /// - The same pod template and selector labels as the Deployment.
-pub fn statefulset(instance: &Instance<'_>, replicas: i32, secret_hash: Option<&str>) -> StatefulSet {
+pub fn statefulset(
+    instance: &Instance<'_>,
+    replicas: i32,
+    secret_hash: Option<&str>,
+) -> StatefulSet {
     StatefulSet {
         metadata: instance.child_meta(),
         spec: Some(StatefulSetSpec {
@@ -91,7 +95,9 @@ mod tests {
         let defaults = Defaults::default();
         let instance = Instance::new(&mc, &defaults).unwrap();
         let sts = statefulset(&instance, 3, Some("h")).spec.unwrap();
-        let deploy = deployment::deployment(&instance, 3, Some("h")).spec.unwrap();
+        let deploy = deployment::deployment(&instance, 3, Some("h"))
+            .spec
+            .unwrap();
         assert_eq!(sts.template, deploy.template);
         assert_eq!(sts.min_ready_seconds, deploy.min_ready_seconds);
     }

@@ -177,7 +177,11 @@ fn progressing(
     deadline: Option<&Problem>,
 ) -> (bool, &'static str, String) {
     let Some(workload) = &o.workload else {
-        return (true, "Creating", "the workload does not exist yet".to_owned());
+        return (
+            true,
+            "Creating",
+            "the workload does not exist yet".to_owned(),
+        );
     };
     if let Some(drain) = &o.drain {
         return (

@@ -73,7 +73,14 @@ mod tests {
         .unwrap();
         let w = WorkloadStatus::from(&sts);
         assert_eq!(
-            (w.kind, w.generation, w.observed_generation, w.replicas, w.ready, w.updated),
+            (
+                w.kind,
+                w.generation,
+                w.observed_generation,
+                w.replicas,
+                w.ready,
+                w.updated
+            ),
             ("StatefulSet", Some(2), Some(1), 3, 2, 1)
         );
         let d: Deployment = serde_json::from_value(json!({

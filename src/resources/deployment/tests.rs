@@ -1,12 +1,15 @@
 use super::*;
 use crate::api::{
-    AuthConfig, ExporterConfig, HighAvailability, MemcachedConfig, Monitoring, Security, TlsConfig,
+    AntiAffinity, AuthConfig, DEFAULT_EXPORTER_IMAGE, ExporterConfig, HighAvailability,
+    MemcachedConfig, Monitoring, Security, TlsConfig,
 };
 use crate::resources::Defaults;
 use crate::resources::testing::memcached;
 use k8s_openapi::api::core::v1::{
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
+    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PodSpec, ResourceRequirements, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 fn build_with(spec: MemcachedSpec, hash: Option<&str>) -> Deployment {
     let mc = memcached("cache", spec);

@@ -124,7 +124,9 @@ fn scale_up_appends_slots_and_scale_down_drops_the_highest() {
 fn ipv6_addresses_are_bracketed() {
     let pods = [member("a", "fd00::1", true, 1)];
     assert_eq!(
-        assign_deployment(&[], &pods, 1, 11211)[0].address.as_deref(),
+        assign_deployment(&[], &pods, 1, 11211)[0]
+            .address
+            .as_deref(),
         Some("[fd00::1]:11211")
     );
 }

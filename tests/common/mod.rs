@@ -1,5 +1,5 @@
 //! Helpers shared by the tests that read the repository's files.
-#![allow(dead_code)] // each test crate uses its own subset
+#![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
 use std::path::{Path, PathBuf};
 

@@ -721,7 +721,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
 #[tokio::test]
 async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
     for (size, spec) in [
-        (1, json!({"scaling": {"drainSeconds": 0}})),
+        (1, json!({})),
         (
             3,
             json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
@@ -733,13 +733,7 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
         cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
         let mut script = vec![];
         if size != 3 {
-            // Draining, the scale itself, Drained.
-            script.extend([
-                event(),
-                expect(Method::PATCH, DEPLOYMENTS).apply(),
-                event(),
-                event(),
-            ]);
+            script.extend([expect(Method::PATCH, DEPLOYMENTS).apply(), event()]);
         }
         script.extend([
             expect(Method::DELETE, PDBS).reply(

@@ -103,18 +103,15 @@ pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) 
 pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>) -> Pool {
     let spec = instance.spec;
     let members: Vec<Member> = pods(ctx, mc).iter().filter_map(|p| Member::of(p)).collect();
-    let live_replicas = match spec.workload {
-        Workload::Deployment => cached(&ctx.stores.deployments, mc)
-            .and_then(|d| d.spec.as_ref().and_then(|s| s.replicas)),
-        Workload::StatefulSet => cached(&ctx.stores.statefulsets, mc)
-            .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)),
-    };
     let previous = mc.status.as_ref();
     let previous_servers = previous.map(|s| s.servers.as_slice()).unwrap_or_default();
+    let published_before = i32::try_from(previous_servers.len())
+        .ok()
+        .filter(|n| *n > 0);
     let now = (ctx.clock)();
     let mut input = scaling::Input {
         size: spec.size,
-        live_replicas,
+        published_before,
         previous: previous.and_then(|s| s.drain.as_ref()),
         now: &now,
         drain_seconds: spec.drain_seconds(),

@@ -18,8 +18,10 @@ use crate::api::Drain;
 pub struct Input<'a> {
     /// `spec.size`.
     pub size: i32,
-    /// `spec.replicas` of the live workload, if it exists.
-    pub live_replicas: Option<i32>,
+    /// Slots published before this reconcile (`status.servers`), if any. A drain starts when the size
+    /// drops below it. Read from the instance's own status rather than from the workload's cached replicas,
+    /// which can lag behind the operator's last apply and would start a drain that is already over.
+    pub published_before: Option<i32>,
     /// `status.drain` as stored.
     pub previous: Option<&'a Drain>,
     pub now: &'a Time,
@@ -61,7 +63,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
     let size = input.size;
     let mut steps = Vec::new();
     let drain = match input.previous {
-        None => match input.live_replicas {
+        None => match input.published_before {
             Some(live) if live > size => {
                 steps.push(Step::Draining {
                     from: live,
@@ -156,7 +158,7 @@ mod tests {
     ) -> Input<'a> {
         Input {
             size,
-            live_replicas: live,
+            published_before: live,
             previous,
             now,
             drain_seconds: 30,

@@ -490,3 +490,32 @@ async fn a_changed_workload_is_degraded_and_nothing_is_applied() {
     assert_degraded(&run.seen[0].body, "WorkloadChanged", "spec.workload");
     assert_eq!(run.seen[1].body["reason"], "WorkloadChanged");
 }
+
+#[tokio::test]
+async fn a_pod_gone_before_its_mark_does_not_fail_the_reconcile() {
+    let mut cluster = Cluster::new();
+    let status = settled_deployment_instance(&mut cluster).await;
+    // The apply of the mark would create the pod the cache still shows: the server refuses it.
+    let run = run(
+        &mut cluster,
+        with_status(memcached(2), status),
+        vec![
+            expect(Method::PATCH, &pod_path("cache-c"))
+                .apply()
+                .fail(422, "Invalid"),
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(30))
+    );
+    assert_eq!(
+        condition(&run.seen[3].body, "Degraded")["status"],
+        "False",
+        "a vanished pod is no problem to report"
+    );
+}

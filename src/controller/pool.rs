@@ -11,6 +11,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
+use tracing::warn;
 
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
@@ -177,13 +178,21 @@ pub async fn apply_marks(
             metadata["annotations"] = json!({DELETION_COST_ANNOTATION: DRAINED_COST});
         }
         let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata});
-        api.patch(name, &params, &Patch::Apply(&patch))
-            .await
-            .map_err(|source| Error::Apply {
-                kind: "Pod".into(),
-                name: name.clone(),
-                source,
-            })?;
+        match api.patch(name, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => {}
+            // The pod went after the cache saw it: an apply then tries to create it (422) or finds nothing
+            // (404). Nothing to mark; the next reconcile works from the updated cache.
+            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 422) => {
+                warn!(pod = %name, code = status.code, message = %status.message, "could not mark a drained pod");
+            }
+            Err(source) => {
+                return Err(Error::Apply {
+                    kind: "Pod".into(),
+                    name: name.clone(),
+                    source,
+                });
+            }
+        }
     }
     Ok(())
 }

@@ -184,9 +184,10 @@ mod tests {
 
     #[test]
     fn config_map_data_compares_exactly() {
-        let mut desired = ConfigMap::default();
-        desired.data = Some([("servers".to_owned(), "a:1\n".to_owned())].into());
-        let desired = stamp(desired);
+        let desired = stamp(ConfigMap {
+            data: Some([("servers".to_owned(), "a:1\n".to_owned())].into()),
+            ..ConfigMap::default()
+        });
         let mut extra = desired.clone();
         extra
             .data

@@ -7,19 +7,8 @@ use std::time::Duration;
 
 use common::mock::*;
 
-/// `memcached(size)` with `spec` merged in.
-fn pool(size: i32, spec: Value) -> Memcached {
-    let mut mc = memcached(size);
-    let mut merged = serde_json::to_value(&mc.spec).unwrap();
-    for (k, v) in spec.as_object().unwrap() {
-        merged[k] = v.clone();
-    }
-    mc.spec = serde_json::from_value(merged).unwrap();
-    mc
-}
-
 fn statefulset_pool(size: i32) -> Memcached {
-    pool(size, json!({"workload": "StatefulSet"}))
+    with_spec(size, json!({"workload": "StatefulSet"}))
 }
 
 /// A pod of the instance.
@@ -67,36 +56,32 @@ fn with_status(mut mc: Memcached, status: MemcachedStatus) -> Memcached {
     mc
 }
 
+/// Reconciles `mc` after its pods changed: exactly the server list and the status are written. The list
+/// goes into the cache; returns its `servers` file and the new status.
+async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedStatus) {
+    let run = run(
+        cluster,
+        mc,
+        vec![
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    assert!(run.result.is_ok(), "{:?}", run.result);
+    cluster.config_map(serde_json::from_value(as_stored(&run.seen[0].body)).unwrap());
+    let servers = run.seen[0].body["data"]["servers"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    (servers, status_of(&run.seen[1]))
+}
+
 /// Creates a StatefulSet instance of `size` with ready pods and a settled status; returns that status.
 async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> MemcachedStatus {
-    let mut script = vec![
-        expect(Method::PATCH, CONFIG_MAPS).apply(),
-        event(),
-        expect(Method::PATCH, STATEFULSETS).apply(),
-        event(),
-        expect(Method::PATCH, SERVICES).apply(),
-        event(),
-        expect(Method::PATCH, HEADLESS).apply(),
-        event(),
-    ];
-    if size > 1 {
-        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
-    }
-    script.push(expect(Method::PATCH, STATUS).apply());
-    let created = run(cluster, statefulset_pool(size), script).await;
-    created.result.unwrap();
-    let seen = created.seen;
-    assert_eq!(
-        seen[3].body["note"],
-        format!("Created StatefulSet cache with {size} replicas")
-    );
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    let seen = create_as(cluster, statefulset_pool(size), STATEFULSETS).await;
     cluster.statefulset(settled_statefulset(&seen[2].body));
     cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
-    if size > 1 {
-        cluster.pdb(serde_json::from_value(as_stored(&seen[8].body)).unwrap());
-    }
     for i in 0..size {
         let pod = server_pod(
             &format!("cache-{i}"),
@@ -107,18 +92,7 @@ async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> Memca
         cluster.pod(pod);
     }
     // The pods are ready: the list and the status say so.
-    let ready = run(
-        cluster,
-        statefulset_pool(size),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    ready.result.unwrap();
-    cluster.config_map(serde_json::from_value(as_stored(&ready.seen[0].body)).unwrap());
-    status_of(&ready.seen[1])
+    republish(cluster, statefulset_pool(size)).await.1
 }
 
 #[tokio::test]
@@ -187,22 +161,8 @@ async fn the_server_list_is_written_once_per_change_and_never_when_unchanged() {
         "2023-11-14T22:13:21Z",
     ));
 
-    let ready = run(
-        &mut cluster,
-        memcached(2),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    ready.result.unwrap();
-    assert_eq!(
-        ready.seen[0].body["data"]["servers"],
-        "10.0.0.1:11211\n10.0.0.2:11211\n"
-    );
-    cluster.config_map(serde_json::from_value(as_stored(&ready.seen[0].body)).unwrap());
-    let status = status_of(&ready.seen[1]);
+    let (servers, status) = republish(&mut cluster, memcached(2)).await;
+    assert_eq!(servers, "10.0.0.1:11211\n10.0.0.2:11211\n");
     assert_eq!(status.server_list, ["10.0.0.1:11211", "10.0.0.2:11211"]);
 
     let settled = with_status(memcached(2), status);
@@ -220,22 +180,11 @@ async fn the_server_list_is_written_once_per_change_and_never_when_unchanged() {
         false,
         "2023-11-14T22:20:00Z",
     ));
-    let replacing = run(
-        &mut cluster,
-        settled,
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    replacing.result.unwrap();
+    let (servers, status) = republish(&mut cluster, settled).await;
     assert_eq!(
-        replacing.seen[0].body["data"]["servers"], "10.0.0.1:11211\n10.0.0.2:11211\n",
+        servers, "10.0.0.1:11211\n10.0.0.2:11211\n",
         "the address flips only when the replacement is ready"
     );
-    cluster.config_map(serde_json::from_value(as_stored(&replacing.seen[0].body)).unwrap());
-    let status = status_of(&replacing.seen[1]);
     assert_eq!(status.servers[0].pod.as_deref(), Some("cache-c"));
     assert!(!status.servers[0].ready);
     assert_eq!(status.servers[1].pod.as_deref(), Some("cache-b"));
@@ -247,18 +196,9 @@ async fn the_server_list_is_written_once_per_change_and_never_when_unchanged() {
         true,
         "2023-11-14T22:20:00Z",
     ));
-    let replaced = run(
-        &mut cluster,
-        with_status(memcached(2), status),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    replaced.result.unwrap();
+    let (servers, _) = republish(&mut cluster, with_status(memcached(2), status)).await;
     assert_eq!(
-        replaced.seen[0].body["data"]["servers"], "10.0.0.3:11211\n10.0.0.2:11211\n",
+        servers, "10.0.0.3:11211\n10.0.0.2:11211\n",
         "slot 0 now points at its new server, slot 1 unchanged, order kept"
     );
 }
@@ -268,20 +208,12 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
     let mut cluster = Cluster::new();
     let status = settled_statefulset_instance(&mut cluster, 3).await;
 
-    let started = run(
+    let started = start_drain(
         &mut cluster,
         with_status(statefulset_pool(2), status),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
+        vec![],
     )
     .await;
-    assert_eq!(
-        started.result.unwrap(),
-        Action::requeue(Duration::from_secs(30))
-    );
     assert_eq!(
         started.seen[0].body["data"]["servers"],
         "cache-0.cache-headless.default.svc:11211\ncache-1.cache-headless.default.svc:11211\n",
@@ -305,11 +237,23 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
     );
 
     // Due: the StatefulSet shrinks (removing the highest ordinal), and the drain record goes.
+    let done = finish_drain_to_two(&mut cluster, draining, STATEFULSETS).await;
+    assert_eq!(
+        done.seen[1].body["note"],
+        "Scaled StatefulSet cache from 3 to 2 replicas"
+    );
+    assert_eq!(done.seen[2].body["reason"], "Drained");
+    assert!(done.seen[3].body["status"].get("drain").is_none());
+}
+
+/// The reconcile 30 s into a drain from 3 to 2: the workload at `workload` shrinks to 2 (Scaled), the drain
+/// ends (Drained), the status drops the drain record.
+async fn finish_drain_to_two(cluster: &mut Cluster, draining: Memcached, workload: &str) -> Run {
     let done = run_at(
-        &mut cluster,
+        cluster,
         draining,
         vec![
-            expect(Method::PATCH, STATEFULSETS).apply(),
+            expect(Method::PATCH, workload).apply(),
             event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -317,14 +261,11 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
         NOW + 30,
     )
     .await;
-    done.result.unwrap();
+    assert!(done.result.is_ok(), "{:?}", done.result);
     assert_eq!(done.seen[0].body["spec"]["replicas"], 2);
-    assert_eq!(
-        done.seen[1].body["note"],
-        "Scaled StatefulSet cache from 3 to 2 replicas"
-    );
     assert_eq!(done.seen[2].body["reason"], "Drained");
     assert!(done.seen[3].body["status"].get("drain").is_none());
+    done
 }
 
 /// A settled Deployment instance of three slotted pods (a, b, c in slot order); returns its status.
@@ -339,18 +280,31 @@ async fn settled_deployment_instance(cluster: &mut Cluster) -> MemcachedStatus {
     ] {
         cluster.pod(server_pod(name, ip, true, "2023-11-14T22:13:20Z"));
     }
-    let ready = run(
-        cluster,
-        memcached(3),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    ready.result.unwrap();
-    cluster.config_map(serde_json::from_value(as_stored(&ready.seen[0].body)).unwrap());
-    status_of(&ready.seen[1])
+    republish(cluster, memcached(3)).await.1
+}
+
+/// Reconciles `mc` (a settled instance of 3 scaled to 2): `marks` (the pod patches expected first), then
+/// the shrunk list, the Draining event and the status; the drain waits its 30 s.
+async fn start_drain(cluster: &mut Cluster, mc: Memcached, marks: Vec<Exchange>) -> Run {
+    let mut script = marks;
+    script.extend([
+        expect(Method::PATCH, CONFIG_MAPS).apply(),
+        event(),
+        expect(Method::PATCH, STATUS).apply(),
+    ]);
+    let started = run(cluster, mc, script).await;
+    assert_eq!(
+        started.result.as_ref().ok(),
+        Some(&Action::requeue(Duration::from_secs(30)))
+    );
+    started
+}
+
+/// Scales the settled Deployment instance from 3 to 2: cache-c is marked, the list shrinks, the drain
+/// starts.
+async fn start_drain_to_two(cluster: &mut Cluster, status: MemcachedStatus) -> Run {
+    let mark = expect(Method::PATCH, &pod_path("cache-c")).apply();
+    start_drain(cluster, with_status(memcached(2), status), vec![mark]).await
 }
 
 #[tokio::test]
@@ -358,18 +312,7 @@ async fn pod_deletion_cost_is_set_on_exactly_the_drained_pods() {
     let mut cluster = Cluster::new();
     let status = settled_deployment_instance(&mut cluster).await;
 
-    let started = run(
-        &mut cluster,
-        with_status(memcached(2), status),
-        vec![
-            expect(Method::PATCH, &pod_path("cache-c")).apply(),
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    started.result.unwrap();
+    let started = start_drain_to_two(&mut cluster, status).await;
     assert_eq!(
         started.seen[0].body,
         json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cache-c",
@@ -396,39 +339,14 @@ async fn pod_deletion_cost_is_set_on_exactly_the_drained_pods() {
         true,
         "2023-11-14T22:13:20Z",
     )));
-    let done = run_at(
-        &mut cluster,
-        draining,
-        vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-        NOW + 30,
-    )
-    .await;
-    done.result.unwrap();
-    assert_eq!(done.seen[0].body["spec"]["replicas"], 2);
-    assert_eq!(done.seen[2].body["reason"], "Drained");
+    finish_drain_to_two(&mut cluster, draining, DEPLOYMENTS).await;
 }
 
 #[tokio::test]
 async fn scaling_back_up_during_a_drain_cancels_it_and_clears_the_mark() {
     let mut cluster = Cluster::new();
     let status = settled_deployment_instance(&mut cluster).await;
-    let started = run(
-        &mut cluster,
-        with_status(memcached(2), status),
-        vec![
-            expect(Method::PATCH, &pod_path("cache-c")).apply(),
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    started.result.unwrap();
+    let started = start_drain_to_two(&mut cluster, status).await;
     cluster.config_map(serde_json::from_value(as_stored(&started.seen[1].body)).unwrap());
     cluster.pod(marked(server_pod(
         "cache-c",
@@ -496,23 +414,15 @@ async fn a_pod_gone_before_its_mark_does_not_fail_the_reconcile() {
     let mut cluster = Cluster::new();
     let status = settled_deployment_instance(&mut cluster).await;
     // The apply of the mark would create the pod the cache still shows: the server refuses it.
-    let run = run(
+    let refused = expect(Method::PATCH, &pod_path("cache-c"))
+        .apply()
+        .fail(422, "Invalid");
+    let run = start_drain(
         &mut cluster,
         with_status(memcached(2), status),
-        vec![
-            expect(Method::PATCH, &pod_path("cache-c"))
-                .apply()
-                .fail(422, "Invalid"),
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
+        vec![refused],
     )
     .await;
-    assert_eq!(
-        run.result.unwrap(),
-        Action::requeue(Duration::from_secs(30))
-    );
     assert_eq!(
         condition(&run.seen[3].body, "Degraded")["status"],
         "False",

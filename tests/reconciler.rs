@@ -480,16 +480,6 @@ fn memcached_test_object_is_namespaced() {
 const TLS_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-tls";
 const AUTH_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-auth";
 
-fn with_spec(size: i32, spec: Value) -> Memcached {
-    let mut mc = memcached(size);
-    let mut merged = serde_json::to_value(&mc.spec).unwrap();
-    for (k, v) in spec.as_object().unwrap() {
-        merged[k] = v.clone();
-    }
-    mc.spec = serde_json::from_value(merged).unwrap();
-    mc
-}
-
 /// Every optional feature on.
 fn full(size: i32) -> Memcached {
     with_spec(
@@ -539,18 +529,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let mut script = vec![
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
-        expect(Method::PATCH, CONFIG_MAPS).apply(),
-        event(),
-        expect(Method::PATCH, DEPLOYMENTS).apply(),
-        event(),
-        expect(Method::PATCH, SERVICES).apply(),
-        event(),
-        expect(Method::PATCH, HEADLESS).apply(),
-        event(),
     ];
-    if size > 1 {
-        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
-    }
+    script.extend(created_children(DEPLOYMENTS, size));
     script.extend([
         expect(Method::PATCH, SERVICE_MONITORS).apply(),
         event(),

@@ -402,10 +402,55 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
 /// The happy create path of a default instance of `size` pods. It puts what was applied into the
 /// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
 pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
+    let seen = create_as(cluster, memcached(size), DEPLOYMENTS).await;
+    (
+        seen[2].body.clone(),
+        seen[4].body.clone(),
+        seen.last().unwrap().body.clone(),
+    )
+}
+
+/// The happy create path of `mc`, whose workload is applied at `workload` (a Deployment or StatefulSet
+/// path): server list, workload, Services, budget (size > 1), status, each created with its event. The
+/// server list, Services and budget go into the caches; the workload is left to the caller, which knows
+/// its kind. Returns every request seen.
+pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> Vec<Seen> {
+    let size = mc.spec.size;
+    let mut script = created_children(workload, size);
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(cluster, mc, script).await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let seen = run.seen;
+    let kind = seen[2].body["kind"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(seen[1].body["note"], "Created ConfigMap cache-servers");
+    assert_eq!(seen[3].body["reason"], "Created");
+    assert_eq!(seen[3].body["type"], "Normal");
+    assert_eq!(seen[3].body["regarding"]["kind"], "Memcached");
+    assert_eq!(
+        seen[3].body["note"],
+        format!("Created {kind} cache with {size} replicas")
+    );
+    assert_eq!(seen[5].body["note"], "Created Service cache");
+    assert_eq!(seen[7].body["note"], "Created Service cache-headless");
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    if size > 1 {
+        assert_eq!(seen[9].body["note"], "Created PodDisruptionBudget cache");
+        cluster.pdb(serde_json::from_value(as_stored(&seen[8].body)).unwrap());
+    }
+    seen
+}
+
+/// The applies (each with its Created event) that create an instance's children: server list, workload
+/// (at the path `workload`), Services, and the budget when `size` > 1.
+pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![
         expect(Method::PATCH, CONFIG_MAPS).apply(),
         event(),
-        expect(Method::PATCH, DEPLOYMENTS).apply(),
+        expect(Method::PATCH, workload).apply(),
         event(),
         expect(Method::PATCH, SERVICES).apply(),
         event(),
@@ -415,33 +460,16 @@ pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
     if size > 1 {
         script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
     }
-    script.push(expect(Method::PATCH, STATUS).apply());
-    let run = run(cluster, memcached(size), script).await;
-    assert_eq!(
-        run.result.unwrap(),
-        Action::requeue(Duration::from_secs(300))
-    );
-    let seen = run.seen;
-    assert_eq!(seen[1].body["note"], "Created ConfigMap cache-servers");
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    let seen = &seen[2..];
-    assert_eq!(seen[1].body["reason"], "Created");
-    assert_eq!(seen[1].body["type"], "Normal");
-    assert_eq!(seen[1].body["regarding"]["kind"], "Memcached");
-    assert_eq!(
-        seen[1].body["note"],
-        format!("Created Deployment cache with {size} replicas")
-    );
-    assert_eq!(seen[3].body["note"], "Created Service cache");
-    assert_eq!(seen[5].body["note"], "Created Service cache-headless");
-    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    if size > 1 {
-        assert_eq!(seen[7].body["note"], "Created PodDisruptionBudget cache");
-        cluster.pdb(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    script
+}
+
+/// `memcached(size)` with the top-level spec fields of `spec` replaced.
+pub fn with_spec(size: i32, spec: Value) -> Memcached {
+    let mut mc = memcached(size);
+    let mut merged = serde_json::to_value(&mc.spec).unwrap();
+    for (k, v) in spec.as_object().unwrap() {
+        merged[k] = v.clone();
     }
-    (
-        seen[0].body.clone(),
-        seen[2].body.clone(),
-        seen.last().unwrap().body.clone(),
-    )
+    mc.spec = serde_json::from_value(merged).unwrap();
+    mc
 }

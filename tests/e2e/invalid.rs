@@ -1,0 +1,162 @@
+//! Specs that cannot run: rejected at admission (step 9), an unpullable image that makes the instance
+//! Degraded (step 10), and a managed flag in `extraArgs` that the operator refuses to apply (step 16).
+
+use serde_json::{Value, json};
+
+use crate::checks::{
+    condition, condition_status, expect_degraded, expect_eq, memcached_container, result,
+};
+use crate::env::{E2e, delete_instance};
+use crate::events::expect_event;
+use crate::kubectl::{
+    apply_yaml, apply_yaml_ok, compact, get_opt, get_required, gone, kubectl, kubectl_ok, secs,
+};
+use crate::names::{API_VERSION, BAD_IMAGE, MC};
+
+pub const BAD_IMAGE_NAME: &str = "memcached-badimage";
+pub const BAD_CONFIG_NAME: &str = "memcached-badconfig";
+
+pub fn step_invalid(env: &E2e) {
+    let ns = env.ns.as_str();
+    let cases = [
+        ("bad-size-neg", "size: -1", "spec.size"),
+        ("bad-size-big", "size: 1000", "spec.size"),
+        (
+            "bad-port-zero",
+            "size: 1\n  containerPort: 0",
+            "spec.containerPort",
+        ),
+        ("bad-size-string", "size: \"three\"", "spec.size"),
+    ];
+    let mut problems = Vec::new();
+    for (name, spec, field) in cases {
+        let yaml = format!(
+            "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec:\n  {spec}\n"
+        );
+        let out = apply_yaml(&yaml);
+        let stderr = String::from_utf8_lossy(&out.stderr).trim().to_owned();
+        if out.status.success() {
+            problems.push(format!(
+                "{name} ({spec:?}) was accepted, expected an admission error naming {field}; stdout: {}",
+                String::from_utf8_lossy(&out.stdout).trim()
+            ));
+        } else if !stderr.contains(field) {
+            problems.push(format!(
+                "{name} ({spec:?}) was rejected, but stderr does not name {field}: {stderr}"
+            ));
+        } else {
+            eprintln!("    ok: {name} rejected: {stderr}");
+        }
+    }
+    for (name, _, _) in cases {
+        match get_opt(MC, ns, name) {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                problems.push(format!(
+                    "Memcached {name} exists although it should have been rejected"
+                ));
+                let _ = kubectl(&["delete", MC, name, "-n", ns, "--wait=false"]);
+            }
+            Err(e) => problems.push(format!("cannot check whether {name} exists: {e}")),
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "invalid Memcached specs were not handled as expected:\n  - {}",
+        problems.join("\n  - ")
+    );
+}
+
+pub fn step_degraded(env: &E2e) {
+    let ns = env.ns.as_str();
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {BAD_IMAGE_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  containerPort: 11211\n  image: {BAD_IMAGE}\n"
+    ));
+    env.wait(
+        &format!("Deployment {BAD_IMAGE_NAME} to use the image {BAD_IMAGE} from spec.image"),
+        secs(60),
+        || {
+            let dep = get_required("deployments.apps", ns, BAD_IMAGE_NAME)?;
+            let (_, c) = memcached_container(&dep)?;
+            expect_eq("memcached container image", &c["image"], &json!(BAD_IMAGE))
+        },
+    );
+    let mc = env.wait(
+        &format!(
+            "Memcached {BAD_IMAGE_NAME}: Degraded=True with reason ImagePullFailed \
+             (or ProgressDeadlineExceeded), Available=False"
+        ),
+        secs(180),
+        || {
+            let mc = get_required(MC, ns, BAD_IMAGE_NAME)?;
+            let mut problems = Vec::new();
+            match condition(&mc, "Degraded") {
+                Some(c)
+                    if c["status"] == "True"
+                        && (c["reason"] == "ImagePullFailed"
+                            || c["reason"] == "ProgressDeadlineExceeded") => {}
+                Some(c) => problems.push(format!("Degraded condition is {}", compact(c))),
+                None => problems.push("no Degraded condition".into()),
+            }
+            if condition_status(&mc, "Available") != Some("False") {
+                problems.push(format!(
+                    "Available condition is {}",
+                    compact(condition(&mc, "Available").unwrap_or(&Value::Null))
+                ));
+            }
+            result(problems, &mc["status"]).map(|()| mc)
+        },
+    );
+    eprintln!(
+        "    Degraded condition: {}",
+        compact(condition(&mc, "Degraded").unwrap_or(&Value::Null))
+    );
+
+    kubectl_ok(&["delete", MC, BAD_IMAGE_NAME, "-n", ns, "--wait=false"]);
+    env.wait(
+        &format!("Memcached {BAD_IMAGE_NAME} to be deleted (finalizer removed)"),
+        secs(60),
+        || gone(MC, ns, BAD_IMAGE_NAME),
+    );
+}
+
+pub fn step_invalid_config(env: &E2e) {
+    let ns = env.ns.as_str();
+    apply_yaml_ok(&format!(
+        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {BAD_CONFIG_NAME}\n  namespace: {ns}\n\
+         spec:\n  size: 1\n  memcached:\n    extraArgs: [\"-m\", \"1\"]\n"
+    ));
+    let mc = env.wait(
+        &format!(
+            "Memcached {BAD_CONFIG_NAME}: Degraded=True, reason InvalidConfig, naming extraArgs[0]"
+        ),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, BAD_CONFIG_NAME)?;
+            expect_degraded(&mc, "InvalidConfig", "extraArgs[0]").map(|()| mc)
+        },
+    );
+    eprintln!(
+        "    Degraded condition: {}",
+        compact(condition(&mc, "Degraded").unwrap_or(&Value::Null))
+    );
+    env.hold(
+        &format!("no Deployment {BAD_CONFIG_NAME} is applied for an invalid config"),
+        secs(5),
+        || gone("deployments.apps", ns, BAD_CONFIG_NAME),
+    );
+    env.wait(
+        &format!("a Warning event with reason InvalidConfig regarding Memcached {BAD_CONFIG_NAME}"),
+        secs(30),
+        || {
+            expect_event(ns, |e| {
+                e.type_ == "Warning"
+                    && e.reason == "InvalidConfig"
+                    && e.kind == "Memcached"
+                    && e.name == BAD_CONFIG_NAME
+            })
+        },
+    );
+    delete_instance(env, BAD_CONFIG_NAME);
+}

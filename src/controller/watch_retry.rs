@@ -1,20 +1,23 @@
 //! How every watch retries, and how its failures are reported.
 //!
 //! kube's default watch backoff (0.8 s doubling to 30 s, plus up to 100 % jitter, reset only after an event
-//! arrives) is made for clients that may wait: after an API-server restart each watch's next attempt lands
-//! up to a minute after the server is back, and the 410 `Expired` answer that a restarted server gives to
-//! the old resource version counts as one more failure at the top of that curve before the watch re-lists.
-//! An operator that owns running caches must notice changes within seconds, so:
+//! arrives) is made for clients that may wait, and a kube `Controller` puts one such backoff on the merged
+//! stream of all its watches, so that an error in any watch pauses all of them. Through an API-server
+//! restart that pause grows with every failed reconnect, and the 410 `Expired` answers that a restarted
+//! server gives to the old resource versions each add one more round at the top of the curve before the
+//! watches re-list: minutes without a reconcile after the server is back. An operator that owns running
+//! caches must notice changes within seconds, so each watch handles its own errors here and passes none
+//! on to the controller, and:
 //!
 //! - failed attempts are retried after [`FIRST_RETRY`], doubling to at most [`LONGEST_RETRY`] (with jitter
 //!   below twice that), so a watch resumes within a few seconds of the server answering, however long the
 //!   outage; while the server is down that is a handful of cheap failed connects per second in all;
 //! - an expired watch (410 `Gone` as a watch event) is re-listed at once and resets the curve: it is the
 //!   API server's normal way of saying "re-list", not a failure;
-//! - the first failure of a watch while the API server otherwise answers is a warning (a watch that fails
-//!   alone usually means missing RBAC or an API that went away); failures during an outage are logged at
-//!   debug level, since [`super::connectivity`] reports the outage once; expiries are debug-level too. All of
-//!   them are counted in `memcached_operator_watch_errors_total`.
+//! - the first of a run of failures that the API server answered (403: missing RBAC; 404: an API that went
+//!   away) is a warning; failures without an answer (refused, reset, timed out) are logged at debug level,
+//!   since [`super::connectivity`] reports the outage once for all watches; expiries are debug-level too.
+//!   All of them are counted in `memcached_operator_watch_errors_total`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -26,7 +29,6 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, ExponentialBackoff};
 use tracing::{debug, warn};
 
-use super::connectivity::Connectivity;
 use crate::metrics::Metrics;
 
 /// Delay before the first retry of a failed watch.
@@ -34,35 +36,31 @@ pub const FIRST_RETRY: Duration = Duration::from_millis(250);
 /// Longest delay between retries, before jitter (which adds up to as much again).
 pub const LONGEST_RETRY: Duration = Duration::from_millis(1500);
 
-/// What the watches report to.
-#[derive(Clone)]
-pub struct WatchReporting {
-    pub metrics: Arc<Metrics>,
-    pub connectivity: Arc<Connectivity>,
-}
-
-impl WatchReporting {
-    /// `stream` (a [`watcher`]) with the retry policy above and its errors reported as `resource`.
-    pub fn retrying<K, S>(
-        &self,
-        resource: &'static str,
-        stream: S,
-    ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K, S>
-    where
-        K: Send,
-        S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
-    {
-        let expired = Arc::new(AtomicBool::new(false));
-        let monitor = WatchMonitor {
-            resource,
-            expired: expired.clone(),
-            failing: AtomicBool::new(false),
-            reporting: self.clone(),
-        };
-        stream
-            .inspect(move |result| monitor.observe(result))
-            .backoff(WatchBackoff::new(expired))
-    }
+/// `stream` (a [`watcher`]) with the retry policy above, its errors reported as `resource` and then
+/// dropped.
+pub fn retrying<K, S>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
+    stream: S,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K, S>
+where
+    K: Send,
+    S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+{
+    let expired = Arc::new(AtomicBool::new(false));
+    let monitor = WatchMonitor {
+        resource,
+        expired: expired.clone(),
+        failing: AtomicBool::new(false),
+        metrics: metrics.clone(),
+    };
+    stream
+        .inspect(move |result| monitor.observe(result))
+        .backoff(WatchBackoff::new(expired))
+        // Handled here, so the controller never sees them: it puts one backoff of its own (kube's
+        // default curve) on the merged stream of all its watches, so any one watch's error would pause
+        // every watch, for longer with each error, until an event arrives.
+        .filter(|result| std::future::ready(result.is_ok()))
 }
 
 /// The retry delays of one watch: exponential with jitter, and none after an expiry.
@@ -111,7 +109,7 @@ struct WatchMonitor {
     expired: Arc<AtomicBool>,
     /// Whether the last result was a failure (so only the first of a run is a warning).
     failing: AtomicBool,
-    reporting: WatchReporting,
+    metrics: Arc<Metrics>,
 }
 
 impl WatchMonitor {
@@ -127,17 +125,29 @@ impl WatchMonitor {
         if is_expiry(error) {
             // The watcher already went back to listing; the backoff lets it do so at once.
             self.expired.store(true, Ordering::Release);
-            self.reporting.metrics.watch_error(resource, "expired");
+            self.metrics.watch_error(resource, "expired");
             debug!(resource, %error, "watch expired; re-listing");
             return;
         }
-        self.reporting.metrics.watch_error(resource, "failed");
+        self.metrics.watch_error(resource, "failed");
         let first = !self.failing.swap(true, Ordering::Relaxed);
-        if first && self.reporting.connectivity.available() {
+        if first && answered(error) {
             warn!(resource, %error, "watch failed; retrying");
         } else {
             debug!(resource, %error, "watch failed; retrying");
         }
+    }
+}
+
+/// Whether the API server answered the failed request (403, 404, 500, ...): something about this watch
+/// in particular, worth a warning. A failure without an answer (refused, reset, timed out) is an outage,
+/// reported once by [`super::connectivity`] for all the watches.
+fn answered(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(e)
+        | watcher::Error::WatchStartFailed(e)
+        | watcher::Error::WatchFailed(e) => matches!(e, kube::Error::Api(_)),
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => true,
     }
 }
 
@@ -153,14 +163,6 @@ mod tests {
     use super::*;
     use futures::stream;
     use kube::core::Status;
-
-    fn reporting() -> WatchReporting {
-        let metrics = Arc::new(Metrics::default());
-        WatchReporting {
-            connectivity: Arc::new(Connectivity::new(metrics.clone())),
-            metrics,
-        }
-    }
 
     fn gone() -> watcher::Error {
         let mut status = Status::failure("too old resource version: 1 (2)", "Expired");
@@ -210,7 +212,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn monitored_stream_counts_and_flags_errors() {
-        let reporting = reporting();
+        let metrics = Arc::new(Metrics::default());
         let items: Vec<watcher::Result<watcher::Event<()>>> = vec![
             Err(refused()),
             Err(refused()),
@@ -218,12 +220,16 @@ mod tests {
             Err(gone()),
             Ok(watcher::Event::InitDone),
         ];
-        let out: Vec<_> = reporting
-            .retrying("pods", stream::iter(items))
+        let out: Vec<_> = retrying(&metrics, "pods", stream::iter(items))
             .collect()
             .await;
-        assert_eq!(out.len(), 5, "errors are passed on, not swallowed");
-        let text = reporting.metrics.encode();
+        assert_eq!(
+            out.len(),
+            2,
+            "errors are handled here, never passed on to the controller"
+        );
+        assert!(out.iter().all(Result::is_ok));
+        let text = metrics.encode();
         assert!(
             text.contains(
                 "memcached_operator_watch_errors_total{resource=\"pods\",reason=\"failed\"} 2"
@@ -236,6 +242,18 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn only_failures_the_api_server_answered_are_worth_a_warning() {
+        let mut forbidden = Status::failure("forbidden", "Forbidden");
+        forbidden.code = 403;
+        let forbidden = kube::Error::Api(Box::new(forbidden));
+        assert!(answered(&watcher::Error::WatchStartFailed(forbidden)));
+        assert!(!answered(&refused()));
+        assert!(!answered(&watcher::Error::InitialListFailed(
+            kube::Error::Service("timed out".into())
+        )));
     }
 
     #[test]

@@ -35,7 +35,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::connectivity::Connectivity;
-use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, WatchReporting};
+use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
@@ -98,35 +98,31 @@ pub async fn run(
     // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
     // begins, or it would wait for them.
     let shutdown = shutdown.boxed().shared();
-    let reporting = WatchReporting {
-        metrics: metrics.clone(),
-        connectivity: connectivity.clone(),
-    };
     let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
 
     // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
     // waiter), so the end of its initial list is observed on the stream instead.
     let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_stream = reporting
-        .retrying(
-            "memcacheds",
-            watcher(
-                api::<Memcached>(&client, ns),
-                from_cache(watcher::Config::default()),
-            ),
-        )
-        .modify(trim_meta)
-        .reflect(mc_writer)
-        .inspect_ok(move |event| {
-            if matches!(event, watcher::Event::InitDone) {
-                mc_listed_tx.send_replace(true);
-            }
-        })
-        .applied_objects();
+    let mc_stream = retrying(
+        &metrics,
+        "memcacheds",
+        watcher(
+            api::<Memcached>(&client, ns),
+            from_cache(watcher::Config::default()),
+        ),
+    )
+    .modify(trim_meta)
+    .reflect(mc_writer)
+    .inspect_ok(move |event| {
+        if matches!(event, watcher::Event::InitDone) {
+            mc_listed_tx.send_replace(true);
+        }
+    })
+    .applied_objects();
 
     let (deployments, deployment_stream) = cached(
-        &reporting,
+        &metrics,
         "deployments",
         api::<Deployment>(&client, ns),
         children.clone(),
@@ -134,7 +130,7 @@ pub async fn run(
         (),
     );
     let (services, service_stream) = cached(
-        &reporting,
+        &metrics,
         "services",
         api::<Service>(&client, ns),
         children.clone(),
@@ -142,7 +138,7 @@ pub async fn run(
         (),
     );
     let (pods, pod_stream) = cached(
-        &reporting,
+        &metrics,
         "pods",
         api::<Pod>(&client, ns),
         children.clone(),
@@ -150,7 +146,7 @@ pub async fn run(
         (),
     );
     let (pdbs, pdb_stream) = cached(
-        &reporting,
+        &metrics,
         "poddisruptionbudgets",
         api::<PodDisruptionBudget>(&client, ns),
         children.clone(),
@@ -159,7 +155,7 @@ pub async fn run(
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
-        &reporting,
+        &metrics,
         "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
         from_cache(watcher::Config::default()),
@@ -178,7 +174,7 @@ pub async fn run(
             None => Api::<DynamicObject>::all_with(client.clone(), &service_monitor),
         };
         let (store, stream) = cached(
-            &reporting,
+            &metrics,
             "servicemonitors",
             api,
             children,
@@ -247,10 +243,6 @@ pub async fn run(
                     kube::runtime::controller::Error::ObjectNotFound(obj) => {
                         tracing::debug!(%obj, "object gone before its reconcile ran")
                     }
-                    // Watch failures: reported (once per run, and counted) where they happen.
-                    kube::runtime::controller::Error::QueueError(error) => {
-                        tracing::debug!(%error, "watch error")
-                    }
                     other => warn!(error = %other, "controller error"),
                 }
             }
@@ -262,7 +254,7 @@ pub async fn run(
 /// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
 /// deleted child triggers its owner and is recreated).
 fn cached<K>(
-    reporting: &WatchReporting,
+    metrics: &Arc<Metrics>,
     resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
@@ -278,8 +270,7 @@ where
 {
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
-    let stream = reporting
-        .retrying(resource, watcher(api, config))
+    let stream = retrying(metrics, resource, watcher(api, config))
         .modify(trim)
         .reflect(writer)
         .touched_objects();

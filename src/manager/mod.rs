@@ -22,8 +22,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
 use tower::timeout::TimeoutLayer;
 use tracing::{error, info, warn};
 
@@ -153,21 +156,31 @@ async fn config() -> anyhow::Result<Config> {
         .await
         .context("no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)")?;
     config.connect_timeout = Some(CONNECT_TIMEOUT);
+    // kube's own retry of 429/503/504 answers waits up to 15 times with delays growing to 1000 s, so a
+    // request to a starting or overloaded API server can hang for minutes inside the client; ours is
+    // bounded (see `client`).
+    config.default_retry = false;
     Ok(config)
 }
 
-/// A kube client whose every request is counted in the metrics, feeds `observer`, and ends after
-/// [`REQUEST_TIMEOUT`] without an answer.
+/// A kube client whose every request is counted in the metrics and feeds `observer`; a 429/503/504 answer
+/// is retried at most 3 times within a few seconds (honouring `Retry-After`), and the whole request ends
+/// after [`REQUEST_TIMEOUT`] without an answer. Retries are counted as the requests they are.
 fn client(
     config: Config,
     metrics: Arc<Metrics>,
     observer: impl Observer,
 ) -> anyhow::Result<Client> {
+    let retry = RetryPolicy::new(Duration::from_millis(200), Duration::from_secs(2), 3, true)
+        .context("invalid retry policy")?;
     let client = ClientBuilder::try_from(config)
         .context("cannot build the Kubernetes client")?
-        .with_layer(&TimeoutLayer::new(REQUEST_TIMEOUT))
         .with_layer(&ObserveLayer::new(observer))
         .with_layer(&ObserveLayer::new(metrics))
+        // The retry re-sends through a clone of what it wraps; kube's stack is boxed, not cloneable.
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(retry))
+        .with_layer(&TimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
     Ok(client)
 }

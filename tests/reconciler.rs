@@ -305,6 +305,13 @@ async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run
 // ---------------------------------------------------------------------------------------------------
 // Objects.
 
+/// An instance of size 1 that `kubectl delete` has marked for deletion (its finalizer still on).
+fn being_deleted() -> Memcached {
+    let mut mc = memcached(1);
+    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    mc
+}
+
 fn memcached(size: i32) -> Memcached {
     let mut mc = Memcached::new(
         NAME,
@@ -643,8 +650,7 @@ async fn template_drift_without_replica_change_is_an_update() {
 #[tokio::test]
 async fn deletion_records_event_and_status_then_removes_the_finalizer() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -674,8 +680,7 @@ async fn deletion_records_event_and_status_then_removes_the_finalizer() {
 #[tokio::test]
 async fn deletion_is_not_held_up_by_failing_side_steps() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -695,8 +700,7 @@ async fn deletion_is_not_held_up_by_failing_side_steps() {
 #[tokio::test]
 async fn finalizer_removal_on_an_instance_already_gone_is_success() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -742,8 +746,7 @@ async fn finalizer_addition_on_an_instance_already_gone_is_success() {
 #[tokio::test]
 async fn finalizer_removal_failing_otherwise_is_retried() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,

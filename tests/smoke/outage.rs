@@ -13,31 +13,22 @@ use crate::checks::{of, sample};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{DEPLOYMENTS, MEMCACHEDS};
 use crate::fake_api::world::memcached_named;
-use crate::harness::{IDENTITY, Operator, Scratch, WAIT, free_addr, http_get, is_ok, start_run};
+use crate::harness::{IDENTITY, Operator, Scratch, WAIT, http_get, is_ok, start_run, start_with};
 
 /// The promise: watches resume and new work is reconciled within this long of the server answering.
 const RESUME: Duration = Duration::from_secs(5);
 
 /// The operator without leader election (as in the reported outage), logging at info level so that
-/// warning noise shows.
-fn start_plain(fake: &Arc<Fake>, name: &str) -> (Scratch, Operator, String, String) {
-    let scratch = Scratch::new(name);
-    let kubeconfig = scratch.kubeconfig(fake.addr);
-    let (metrics, probes) = (free_addr(), free_addr());
-    let op = Operator::spawn(
-        &scratch,
-        Some(fake.clone()),
-        &[
-            "run",
-            "--namespace",
-            "default",
-            "--metrics-bind-address",
-            &metrics,
-            "--health-probe-bind-address",
-            &probes,
-        ],
-        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
-    );
+/// warning noise shows, once it has reconciled the first instance and is ready.
+async fn started(fake: &Arc<Fake>, name: &str) -> (Scratch, Operator, String, String) {
+    let (scratch, mut op, metrics, probes) = start_with(fake, name, &[]);
+    op.wait_until("the first instance reconciled", WAIT, || {
+        let applied = deployment_applied(fake, "cache");
+        async move { applied }
+    })
+    .await;
+    op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
+        .await;
     (scratch, op, metrics, probes)
 }
 
@@ -99,14 +90,7 @@ async fn applied_within(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_api_server_is_resumed_within_seconds_and_new_work_reconciled() {
     let fake = Fake::start(None).await;
-    let (_scratch, mut op, metrics, probes) = start_plain(&fake, "outage-restart");
-    op.wait_until("the first instance reconciled", WAIT, || {
-        let applied = deployment_applied(&fake, "cache");
-        async move { applied }
-    })
-    .await;
-    op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
-        .await;
+    let (_scratch, mut op, metrics, probes) = started(&fake, "outage-restart").await;
 
     outage_of(&fake, &mut op, &metrics, &probes, Duration::from_secs(8)).await;
     let back_at = Instant::now();
@@ -166,14 +150,7 @@ async fn a_restarted_api_server_is_resumed_within_seconds_and_new_work_reconcile
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_network_blip_the_watches_resume_and_deliver_what_changed() {
     let fake = Fake::start(None).await;
-    let (_scratch, mut op, metrics, probes) = start_plain(&fake, "outage-blip");
-    op.wait_until("the first instance reconciled", WAIT, || {
-        let applied = deployment_applied(&fake, "cache");
-        async move { applied }
-    })
-    .await;
-    op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
-        .await;
+    let (_scratch, mut op, metrics, probes) = started(&fake, "outage-blip").await;
 
     outage_of(&fake, &mut op, &metrics, &probes, Duration::from_secs(3)).await;
     // Created while the operator could not watch: the resumed watch delivers it.

@@ -5,11 +5,13 @@
 
 mod backoff;
 mod children;
+pub mod connectivity;
 mod error;
 mod events;
 mod pool;
 mod reconcile;
 mod secrets;
+mod watch_retry;
 mod watches;
 
 use std::sync::Arc;

@@ -7,6 +7,9 @@ use crate::invalid::{step_degraded, step_invalid, step_invalid_config};
 use crate::kubectl::{e2e_enabled, secs};
 use crate::leader_election::step_leader_handover;
 use crate::names::{CLEANUP_STEP, LEASE, OPERATOR_NS, SKIP_MESSAGE};
+use crate::pools::{
+    step_deployment_pool, step_statefulset_drain, step_statefulset_pool, step_warm_rollout,
+};
 use crate::production::{step_exporter_toggle, step_pdb_lifecycle, step_production};
 use crate::sample::{step_delete, step_drift, step_recreate, step_sample, step_scale};
 use crate::secrets::step_auth_secret;
@@ -136,6 +139,30 @@ fn lifecycle() {
 
     env.step(18, "TLS from a kubernetes.io/tls Secret (needs openssl)");
     step_tls(&env);
+
+    env.step(
+        19,
+        "StatefulSet pool memcached-pool: stable addresses published in slot order; a deleted pod keeps its slot",
+    );
+    step_statefulset_pool(&env);
+
+    env.step(
+        20,
+        "warm rollout: one server at a time, warmupSeconds between replacements, the list unchanged",
+    );
+    step_warm_rollout(&env);
+
+    env.step(
+        21,
+        "3 -> 2 drain: the list shrinks first, the highest ordinal goes after drainSeconds; delete the pool",
+    );
+    step_statefulset_drain(&env);
+
+    env.step(
+        22,
+        "Deployment pool: a replaced pod keeps the slot; the drained pod is marked with the deletion cost and removed",
+    );
+    step_deployment_pool(&env);
 
     eprintln!(
         "\n==> all steps passed [t+{}s]; step {CLEANUP_STEP} (cleanup) follows",

@@ -406,6 +406,11 @@ async fn a_changed_workload_is_degraded_and_nothing_is_applied() {
         Action::requeue(Duration::from_secs(300))
     );
     assert_degraded(&run.seen[0].body, "WorkloadChanged", "spec.workload");
+    assert_eq!(
+        condition(&run.seen[0].body, "Available")["status"],
+        "True",
+        "the status describes the Deployment that still runs"
+    );
     assert_eq!(run.seen[1].body["reason"], "WorkloadChanged");
 }
 

@@ -54,15 +54,16 @@ fn cached<K: kube::Resource<DynamicType = ()> + Clone>(
     store.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
 }
 
-/// The cached workload of the kind `spec.workload` names.
+/// The cached workload the instance runs: of the kind `spec.workload` names, or else of the other kind
+/// (after a refused workload change the old one still runs and is what the status should describe).
 pub fn cached_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
+    let deployment =
+        || cached(&ctx.stores.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()));
+    let statefulset =
+        || cached(&ctx.stores.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()));
     match mc.spec.workload {
-        Workload::Deployment => {
-            cached(&ctx.stores.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()))
-        }
-        Workload::StatefulSet => {
-            cached(&ctx.stores.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()))
-        }
+        Workload::Deployment => deployment().or_else(statefulset),
+        Workload::StatefulSet => statefulset().or_else(deployment),
     }
 }
 

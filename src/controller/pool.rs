@@ -129,28 +129,16 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>) -> Pool {
             servers::assign_statefulset(instance, previous_servers, &members, published)
         }
     };
-    let mut marks = Vec::new();
-    if spec.workload == Workload::Deployment {
-        let drained = servers::unslotted(&servers, &members);
-        input.removable = drained.iter().all(|m| m.marked);
-        let slotted = |m: &Member| servers.iter().any(|s| s.pod.as_ref() == Some(&m.name));
-        for member in &members {
-            if member.marked && slotted(member) {
-                marks.push((member.name.clone(), false));
-            }
-        }
-        let plan = scaling::plan(&input);
-        if plan.drain.is_some() {
-            marks.extend(
-                drained
-                    .iter()
-                    .filter(|m| !m.marked)
-                    .map(|m| (m.name.clone(), true)),
-            );
-        }
-        return pool(plan, servers, marks);
+    if spec.workload == Workload::StatefulSet {
+        // Shrinking a StatefulSet removes the highest ordinals: exactly the drained slots.
+        return pool(scaling::plan(&input), servers, Vec::new());
     }
-    pool(scaling::plan(&input), servers, marks)
+    input.removable = servers::unslotted(&servers, &members)
+        .iter()
+        .all(|m| m.marked);
+    let plan = scaling::plan(&input);
+    let marks = servers::drain_marks(&servers, &members, plan.drain.is_some());
+    pool(plan, servers, marks)
 }
 
 fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>) -> Pool {

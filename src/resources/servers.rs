@@ -182,6 +182,28 @@ pub fn unslotted<'a>(servers: &[Server], members: &'a [Member]) -> Vec<&'a Membe
         .collect()
 }
 
+/// Deletion-cost changes for a Deployment's pods: while `draining`, every live pod without a slot gets the
+/// mark (`true`) so the ReplicaSet removes exactly those; a marked pod that holds a slot (a cancelled
+/// drain, or a drained pod that took over a vacant slot) loses it (`false`). Marks of pods that are on their
+/// way out are kept after the drain, until the pods are gone.
+pub fn drain_marks(servers: &[Server], members: &[Member], draining: bool) -> Vec<(String, bool)> {
+    let slotted: BTreeSet<&str> = servers.iter().filter_map(|s| s.pod.as_deref()).collect();
+    members
+        .iter()
+        .filter(|m| !m.terminating)
+        .filter_map(|m| {
+            let holds_slot = slotted.contains(m.name.as_str());
+            if holds_slot && m.marked {
+                Some((m.name.clone(), false))
+            } else if !holds_slot && !m.marked && draining {
+                Some((m.name.clone(), true))
+            } else {
+                None
+            }
+        })
+        .collect()
+}
+
 /// Addresses of the ready servers, in slot order (`status.serverList`).
 pub fn ready_addresses(servers: &[Server]) -> Vec<String> {
     servers

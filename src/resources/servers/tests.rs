@@ -283,3 +283,37 @@ fn members_read_readiness_termination_and_the_drain_mark() {
     assert_eq!(m.ip.as_deref(), Some("10.0.0.1"));
     assert_eq!(m.created.map(|t| t.as_second()), Some(1_700_000_000));
 }
+
+#[test]
+fn drain_marks_go_on_exactly_the_unslotted_pods_and_come_off_slotted_ones() {
+    let mut c = member("c", "10.0.0.3", true, 1);
+    let mut gone = member("z", "10.0.0.9", true, 1);
+    gone.terminating = true;
+    let pods = vec![
+        member("a", "10.0.0.1", true, 1),
+        member("b", "10.0.0.2", true, 1),
+        c.clone(),
+        gone,
+    ];
+    let two = &three()[..2];
+    assert_eq!(drain_marks(two, &pods, true), [("c".to_owned(), true)]);
+    assert!(
+        drain_marks(two, &pods, false).is_empty(),
+        "no new marks outside a drain"
+    );
+
+    // Marked already: nothing to do while draining, and the mark stays after it (the pod is leaving).
+    c.marked = true;
+    let pods = vec![
+        member("a", "10.0.0.1", true, 1),
+        member("b", "10.0.0.2", true, 1),
+        c,
+    ];
+    assert!(drain_marks(two, &pods, true).is_empty());
+    assert!(drain_marks(two, &pods, false).is_empty());
+    // The drain is cancelled: c holds slot 2 again and loses its mark.
+    assert_eq!(
+        drain_marks(&three(), &pods, false),
+        [("c".to_owned(), false)]
+    );
+}

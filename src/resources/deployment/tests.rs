@@ -156,6 +156,31 @@ fn rollout_never_lowers_capacity() {
 }
 
 #[test]
+fn warmup_is_min_ready_seconds_and_replicas_come_from_the_drain() {
+    let spec = MemcachedSpec {
+        size: 2,
+        rollout: Some(crate::api::Rollout {
+            warmup_seconds: Some(90),
+        }),
+        ..MemcachedSpec::default()
+    };
+    let d = build(spec.clone()).spec.unwrap();
+    assert_eq!(d.min_ready_seconds, Some(90));
+    assert_eq!(
+        build(MemcachedSpec::default())
+            .spec
+            .unwrap()
+            .min_ready_seconds,
+        Some(0)
+    );
+    // While a scale-down drains, the reconciler asks for more replicas than spec.size.
+    let mc = memcached("cache", spec);
+    let defaults = Defaults::default();
+    let draining = deployment(&Instance::new(&mc, &defaults).unwrap(), 3, None);
+    assert_eq!(draining.spec.unwrap().replicas, Some(3));
+}
+
+#[test]
 fn termination_is_graceful() {
     let d = build(MemcachedSpec::default());
     assert_eq!(pod(&d).termination_grace_period_seconds, Some(30));

@@ -5,6 +5,7 @@
 //! check is plain OpenAPI schema (no CEL), so the CRD works on every server from v1.24 up.
 
 mod features;
+mod isolation;
 
 use std::collections::BTreeMap;
 
@@ -138,6 +139,10 @@ pub struct MemcachedSpec {
     /// Prometheus exporter sidecar and ServiceMonitor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<Monitoring>,
+
+    /// A HorizontalPodAutoscaler that sets spec.size from the pods' CPU or memory use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingConfig>,
 }
 
 fn default_size() -> i32 {
@@ -165,6 +170,7 @@ impl Default for MemcachedSpec {
             service: None,
             security: None,
             monitoring: None,
+            autoscaling: None,
         }
     }
 }
@@ -205,6 +211,7 @@ pub struct MemcachedStatus {
 }
 
 pub use features::*;
+pub use isolation::*;
 
 impl Memcached {
     /// The spec'd image, or `default_image` when the spec leaves it out.

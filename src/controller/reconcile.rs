@@ -3,10 +3,12 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::fmt::Debug;
 use std::hash::Hash;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -23,7 +25,9 @@ use super::children::{self, Applied};
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
 use crate::api::{FINALIZER, Memcached, MemcachedStatus};
-use crate::resources::{Instance, deployment, labels, pdb, service, service_monitor};
+use crate::resources::{
+    Instance, autoscaler, deployment, labels, network_policy, pdb, service, service_monitor,
+};
 use crate::status::{self, DEGRADED, Observed, Problem};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
@@ -143,9 +147,9 @@ fn valid_selector(mc: &Memcached) -> Option<String> {
     valid.then(|| labels::selector_string(&name))
 }
 
-/// Applies the children in a fixed order (Deployment, Services, PodDisruptionBudget, ServiceMonitor),
-/// removes the optional ones that are no longer wanted, and records what changed as events. Returns the
-/// Deployment and a problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+/// Applies the children in a fixed order (Deployment, Services, PodDisruptionBudget, NetworkPolicy,
+/// HorizontalPodAutoscaler, ServiceMonitor), removes the optional ones that are no longer wanted, and
+/// records what changed as events. Returns the Deployment and a problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
@@ -217,6 +221,26 @@ async fn apply_children(
         pdb::pdb(instance),
         &stores.pdbs,
         pdbs,
+        &(),
+    )
+    .await?;
+    let network_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    sync_child(
+        &scope,
+        instance.name,
+        network_policy::network_policy(instance),
+        &stores.network_policies,
+        network_policies,
+        &(),
+    )
+    .await?;
+    let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    sync_child(
+        &scope,
+        instance.name,
+        autoscaler::autoscaler(instance),
+        &stores.autoscalers,
+        autoscalers,
         &(),
     )
     .await?;

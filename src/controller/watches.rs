@@ -1,8 +1,8 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
-//! - Deployments, Services, PodDisruptionBudgets and (where the cluster serves them) ServiceMonitors: only
-//!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
+//! - Deployments, Services, PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and (where
+//!   the cluster serves them) ServiceMonitors: only those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
 //!   owning instance through its controller owner reference. They are cached whole: the drift check
 //!   compares their spec.
 //! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
@@ -21,7 +21,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -126,6 +128,20 @@ pub async fn run(
         trim_meta,
         (),
     );
+    let (network_policies, network_policy_stream) = cached(
+        api::<NetworkPolicy>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
+    // that finds nothing to do in the caches and sends nothing.
+    let (autoscalers, autoscaler_stream) = cached(
+        api::<HorizontalPodAutoscaler>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
         api::<PartialObjectMeta<Secret>>(&client, ns),
@@ -156,6 +172,8 @@ pub async fn run(
         pdbs,
         secrets,
         service_monitors,
+        network_policies,
+        autoscalers,
     };
     // Shared: reconciles waiting for the caches must give up when shutdown begins, or it would wait for
     // them.
@@ -181,6 +199,8 @@ pub async fn run(
         .owns_stream(deployment_stream)
         .owns_stream(service_stream)
         .owns_stream(pdb_stream)
+        .owns_stream(network_policy_stream)
+        .owns_stream(autoscaler_stream)
         .watches_stream(pod_stream, pod_owner)
         .watches_stream(secret_stream, move |secret| {
             referencing(&instances.state(), &secret)
@@ -310,9 +330,11 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
                 stores.services.wait_until_ready(),
                 stores.pods.wait_until_ready(),
             ),
-            futures::future::try_join(
+            futures::future::try_join4(
                 stores.pdbs.wait_until_ready(),
                 stores.secrets.wait_until_ready(),
+                stores.network_policies.wait_until_ready(),
+                stores.autoscalers.wait_until_ready(),
             ),
             service_monitors,
         );

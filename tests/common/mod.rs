@@ -23,3 +23,4 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
         .filter(|d| !d.is_null())
         .collect()
 }
+pub mod mock;

@@ -90,6 +90,10 @@ pub const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cach
 pub const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
 pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
 pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
+pub const NETWORK_POLICIES: &str =
+    "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/cache";
+pub const AUTOSCALERS: &str =
+    "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers/cache";
 pub const SERVICE_MONITORS: &str =
     "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
 pub const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";

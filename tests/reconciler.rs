@@ -548,20 +548,10 @@ fn memcached_test_object_is_namespaced() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Production features: Secrets, PodDisruptionBudget, exporter, ServiceMonitor.
+// Production features: Secrets, PodDisruptionBudget, exporter, ServiceMonitor, NetworkPolicy, autoscaler.
 
 const TLS_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-tls";
 const AUTH_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-auth";
-
-fn with_spec(size: i32, spec: Value) -> Memcached {
-    let mut mc = memcached(size);
-    let mut merged = serde_json::to_value(&mc.spec).unwrap();
-    for (k, v) in spec.as_object().unwrap() {
-        merged[k] = v.clone();
-    }
-    mc.spec = serde_json::from_value(merged).unwrap();
-    mc
-}
 
 /// Every optional feature on.
 fn full(size: i32) -> Memcached {
@@ -572,9 +562,14 @@ fn full(size: i32) -> Memcached {
             "highAvailability": {"antiAffinity": "hard"},
             "service": {"type": "ClusterIP", "annotations": {"a": "b"}},
             "security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
-                         "auth": {"secretName": "cache-auth"}},
+                         "auth": {"secretName": "cache-auth"},
+                         "networkPolicy": {"enabled": true,
+                                           "allowedClients": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                                           "monitoringNamespaceSelector": {}}},
             "monitoring": {"exporter": {"enabled": true},
-                           "serviceMonitor": {"enabled": true, "interval": "30s"}}
+                           "serviceMonitor": {"enabled": true, "interval": "30s"}},
+            "autoscaling": {"enabled": true, "minSize": 1, "maxSize": 6,
+                            "targetCPUUtilizationPercentage": 75}
         }),
     )
 }
@@ -625,6 +620,10 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
     }
     script.extend([
+        expect(Method::PATCH, NETWORK_POLICIES).apply(),
+        event(),
+        expect(Method::PATCH, AUTOSCALERS).apply(),
+        event(),
         expect(Method::PATCH, SERVICE_MONITORS).apply(),
         event(),
         expect(Method::PATCH, STATUS).apply(),
@@ -642,6 +641,9 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
         i += 2;
     }
+    cluster.network_policy(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+    cluster.autoscaler(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
+    i += 4;
     cluster.service_monitor(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
     seen[2].body.clone()
 }

@@ -1,4 +1,4 @@
-//! The Operator Lifecycle Manager bundle (`memcached-operator bundle`, `make bundle`): what
+//! The Operator Lifecycle Manager bundle (`cargo xtask bundle`, `make bundle`): what
 //! `operator-sdk generate bundle` writes in the Operator SDK tutorial, generated from the same objects as the
 //! one-file install.
 //!
@@ -19,8 +19,9 @@ use std::path::{Path, PathBuf};
 use k8s_openapi::Resource as _;
 use serde_json::{Value, json};
 
-use crate::install::{self, DEFAULT_OPERATOR_IMAGE};
-use crate::manifests;
+use memcached_operator::manifests;
+
+use crate::install;
 use crate::schema::{self, Property};
 
 /// Default bundle directory, relative to the repository root.
@@ -97,8 +98,8 @@ impl Default for Options {
     /// The committed bundle: the crate version, the default image, the `alpha` channel.
     fn default() -> Self {
         Self {
-            version: env!("CARGO_PKG_VERSION").to_owned(),
-            image: DEFAULT_OPERATOR_IMAGE.to_owned(),
+            version: memcached_operator::VERSION.to_owned(),
+            image: install::default_operator_image(),
             channels: vec![DEFAULT_CHANNEL.to_owned()],
             default_channel: DEFAULT_CHANNEL.to_owned(),
         }
@@ -289,7 +290,7 @@ pub fn render(options: &Options, dir_name: &str) -> Result<Bundle, Error> {
             other => {
                 return Err(Error::Invalid(format!(
                     "the install holds a {other}, which an OLM bundle cannot carry; \
-                     teach src/bundle.rs what to do with it"
+                     teach xtask/src/bundle.rs what to do with it"
                 )));
             }
         }
@@ -409,7 +410,7 @@ pub fn csv(options: &Options, objects: &[Value]) -> Result<Value, Error> {
                 "capabilities": "Basic Install",
                 "categories": "Database",
                 "containerImage": options.image,
-                "description": env!("CARGO_PKG_DESCRIPTION"),
+                "description": memcached_operator::DESCRIPTION,
                 // Any older version may be upgraded straight to this one, without a `replaces` chain.
                 "olm.skipRange": format!("<{}", options.version),
                 "operators.operatorframework.io/suggested-namespace": namespace,

@@ -1,4 +1,4 @@
-//! The API reference (`memcached-operator api-docs`, committed as `docs/api.md`), generated from the CRD
+//! The API reference (`cargo xtask api-docs`, committed as `docs/api.md`), generated from the CRD
 //! schema: every field of every version, with its type, default, validation and description. The
 //! descriptions are the doc comments of the Rust types, so the reference cannot say something the API
 //! server does not enforce, and a test fails when the committed copy is stale.

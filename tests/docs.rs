@@ -3,22 +3,13 @@
 
 mod common;
 
-use common::{read, repo};
-use std::process::Command;
-
+use common::{output_of, read, repo};
 use memcached_operator::metrics::Metrics;
 use memcached_operator::{api, status};
 
-const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
-
+/// What the operator binary prints with `args`.
 fn binary(args: &[&str]) -> String {
-    let out = Command::new(BIN).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "memcached-operator {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    output_of(env!("CARGO_BIN_EXE_memcached-operator"), args)
 }
 
 #[test]

@@ -1,13 +1,31 @@
-//! Helpers shared by the tests that read the repository's files.
+//! Helpers shared by the tests that read the repository's files or run its binaries. xtask's tests use
+//! them too (xtask/tests/common), so they find the repository root from whichever package compiles them.
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use serde_json::Value;
 
-/// A path inside the repository.
+/// A path inside the repository: below the workspace root, the nearest directory holding Cargo.lock.
 pub fn repo(path: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(path)
+    let package = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = package
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or(package);
+    root.join(path)
+}
+
+/// What the program `bin` prints with `args`; fails the test when it fails.
+pub fn output_of(bin: &str, args: &[&str]) -> String {
+    let out = Command::new(bin).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{bin} {args:?} failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// A repository file's text.

@@ -1,46 +1,23 @@
 //! Helpers shared by xtask's tests, which read the repository's files and run `cargo xtask`.
 #![allow(dead_code)] // each test crate uses its own subset
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
 use serde_json::{Value, json};
+
+// The repository helpers of the operator's tests, shared rather than copied.
+#[path = "../../../tests/common/mod.rs"]
+mod repository;
+#[allow(unused_imports)] // each test crate uses its own subset
+pub use repository::{read, repo, yaml_docs};
 
 /// The failure message of a drift check.
 pub const STALE: &str = "is stale: run `make manifests` and commit the result";
-
-/// A path inside the repository (the parent of xtask/).
-pub fn repo(path: &str) -> PathBuf {
-    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
-    xtask.parent().unwrap().join(path)
-}
-
-/// A repository file's text.
-pub fn read(path: &str) -> String {
-    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
-}
-
-/// The YAML documents of `text`, empty ones left out.
-pub fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple::<Value>(text)
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
 
 /// The `xtask` binary (what `cargo xtask` runs).
 pub const XTASK: &str = env!("CARGO_BIN_EXE_xtask");
 
 /// What `cargo xtask ARGS` prints; fails the test when it fails.
 pub fn xtask(args: &[&str]) -> String {
-    let out = Command::new(XTASK).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "cargo xtask {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    repository::output_of(XTASK, args)
 }
 
 /// Numbers compared by value: kustomize prints `65535.0` as `65535`.

@@ -13,6 +13,7 @@ pub mod controller;
 pub mod manager;
 pub mod manifests;
 pub mod metrics;
+pub mod observe;
 pub mod resources;
 pub mod status;
 

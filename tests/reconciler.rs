@@ -4,416 +4,17 @@
 //! one reconcile, and the mock checks the requests (method, path, body) and answers them. When the
 //! reconcile returns, the mock asserts nothing else was sent.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{DynamicObject, PartialObjectMeta};
-use kube::client::Body;
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, store::Writer};
-use kube::runtime::watcher;
-use kube::{Client, Resource};
-use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
-use memcached_operator::controller::{
-    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile,
-};
-use memcached_operator::metrics::Metrics;
-use serde_json::{Value, json};
-use tower_test::mock::{self, Handle};
+use common::mock::*;
 
-const NOW: i64 = 1_700_000_000;
-const NS: &str = "default";
-const NAME: &str = "cache";
-
-// ---------------------------------------------------------------------------------------------------
-// Fixture: a scripted API server.
-
-/// One expected request and the answer to give.
-struct Exchange {
-    method: Method,
-    /// Path the request must have (query excluded).
-    path: String,
-    /// Substrings the query must contain.
-    query: Vec<&'static str>,
-    status: StatusCode,
-    /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
-    reply: Option<Value>,
-}
-
-fn expect(method: Method, path: &str) -> Exchange {
-    Exchange {
-        method,
-        path: path.to_owned(),
-        query: vec![],
-        status: StatusCode::OK,
-        reply: None,
-    }
-}
-
-impl Exchange {
-    fn apply(mut self) -> Self {
-        self.query = vec!["fieldManager=memcached-operator", "force=true"];
-        self
-    }
-    fn reply(mut self, status: StatusCode, body: Value) -> Self {
-        self.status = status;
-        self.reply = Some(body);
-        self
-    }
-    fn fail(self, code: u16, reason: &str) -> Self {
-        let status = StatusCode::from_u16(code).unwrap();
-        self.reply(
-            status,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                   "reason": reason, "message": format!("mock says {reason}")}),
-        )
-    }
-}
-
-/// A request the reconciler made.
-#[derive(Debug)]
-#[allow(dead_code)] // method and path show in failure messages
-struct Seen {
-    method: Method,
-    path: String,
-    body: Value,
-}
-
-const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
-const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
-const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
-const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
-const SERVICE_MONITORS: &str =
-    "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
-const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
-const STATUS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
-const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
-
-fn event() -> Exchange {
-    expect(Method::POST, EVENTS)
-}
-
-/// Answers `script` in order, then requires that no further request arrives.
-async fn serve(
-    mut handle: Handle<Request<Body>, Response<Body>>,
-    script: Vec<Exchange>,
-) -> Vec<Seen> {
-    let mut seen = Vec::new();
-    let mut script: VecDeque<Exchange> = script.into();
-    while let Some(want) = script.pop_front() {
-        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
-        let Ok(Some((request, respond))) = next else {
-            panic!(
-                "expected {} {} but the reconciler sent nothing more; seen so far: {seen:#?}",
-                want.method, want.path
-            );
-        };
-        let (parts, body) = request.into_parts();
-        let bytes = body.collect().await.unwrap().to_bytes();
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        let path = parts.uri.path().to_owned();
-        let query = parts.uri.query().unwrap_or_default().to_owned();
-        assert_eq!(
-            (&parts.method, path.as_str()),
-            (&want.method, want.path.as_str()),
-            "request #{} out of script (query {query:?}, body {body})",
-            seen.len() + 1
-        );
-        for q in &want.query {
-            assert!(
-                query.contains(q),
-                "{} {path}: query {query:?} lacks {q}",
-                parts.method
-            );
-        }
-        let reply = want.reply.clone().unwrap_or_else(|| echo(&body, &path));
-        let response = Response::builder()
-            .status(want.status)
-            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-            .unwrap();
-        respond.send_response(response);
-        seen.push(Seen {
-            method: parts.method,
-            path,
-            body,
-        });
-    }
-    match tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await {
-        Ok(None) => {}
-        Ok(Some((request, _))) => panic!(
-            "unexpected request after the script: {} {}; seen: {seen:#?}",
-            request.method(),
-            request.uri()
-        ),
-        Err(_) => panic!("the client was not dropped after the reconcile"),
-    }
-    seen
-}
-
-/// What a server returns for an apply: the object, with the metadata a status-only body leaves out.
-fn echo(body: &Value, path: &str) -> Value {
-    let mut obj = body.clone();
-    if obj.get("metadata").is_none() {
-        let name = path
-            .trim_end_matches("/status")
-            .rsplit('/')
-            .next()
-            .unwrap_or_default();
-        obj["metadata"] = json!({"name": name, "namespace": NS});
-        obj["spec"] = json!({});
-    }
-    obj
-}
-
-/// Caches as the watches would fill them.
-struct Cluster {
-    stores: Stores,
-    memcacheds: Writer<Memcached>,
-    deployments: Writer<Deployment>,
-    services: Writer<Service>,
-    pods: Writer<Pod>,
-    pdbs: Writer<PodDisruptionBudget>,
-    secrets: Writer<PartialObjectMeta<Secret>>,
-    service_monitors: Option<Writer<DynamicObject>>,
-    /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
-    secret_hashes: SecretHashes,
-}
-
-impl Cluster {
-    fn new() -> Self {
-        // Each cache has had its initial (empty) list, as when the operator's watches have synced.
-        fn synced<K>() -> (reflector::Store<K>, Writer<K>)
-        where
-            K: kube::Resource<DynamicType = ()> + Clone + 'static,
-        {
-            let (reader, mut writer) = reflector::store();
-            writer.apply_watcher_event(&watcher::Event::InitDone);
-            (reader, writer)
-        }
-        let (memcacheds_r, memcacheds) = synced();
-        let (deployments_r, deployments) = synced();
-        let (services_r, services) = synced();
-        let (pods_r, pods) = synced();
-        let (pdbs_r, pdbs) = synced();
-        let (secrets_r, secrets) = synced();
-        Self {
-            stores: Stores {
-                memcacheds: memcacheds_r,
-                deployments: deployments_r,
-                services: services_r,
-                pods: pods_r,
-                pdbs: pdbs_r,
-                secrets: secrets_r,
-                service_monitors: None,
-            },
-            memcacheds,
-            deployments,
-            services,
-            pods,
-            pdbs,
-            secrets,
-            service_monitors: None,
-            secret_hashes: SecretHashes::default(),
-        }
-    }
-    /// A cluster that serves the ServiceMonitor API.
-    fn with_service_monitors() -> Self {
-        let mut cluster = Self::new();
-        let mut writer =
-            Writer::new(memcached_operator::resources::service_monitor::api_resource());
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        cluster.stores.service_monitors = Some(writer.as_reader());
-        cluster.service_monitors = Some(writer);
-        cluster
-    }
-    fn pdb(&mut self, p: PodDisruptionBudget) {
-        self.pdbs.apply_watcher_event(&watcher::Event::Apply(p));
-    }
-    fn service_monitor(&mut self, sm: DynamicObject) {
-        self.service_monitors
-            .as_mut()
-            .unwrap()
-            .apply_watcher_event(&watcher::Event::Apply(sm));
-    }
-    fn secret(&mut self, name: &str, version: &str) {
-        let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
-            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
-            "metadata": {"name": name, "namespace": NS, "resourceVersion": version}
-        }))
-        .unwrap();
-        self.secrets
-            .apply_watcher_event(&watcher::Event::Apply(meta));
-    }
-    fn deployment(&mut self, d: Deployment) {
-        self.deployments
-            .apply_watcher_event(&watcher::Event::Apply(d));
-    }
-    fn service(&mut self, s: Service) {
-        self.services.apply_watcher_event(&watcher::Event::Apply(s));
-    }
-    fn pod(&mut self, p: Pod) {
-        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
-    }
-}
-
-struct Run {
-    result: Result<Action, Error>,
-    seen: Vec<Seen>,
-    metrics: Arc<Metrics>,
-}
-
-/// Runs one reconcile of `mc` against `script`.
-async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run {
-    cluster
-        .memcacheds
-        .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script));
-    let metrics = Arc::new(Metrics::default());
-    let mut ctx = Context::new(
-        Client::new(service, NS),
-        Settings::default(),
-        cluster.stores.clone(),
-        metrics.clone(),
-        Some("test".into()),
-        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
-    );
-    ctx.secret_hashes = cluster.secret_hashes.clone();
-    let result = reconcile(Arc::new(mc), Arc::new(ctx)).await;
-    let seen = server
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-    Run {
-        result,
-        seen,
-        metrics,
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// Objects.
-
-fn memcached(size: i32) -> Memcached {
-    let mut mc = Memcached::new(
-        NAME,
-        MemcachedSpec {
-            size,
-            ..MemcachedSpec::default()
-        },
-    );
-    mc.metadata.namespace = Some(NS.into());
-    mc.metadata.uid = Some("uid-1".into());
-    mc.metadata.generation = Some(1);
-    mc.metadata.resource_version = Some("1".into());
-    mc.metadata.finalizers = Some(vec![FINALIZER.into()]);
+/// An instance of size 1 that `kubectl delete` has marked for deletion (its finalizer still on).
+fn being_deleted() -> Memcached {
+    let mut mc = memcached(1);
+    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
     mc
-}
-
-/// What the API server returns for an applied object: the body plus server-set metadata and defaults.
-fn as_stored(applied: &Value) -> Value {
-    let mut obj = applied.clone();
-    obj["metadata"]["uid"] = json!("child-uid");
-    obj["metadata"]["resourceVersion"] = json!("10");
-    obj["metadata"]["generation"] = json!(1);
-    obj["metadata"]["creationTimestamp"] = json!("2023-11-14T22:13:20Z");
-    obj
-}
-
-/// A stored Deployment whose controller reports every replica ready.
-fn settled(applied: &Value) -> Deployment {
-    let mut obj = as_stored(applied);
-    let n = obj["spec"]["replicas"].as_i64().unwrap();
-    obj["spec"]["progressDeadlineSeconds"] = json!(600); // a server default
-    obj["status"] = json!({"observedGeneration": 1, "replicas": n, "readyReplicas": n,
-                           "updatedReplicas": n, "availableReplicas": n});
-    serde_json::from_value(obj).unwrap()
-}
-
-fn ready_pod(name: &str) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": NS, "labels": {
-            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": NAME,
-            "app.kubernetes.io/managed-by": "memcached-operator"}},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-    }))
-    .unwrap()
-}
-
-/// Asserts that the status body has `Degraded=True` with `reason` and a message containing `fragment`.
-fn assert_degraded(status: &Value, reason: &str, fragment: &str) {
-    let degraded = condition(status, "Degraded");
-    assert_eq!(
-        (degraded["status"].as_str(), degraded["reason"].as_str()),
-        (Some("True"), Some(reason))
-    );
-    let message = degraded["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains(fragment),
-        "{reason}: {message:?} lacks {fragment:?}"
-    );
-}
-
-fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
-    status["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == type_)
-        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
-}
-
-/// The happy create path of a default instance of `size` pods. It puts what was applied into the
-/// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
-async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
-    let mut script = vec![
-        expect(Method::PATCH, DEPLOYMENTS).apply(),
-        event(),
-        expect(Method::PATCH, SERVICES).apply(),
-        event(),
-        expect(Method::PATCH, HEADLESS).apply(),
-        event(),
-    ];
-    if size > 1 {
-        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
-    }
-    script.push(expect(Method::PATCH, STATUS).apply());
-    let run = run(cluster, memcached(size), script).await;
-    assert_eq!(
-        run.result.unwrap(),
-        Action::requeue(Duration::from_secs(300))
-    );
-    let seen = run.seen;
-    assert_eq!(seen[1].body["reason"], "Created");
-    assert_eq!(seen[1].body["type"], "Normal");
-    assert_eq!(seen[1].body["regarding"]["kind"], "Memcached");
-    assert_eq!(
-        seen[1].body["note"],
-        format!("Created Deployment cache with {size} replicas")
-    );
-    assert_eq!(seen[3].body["note"], "Created Service cache");
-    assert_eq!(seen[5].body["note"], "Created Service cache-headless");
-    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    if size > 1 {
-        assert_eq!(seen[7].body["note"], "Created PodDisruptionBudget cache");
-        cluster.pdb(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
-    }
-    (
-        seen[0].body.clone(),
-        seen[2].body.clone(),
-        seen.last().unwrap().body.clone(),
-    )
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -643,8 +244,7 @@ async fn template_drift_without_replica_change_is_an_update() {
 #[tokio::test]
 async fn deletion_records_event_and_status_then_removes_the_finalizer() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -674,8 +274,7 @@ async fn deletion_records_event_and_status_then_removes_the_finalizer() {
 #[tokio::test]
 async fn deletion_is_not_held_up_by_failing_side_steps() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -690,6 +289,73 @@ async fn deletion_is_not_held_up_by_failing_side_steps() {
     assert_eq!(run.result.unwrap(), Action::await_change());
 }
 
+/// After a leader hand-over the new leader may remove the finalizer of an instance that the old one already
+/// let go: the API server answers 404, which means the work is done, not that it failed.
+#[tokio::test]
+async fn finalizer_removal_on_an_instance_already_gone_is_success() {
+    let mut cluster = Cluster::new();
+    let mc = being_deleted();
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event(),
+            expect(Method::PATCH, STATUS).fail(404, "NotFound"),
+            expect(Method::PATCH, MEMCACHED).fail(404, "NotFound"),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    assert_eq!(
+        run.seen.len(),
+        3,
+        "no ReconcileFailed event after the 404: {:#?}",
+        run.seen
+    );
+    let text = run.metrics.encode();
+    assert!(
+        text.contains("memcached_operator_reconcile_total{result=\"success\"} 1"),
+        "{text}"
+    );
+    assert!(!text.contains("kind=\"finalizer\""), "{text}");
+}
+
+/// A new instance deleted before its finalizer could be added: nothing to do either.
+#[tokio::test]
+async fn finalizer_addition_on_an_instance_already_gone_is_success() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.finalizers = None;
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![expect(Method::PATCH, MEMCACHED).fail(404, "NotFound")],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    assert_eq!(run.seen.len(), 1, "{:#?}", run.seen);
+}
+
+/// Any other failure to remove the finalizer is still a failure, retried with backoff.
+#[tokio::test]
+async fn finalizer_removal_failing_otherwise_is_retried() {
+    let mut cluster = Cluster::new();
+    let mc = being_deleted();
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+            expect(Method::PATCH, MEMCACHED).fail(500, "InternalError"),
+            event(),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap_err().kind(), "finalizer");
+    assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
+}
+
 #[tokio::test]
 async fn transient_api_errors_are_retried_with_growing_backoff() {
     for (code, reason) in [(500, "InternalError"), (409, "Conflict")] {
@@ -698,7 +364,7 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
             &mut cluster,
             memcached(1),
             vec![
-                expect(Method::PATCH, DEPLOYMENTS)
+                expect(Method::PATCH, CONFIG_MAPS)
                     .apply()
                     .fail(code, reason),
                 event(),
@@ -776,7 +442,7 @@ async fn rejected_apply_is_reported_as_degraded() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS)
+            expect(Method::PATCH, CONFIG_MAPS)
                 .apply()
                 .fail(422, "Invalid"),
             expect(Method::PATCH, STATUS).apply(),
@@ -946,6 +612,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let mut script = vec![
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
+        expect(Method::PATCH, CONFIG_MAPS).apply(),
+        event(),
         expect(Method::PATCH, DEPLOYMENTS).apply(),
         event(),
         expect(Method::PATCH, SERVICES).apply(),
@@ -964,6 +632,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
     let seen = run.seen;
+    cluster.config_map(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    let seen = &seen[2..];
     cluster.deployment(settled(&seen[2].body));
     cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
     cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
@@ -1102,6 +772,8 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
         recorded,
         vec![
             expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2")),
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, SERVICES).apply(),
@@ -1114,7 +786,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     .await;
     recovered.result.unwrap();
     assert_eq!(
-        condition(&recovered.seen[7].body, "Degraded")["status"],
+        condition(&recovered.seen[9].body, "Degraded")["status"],
         "False"
     );
 }
@@ -1122,7 +794,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
 #[tokio::test]
 async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
     for (size, spec) in [
-        (1, json!({})),
+        (1, json!({"scaling": {"drainSeconds": 0}})),
         (
             3,
             json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
@@ -1134,7 +806,13 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
         cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
         let mut script = vec![];
         if size != 3 {
-            script.extend([expect(Method::PATCH, DEPLOYMENTS).apply(), event()]);
+            // Draining, the scale itself, Drained.
+            script.extend([
+                event(),
+                expect(Method::PATCH, DEPLOYMENTS).apply(),
+                event(),
+                event(),
+            ]);
         }
         script.extend([
             expect(Method::DELETE, PDBS).reply(
@@ -1218,6 +896,8 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         &mut cluster,
         mc,
         vec![
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, SERVICES).apply(),
@@ -1234,7 +914,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         Action::requeue(Duration::from_secs(300))
     );
     assert_degraded(
-        &run.seen[6].body,
+        &run.seen[8].body,
         "ServiceMonitorUnavailable",
         "monitoring.coreos.com/v1",
     );

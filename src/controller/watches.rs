@@ -1,18 +1,21 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
-//! - Deployments, Services, PodDisruptionBudgets and (where the cluster serves them) ServiceMonitors: only
+//! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets and (where the
+//!   cluster serves them) ServiceMonitors: only
 //!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
 //!   owning instance through its controller owner reference. They are cached whole: the drift check
 //!   compares their spec.
 //! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
-//!   is never read); a change triggers the instance named by the `app.kubernetes.io/instance` label.
+//!   is never read) and to the one annotation read (the drained pod-deletion cost); a change triggers the
+//!   instance named by the `app.kubernetes.io/instance` label.
 //! - Secrets: every one in scope (users name their own), metadata only, since only existence and version
 //!   matter until one an instance references changes; a change triggers the instances that name it.
 //!
 //! `managedFields` are dropped from everything cached. Initial lists come from the API server's watch
-//! cache. Watches restart with backoff on errors, and a
-//! watch that expired (410 Gone) is re-listed by the watcher.
+//! cache. Failed watches are retried within seconds and expired ones (410 Gone) re-listed at once (see
+//! [`super::watch_retry`]); when the API server answers again after an outage, every instance is
+//! reconciled at once (see [`super::connectivity`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -20,8 +23,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -31,12 +34,14 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::connectivity::Connectivity;
+use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
-use crate::resources::{labels, secrets, service_monitor};
+use crate::resources::{labels, secrets, servers, service_monitor};
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -74,10 +79,19 @@ pub fn trim_meta<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// Keeps of a pod only what status computation reads: identity, labels, deletion, and status.
+/// Keeps of a pod only what status computation and slot assignment read: identity, labels, deletion,
+/// status, and the drained pod-deletion cost (which tells whether a drained pod is marked yet).
 pub fn trim_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
+    pod.metadata.annotations = pod
+        .metadata
+        .annotations
+        .take()
+        .map(|mut annotations| {
+            annotations.retain(|key, _| key == servers::DELETION_COST_ANNOTATION);
+            annotations
+        })
+        .filter(|annotations| !annotations.is_empty());
     pod.spec = None;
 }
 
@@ -86,22 +100,29 @@ pub fn trim_pod(pod: &mut Pod) {
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
+    connectivity: Arc<Connectivity>,
     options: RunOptions,
     synced: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = options.namespace.as_deref();
+    // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
+    // begins, or it would wait for them.
+    let shutdown = shutdown.boxed().shared();
     let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
 
     // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
     // waiter), so the end of its initial list is observed on the stream instead.
     let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_stream = watcher(
-        api::<Memcached>(&client, ns),
-        from_cache(watcher::Config::default()),
+    let mc_stream = retrying(
+        &metrics,
+        "memcacheds",
+        watcher(
+            api::<Memcached>(&client, ns),
+            from_cache(watcher::Config::default()),
+        ),
     )
-    .default_backoff()
     .modify(trim_meta)
     .reflect(mc_writer)
     .inspect_ok(move |event| {
@@ -112,15 +133,48 @@ pub async fn run(
     .applied_objects();
 
     let (deployments, deployment_stream) = cached(
+        &metrics,
+        "deployments",
         api::<Deployment>(&client, ns),
         children.clone(),
         trim_meta,
         (),
     );
-    let (services, service_stream) =
-        cached(api::<Service>(&client, ns), children.clone(), trim_meta, ());
-    let (pods, pod_stream) = cached(api::<Pod>(&client, ns), children.clone(), trim_pod, ());
+    let (statefulsets, statefulset_stream) = cached(
+        &metrics,
+        "statefulsets",
+        api::<StatefulSet>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    let (services, service_stream) = cached(
+        &metrics,
+        "services",
+        api::<Service>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    let (config_maps, config_map_stream) = cached(
+        &metrics,
+        "configmaps",
+        api::<ConfigMap>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    let (pods, pod_stream) = cached(
+        &metrics,
+        "pods",
+        api::<Pod>(&client, ns),
+        children.clone(),
+        trim_pod,
+        (),
+    );
     let (pdbs, pdb_stream) = cached(
+        &metrics,
+        "poddisruptionbudgets",
         api::<PodDisruptionBudget>(&client, ns),
         children.clone(),
         trim_meta,
@@ -128,18 +182,32 @@ pub async fn run(
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
+        &metrics,
+        "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
     );
     let service_monitor = service_monitor::api_resource();
-    let (service_monitors, service_monitor_stream) = if service_monitors_served(&client).await {
+    let (service_monitors, service_monitor_stream) = if service_monitors_served(
+        &client,
+        shutdown.clone(),
+    )
+    .await
+    {
         let api = match ns {
             Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &service_monitor),
             None => Api::<DynamicObject>::all_with(client.clone(), &service_monitor),
         };
-        let (store, stream) = cached(api, children, trim_meta, service_monitor.clone());
+        let (store, stream) = cached(
+            &metrics,
+            "servicemonitors",
+            api,
+            children,
+            trim_meta,
+            service_monitor.clone(),
+        );
         (Some(store), Some(stream))
     } else {
         info!(
@@ -151,15 +219,14 @@ pub async fn run(
     let stores = Stores {
         memcacheds: memcacheds.clone(),
         deployments,
+        statefulsets,
+        config_maps,
         services,
         pods,
         pdbs,
         secrets,
         service_monitors,
     };
-    // Shared: reconciles waiting for the caches must give up when shutdown begins, or it would wait for
-    // them.
-    let shutdown = shutdown.boxed().shared();
     let children_synced = children_synced(&stores, shutdown.clone());
     tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
     let ctx = Arc::new(Context::new(
@@ -179,7 +246,9 @@ pub async fn run(
     let instances = memcacheds.clone();
     let mut controller = Controller::for_stream(mc_stream, memcacheds)
         .owns_stream(deployment_stream)
+        .owns_stream(statefulset_stream)
         .owns_stream(service_stream)
+        .owns_stream(config_map_stream)
         .owns_stream(pdb_stream)
         .watches_stream(pod_stream, pod_owner)
         .watches_stream(secret_stream, move |secret| {
@@ -190,6 +259,7 @@ pub async fn run(
     }
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(
             move |mc, ctx| reconcile_when_synced(mc, ctx, children_synced.clone()),
@@ -215,6 +285,8 @@ pub async fn run(
 /// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
 /// deleted child triggers its owner and is recreated).
 fn cached<K>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
@@ -229,8 +301,7 @@ where
 {
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
-    let stream = watcher(api, config)
-        .default_backoff()
+    let stream = retrying(metrics, resource, watcher(api, config))
         .modify(trim)
         .reflect(writer)
         .touched_objects();
@@ -264,19 +335,52 @@ pub fn referencing(
         .collect()
 }
 
-/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API.
-async fn service_monitors_served(client: &Client) -> bool {
-    match client
-        .list_api_group_resources("monitoring.coreos.com/v1")
-        .await
-    {
-        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
-        Err(kube::Error::Api(status)) if status.code == 404 => false,
-        Err(error) => {
-            warn!(%error, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
-            false
+/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API. Asked until it answers (an
+/// operator started during an API-server outage must not decide "not served" from a refused connection),
+/// or until shutdown; an error that a retry cannot fix (403, other 4xx) counts as not served.
+async fn service_monitors_served(
+    client: &Client,
+    shutdown: Shared<BoxFuture<'static, ()>>,
+) -> bool {
+    let mut delay = FIRST_RETRY;
+    loop {
+        match client
+            .list_api_group_resources("monitoring.coreos.com/v1")
+            .await
+        {
+            Ok(list) => return list.resources.iter().any(|r| r.name == "servicemonitors"),
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(kube::Error::Api(status)) if status.code < 500 => {
+                warn!(error = %status.message, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
+                return false;
+            }
+            Err(error) => {
+                debug!(%error, "cannot discover the ServiceMonitor API yet; retrying");
+            }
         }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.clone() => return false,
+        }
+        delay = (delay * 2).min(LONGEST_RETRY);
     }
+}
+
+/// Fires once each time the API server answers again after an outage, after clearing every instance's
+/// retry backoff: what failed during the outage failed because of it, and is retried now, level-based,
+/// together with whatever changed meanwhile.
+fn recoveries(
+    connectivity: &Connectivity,
+    ctx: Arc<Context>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(
+        (connectivity.recoveries(), ctx),
+        |(mut recoveries, ctx)| async move {
+            recoveries.changed().await.ok()?;
+            ctx.backoff.reset_all();
+            Some(((), (recoveries, ctx)))
+        },
+    )
 }
 
 /// The instance a pod belongs to, from its labels.
@@ -310,9 +414,11 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
                 stores.services.wait_until_ready(),
                 stores.pods.wait_until_ready(),
             ),
-            futures::future::try_join(
+            futures::future::try_join4(
                 stores.pdbs.wait_until_ready(),
                 stores.secrets.wait_until_ready(),
+                stores.statefulsets.wait_until_ready(),
+                stores.config_maps.wait_until_ready(),
             ),
             service_monitors,
         );
@@ -423,6 +529,22 @@ mod tests {
 
     #[test]
     fn pods_are_trimmed_to_what_status_reads() {
+        let mut marked: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"a": "b", servers::DELETION_COST_ANNOTATION: "-1000"}}
+        }))
+        .unwrap();
+        trim_pod(&mut marked);
+        assert_eq!(
+            marked.metadata.annotations,
+            Some(
+                [(
+                    servers::DELETION_COST_ANNOTATION.to_owned(),
+                    "-1000".to_owned()
+                )]
+                .into()
+            ),
+            "the drain mark stays, nothing else"
+        );
         let mut pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
             "spec": {"containers": [{"name": "memcached"}]},

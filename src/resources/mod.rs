@@ -7,10 +7,14 @@ pub mod deployment;
 pub mod drift;
 pub mod labels;
 pub mod pdb;
+pub mod pod;
 pub mod quantity;
+pub mod scaling;
 pub mod secrets;
+pub mod servers;
 pub mod service;
 pub mod service_monitor;
+pub mod statefulset;
 pub mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

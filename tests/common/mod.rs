@@ -1,43 +1,8 @@
-//! Helpers shared by the tests that read the repository's files or run its binaries. xtask's tests use
-//! them too (xtask/tests/common), so they find the repository root from whichever package compiles them.
-#![allow(dead_code)] // each test crate uses its own subset
+//! Helpers shared by the integration tests: the repository's files and binaries ([`files`], which
+//! xtask's tests share) and the mocked API server ([`mock`]).
+#![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
+mod files;
+pub use files::{output_of, read, repo, yaml_docs};
 
-use serde_json::Value;
-
-/// A path inside the repository: below the workspace root, the nearest directory holding Cargo.lock.
-pub fn repo(path: &str) -> PathBuf {
-    let package = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let root = package
-        .ancestors()
-        .find(|dir| dir.join("Cargo.lock").is_file())
-        .unwrap_or(package);
-    root.join(path)
-}
-
-/// What the program `bin` prints with `args`; fails the test when it fails.
-pub fn output_of(bin: &str, args: &[&str]) -> String {
-    let out = Command::new(bin).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{bin} {args:?} failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-/// A repository file's text.
-pub fn read(path: &str) -> String {
-    std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
-}
-
-/// The YAML documents of `text`, empty ones left out.
-pub fn yaml_docs(text: &str) -> Vec<Value> {
-    serde_saphyr::from_multiple::<Value>(text)
-        .unwrap()
-        .into_iter()
-        .filter(|d| !d.is_null())
-        .collect()
-}
+pub mod mock;

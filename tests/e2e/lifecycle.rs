@@ -124,7 +124,7 @@ fn lifecycle() {
 
     env.step(
         16,
-        "a managed flag in spec.memcached.extraArgs -> Degraded InvalidConfig, nothing applied",
+        "settings CEL refuses: rejected at admission (CEL) or Degraded InvalidConfig (no CEL), nothing applied",
     );
     step_invalid_config(&env);
 

@@ -36,7 +36,10 @@
 //! 15. auth Secret: missing → `Degraded` `SecretNotFound` and nothing applied; created → ready with `-Y` and a
 //!     Secret hash on the pod template; rotated → the hash changes and the pods roll; its values appear in no
 //!     event, status, child object or operator log
-//! 16. a managed flag in `extraArgs` → `Degraded` `InvalidConfig`, nothing applied
+//! 16. settings the CRD's CEL rules refuse (a managed flag in `extraArgs`, a grace period not longer than the
+//!     preStop delay, both PDB bounds, a ServiceMonitor without the exporter): rejected at admission with the
+//!     rule's message on a server that evaluates CEL (1.25+), else `Degraded` `InvalidConfig` with nothing
+//!     applied; the suite prints which path it saw
 //! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
 //!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
 //! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate

@@ -226,27 +226,44 @@ pub async fn is_ok(addr: &str, path: &str) -> bool {
 /// `op-system`) watching `default`. Returns the scratch dir (drop it last), the process, and the
 /// metrics and probe addresses.
 pub fn start_run(fake: &Arc<Fake>, name: &str) -> (Scratch, Operator, String, String) {
+    start_with(
+        fake,
+        name,
+        &[
+            "--leader-elect",
+            "--leader-election-namespace",
+            "op-system",
+            "--log-level",
+            "debug",
+        ],
+    )
+}
+
+/// Starts `memcached-operator run` against `fake`, watching `default`, with `args` added, as replica
+/// `smoke-1`. Returns the scratch dir (drop it last), the process, and the metrics and probe addresses.
+pub fn start_with(
+    fake: &Arc<Fake>,
+    name: &str,
+    args: &[&str],
+) -> (Scratch, Operator, String, String) {
     let scratch = Scratch::new(name);
     let kubeconfig = scratch.kubeconfig(fake.addr);
     let metrics = free_addr();
     let probes = free_addr();
+    let mut all = vec![
+        "run",
+        "--namespace",
+        "default",
+        "--metrics-bind-address",
+        &metrics,
+        "--health-probe-bind-address",
+        &probes,
+    ];
+    all.extend_from_slice(args);
     let op = Operator::spawn(
         &scratch,
         Some(fake.clone()),
-        &[
-            "run",
-            "--leader-elect",
-            "--leader-election-namespace",
-            "op-system",
-            "--namespace",
-            "default",
-            "--metrics-bind-address",
-            &metrics,
-            "--health-probe-bind-address",
-            &probes,
-            "--log-level",
-            "debug",
-        ],
+        &all,
         &[
             ("KUBECONFIG", kubeconfig.to_str().unwrap()),
             ("POD_NAME", IDENTITY),

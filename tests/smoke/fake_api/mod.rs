@@ -1,18 +1,22 @@
 //! The fake API server: answers what a real API server would for existing `Memcached` objects, and
 //! records every request.
 //!
-//! It serves lists of the watched kinds ([`world::World`]), watches held open without events, server-side
+//! It serves lists of the watched kinds ([`world::World`]), watches held open (delivering the events of
+//! objects added with [`Fake::add_memcached`] after the watched version), server-side
 //! applies echoed back, events, the status subresource, and a small but faithful Lease store (create,
-//! get, apply and strategic-merge patches where `null` removes a field). Lists can be made slow. Since
-//! watches never deliver events, what the operator writes is not reflected in its caches. A request to
-//! any path the fake does not serve gets a 404.
+//! get, apply and strategic-merge patches where `null` removes a field). Lists can be made slow. What the
+//! operator writes is not reflected in its caches. A request to any path the fake does not serve gets a
+//! 404. The fake can go away and come back on the same address ([`Fake::outage`], [`Fake::back`]), as a
+//! restarted API server that expires the old resource versions (410) or as a network blip that does not.
 //!
+//! - [`door`]: the relay in front of the HTTP server that makes the outages;
 //! - [`paths`]: the API paths the fake serves;
 //! - [`request`]: one recorded request ([`request::Req`]) and query decoding;
 //! - [`world`]: the objects the fake lists;
 //! - [`answers`]: what each request gets.
 
 pub mod answers;
+pub mod door;
 pub mod paths;
 pub mod request;
 pub mod world;
@@ -27,18 +31,23 @@ use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
 use axum::response::Response;
+use futures::StreamExt;
 use serde_json::{Value, json};
 
 use crate::fake_api::answers::{child_name, merge_spec, not_found, status};
 use crate::fake_api::paths::{
-    APPLY, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDBS, PODS, SECRETS,
-    SERVICE_MONITORS, SERVICES, STRATEGIC,
+    APPLY, CONFIGMAPS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDBS, PODS,
+    SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS, STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
 use crate::fake_api::world::{World, metadata_only};
 
 pub struct FakeState {
     pub requests: Vec<Req>,
+    /// Watches from a resource version below this one are answered 410 `Expired` (a restarted server).
+    pub expired_below: u64,
+    /// Watch events: the collection path, the object's resource version, and the event.
+    pub events: Vec<(&'static str, u64, Value)>,
     /// What the lists return.
     pub world: World,
     /// The Lease, once created.
@@ -51,18 +60,46 @@ impl FakeState {
         self.resource_version += 1;
         self.resource_version.to_string()
     }
+
+    /// A watch of `path` from resource version `from`: 410 when that version has expired, else the
+    /// events after it.
+    fn watch(&self, path: &str, from: Option<&str>) -> Answer {
+        let from: u64 = from.and_then(|rv| rv.parse().ok()).unwrap_or(0);
+        if from < self.expired_below {
+            let message = format!("too old resource version: {from} ({})", self.expired_below);
+            return Answer::Watch {
+                events: vec![json!({"type": "ERROR", "object": {
+                    "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+                    "message": message, "reason": "Expired", "code": 410}})],
+                end: true,
+            };
+        }
+        let events = self
+            .events
+            .iter()
+            .filter(|(p, rv, _)| *p == path && *rv > from)
+            .map(|(_, _, event)| event.clone())
+            .collect();
+        Answer::Watch { events, end: false }
+    }
 }
 
 pub struct Fake {
+    /// Where the operator reaches it (the door).
     pub addr: SocketAddr,
+    pub door: door::Door,
     pub state: Mutex<FakeState>,
 }
 
 /// How to answer a request.
 pub enum Answer {
     Json(StatusCode, Value),
-    /// A watch: 200, then nothing, held open until the connection goes away.
-    Hold,
+    /// A watch: 200, then these events (JSON lines), then held open until the connection goes away, or
+    /// ended after them when `end` (as the API server ends a watch after an error event).
+    Watch {
+        events: Vec<Value>,
+        end: bool,
+    },
 }
 
 impl Fake {
@@ -74,10 +111,14 @@ impl Fake {
 
     pub async fn start_with(world: World, lease: Option<Value>) -> Arc<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let door = door::Door::open_for(listener.local_addr().unwrap()).await;
         let fake = Arc::new(Fake {
-            addr: listener.local_addr().unwrap(),
+            addr: door.addr,
+            door,
             state: Mutex::new(FakeState {
                 requests: vec![],
+                expired_below: 0,
+                events: vec![],
                 world,
                 lease,
                 resource_version: 100,
@@ -86,6 +127,35 @@ impl Fake {
         let router = Router::new().fallback(handle).with_state(fake.clone());
         tokio::spawn(async move { axum::serve(listener, router).await });
         fake
+    }
+
+    /// The API server goes away: connections are refused, and open ones (watches) are cut.
+    pub fn outage(&self) {
+        self.door.close();
+    }
+
+    /// The API server is back on the same address. A `restarted` one no longer knows the resource
+    /// versions it handed out before: watches from them are answered 410 `Expired`, and the client must
+    /// list again.
+    pub fn back(&self, restarted: bool) {
+        if restarted {
+            let mut state = self.state.lock().unwrap();
+            state.resource_version += 1000;
+            state.expired_below = state.resource_version;
+        }
+        self.door.open();
+    }
+
+    /// A `Memcached` created now: listed from now on, and delivered to watches from an older version.
+    pub fn add_memcached(&self, mut mc: Value) {
+        let mut state = self.state.lock().unwrap();
+        let rv = state.next_rv();
+        mc["metadata"]["resourceVersion"] = json!(rv);
+        state.world.memcacheds.push(mc.clone());
+        let rv = rv.parse().unwrap();
+        state
+            .events
+            .push((MEMCACHEDS, rv, json!({"type": "ADDED", "object": mc})));
     }
 
     pub fn requests(&self) -> Vec<Req> {
@@ -126,7 +196,9 @@ impl Fake {
                     world.memcacheds.clone(),
                 )),
                 DEPLOYMENTS => Some(("apps/v1", "DeploymentList", world.deployments.clone())),
+                STATEFULSETS => Some(("apps/v1", "StatefulSetList", world.statefulsets.clone())),
                 SERVICES => Some(("v1", "ServiceList", world.services.clone())),
+                CONFIGMAPS => Some(("v1", "ConfigMapList", world.config_maps.clone())),
                 PODS => Some(("v1", "PodList", world.pods.clone())),
                 PDBS => Some(("policy/v1", "PodDisruptionBudgetList", world.pdbs.clone())),
                 SECRETS => Some((
@@ -143,12 +215,13 @@ impl Fake {
             };
             if let Some((api_version, kind, items)) = list {
                 if req.is_watch() {
-                    return Answer::Hold;
+                    return state.watch(path, req.param("resourceVersion"));
                 }
                 return Answer::Json(
                     StatusCode::OK,
                     json!({"apiVersion": api_version, "kind": kind,
-                           "metadata": {"resourceVersion": "1"}, "items": items}),
+                           "metadata": {"resourceVersion": state.resource_version.to_string()},
+                           "items": items}),
                 );
             }
         }
@@ -179,7 +252,10 @@ impl Fake {
         }
         if *m == Method::PATCH {
             if let Some(name) = child_name(path, DEPLOYMENTS)
+                .or_else(|| child_name(path, STATEFULSETS))
                 .or_else(|| child_name(path, SERVICES))
+                .or_else(|| child_name(path, CONFIGMAPS))
+                .or_else(|| child_name(path, PODS))
                 .or_else(|| child_name(path, PDBS))
                 .or_else(|| child_name(path, SERVICE_MONITORS))
             {
@@ -306,7 +382,7 @@ pub async fn handle(
         let answer = Fake::answer(&mut state, &req);
         req.status = match &answer {
             Answer::Json(code, _) => code.as_u16(),
-            Answer::Hold => 200,
+            Answer::Watch { .. } => 200,
         };
         let delay = state
             .world
@@ -326,11 +402,19 @@ pub async fn handle(
             .status(code)
             .body(Body::from(serde_json::to_vec(&value).unwrap()))
             .unwrap(),
-        Answer::Hold => builder
-            .status(StatusCode::OK)
-            .body(Body::from_stream(futures::stream::pending::<
-                Result<Bytes, std::io::Error>,
-            >()))
-            .unwrap(),
+        Answer::Watch { events, end } => {
+            let lines = events.into_iter().map(|event| {
+                let mut line = serde_json::to_vec(&event).unwrap();
+                line.push(b'\n');
+                Ok::<_, std::io::Error>(Bytes::from(line))
+            });
+            let lines = futures::stream::iter(lines.collect::<Vec<_>>());
+            let body = if end {
+                Body::from_stream(lines)
+            } else {
+                Body::from_stream(lines.chain(futures::stream::pending()))
+            };
+            builder.status(StatusCode::OK).body(body).unwrap()
+        }
     }
 }

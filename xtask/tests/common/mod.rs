@@ -4,7 +4,7 @@
 use serde_json::{Value, json};
 
 // The repository helpers of the operator's tests, shared rather than copied.
-#[path = "../../../tests/common/mod.rs"]
+#[path = "../../../tests/common/files.rs"]
 mod repository;
 #[allow(unused_imports)] // each test crate uses its own subset
 pub use repository::{read, repo, yaml_docs};

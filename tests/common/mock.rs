@@ -1,0 +1,447 @@
+//! The reconciler against a mocked API server: a scripted API server, caches as the watches would fill
+//! them, and the objects the scenarios start from. Shared by `tests/reconciler.rs` and `tests/pools.rs`.
+
+pub use std::collections::VecDeque;
+pub use std::sync::Arc;
+pub use std::time::Duration;
+
+pub use http::{Method, Request, Response, StatusCode};
+pub use http_body_util::BodyExt;
+pub use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+pub use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+pub use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+pub use k8s_openapi::jiff::Timestamp;
+pub use kube::api::{DynamicObject, PartialObjectMeta};
+pub use kube::client::Body;
+pub use kube::runtime::controller::Action;
+pub use kube::runtime::reflector::{self, store::Writer};
+pub use kube::runtime::watcher;
+pub use kube::{Client, Resource};
+pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
+pub use memcached_operator::controller::{
+    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile,
+};
+pub use memcached_operator::metrics::Metrics;
+pub use serde_json::{Value, json};
+pub use tower_test::mock::{self, Handle};
+
+pub const NOW: i64 = 1_700_000_000;
+pub const NS: &str = "default";
+pub const NAME: &str = "cache";
+
+// ---------------------------------------------------------------------------------------------------
+// Fixture: a scripted API server.
+
+/// One expected request and the answer to give.
+pub struct Exchange {
+    pub method: Method,
+    /// Path the request must have (query excluded).
+    pub path: String,
+    /// Substrings the query must contain.
+    pub query: Vec<&'static str>,
+    pub status: StatusCode,
+    /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
+    pub reply: Option<Value>,
+}
+
+pub fn expect(method: Method, path: &str) -> Exchange {
+    Exchange {
+        method,
+        path: path.to_owned(),
+        query: vec![],
+        status: StatusCode::OK,
+        reply: None,
+    }
+}
+
+impl Exchange {
+    pub fn apply(mut self) -> Self {
+        self.query = vec!["fieldManager=memcached-operator", "force=true"];
+        self
+    }
+    pub fn reply(mut self, status: StatusCode, body: Value) -> Self {
+        self.status = status;
+        self.reply = Some(body);
+        self
+    }
+    pub fn fail(self, code: u16, reason: &str) -> Self {
+        let status = StatusCode::from_u16(code).unwrap();
+        self.reply(
+            status,
+            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
+                   "reason": reason, "message": format!("mock says {reason}")}),
+        )
+    }
+}
+
+/// A request the reconciler made.
+#[derive(Debug)]
+#[allow(dead_code)] // method and path show in failure messages
+pub struct Seen {
+    pub method: Method,
+    pub path: String,
+    pub body: Value,
+}
+
+pub const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+pub const STATEFULSETS: &str = "/apis/apps/v1/namespaces/default/statefulsets/cache";
+pub const CONFIG_MAPS: &str = "/api/v1/namespaces/default/configmaps/cache-servers";
+pub const PODS: &str = "/api/v1/namespaces/default/pods";
+pub const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
+pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
+pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
+pub const SERVICE_MONITORS: &str =
+    "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
+pub const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
+pub const STATUS: &str =
+    "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
+pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+
+pub fn event() -> Exchange {
+    expect(Method::POST, EVENTS)
+}
+
+/// Answers `script` in order, then requires that no further request arrives.
+pub async fn serve(
+    mut handle: Handle<Request<Body>, Response<Body>>,
+    script: Vec<Exchange>,
+) -> Vec<Seen> {
+    let mut seen = Vec::new();
+    let mut script: VecDeque<Exchange> = script.into();
+    while let Some(want) = script.pop_front() {
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        let Ok(Some((request, respond))) = next else {
+            panic!(
+                "expected {} {} but the reconciler sent nothing more; seen so far: {seen:#?}",
+                want.method, want.path
+            );
+        };
+        let (parts, body) = request.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes).unwrap()
+        };
+        let path = parts.uri.path().to_owned();
+        let query = parts.uri.query().unwrap_or_default().to_owned();
+        assert_eq!(
+            (&parts.method, path.as_str()),
+            (&want.method, want.path.as_str()),
+            "request #{} out of script (query {query:?}, body {body})",
+            seen.len() + 1
+        );
+        for q in &want.query {
+            assert!(
+                query.contains(q),
+                "{} {path}: query {query:?} lacks {q}",
+                parts.method
+            );
+        }
+        let reply = want.reply.clone().unwrap_or_else(|| echo(&body, &path));
+        let response = Response::builder()
+            .status(want.status)
+            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+            .unwrap();
+        respond.send_response(response);
+        seen.push(Seen {
+            method: parts.method,
+            path,
+            body,
+        });
+    }
+    match tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await {
+        Ok(None) => {}
+        Ok(Some((request, _))) => panic!(
+            "unexpected request after the script: {} {}; seen: {seen:#?}",
+            request.method(),
+            request.uri()
+        ),
+        Err(_) => panic!("the client was not dropped after the reconcile"),
+    }
+    seen
+}
+
+/// What a server returns for an apply: the object, with the metadata a status-only body leaves out.
+pub fn echo(body: &Value, path: &str) -> Value {
+    let mut obj = body.clone();
+    if obj.get("metadata").is_none() {
+        let name = path
+            .trim_end_matches("/status")
+            .rsplit('/')
+            .next()
+            .unwrap_or_default();
+        obj["metadata"] = json!({"name": name, "namespace": NS});
+        obj["spec"] = json!({});
+    }
+    obj
+}
+
+/// Caches as the watches would fill them.
+pub struct Cluster {
+    pub stores: Stores,
+    pub memcacheds: Writer<Memcached>,
+    pub deployments: Writer<Deployment>,
+    pub statefulsets: Writer<StatefulSet>,
+    pub config_maps: Writer<ConfigMap>,
+    pub services: Writer<Service>,
+    pub pods: Writer<Pod>,
+    pub pdbs: Writer<PodDisruptionBudget>,
+    pub secrets: Writer<PartialObjectMeta<Secret>>,
+    pub service_monitors: Option<Writer<DynamicObject>>,
+    /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
+    pub secret_hashes: SecretHashes,
+}
+
+impl Cluster {
+    pub fn new() -> Self {
+        // Each cache has had its initial (empty) list, as when the operator's watches have synced.
+        fn synced<K>() -> (reflector::Store<K>, Writer<K>)
+        where
+            K: kube::Resource<DynamicType = ()> + Clone + 'static,
+        {
+            let (reader, mut writer) = reflector::store();
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+            (reader, writer)
+        }
+        let (memcacheds_r, memcacheds) = synced();
+        let (deployments_r, deployments) = synced();
+        let (statefulsets_r, statefulsets) = synced();
+        let (config_maps_r, config_maps) = synced();
+        let (services_r, services) = synced();
+        let (pods_r, pods) = synced();
+        let (pdbs_r, pdbs) = synced();
+        let (secrets_r, secrets) = synced();
+        Self {
+            stores: Stores {
+                memcacheds: memcacheds_r,
+                deployments: deployments_r,
+                statefulsets: statefulsets_r,
+                config_maps: config_maps_r,
+                services: services_r,
+                pods: pods_r,
+                pdbs: pdbs_r,
+                secrets: secrets_r,
+                service_monitors: None,
+            },
+            memcacheds,
+            deployments,
+            statefulsets,
+            config_maps,
+            services,
+            pods,
+            pdbs,
+            secrets,
+            service_monitors: None,
+            secret_hashes: SecretHashes::default(),
+        }
+    }
+    /// A cluster that serves the ServiceMonitor API.
+    pub fn with_service_monitors() -> Self {
+        let mut cluster = Self::new();
+        let mut writer =
+            Writer::new(memcached_operator::resources::service_monitor::api_resource());
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        cluster.stores.service_monitors = Some(writer.as_reader());
+        cluster.service_monitors = Some(writer);
+        cluster
+    }
+    pub fn pdb(&mut self, p: PodDisruptionBudget) {
+        self.pdbs.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+    pub fn service_monitor(&mut self, sm: DynamicObject) {
+        self.service_monitors
+            .as_mut()
+            .unwrap()
+            .apply_watcher_event(&watcher::Event::Apply(sm));
+    }
+    pub fn secret(&mut self, name: &str, version: &str) {
+        let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": version}
+        }))
+        .unwrap();
+        self.secrets
+            .apply_watcher_event(&watcher::Event::Apply(meta));
+    }
+    pub fn deployment(&mut self, d: Deployment) {
+        self.deployments
+            .apply_watcher_event(&watcher::Event::Apply(d));
+    }
+    pub fn statefulset(&mut self, s: StatefulSet) {
+        self.statefulsets
+            .apply_watcher_event(&watcher::Event::Apply(s));
+    }
+    pub fn config_map(&mut self, c: ConfigMap) {
+        self.config_maps
+            .apply_watcher_event(&watcher::Event::Apply(c));
+    }
+    pub fn remove_pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Delete(p));
+    }
+    pub fn service(&mut self, s: Service) {
+        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+    }
+    pub fn pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+}
+
+pub struct Run {
+    pub result: Result<Action, Error>,
+    pub seen: Vec<Seen>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Runs one reconcile of `mc` against `script`.
+pub async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run {
+    run_at(cluster, mc, script, NOW).await
+}
+
+/// Runs one reconcile of `mc` against `script` with the clock at `now` (seconds since the epoch).
+pub async fn run_at(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>, now: i64) -> Run {
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
+    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let server = tokio::spawn(serve(handle, script));
+    let metrics = Arc::new(Metrics::default());
+    let mut ctx = Context::new(
+        Client::new(service, NS),
+        Settings::default(),
+        cluster.stores.clone(),
+        metrics.clone(),
+        Some("test".into()),
+        Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
+    );
+    ctx.secret_hashes = cluster.secret_hashes.clone();
+    let result = reconcile(Arc::new(mc), Arc::new(ctx)).await;
+    let seen = server
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    Run {
+        result,
+        seen,
+        metrics,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Objects.
+
+pub fn memcached(size: i32) -> Memcached {
+    let mut mc = Memcached::new(
+        NAME,
+        MemcachedSpec {
+            size,
+            ..MemcachedSpec::default()
+        },
+    );
+    mc.metadata.namespace = Some(NS.into());
+    mc.metadata.uid = Some("uid-1".into());
+    mc.metadata.generation = Some(1);
+    mc.metadata.resource_version = Some("1".into());
+    mc.metadata.finalizers = Some(vec![FINALIZER.into()]);
+    mc
+}
+
+/// What the API server returns for an applied object: the body plus server-set metadata and defaults.
+pub fn as_stored(applied: &Value) -> Value {
+    let mut obj = applied.clone();
+    obj["metadata"]["uid"] = json!("child-uid");
+    obj["metadata"]["resourceVersion"] = json!("10");
+    obj["metadata"]["generation"] = json!(1);
+    obj["metadata"]["creationTimestamp"] = json!("2023-11-14T22:13:20Z");
+    obj
+}
+
+/// A stored Deployment whose controller reports every replica ready.
+pub fn settled(applied: &Value) -> Deployment {
+    let mut obj = as_stored(applied);
+    let n = obj["spec"]["replicas"].as_i64().unwrap();
+    obj["spec"]["progressDeadlineSeconds"] = json!(600); // a server default
+    obj["status"] = json!({"observedGeneration": 1, "replicas": n, "readyReplicas": n,
+                           "updatedReplicas": n, "availableReplicas": n});
+    serde_json::from_value(obj).unwrap()
+}
+
+pub fn ready_pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": NAME,
+            "app.kubernetes.io/managed-by": "memcached-operator"}},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap()
+}
+
+/// Asserts that the status body has `Degraded=True` with `reason` and a message containing `fragment`.
+pub fn assert_degraded(status: &Value, reason: &str, fragment: &str) {
+    let degraded = condition(status, "Degraded");
+    assert_eq!(
+        (degraded["status"].as_str(), degraded["reason"].as_str()),
+        (Some("True"), Some(reason))
+    );
+    let message = degraded["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(fragment),
+        "{reason}: {message:?} lacks {fragment:?}"
+    );
+}
+
+pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
+    status["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == type_)
+        .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
+}
+
+/// The happy create path of a default instance of `size` pods. It puts what was applied into the
+/// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
+pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
+    let mut script = vec![
+        expect(Method::PATCH, CONFIG_MAPS).apply(),
+        event(),
+        expect(Method::PATCH, DEPLOYMENTS).apply(),
+        event(),
+        expect(Method::PATCH, SERVICES).apply(),
+        event(),
+        expect(Method::PATCH, HEADLESS).apply(),
+        event(),
+    ];
+    if size > 1 {
+        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
+    }
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(cluster, memcached(size), script).await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    let seen = run.seen;
+    assert_eq!(seen[1].body["note"], "Created ConfigMap cache-servers");
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    let seen = &seen[2..];
+    assert_eq!(seen[1].body["reason"], "Created");
+    assert_eq!(seen[1].body["type"], "Normal");
+    assert_eq!(seen[1].body["regarding"]["kind"], "Memcached");
+    assert_eq!(
+        seen[1].body["note"],
+        format!("Created Deployment cache with {size} replicas")
+    );
+    assert_eq!(seen[3].body["note"], "Created Service cache");
+    assert_eq!(seen[5].body["note"], "Created Service cache-headless");
+    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    if size > 1 {
+        assert_eq!(seen[7].body["note"], "Created PodDisruptionBudget cache");
+        cluster.pdb(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    }
+    (
+        seen[0].body.clone(),
+        seen[2].body.clone(),
+        seen.last().unwrap().body.clone(),
+    )
+}

@@ -43,7 +43,9 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 ///   garbage collection does that.
 /// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
 ///   (server-side apply of one annotation) to mark drained pods with a low pod-deletion cost.
-/// - PodDisruptionBudgets and ServiceMonitors: like Deployments, and deleted when a spec turns them off.
+/// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
+///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
+///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions.
 /// - Secrets: watched by metadata, and read when one an instance references changes (TLS, auth).
 /// - Events: recorded through `events.k8s.io/v1` (created, and patched when they repeat).
 pub fn manager_role() -> ClusterRole {
@@ -71,6 +73,16 @@ pub fn manager_role() -> ClusterRole {
             rule(
                 "policy",
                 &["poddisruptionbudgets"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule(
+                "networking.k8s.io",
+                &["networkpolicies"],
+                &["get", "list", "watch", "create", "patch", "delete"],
+            ),
+            rule(
+                "autoscaling",
+                &["horizontalpodautoscalers"],
                 &["get", "list", "watch", "create", "patch", "delete"],
             ),
             rule(

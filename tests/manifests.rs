@@ -524,8 +524,8 @@ fn cel_rules_compile_and_are_bounded() {
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
     assert_eq!(
         nodes.len(),
-        5,
-        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring"
+        7,
+        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], autoscaling"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);

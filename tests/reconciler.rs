@@ -548,7 +548,7 @@ fn memcached_test_object_is_namespaced() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// Production features: Secrets, PodDisruptionBudget, exporter, ServiceMonitor.
+// Production features: Secrets, PodDisruptionBudget, exporter, ServiceMonitor, NetworkPolicy, autoscaler.
 
 const TLS_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-tls";
 const AUTH_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-auth";
@@ -562,9 +562,14 @@ fn full(size: i32) -> Memcached {
             "highAvailability": {"antiAffinity": "hard"},
             "service": {"type": "ClusterIP", "annotations": {"a": "b"}},
             "security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
-                         "auth": {"secretName": "cache-auth"}},
+                         "auth": {"secretName": "cache-auth"},
+                         "networkPolicy": {"enabled": true,
+                                           "allowedClients": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                                           "monitoringNamespaceSelector": {}}},
             "monitoring": {"exporter": {"enabled": true},
-                           "serviceMonitor": {"enabled": true, "interval": "30s"}}
+                           "serviceMonitor": {"enabled": true, "interval": "30s"}},
+            "autoscaling": {"enabled": true, "minSize": 1, "maxSize": 6,
+                            "targetCPUUtilizationPercentage": 75}
         }),
     )
 }
@@ -605,6 +610,10 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     ];
     script.extend(created_children(DEPLOYMENTS, size));
     script.extend([
+        expect(Method::PATCH, NETWORK_POLICIES).apply(),
+        event(),
+        expect(Method::PATCH, AUTOSCALERS).apply(),
+        event(),
         expect(Method::PATCH, SERVICE_MONITORS).apply(),
         event(),
         expect(Method::PATCH, STATUS).apply(),
@@ -622,6 +631,9 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
         i += 2;
     }
+    cluster.network_policy(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+    cluster.autoscaler(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
+    i += 4;
     cluster.service_monitor(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
     seen[2].body.clone()
 }

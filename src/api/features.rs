@@ -215,7 +215,7 @@ pub struct ServiceConfig {
     pub port: Option<i32>,
 }
 
-/// Security settings (`spec.security`).
+/// Security settings (`spec.security`): TLS, authentication, network isolation.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Security {
@@ -226,6 +226,10 @@ pub struct Security {
     /// Require ASCII authentication.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auth: Option<AuthConfig>,
+
+    /// A NetworkPolicy that admits only the listed clients to memcached.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network_policy: Option<super::NetworkPolicyConfig>,
 }
 
 /// TLS for client connections (memcached `-Z`).

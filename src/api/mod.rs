@@ -6,6 +6,7 @@
 //! repeat checks the operator also makes itself.
 
 mod features;
+mod isolation;
 mod pools;
 
 use std::collections::BTreeMap;
@@ -157,6 +158,9 @@ pub struct MemcachedSpec {
     /// How a changed pod template rolls out: one server at a time, each warmed up before the next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
+    /// A HorizontalPodAutoscaler that sets spec.size from the pods' CPU or memory use.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub autoscaling: Option<AutoscalingConfig>,
 }
 
 fn default_size() -> i32 {
@@ -187,6 +191,7 @@ impl Default for MemcachedSpec {
             workload: Workload::default(),
             scaling: None,
             rollout: None,
+            autoscaling: None,
         }
     }
 }
@@ -237,6 +242,7 @@ pub struct MemcachedStatus {
 }
 
 pub use features::*;
+pub use isolation::*;
 pub use pools::*;
 
 impl Memcached {

@@ -18,7 +18,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -83,6 +85,8 @@ pub struct Stores {
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// ServiceMonitors, when the cluster serves their API (checked once at start).
     pub service_monitors: Option<Store<DynamicObject>>,
+    pub network_policies: Store<NetworkPolicy>,
+    pub autoscalers: Store<HorizontalPodAutoscaler>,
 }
 
 /// Source of "now" for condition transition times (pinned in tests).

@@ -1,12 +1,14 @@
 //! Reconcile: finalizer → validate → plan the pool (slots, drain) → build → apply (only what differs) →
 //! status (only when it differs).
 
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -26,7 +28,8 @@ use super::{Context, Error};
 use crate::api::{Drain, FINALIZER, Memcached, MemcachedStatus, Server, Workload};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, deployment, labels, pdb, servers, service, service_monitor, statefulset,
+    Instance, autoscaler, deployment, labels, network_policy, pdb, servers, service,
+    service_monitor, statefulset,
 };
 use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
 
@@ -172,7 +175,7 @@ struct Children {
 }
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
-/// PodDisruptionBudget, ServiceMonitor), removes the optional ones that are no longer wanted, and records
+/// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional ones that are no longer wanted, and records
 /// what changed as events. The server list goes before the workload, so a scale-down is published before
 /// any server is removed.
 async fn apply_children(
@@ -282,6 +285,26 @@ async fn apply_children(
         pdb::pdb(instance),
         &stores.pdbs,
         pdbs,
+        &(),
+    )
+    .await?;
+    let network_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    sync_child(
+        &scope,
+        instance.name,
+        network_policy::network_policy(instance),
+        &stores.network_policies,
+        network_policies,
+        &(),
+    )
+    .await?;
+    let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    sync_child(
+        &scope,
+        instance.name,
+        autoscaler::autoscaler(instance),
+        &stores.autoscalers,
+        autoscalers,
         &(),
     )
     .await?;

@@ -1,8 +1,8 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
-//! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets and (where the
-//!   cluster serves them) ServiceMonitors: only
+//! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets,
+//!   NetworkPolicies, HorizontalPodAutoscalers and (where the cluster serves them) ServiceMonitors: only
 //!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
 //!   owning instance through its controller owner reference. They are cached whole: the drift check
 //!   compares their spec.
@@ -24,7 +24,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
@@ -180,6 +182,24 @@ pub async fn run(
         trim_meta,
         (),
     );
+    let (network_policies, network_policy_stream) = cached(
+        &metrics,
+        "networkpolicies",
+        api::<NetworkPolicy>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
+    // that finds nothing to do in the caches and sends nothing.
+    let (autoscalers, autoscaler_stream) = cached(
+        &metrics,
+        "horizontalpodautoscalers",
+        api::<HorizontalPodAutoscaler>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
         &metrics,
@@ -226,6 +246,8 @@ pub async fn run(
         pdbs,
         secrets,
         service_monitors,
+        network_policies,
+        autoscalers,
     };
     let children_synced = children_synced(&stores, shutdown.clone());
     tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
@@ -250,6 +272,8 @@ pub async fn run(
         .owns_stream(service_stream)
         .owns_stream(config_map_stream)
         .owns_stream(pdb_stream)
+        .owns_stream(network_policy_stream)
+        .owns_stream(autoscaler_stream)
         .watches_stream(pod_stream, pod_owner)
         .watches_stream(secret_stream, move |secret| {
             referencing(&instances.state(), &secret)
@@ -402,26 +426,21 @@ type Synced = Shared<BoxFuture<'static, bool>>;
 fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) -> Synced {
     let stores = stores.clone();
     async move {
-        let service_monitors = async {
-            match &stores.service_monitors {
-                Some(store) => store.wait_until_ready().await,
-                None => Ok(()),
-            }
-        };
-        let all = futures::future::try_join3(
-            futures::future::try_join3(
-                stores.deployments.wait_until_ready(),
-                stores.services.wait_until_ready(),
-                stores.pods.wait_until_ready(),
-            ),
-            futures::future::try_join4(
-                stores.pdbs.wait_until_ready(),
-                stores.secrets.wait_until_ready(),
-                stores.statefulsets.wait_until_ready(),
-                stores.config_maps.wait_until_ready(),
-            ),
-            service_monitors,
-        );
+        let mut waits = vec![
+            stores.deployments.wait_until_ready().boxed(),
+            stores.statefulsets.wait_until_ready().boxed(),
+            stores.services.wait_until_ready().boxed(),
+            stores.config_maps.wait_until_ready().boxed(),
+            stores.pods.wait_until_ready().boxed(),
+            stores.pdbs.wait_until_ready().boxed(),
+            stores.network_policies.wait_until_ready().boxed(),
+            stores.autoscalers.wait_until_ready().boxed(),
+            stores.secrets.wait_until_ready().boxed(),
+        ];
+        if let Some(store) = &stores.service_monitors {
+            waits.push(store.wait_until_ready().boxed());
+        }
+        let all = futures::future::try_join_all(waits);
         tokio::select! {
             ready = all => ready.is_ok(),
             () = shutdown => false,

@@ -133,6 +133,7 @@ mod tests {
                     secret_name: "auth".into(),
                     key: None,
                 }),
+                network_policy: None,
             }),
             ..MemcachedSpec::default()
         };

@@ -3,9 +3,11 @@
 //! Nothing here talks to the API server, so every shape decision is unit-tested with plain values.
 
 pub mod args;
+pub mod autoscaler;
 pub mod deployment;
 pub mod drift;
 pub mod labels;
+pub mod network_policy;
 pub mod pdb;
 pub mod pod;
 pub mod quantity;

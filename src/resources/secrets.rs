@@ -114,6 +114,7 @@ mod tests {
                     secret_name: "auth".into(),
                     key: None,
                 }),
+                network_policy: None,
             }),
             ..MemcachedSpec::default()
         }

@@ -8,7 +8,7 @@ use crate::api::MemcachedSpec;
 /// Reason for every check here.
 pub const INVALID_CONFIG: &str = "InvalidConfig";
 
-fn invalid(message: String) -> InvalidSpec {
+pub(super) fn invalid(message: String) -> InvalidSpec {
     InvalidSpec {
         reason: INVALID_CONFIG,
         message,
@@ -22,7 +22,9 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     memory_limit(spec)?;
     termination(spec)?;
     disruption_budget(spec)?;
-    monitoring(spec)
+    monitoring(spec)?;
+    super::network_policy::validate(spec)?;
+    super::autoscaler::validate(spec)
 }
 
 fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {

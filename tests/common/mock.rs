@@ -8,7 +8,9 @@ pub use std::time::Duration;
 pub use http::{Method, Request, Response, StatusCode};
 pub use http_body_util::BodyExt;
 pub use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+pub use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 pub use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+pub use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use k8s_openapi::jiff::Timestamp;
@@ -91,6 +93,10 @@ pub const PODS: &str = "/api/v1/namespaces/default/pods";
 pub const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
 pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
 pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
+pub const NETWORK_POLICIES: &str =
+    "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/cache";
+pub const AUTOSCALERS: &str =
+    "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers/cache";
 pub const SERVICE_MONITORS: &str =
     "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
 pub const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
@@ -190,6 +196,8 @@ pub struct Cluster {
     pub pdbs: Writer<PodDisruptionBudget>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
     pub service_monitors: Option<Writer<DynamicObject>>,
+    pub network_policies: Writer<NetworkPolicy>,
+    pub autoscalers: Writer<HorizontalPodAutoscaler>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
 }
@@ -213,6 +221,8 @@ impl Cluster {
         let (pods_r, pods) = synced();
         let (pdbs_r, pdbs) = synced();
         let (secrets_r, secrets) = synced();
+        let (network_policies_r, network_policies) = synced();
+        let (autoscalers_r, autoscalers) = synced();
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
@@ -224,6 +234,8 @@ impl Cluster {
                 pdbs: pdbs_r,
                 secrets: secrets_r,
                 service_monitors: None,
+                network_policies: network_policies_r,
+                autoscalers: autoscalers_r,
             },
             memcacheds,
             deployments,
@@ -234,6 +246,8 @@ impl Cluster {
             pdbs,
             secrets,
             service_monitors: None,
+            network_policies,
+            autoscalers,
             secret_hashes: SecretHashes::default(),
         }
     }
@@ -285,6 +299,14 @@ impl Cluster {
     }
     pub fn pod(&mut self, p: Pod) {
         self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+    }
+    pub fn network_policy(&mut self, p: NetworkPolicy) {
+        self.network_policies
+            .apply_watcher_event(&watcher::Event::Apply(p));
+    }
+    pub fn autoscaler(&mut self, a: HorizontalPodAutoscaler) {
+        self.autoscalers
+            .apply_watcher_event(&watcher::Event::Apply(a));
     }
 }
 

@@ -12,9 +12,9 @@ use crate::checks::{
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    APPLY, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES, MEMCACHEDS,
-    MONITORING, PDB, PDBS, PODS, SECRETS, SERVER_LIST, SERVICE, SERVICE_MONITORS, SERVICES,
-    STATEFULSETS, STATUS,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES,
+    MEMCACHEDS, MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS, SERVER_LIST, SERVICE,
+    SERVICE_MONITORS, SERVICES, STATEFULSETS, STATUS,
 };
 use crate::fake_api::world::World;
 use crate::harness::{
@@ -82,6 +82,8 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         (SERVICES, Some(MANAGED)),
         (CONFIGMAPS, Some(MANAGED)),
         (PODS, Some(MANAGED)),
+        (NETWORK_POLICIES, Some(MANAGED)),
+        (AUTOSCALERS, Some(MANAGED)),
         (PDBS, Some(MANAGED)),
         (SECRETS, None),
     ] {

@@ -46,6 +46,7 @@ fn everything() -> MemcachedSpec {
                 secret_name: "cache-auth".into(),
                 key: Some("users".into()),
             }),
+            network_policy: None,
         }),
         monitoring: Some(Monitoring {
             exporter: Some(ExporterConfig {

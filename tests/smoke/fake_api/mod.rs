@@ -36,8 +36,8 @@ use serde_json::{Value, json};
 
 use crate::fake_api::answers::{child_name, merge_spec, not_found, status};
 use crate::fake_api::paths::{
-    APPLY, CONFIGMAPS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDBS, PODS,
-    SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS, STRATEGIC,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING,
+    NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS, STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
 use crate::fake_api::world::{World, metadata_only};
@@ -201,6 +201,16 @@ impl Fake {
                 CONFIGMAPS => Some(("v1", "ConfigMapList", world.config_maps.clone())),
                 PODS => Some(("v1", "PodList", world.pods.clone())),
                 PDBS => Some(("policy/v1", "PodDisruptionBudgetList", world.pdbs.clone())),
+                NETWORK_POLICIES => Some((
+                    "networking.k8s.io/v1",
+                    "NetworkPolicyList",
+                    world.network_policies.clone(),
+                )),
+                AUTOSCALERS => Some((
+                    "autoscaling/v2",
+                    "HorizontalPodAutoscalerList",
+                    world.autoscalers.clone(),
+                )),
                 SECRETS => Some((
                     "meta.k8s.io/v1",
                     "PartialObjectMetadataList",
@@ -257,6 +267,8 @@ impl Fake {
                 .or_else(|| child_name(path, CONFIGMAPS))
                 .or_else(|| child_name(path, PODS))
                 .or_else(|| child_name(path, PDBS))
+                .or_else(|| child_name(path, NETWORK_POLICIES))
+                .or_else(|| child_name(path, AUTOSCALERS))
                 .or_else(|| child_name(path, SERVICE_MONITORS))
             {
                 let mut obj = req.body.clone();

@@ -1,0 +1,313 @@
+//! The NetworkPolicy that admits only the listed clients to an instance's pods.
+//!
+//! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
+//! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
+//! across them), and the exporter reaches memcached over the pod's loopback, which no policy filters.
+//! Kubelet probes come from the pod's node, which NetworkPolicy always admits.
+
+use k8s_openapi::api::networking::v1::{
+    NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
+    NetworkPolicySpec,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::deployment::METRICS_PORT;
+use super::{Instance, InvalidSpec, labels, validate};
+use crate::api::{AllowedClient, MemcachedSpec};
+
+/// The policy for `instance`, or `None` when none is wanted.
+///
+/// Rule 1 admits the memcached port (`containerPort`: a policy matches the pod's port, not the Service's)
+/// from `allowedClients`, or from every pod of the instance's namespace when the list is empty. Rule 2,
+/// with the exporter on, admits the metrics port from the monitoring namespaces, or from the instance's
+/// namespace when none are selected.
+pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
+    let config = instance.spec.network_policy()?;
+    let clients = if config.allowed_clients.is_empty() {
+        vec![same_namespace()]
+    } else {
+        config.allowed_clients.iter().map(peer).collect()
+    };
+    let mut ingress = vec![rule(instance.spec.container_port, clients)];
+    if instance.spec.exporter().is_some() {
+        let scrapers = match &config.monitoring_namespace_selector {
+            Some(selector) => NetworkPolicyPeer {
+                namespace_selector: Some(selector.clone()),
+                ..NetworkPolicyPeer::default()
+            },
+            None => same_namespace(),
+        };
+        ingress.push(rule(METRICS_PORT, vec![scrapers]));
+    }
+    Some(NetworkPolicy {
+        metadata: instance.child_meta(),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(labels::selector_labels(instance.name)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(ingress),
+            egress: None,
+        }),
+    })
+}
+
+/// Every pod in the policy's own namespace: a pod selector that matches everything.
+fn same_namespace() -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: Some(LabelSelector::default()),
+        ..NetworkPolicyPeer::default()
+    }
+}
+
+fn peer(client: &AllowedClient) -> NetworkPolicyPeer {
+    NetworkPolicyPeer {
+        pod_selector: client.pod_selector.clone(),
+        namespace_selector: client.namespace_selector.clone(),
+        ip_block: client.ip_block.clone(),
+    }
+}
+
+fn rule(port: i32, from: Vec<NetworkPolicyPeer>) -> NetworkPolicyIngressRule {
+    NetworkPolicyIngressRule {
+        from: Some(from),
+        ports: Some(vec![NetworkPolicyPort {
+            port: Some(IntOrString::Int(port)),
+            protocol: Some("TCP".to_owned()),
+            end_port: None,
+        }]),
+    }
+}
+
+/// The check the CEL rule on each allowed client makes, for servers without CEL: a NetworkPolicy peer
+/// takes selectors or an ipBlock, not both, and not nothing (the API server would refuse the policy).
+/// Like the CEL rule it holds whether or not the policy is enabled, so both agree on every spec.
+pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
+    let Some(config) = spec
+        .security
+        .as_ref()
+        .and_then(|s| s.network_policy.as_ref())
+    else {
+        return Ok(());
+    };
+    for (i, client) in config.allowed_clients.iter().enumerate() {
+        let selectors = client.pod_selector.is_some() || client.namespace_selector.is_some();
+        let valid = if client.ip_block.is_some() {
+            !selectors
+        } else {
+            selectors
+        };
+        if !valid {
+            return Err(validate::invalid(format!(
+                "spec.security.networkPolicy.allowedClients[{i}] must set podSelector and/or \
+                 namespaceSelector, or ipBlock alone"
+            )));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{ExporterConfig, Monitoring, NetworkPolicyConfig, Security};
+    use crate::resources::Defaults;
+    use crate::resources::testing::memcached;
+    use k8s_openapi::api::networking::v1::IPBlock;
+    use serde_json::json;
+
+    fn spec(config: NetworkPolicyConfig, exporter: bool) -> MemcachedSpec {
+        MemcachedSpec {
+            container_port: 11311,
+            security: Some(Security {
+                network_policy: Some(config),
+                ..Security::default()
+            }),
+            monitoring: exporter.then(|| Monitoring {
+                exporter: Some(ExporterConfig {
+                    enabled: true,
+                    ..ExporterConfig::default()
+                }),
+                service_monitor: None,
+            }),
+            ..MemcachedSpec::default()
+        }
+    }
+
+    fn build(spec: MemcachedSpec) -> Option<serde_json::Value> {
+        let mc = memcached("cache", spec);
+        let defaults = Defaults::default();
+        let policy = network_policy(&Instance::new(&mc, &defaults).unwrap())?;
+        Some(serde_json::to_value(policy).unwrap())
+    }
+
+    fn enabled() -> NetworkPolicyConfig {
+        NetworkPolicyConfig {
+            enabled: true,
+            ..NetworkPolicyConfig::default()
+        }
+    }
+
+    fn selector(key: &str, value: &str) -> LabelSelector {
+        LabelSelector {
+            match_labels: Some([(key.to_owned(), value.to_owned())].into()),
+            ..LabelSelector::default()
+        }
+    }
+
+    #[test]
+    fn default_policy_admits_memcached_from_the_namespace_only() {
+        assert_eq!(
+            build(spec(enabled(), false)).unwrap(),
+            json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "NetworkPolicy",
+                "metadata": {
+                    "name": "cache",
+                    "namespace": "default",
+                    "labels": {
+                        "app.kubernetes.io/instance": "cache",
+                        "app.kubernetes.io/managed-by": "memcached-operator",
+                        "app.kubernetes.io/name": "memcached"
+                    },
+                    "ownerReferences": [{
+                        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache",
+                        "uid": "uid-1", "controller": true
+                    }]
+                },
+                "spec": {
+                    "podSelector": {"matchLabels": {
+                        "app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached"
+                    }},
+                    "policyTypes": ["Ingress"],
+                    "ingress": [{
+                        "from": [{"podSelector": {}}],
+                        "ports": [{"port": 11311, "protocol": "TCP"}]
+                    }]
+                }
+            })
+        );
+    }
+
+    #[test]
+    fn listed_clients_and_monitoring_namespaces_are_admitted_on_their_ports() {
+        let config = NetworkPolicyConfig {
+            allowed_clients: vec![
+                AllowedClient {
+                    pod_selector: Some(selector("app", "web")),
+                    ..AllowedClient::default()
+                },
+                AllowedClient {
+                    namespace_selector: Some(selector("team", "shop")),
+                    pod_selector: Some(selector("app", "api")),
+                    ..AllowedClient::default()
+                },
+                AllowedClient {
+                    ip_block: Some(IPBlock {
+                        cidr: "10.0.0.0/8".into(),
+                        except: Some(vec!["10.9.0.0/16".into()]),
+                    }),
+                    ..AllowedClient::default()
+                },
+            ],
+            monitoring_namespace_selector: Some(selector(
+                "kubernetes.io/metadata.name",
+                "monitoring",
+            )),
+            ..enabled()
+        };
+        let policy = build(spec(config, true)).unwrap();
+        assert_eq!(
+            policy["spec"]["ingress"],
+            json!([
+                {
+                    "from": [
+                        {"podSelector": {"matchLabels": {"app": "web"}}},
+                        {"namespaceSelector": {"matchLabels": {"team": "shop"}},
+                         "podSelector": {"matchLabels": {"app": "api"}}},
+                        {"ipBlock": {"cidr": "10.0.0.0/8", "except": ["10.9.0.0/16"]}}
+                    ],
+                    "ports": [{"port": 11311, "protocol": "TCP"}]
+                },
+                {
+                    "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+                    "ports": [{"port": 9150, "protocol": "TCP"}]
+                }
+            ])
+        );
+    }
+
+    #[test]
+    fn metrics_port_defaults_to_the_namespace_and_needs_the_exporter() {
+        let with_exporter = build(spec(enabled(), true)).unwrap();
+        assert_eq!(
+            with_exporter["spec"]["ingress"][1],
+            json!({"from": [{"podSelector": {}}], "ports": [{"port": 9150, "protocol": "TCP"}]})
+        );
+        // A monitoring selector without the exporter opens nothing.
+        let config = NetworkPolicyConfig {
+            monitoring_namespace_selector: Some(LabelSelector::default()),
+            ..enabled()
+        };
+        let policy = build(spec(config, false)).unwrap();
+        assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn none_unless_enabled() {
+        assert!(build(MemcachedSpec::default()).is_none());
+        assert!(build(spec(NetworkPolicyConfig::default(), true)).is_none());
+    }
+
+    #[test]
+    fn peers_take_selectors_or_an_ip_block_alone() {
+        let with = |client: AllowedClient| {
+            spec(
+                NetworkPolicyConfig {
+                    allowed_clients: vec![
+                        AllowedClient {
+                            pod_selector: Some(LabelSelector::default()),
+                            ..AllowedClient::default()
+                        },
+                        client,
+                    ],
+                    ..enabled()
+                },
+                false,
+            )
+        };
+        let block = || {
+            Some(IPBlock {
+                cidr: "192.168.0.0/16".into(),
+                except: None,
+            })
+        };
+        let message = validate(&with(AllowedClient::default()))
+            .unwrap_err()
+            .message;
+        assert!(message.contains("allowedClients[1]"), "{message}");
+        let mixed = AllowedClient {
+            namespace_selector: Some(LabelSelector::default()),
+            ip_block: block(),
+            ..AllowedClient::default()
+        };
+        assert!(validate(&with(mixed)).is_err());
+        let ip_only = AllowedClient {
+            ip_block: block(),
+            ..AllowedClient::default()
+        };
+        validate(&with(ip_only)).unwrap();
+        // Checked while disabled too, as the CEL rule is: enabling it later cannot fail at apply time.
+        let mut off = with(AllowedClient::default());
+        off.security
+            .as_mut()
+            .unwrap()
+            .network_policy
+            .as_mut()
+            .unwrap()
+            .enabled = false;
+        assert!(validate(&off).is_err());
+    }
+}

@@ -418,19 +418,43 @@ async fn a_changed_workload_is_degraded_and_nothing_is_applied() {
 async fn a_pod_gone_before_its_mark_does_not_fail_the_reconcile() {
     let mut cluster = Cluster::new();
     let status = settled_deployment_instance(&mut cluster).await;
-    // The apply of the mark would create the pod the cache still shows: the server refuses it.
-    let refused = expect(Method::PATCH, &pod_path("cache-c"))
-        .apply()
-        .fail(422, "Invalid");
-    let run = start_drain(
-        &mut cluster,
-        with_status(memcached(2), status),
-        vec![refused],
-    )
-    .await;
+    // The apply of the mark would create the pod the cache still shows: without `create` on pods the
+    // server refuses it, and a read confirms the pod is gone.
+    let refused = vec![
+        expect(Method::PATCH, &pod_path("cache-c"))
+            .apply()
+            .fail(403, "Forbidden"),
+        expect(Method::GET, &pod_path("cache-c")).fail(404, "NotFound"),
+    ];
+    let run = start_drain(&mut cluster, with_status(memcached(2), status), refused).await;
     assert_eq!(
-        condition(&run.seen[3].body, "Degraded")["status"],
+        condition(&run.seen[4].body, "Degraded")["status"],
         "False",
         "a vanished pod is no problem to report"
     );
+}
+
+#[tokio::test]
+async fn a_refused_mark_on_a_pod_that_exists_is_an_error() {
+    let mut cluster = Cluster::new();
+    let status = settled_deployment_instance(&mut cluster).await;
+    let pod = server_pod("cache-c", "10.0.0.3", true, "2023-11-14T22:13:20Z");
+    let run = run(
+        &mut cluster,
+        with_status(memcached(2), status),
+        vec![
+            expect(Method::PATCH, &pod_path("cache-c"))
+                .apply()
+                .fail(403, "Forbidden"),
+            expect(Method::GET, &pod_path("cache-c"))
+                .reply(StatusCode::OK, serde_json::to_value(pod).unwrap()),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+            event(),
+        ],
+    )
+    .await;
+    let error = run.result.unwrap_err();
+    assert_eq!(error.kind(), "apply");
+    assert_degraded(&run.seen[2].body, "ApplyRejected", "Pod cache-c");
 }

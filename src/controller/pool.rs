@@ -167,21 +167,29 @@ pub async fn apply_marks(
             metadata["annotations"] = json!({DELETION_COST_ANNOTATION: DRAINED_COST});
         }
         let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata});
-        match api.patch(name, &params, &Patch::Apply(&patch)).await {
-            Ok(_) => {}
-            // The pod went after the cache saw it: an apply then tries to create it (422) or finds nothing
-            // (404). Nothing to mark; the next reconcile works from the updated cache.
-            Err(kube::Error::Api(status)) if matches!(status.code, 404 | 422) => {
-                warn!(pod = %name, code = status.code, message = %status.message, "could not mark a drained pod");
+        let error = match api.patch(name, &params, &Patch::Apply(&patch)).await {
+            Ok(_) => continue,
+            Err(error) => error,
+        };
+        // An apply of a pod that went after the cache saw it would create it: the API server refuses
+        // that (403 without `create` on pods, else 422). Nothing to mark then; the next reconcile works
+        // from the updated cache. Any other refusal is a real one.
+        let gone = match &error {
+            kube::Error::Api(status) if status.code == 404 => true,
+            kube::Error::Api(status) if matches!(status.code, 403 | 422) => {
+                matches!(api.get_opt(name).await, Ok(None))
             }
-            Err(source) => {
-                return Err(Error::Apply {
-                    kind: "Pod".into(),
-                    name: name.clone(),
-                    source,
-                });
-            }
+            _ => false,
+        };
+        if gone {
+            warn!(pod = %name, "the pod to mark is gone; skipping it");
+            continue;
         }
+        return Err(Error::Apply {
+            kind: "Pod".into(),
+            name: name.clone(),
+            source: error,
+        });
     }
     Ok(())
 }

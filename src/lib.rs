@@ -17,6 +17,7 @@ pub mod kustomize;
 pub mod manager;
 pub mod manifests;
 pub mod metrics;
+pub mod observe;
 pub mod resources;
 pub mod schema;
 pub mod status;

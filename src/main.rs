@@ -77,8 +77,21 @@ fn run(args: RunArgs) -> ExitCode {
     }
 }
 
+/// The tracing directives for `--log-level`. A plain level up to `info` also quiets kube's per-request
+/// failure logs (an ERROR line for every refused connection, a WARN line for every watch cut short): during
+/// an API-server outage they repeat several times a second, and the operator reports the outage itself,
+/// once, and counts every failure in its metrics. Directives, or `debug` and `trace`, are taken as given.
+fn log_directives(level: &str) -> String {
+    let plain = ["error", "warn", "info"].contains(&level.trim().to_ascii_lowercase().as_str());
+    if plain {
+        format!("{level},kube_client::client=error,kube_client::client::builder=off")
+    } else {
+        level.to_owned()
+    }
+}
+
 fn init_logging(args: &RunArgs) -> Result<(), String> {
-    let filter = tracing_subscriber::EnvFilter::try_new(&args.log_level)
+    let filter = tracing_subscriber::EnvFilter::try_new(log_directives(&args.log_level))
         .map_err(|e| format!("invalid --log-level {:?}: {e}", args.log_level))?;
     let builder = tracing_subscriber::fmt()
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))

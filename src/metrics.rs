@@ -5,17 +5,16 @@
 //! sites.
 
 use std::sync::Arc;
-use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
-use futures::future::BoxFuture;
-use http::{Method, Request, Response};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+use crate::observe::{Outcome, Sent};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -25,6 +24,12 @@ struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct WatchErrorLabels {
+    resource: &'static str,
+    reason: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -42,6 +47,8 @@ pub struct Metrics {
     instances: Gauge,
     leader: Gauge,
     requests: Family<RequestLabels, Counter>,
+    api_available: Gauge,
+    watch_errors: Family<WatchErrorLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -83,6 +90,18 @@ impl Default for Metrics {
             "Kubernetes API requests by verb and HTTP status code (\"error\" when no response arrived)",
             requests.clone(),
         );
+        let api_available = Gauge::default();
+        registry.register(
+            "api_available",
+            "1 while the API server answers the operator's requests, 0 during an outage",
+            api_available.clone(),
+        );
+        let watch_errors = Family::<WatchErrorLabels, Counter>::default();
+        registry.register(
+            "watch_errors",
+            "Failed or expired watches by resource and reason (expired: re-listed at once; failed: retried)",
+            watch_errors.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -91,6 +110,8 @@ impl Default for Metrics {
             instances,
             leader,
             requests,
+            api_available,
+            watch_errors,
         }
     }
 }
@@ -137,6 +158,18 @@ impl Metrics {
         self.leader.set(i64::from(leader));
     }
 
+    /// Sets whether the API server answers.
+    pub fn set_api_available(&self, available: bool) {
+        self.api_available.set(i64::from(available));
+    }
+
+    /// Counts a watch that failed (`reason` "failed") or expired and is re-listed ("expired").
+    pub fn watch_error(&self, resource: &'static str, reason: &'static str) {
+        self.watch_errors
+            .get_or_create(&WatchErrorLabels { resource, reason })
+            .inc();
+    }
+
     fn count_request(&self, verb: &'static str, code: String) {
         self.requests
             .get_or_create(&RequestLabels { verb, code })
@@ -156,126 +189,31 @@ impl Drop for ReconcileTimer<'_> {
     }
 }
 
-/// The Kubernetes verb of a request, from its method and (for GET) whether it is a watch.
-/// A plain GET is reported as `get` whether it reads one object or lists many.
-pub fn verb<B>(request: &Request<B>) -> &'static str {
-    match *request.method() {
-        Method::GET => {
-            let watch = request
-                .uri()
-                .query()
-                .is_some_and(|q| q.split('&').any(|kv| kv == "watch=true" || kv == "watch=1"));
-            if watch { "watch" } else { "get" }
-        }
-        Method::POST => "create",
-        Method::PUT => "update",
-        Method::PATCH => "patch",
-        Method::DELETE => "delete",
-        _ => "other",
-    }
-}
-
-/// Tower layer that counts API requests in [`Metrics`].
-#[derive(Clone)]
-pub struct ApiMetricsLayer {
-    metrics: Arc<Metrics>,
-}
-
-impl ApiMetricsLayer {
-    pub fn new(metrics: Arc<Metrics>) -> Self {
-        Self { metrics }
-    }
-}
-
-impl<S> tower::Layer<S> for ApiMetricsLayer {
-    type Service = ApiMetricsService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ApiMetricsService {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
-
-/// Service produced by [`ApiMetricsLayer`].
-#[derive(Clone)]
-pub struct ApiMetricsService<S> {
-    inner: S,
-    metrics: Arc<Metrics>,
-}
-
-impl<S, ReqBody, ResBody> tower::Service<Request<ReqBody>> for ApiMetricsService<S>
-where
-    S: tower::Service<Request<ReqBody>, Response = Response<ResBody>>,
-    S::Future: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut TaskContext<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let verb = verb(&request);
-        let metrics = self.metrics.clone();
-        let future = self.inner.call(request);
-        Box::pin(async move {
-            let result = future.await;
-            let code = match &result {
-                Ok(response) => response.status().as_u16().to_string(),
-                Err(_) => "error".to_owned(),
-            };
-            metrics.count_request(verb, code);
-            result
-        })
+/// The metrics count every API request by verb and status (`error` when no answer arrived).
+impl crate::observe::Observer for Arc<Metrics> {
+    fn observe(&self, sent: &Sent, outcome: Outcome<'_>, _now: Instant) {
+        let code = match outcome {
+            Outcome::Answered(status) => status.as_u16().to_string(),
+            Outcome::Failed(_) => "error".to_owned(),
+        };
+        self.count_request(sent.verb, code);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::observe::ObserveLayer;
+    use http::{Method, Request, Response};
     use tower::{Layer, Service, ServiceExt};
-
-    #[test]
-    fn verbs_from_method_and_watch_flag() {
-        let req = |m: Method, uri: &str| Request::builder().method(m).uri(uri).body(()).unwrap();
-        assert_eq!(
-            verb(&req(
-                Method::GET,
-                "/apis/apps/v1/deployments?watch=true&resourceVersion=1"
-            )),
-            "watch"
-        );
-        assert_eq!(
-            verb(&req(Method::GET, "/apis/apps/v1/deployments?limit=500")),
-            "get"
-        );
-        assert_eq!(
-            verb(&req(
-                Method::PATCH,
-                "/apis/apps/v1/namespaces/a/deployments/b"
-            )),
-            "patch"
-        );
-        assert_eq!(
-            verb(&req(
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/a/events"
-            )),
-            "create"
-        );
-    }
 
     #[tokio::test]
     async fn layer_counts_requests_and_encodes_every_metric() {
         let metrics = Arc::new(Metrics::default());
         let inner = tower::service_fn(|_req: Request<()>| async {
-            Ok::<_, std::convert::Infallible>(Response::builder().status(409).body(()).unwrap())
+            Ok::<_, tower::BoxError>(Response::builder().status(409).body(()).unwrap())
         });
-        let mut svc = ApiMetricsLayer::new(metrics.clone()).layer(inner);
+        let mut svc = ObserveLayer::new(metrics.clone()).layer(inner);
         let req = Request::builder()
             .method(Method::PATCH)
             .uri("/x")
@@ -286,6 +224,8 @@ mod tests {
         metrics.reconciled(Some("apply"));
         metrics.set_leader(true);
         metrics.set_instances(2);
+        metrics.set_api_available(true);
+        metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
 
         let text = metrics.encode();
@@ -296,6 +236,8 @@ mod tests {
             "memcached_operator_reconcile_errors_total{kind=\"apply\"} 1",
             "memcached_operator_leader 1",
             "memcached_operator_managed_instances 2",
+            "memcached_operator_api_available 1",
+            "memcached_operator_watch_errors_total{resource=\"pods\",reason=\"expired\"} 1",
             "memcached_operator_reconcile_duration_seconds_count 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");

@@ -24,6 +24,16 @@ mod common;
 use common::mock::*;
 
 // ---------------------------------------------------------------------------------------------------
+// Objects.
+
+/// An instance of size 1 that `kubectl delete` has marked for deletion (its finalizer still on).
+fn being_deleted() -> Memcached {
+    let mut mc = memcached(1);
+    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    mc
+}
+
+// ---------------------------------------------------------------------------------------------------
 // Scenarios.
 
 #[tokio::test]
@@ -250,8 +260,7 @@ async fn template_drift_without_replica_change_is_an_update() {
 #[tokio::test]
 async fn deletion_records_event_and_status_then_removes_the_finalizer() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -281,8 +290,7 @@ async fn deletion_records_event_and_status_then_removes_the_finalizer() {
 #[tokio::test]
 async fn deletion_is_not_held_up_by_failing_side_steps() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
+    let mc = being_deleted();
     let run = run(
         &mut cluster,
         mc,
@@ -295,6 +303,73 @@ async fn deletion_is_not_held_up_by_failing_side_steps() {
     )
     .await;
     assert_eq!(run.result.unwrap(), Action::await_change());
+}
+
+/// After a leader hand-over the new leader may remove the finalizer of an instance that the old one already
+/// let go: the API server answers 404, which means the work is done, not that it failed.
+#[tokio::test]
+async fn finalizer_removal_on_an_instance_already_gone_is_success() {
+    let mut cluster = Cluster::new();
+    let mc = being_deleted();
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event(),
+            expect(Method::PATCH, STATUS).fail(404, "NotFound"),
+            expect(Method::PATCH, MEMCACHED).fail(404, "NotFound"),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    assert_eq!(
+        run.seen.len(),
+        3,
+        "no ReconcileFailed event after the 404: {:#?}",
+        run.seen
+    );
+    let text = run.metrics.encode();
+    assert!(
+        text.contains("memcached_operator_reconcile_total{result=\"success\"} 1"),
+        "{text}"
+    );
+    assert!(!text.contains("kind=\"finalizer\""), "{text}");
+}
+
+/// A new instance deleted before its finalizer could be added: nothing to do either.
+#[tokio::test]
+async fn finalizer_addition_on_an_instance_already_gone_is_success() {
+    let mut cluster = Cluster::new();
+    let mut mc = memcached(1);
+    mc.metadata.finalizers = None;
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![expect(Method::PATCH, MEMCACHED).fail(404, "NotFound")],
+    )
+    .await;
+    assert_eq!(run.result.unwrap(), Action::await_change());
+    assert_eq!(run.seen.len(), 1, "{:#?}", run.seen);
+}
+
+/// Any other failure to remove the finalizer is still a failure, retried with backoff.
+#[tokio::test]
+async fn finalizer_removal_failing_otherwise_is_retried() {
+    let mut cluster = Cluster::new();
+    let mc = being_deleted();
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+            expect(Method::PATCH, MEMCACHED).fail(500, "InternalError"),
+            event(),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap_err().kind(), "finalizer");
+    assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
 }
 
 #[tokio::test]

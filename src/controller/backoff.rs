@@ -48,6 +48,14 @@ impl Backoff {
             .remove(key);
     }
 
+    /// Forgets every failure: after an API-server outage, whose failures say nothing about the instances.
+    pub fn reset_all(&self) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
     /// Number of failures recorded in a row for `key`.
     pub fn failures(&self, key: &ObjectRef<Memcached>) -> u32 {
         self.failures

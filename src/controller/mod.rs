@@ -5,10 +5,12 @@
 
 mod backoff;
 mod children;
+pub mod connectivity;
 mod error;
 mod events;
 mod reconcile;
 mod secrets;
+mod watch_retry;
 mod watches;
 
 use std::sync::Arc;

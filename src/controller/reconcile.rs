@@ -39,14 +39,21 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         None => Err(Error::Malformed("it has no namespace".into())),
         Some(namespace) => {
             let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
-            finalizer(&api, FINALIZER, mc.clone(), |event| async {
+            let result = finalizer(&api, FINALIZER, mc.clone(), |event| async {
                 match event {
                     FinalizerEvent::Apply(mc) => apply(&mc, &ctx).await,
                     FinalizerEvent::Cleanup(mc) => cleanup(&mc, &ctx).await,
                 }
             })
-            .await
-            .map_err(Error::from)
+            .await;
+            if gone_meanwhile(&result) {
+                // The instance was deleted while this reconcile ran (or another replica removed the
+                // finalizer just before, as after a leader hand-over): the work is done.
+                debug!(memcached = %key, "already deleted; nothing left to do");
+                Ok(Action::await_change())
+            } else {
+                result.map_err(Error::from)
+            }
         }
     };
     match &result {
@@ -63,6 +70,16 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         }
     }
     result
+}
+
+/// Whether adding or removing the finalizer found the instance gone (404): nothing is left to reconcile.
+fn gone_meanwhile(result: &Result<Action, kube::runtime::finalizer::Error<Error>>) -> bool {
+    use kube::runtime::finalizer::Error as F;
+    matches!(
+        result,
+        Err(F::AddFinalizer(kube::Error::Api(status)) | F::RemoveFinalizer(kube::Error::Api(status)))
+            if status.code == 404
+    )
 }
 
 /// Retry policy for failed reconciles: per-object exponential backoff with jitter.

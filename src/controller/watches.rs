@@ -11,8 +11,9 @@
 //!   matter until one an instance references changes; a change triggers the instances that name it.
 //!
 //! `managedFields` are dropped from everything cached. Initial lists come from the API server's watch
-//! cache. Watches restart with backoff on errors, and a
-//! watch that expired (410 Gone) is re-listed by the watcher.
+//! cache. Failed watches are retried within seconds and expired ones (410 Gone) re-listed at once (see
+//! [`super::watch_retry`]); when the API server answers again after an outage, every instance is
+//! reconciled at once (see [`super::connectivity`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -33,8 +34,10 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use std::fmt::Debug;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
+use super::connectivity::Connectivity;
+use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
@@ -88,22 +91,29 @@ pub fn trim_pod(pod: &mut Pod) {
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
+    connectivity: Arc<Connectivity>,
     options: RunOptions,
     synced: Arc<AtomicBool>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = options.namespace.as_deref();
+    // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
+    // begins, or it would wait for them.
+    let shutdown = shutdown.boxed().shared();
     let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
 
     // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
     // waiter), so the end of its initial list is observed on the stream instead.
     let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_stream = watcher(
-        api::<Memcached>(&client, ns),
-        from_cache(watcher::Config::default()),
+    let mc_stream = retrying(
+        &metrics,
+        "memcacheds",
+        watcher(
+            api::<Memcached>(&client, ns),
+            from_cache(watcher::Config::default()),
+        ),
     )
-    .default_backoff()
     .modify(trim_meta)
     .reflect(mc_writer)
     .inspect_ok(move |event| {
@@ -114,21 +124,40 @@ pub async fn run(
     .applied_objects();
 
     let (deployments, deployment_stream) = cached(
+        &metrics,
+        "deployments",
         api::<Deployment>(&client, ns),
         children.clone(),
         trim_meta,
         (),
     );
-    let (services, service_stream) =
-        cached(api::<Service>(&client, ns), children.clone(), trim_meta, ());
-    let (pods, pod_stream) = cached(api::<Pod>(&client, ns), children.clone(), trim_pod, ());
+    let (services, service_stream) = cached(
+        &metrics,
+        "services",
+        api::<Service>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    let (pods, pod_stream) = cached(
+        &metrics,
+        "pods",
+        api::<Pod>(&client, ns),
+        children.clone(),
+        trim_pod,
+        (),
+    );
     let (pdbs, pdb_stream) = cached(
+        &metrics,
+        "poddisruptionbudgets",
         api::<PodDisruptionBudget>(&client, ns),
         children.clone(),
         trim_meta,
         (),
     );
     let (network_policies, network_policy_stream) = cached(
+        &metrics,
+        "networkpolicies",
         api::<NetworkPolicy>(&client, ns),
         children.clone(),
         trim_meta,
@@ -137,6 +166,8 @@ pub async fn run(
     // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
     // that finds nothing to do in the caches and sends nothing.
     let (autoscalers, autoscaler_stream) = cached(
+        &metrics,
+        "horizontalpodautoscalers",
         api::<HorizontalPodAutoscaler>(&client, ns),
         children.clone(),
         trim_meta,
@@ -144,18 +175,32 @@ pub async fn run(
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
+        &metrics,
+        "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
     );
     let service_monitor = service_monitor::api_resource();
-    let (service_monitors, service_monitor_stream) = if service_monitors_served(&client).await {
+    let (service_monitors, service_monitor_stream) = if service_monitors_served(
+        &client,
+        shutdown.clone(),
+    )
+    .await
+    {
         let api = match ns {
             Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &service_monitor),
             None => Api::<DynamicObject>::all_with(client.clone(), &service_monitor),
         };
-        let (store, stream) = cached(api, children, trim_meta, service_monitor.clone());
+        let (store, stream) = cached(
+            &metrics,
+            "servicemonitors",
+            api,
+            children,
+            trim_meta,
+            service_monitor.clone(),
+        );
         (Some(store), Some(stream))
     } else {
         info!(
@@ -175,9 +220,6 @@ pub async fn run(
         network_policies,
         autoscalers,
     };
-    // Shared: reconciles waiting for the caches must give up when shutdown begins, or it would wait for
-    // them.
-    let shutdown = shutdown.boxed().shared();
     let children_synced = children_synced(&stores, shutdown.clone());
     tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
     let ctx = Arc::new(Context::new(
@@ -210,6 +252,7 @@ pub async fn run(
     }
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(
             move |mc, ctx| reconcile_when_synced(mc, ctx, children_synced.clone()),
@@ -235,6 +278,8 @@ pub async fn run(
 /// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
 /// deleted child triggers its owner and is recreated).
 fn cached<K>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
     trim: fn(&mut K),
@@ -249,8 +294,7 @@ where
 {
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
-    let stream = watcher(api, config)
-        .default_backoff()
+    let stream = retrying(metrics, resource, watcher(api, config))
         .modify(trim)
         .reflect(writer)
         .touched_objects();
@@ -284,19 +328,52 @@ pub fn referencing(
         .collect()
 }
 
-/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API.
-async fn service_monitors_served(client: &Client) -> bool {
-    match client
-        .list_api_group_resources("monitoring.coreos.com/v1")
-        .await
-    {
-        Ok(list) => list.resources.iter().any(|r| r.name == "servicemonitors"),
-        Err(kube::Error::Api(status)) if status.code == 404 => false,
-        Err(error) => {
-            warn!(%error, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
-            false
+/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API. Asked until it answers (an
+/// operator started during an API-server outage must not decide "not served" from a refused connection),
+/// or until shutdown; an error that a retry cannot fix (403, other 4xx) counts as not served.
+async fn service_monitors_served(
+    client: &Client,
+    shutdown: Shared<BoxFuture<'static, ()>>,
+) -> bool {
+    let mut delay = FIRST_RETRY;
+    loop {
+        match client
+            .list_api_group_resources("monitoring.coreos.com/v1")
+            .await
+        {
+            Ok(list) => return list.resources.iter().any(|r| r.name == "servicemonitors"),
+            Err(kube::Error::Api(status)) if status.code == 404 => return false,
+            Err(kube::Error::Api(status)) if status.code < 500 => {
+                warn!(error = %status.message, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
+                return false;
+            }
+            Err(error) => {
+                debug!(%error, "cannot discover the ServiceMonitor API yet; retrying");
+            }
         }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.clone() => return false,
+        }
+        delay = (delay * 2).min(LONGEST_RETRY);
     }
+}
+
+/// Fires once each time the API server answers again after an outage, after clearing every instance's
+/// retry backoff: what failed during the outage failed because of it, and is retried now, level-based,
+/// together with whatever changed meanwhile.
+fn recoveries(
+    connectivity: &Connectivity,
+    ctx: Arc<Context>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(
+        (connectivity.recoveries(), ctx),
+        |(mut recoveries, ctx)| async move {
+            recoveries.changed().await.ok()?;
+            ctx.backoff.reset_all();
+            Some(((), (recoveries, ctx)))
+        },
+    )
 }
 
 /// The instance a pod belongs to, from its labels.

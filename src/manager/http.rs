@@ -11,6 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
+use crate::controller::connectivity::Connectivity;
 use crate::metrics::Metrics;
 
 /// What the probes report.
@@ -24,20 +25,26 @@ pub struct Health {
     pub synced: Arc<AtomicBool>,
     /// Whether shutdown has begun.
     pub stopping: AtomicBool,
+    /// Whether the API server answers (absent in tests that do not care).
+    pub connectivity: Option<Arc<Connectivity>>,
 }
 
 impl Health {
     /// Ready: a standby replica (waiting for the Lease) is ready, since it is healthy and must not hold up
-    /// a rollout of the operator; the replica that reconciles is ready once its caches are synced.
+    /// a rollout of the operator; the replica that reconciles is ready once its caches are synced, and not
+    /// while the API server does not answer (it cannot watch then). Liveness stays true throughout: a
+    /// restart would not bring the API server back.
     pub fn ready(&self) -> Result<&'static str, &'static str> {
         if self.stopping.load(Ordering::Acquire) {
             return Err("shutting down");
         }
         let reconciling = !self.leader_election || self.leader.load(Ordering::Acquire);
-        match (reconciling, self.synced.load(Ordering::Acquire)) {
-            (false, _) => Ok("ok: standby, waiting for the leader lease"),
-            (true, true) => Ok("ok"),
-            (true, false) => Err("caches not synced yet"),
+        let answers = self.connectivity.as_ref().is_none_or(|c| c.available());
+        match (reconciling, self.synced.load(Ordering::Acquire), answers) {
+            (false, _, _) => Ok("ok: standby, waiting for the leader lease"),
+            (true, false, _) => Err("caches not synced yet"),
+            (true, true, false) => Err("the API server does not answer; watches are retrying"),
+            (true, true, true) => Ok("ok"),
         }
     }
 }
@@ -113,6 +120,22 @@ mod tests {
         assert_eq!(health.ready(), Ok("ok"));
         health.stopping.store(true, Ordering::Release);
         assert!(health.ready().is_err());
+
+        let metrics = Arc::new(Metrics::default());
+        let connectivity = Arc::new(Connectivity::new(metrics));
+        let watching = Health {
+            connectivity: Some(connectivity.clone()),
+            ..Health::default()
+        };
+        watching.synced.store(true, Ordering::Release);
+        assert_eq!(watching.ready(), Ok("ok"));
+        connectivity.failed(std::time::Instant::now(), "connection refused");
+        assert_eq!(
+            watching.ready(),
+            Err("the API server does not answer; watches are retrying")
+        );
+        connectivity.answered(std::time::Instant::now());
+        assert_eq!(watching.ready(), Ok("ok"));
 
         let single = Health::default();
         assert!(

@@ -3,8 +3,14 @@
 //! Order of events: endpoints come up first (the kubelet probes a standby too); with `--leader-elect` the
 //! replica waits for the Lease; the controller runs until SIGTERM/SIGINT or until the Lease is lost. On a
 //! signal, in-flight reconciles finish, then the Lease is released so a standby can take it over. On a
-//! lost Lease the process exits non-zero without touching anything, as controller-runtime does, and the
+//! lost Lease (taken over, or not renewed in time during an API-server outage) the process stops
+//! reconciling and exits non-zero within [`LOST_LEASE_GRACE`], as controller-runtime does, and the
 //! kubelet restarts it as a standby.
+//!
+//! API-server outages are survived in place: the client gives up on a connection attempt after
+//! [`CONNECT_TIMEOUT`] and on a request without an answer after [`REQUEST_TIMEOUT`], watches retry within
+//! seconds, `/readyz` reports the outage, and every instance is re-checked when the server answers again
+//! (see [`crate::controller::connectivity`]). Starting during an outage waits for the server.
 
 pub mod http;
 pub mod leader;
@@ -12,26 +18,36 @@ pub mod leader;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
 use kube::client::ClientBuilder;
+use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
+use tower::buffer::BufferLayer;
+use tower::retry::RetryLayer;
+use tower::timeout::TimeoutLayer;
 use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, bind_address};
+use crate::controller::connectivity::Connectivity;
 use crate::controller::{self, RunOptions, Settings};
-use crate::metrics::{ApiMetricsLayer, Metrics};
+use crate::metrics::Metrics;
+use crate::observe::{ObserveLayer, Observer};
 use crate::resources::Defaults;
 use http::Health;
-use leader::Election;
+use leader::{Election, Renewals};
 
 /// Runs the operator until it is told to stop.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::default());
-    let client = client(metrics.clone()).await?;
+    let config = config().await?;
+    let connectivity = Arc::new(Connectivity::new(metrics.clone()));
+    let client = client(config.clone(), metrics.clone(), connectivity.clone())?;
     let health = Arc::new(Health {
         leader_election: args.leader_elect,
+        connectivity: Some(connectivity.clone()),
         ..Health::default()
     });
 
@@ -54,20 +70,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let identity = identity();
     let mut election = None;
     if args.leader_elect {
-        let namespace = args
-            .leader_election_namespace
-            .clone()
-            .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
-            .context("--leader-elect needs --leader-election-namespace or the POD_NAMESPACE environment variable")?;
-        info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
-        let mut started = Election::start(
-            client.clone(),
-            &args.leader_election_id,
-            &namespace,
-            &identity,
-        )
-        .await
-        .context("cannot start leader election")?;
+        let Some(mut started) = start_election(&config, &metrics, &args, &identity, &stop).await?
+        else {
+            info!("stopped before leader election could start");
+            return Ok(ExitCode::SUCCESS);
+        };
         if !started.acquired(&stop).await {
             info!("stopped before becoming leader");
             started.release().await;
@@ -101,14 +108,23 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         reporter_instance: Some(identity),
     };
-    controller::run(
+    let controller = controller::run(
         client,
         metrics.clone(),
+        connectivity,
         options,
         health.synced.clone(),
         shutdown,
-    )
-    .await;
+    );
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => {}
+        // In-flight reconciles get a moment to finish, not more: another replica may lead already.
+        () = async {
+            lost.cancelled().await;
+            tokio::time::sleep(LOST_LEASE_GRACE).await;
+        }, if !stop.is_cancelled() => {}
+    }
     health.stopping.store(true, Ordering::Release);
     metrics.set_leader(false);
 
@@ -123,16 +139,95 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A kube client whose every request is counted in the metrics.
-async fn client(metrics: Arc<Metrics>) -> anyhow::Result<Client> {
-    let config = Config::infer()
+/// Longest wait for a connection (TCP and TLS) to the API server. kube's default of 30 s lets one attempt
+/// made while the server's address drops packets (a restarting control-plane node, a load balancer without
+/// backends) hang long after the server is back; a fresh attempt is cheaper.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest wait for the answer to a request (for a watch, for the response that starts it). The API server
+/// ends ordinary requests after 60 s itself, so only a server that stopped answering on an open connection
+/// reaches this; without it, a reconcile waiting for such an answer would hold its instance forever.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(65);
+/// After the Lease is lost, how long in-flight reconciles may take before the process exits anyway.
+pub const LOST_LEASE_GRACE: Duration = Duration::from_secs(2);
+
+/// The API server configuration (kubeconfig or in-cluster), with the timeouts above.
+async fn config() -> anyhow::Result<Config> {
+    let mut config = Config::infer()
         .await
         .context("no Kubernetes configuration found (KUBECONFIG, ~/.kube/config or in-cluster)")?;
+    config.connect_timeout = Some(CONNECT_TIMEOUT);
+    // kube's own retry of 429/503/504 answers waits up to 15 times with delays growing to 1000 s, so a
+    // request to a starting or overloaded API server can hang for minutes inside the client; ours is
+    // bounded (see `client`).
+    config.default_retry = false;
+    Ok(config)
+}
+
+/// A kube client whose every request is counted in the metrics and feeds `observer`; a 429/503/504 answer
+/// is retried at most 3 times within a few seconds (honouring `Retry-After`), and the whole request ends
+/// after [`REQUEST_TIMEOUT`] without an answer. Retries are counted as the requests they are.
+fn client(
+    config: Config,
+    metrics: Arc<Metrics>,
+    observer: impl Observer,
+) -> anyhow::Result<Client> {
+    let retry = RetryPolicy::new(Duration::from_millis(200), Duration::from_secs(2), 3, true)
+        .context("invalid retry policy")?;
     let client = ClientBuilder::try_from(config)
         .context("cannot build the Kubernetes client")?
-        .with_layer(&ApiMetricsLayer::new(metrics))
+        .with_layer(&ObserveLayer::new(observer))
+        .with_layer(&ObserveLayer::new(metrics))
+        // The retry re-sends through a clone of what it wraps; kube's stack is boxed, not cloneable.
+        .with_layer(&BufferLayer::new(1024))
+        .with_layer(&RetryLayer::new(retry))
+        .with_layer(&TimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
     Ok(client)
+}
+
+/// Starts the election, waiting (until `stop`) for an API server that does not answer yet.
+async fn start_election(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    args: &RunArgs,
+    identity: &str,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Election>> {
+    let namespace = args
+        .leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+        .context("--leader-elect needs --leader-election-namespace or the POD_NAMESPACE environment variable")?;
+    info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
+    let mut delay = Duration::from_millis(500);
+    let mut warned = false;
+    loop {
+        let renewals = Renewals::default();
+        let client = client(config.clone(), metrics.clone(), renewals.clone())?;
+        match Election::start(
+            client,
+            renewals,
+            &args.leader_election_id,
+            &namespace,
+            identity,
+        )
+        .await
+        {
+            Ok(election) => return Ok(Some(election)),
+            Err(error) if leader::retriable(&error) => {
+                if !warned {
+                    warn!(%error, "cannot reach the API server to start leader election; retrying");
+                    warned = true;
+                }
+            }
+            Err(error) => return Err(error).context("cannot start leader election"),
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = stop.cancelled() => return Ok(None),
+        }
+        delay = (delay * 2).min(Duration::from_secs(4));
+    }
 }
 
 /// This replica's name in the Lease and in Events: the pod name in a cluster, else host and process id.

@@ -1,6 +1,8 @@
 //! Helpers shared by the tests that read the repository's files.
 #![allow(dead_code)] // each test crate uses its own subset
 
+pub mod mock;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -23,4 +25,3 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
         .filter(|d| !d.is_null())
         .collect()
 }
-pub mod mock;

@@ -1,0 +1,239 @@
+//! Whether the API server answers, as seen from every request the operator's client makes.
+//!
+//! An API-server outage is one cluster-wide condition, not a failure of each watch and each instance: the
+//! operator logs it once when it begins and once when it ends, reports it on `/readyz` and in the metrics,
+//! and when the server answers again it re-checks every instance at once instead of leaving each one to
+//! its own (by then long) retry backoff. The signal comes from a tower layer in the kube client's stack, so
+//! watches, lists, applies, events and status writes all feed it without instrumenting call sites.
+//!
+//! A request counts as answered when a response with a status below 500 arrives; transport errors
+//! (connection refused, reset, timeouts) and 5xx answers (a server that is starting or overloaded) count as
+//! not answered. The API server is reported unavailable only after a failure with no answered request in
+//! the preceding [`Connectivity::FLAP_WINDOW`], so that one failed request among healthy ones (a watch
+//! reconnecting to one bad replica of several behind a load balancer) does not flip the state back and forth.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::metrics::Metrics;
+use crate::observe::{Observer, Outcome, Sent, error_chain};
+
+/// The operator's view of the API server's availability.
+pub struct Connectivity {
+    state: Mutex<State>,
+    /// Bumped every time the API server answers again after it was unavailable.
+    recoveries: watch::Sender<u64>,
+    metrics: Arc<Metrics>,
+}
+
+#[derive(Debug)]
+struct State {
+    /// When a request was last answered.
+    last_answer: Option<Instant>,
+    /// When the current outage began (`None` while available).
+    unavailable_since: Option<Instant>,
+}
+
+impl Connectivity {
+    /// A failure is an outage only if nothing was answered for this long before it.
+    pub const FLAP_WINDOW: Duration = Duration::from_secs(1);
+
+    /// Starts out available: nothing has failed yet, and the start-up lists decide readiness anyway.
+    pub fn new(metrics: Arc<Metrics>) -> Self {
+        metrics.set_api_available(true);
+        Self {
+            state: Mutex::new(State {
+                last_answer: None,
+                unavailable_since: None,
+            }),
+            recoveries: watch::Sender::new(0),
+            metrics,
+        }
+    }
+
+    /// Whether the API server answers.
+    pub fn available(&self) -> bool {
+        self.lock().unavailable_since.is_none()
+    }
+
+    /// Counts up once per recovery; subscribers re-check what the outage may have left undone.
+    pub fn recoveries(&self) -> watch::Receiver<u64> {
+        self.recoveries.subscribe()
+    }
+
+    /// Records an answered request (at `now`).
+    pub fn answered(&self, now: Instant) {
+        let outage = {
+            let mut state = self.lock();
+            state.last_answer = Some(now);
+            state.unavailable_since.take()
+        };
+        if let Some(since) = outage {
+            let seconds = now.saturating_duration_since(since).as_secs_f64();
+            info!(
+                outage_seconds = format!("{seconds:.1}"),
+                "the API server answers again; resuming watches and re-checking every instance"
+            );
+            self.metrics.set_api_available(true);
+            self.recoveries.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Records a request that got no usable answer (at `now`), with what went wrong.
+    pub fn failed(&self, now: Instant, error: &str) {
+        let began = {
+            let mut state = self.lock();
+            let recent_answer = state
+                .last_answer
+                .is_some_and(|at| now.saturating_duration_since(at) < Self::FLAP_WINDOW);
+            if state.unavailable_since.is_some() || recent_answer {
+                false
+            } else {
+                state.unavailable_since = Some(now);
+                true
+            }
+        };
+        if began {
+            warn!(
+                %error,
+                "the API server does not answer; the operator keeps retrying, running pods are not touched"
+            );
+            self.metrics.set_api_available(false);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl std::fmt::Debug for Connectivity {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connectivity")
+            .field("state", &*self.lock())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Every answer and failure of the client's requests feeds the state.
+impl Observer for Arc<Connectivity> {
+    fn observe(&self, _sent: &Sent, outcome: Outcome<'_>, now: Instant) {
+        match outcome {
+            Outcome::Answered(status) if status.is_server_error() => {
+                self.failed(now, &format!("HTTP {status}"));
+            }
+            Outcome::Answered(_) => self.answered(now),
+            Outcome::Failed(error) => self.failed(now, &error_chain(error)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::ObserveLayer;
+    use http::{Request, Response};
+    use tower::{BoxError, Layer, Service, ServiceExt};
+
+    fn connectivity() -> (Arc<Metrics>, Connectivity) {
+        let metrics = Arc::new(Metrics::default());
+        (metrics.clone(), Connectivity::new(metrics))
+    }
+
+    #[test]
+    fn an_outage_begins_on_a_failure_and_ends_on_the_next_answer() {
+        let (metrics, c) = connectivity();
+        let mut recoveries = c.recoveries();
+        let t0 = Instant::now();
+        assert!(c.available());
+        assert!(
+            metrics
+                .encode()
+                .contains("memcached_operator_api_available 1")
+        );
+
+        c.failed(t0, "connection refused");
+        assert!(!c.available());
+        assert!(
+            metrics
+                .encode()
+                .contains("memcached_operator_api_available 0")
+        );
+        c.failed(t0 + Duration::from_secs(3), "connection refused");
+        assert!(!c.available());
+        assert!(!recoveries.has_changed().unwrap());
+
+        c.answered(t0 + Duration::from_secs(4));
+        assert!(c.available());
+        assert!(recoveries.has_changed().unwrap());
+        assert_eq!(*recoveries.borrow_and_update(), 1);
+        assert!(
+            metrics
+                .encode()
+                .contains("memcached_operator_api_available 1")
+        );
+
+        // Answers while available are no recovery.
+        c.answered(t0 + Duration::from_secs(5));
+        assert!(!recoveries.has_changed().unwrap());
+    }
+
+    #[test]
+    fn one_failure_right_after_an_answer_is_no_outage() {
+        let (_, c) = connectivity();
+        let t0 = Instant::now();
+        c.answered(t0);
+        c.failed(t0 + Duration::from_millis(300), "reset by peer");
+        assert!(
+            c.available(),
+            "a failure within the flap window of an answer"
+        );
+        c.failed(t0 + Duration::from_millis(1500), "reset by peer");
+        assert!(
+            !c.available(),
+            "nothing answered for longer than the window"
+        );
+    }
+
+    #[tokio::test]
+    async fn the_layer_counts_5xx_and_transport_errors_as_failures() {
+        let (_, c) = connectivity();
+        let c = Arc::new(c);
+        let respond = |status: u16| {
+            tower::service_fn(move |_req: Request<()>| async move {
+                Ok::<_, BoxError>(Response::builder().status(status).body(()).unwrap())
+            })
+        };
+        let request = || Request::builder().uri("/x").body(()).unwrap();
+
+        let mut unavailable = ObserveLayer::new(c.clone()).layer(respond(503));
+        unavailable
+            .ready()
+            .await
+            .unwrap()
+            .call(request())
+            .await
+            .unwrap();
+        assert!(!c.available(), "503 from a starting API server");
+
+        let mut ok = ObserveLayer::new(c.clone()).layer(respond(404));
+        ok.ready().await.unwrap().call(request()).await.unwrap();
+        assert!(
+            c.available(),
+            "any answer below 500 means the server serves"
+        );
+
+        tokio::time::sleep(Connectivity::FLAP_WINDOW + Duration::from_millis(50)).await;
+        let mut broken =
+            ObserveLayer::new(c.clone()).layer(tower::service_fn(|_req: Request<()>| async {
+                let cause = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+                Err::<Response<()>, BoxError>(Box::new(cause))
+            }));
+        let error = broken.ready().await.unwrap().call(request()).await;
+        assert!(error.is_err());
+        assert!(!c.available());
+    }
+}

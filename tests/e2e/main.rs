@@ -1,0 +1,84 @@
+//! End-to-end test of memcached-operator against a real Kubernetes API server (v1.24 or newer).
+//!
+//! The test is skipped (and passes) unless `MEMCACHED_E2E=1` and `KUBECONFIG` are both set:
+//!
+//! ```text
+//! MEMCACHED_E2E=1 KUBECONFIG=~/.kube/config cargo test --test e2e -- --nocapture --test-threads=1
+//! ```
+//!
+//! Requirements: `kubectl` (1.24+) on `PATH` (or its path in `$KUBECTL`); a kubeconfig user that may install
+//! CRDs and RBAC and impersonate service accounts (cluster-admin); nodes that can pull the memcached image; and
+//! no in-cluster memcached-operator Deployment running (it would compete for the leader lease).
+//!
+//! The operator runs as a local process (this crate's binary), authenticated with a token of its own
+//! ServiceAccount, so the RBAC from `config/` is exercised for real. One test, `lifecycle`, walks these steps
+//! in order (they share state); each step is printed as `==> step N: ...`:
+//!
+//!  1. install: a test namespace that enforces the `restricted` Pod Security Standard (checked with a
+//!     server-side dry run of a non-compliant pod), then `kubectl kustomize config/default` minus the
+//!     Deployment; wait for the CRD
+//!  2. operator: check the ServiceAccount's RBAC, write a token kubeconfig, start the operator (leader election on)
+//!  3. endpoints and lease: `/healthz`, `/readyz`, `/metrics`; the leader Lease names the operator
+//!  4. sample: the tutorial's Memcached produces a correct Deployment, Service, finalizer, status, columns, events
+//!  5. leader election: a second operator stays standby, then takes over after the first gets SIGTERM
+//!  6. scale to 3 through the scale subresource
+//!  7. drift: hand edits of the Deployment are reverted
+//!  8. deleted Deployment and Service are recreated
+//!  9. invalid specs are rejected at admission
+//! 10. an unpullable image makes the instance Degraded
+//! 11. deleting the Memcached runs the finalizer and garbage-collects its children
+//! 12. production sample (`config/samples/cache_v1alpha1_memcached_full.yaml`): 3 pods with the exporter sidecar
+//!     are admitted under `restricted` and become ready (no ReplicaFailure); the Deployment (rollout strategy,
+//!     memcached flags, preStop, grace period, anti-affinity, resources, sidecar), client and headless Services,
+//!     PodDisruptionBudget and `status.serverList` match the sample
+//! 13. the exporter sidecar and the Service's metrics port go away and come back with `monitoring.exporter.enabled`
+//! 14. the PodDisruptionBudget goes at size 1, comes back at size 2, goes when disabled; the instance is deleted
+//! 15. auth Secret: missing → `Degraded` `SecretNotFound` and nothing applied; created → ready with `-Y` and a
+//!     Secret hash on the pod template; rotated → the hash changes and the pods roll; its values appear in no
+//!     event, status, child object or operator log
+//! 16. settings the CRD's CEL rules refuse (a managed flag in `extraArgs`, a grace period not longer than the
+//!     preStop delay, both PDB bounds, a ServiceMonitor without the exporter): rejected at admission with the
+//!     rule's message on a server that evaluates CEL (1.25+), else `Degraded` `InvalidConfig` with nothing
+//!     applied; the suite prints which path it saw
+//! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
+//!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
+//! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
+//! 19. cleanup (always, also after a failure): see `impl Drop for E2e`
+//!
+//! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
+//! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
+//!
+//! Knobs: `E2E_KEEP=1` keeps the test namespace and the installed objects (the operator is stopped anyway);
+//! `E2E_TIMEOUT_SCALE=2` multiplies every timeout (slow clusters); `KUBECTL=/path/to/kubectl`.
+//!
+//! Every wait polls with a timeout; on timeout it panics with what it expected and the last value it saw.
+//! After a failure the operator logs (last 200 lines) and the namespace's objects and events are printed.
+//!
+//! Where things are:
+//!
+//! - [`lifecycle`]: the one test, calling the steps in order;
+//! - one module per scenario, holding its steps and the checks only it needs: [`sample`] (steps 4, 6
+//!   to 8, 11), [`leader_election`] (5), [`invalid`] (9, 10, 16), [`production`] (12 to 14),
+//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18);
+//! - shared helpers: [`env`] (setup, the operator processes, diagnostics and cleanup), [`checks`]
+//!   (expectations on the operator's objects), [`events`] (events and the leader Lease), [`kubectl`]
+//!   (kubectl and process helpers), [`poll`] (waits with timeouts), [`http`] (the operator's
+//!   endpoints) and [`names`] (shared names and timeouts).
+
+mod checks;
+mod env;
+mod events;
+mod http;
+mod kubectl;
+mod names;
+mod poll;
+
+mod lifecycle;
+
+mod invalid;
+mod leader_election;
+mod production;
+mod sample;
+mod secrets;
+mod service_monitor;
+mod tls;

@@ -1,0 +1,426 @@
+//! Steps 4 and 6 to 8 and 11, on the tutorial's sample `memcached-sample`: its children, finalizer,
+//! status and events; scaling through the scale subresource; drift of the Deployment reverted; deleted
+//! children recreated; deletion through the finalizer.
+
+use serde_json::{Value, json};
+
+use crate::checks::{
+    check_deployment, check_ready_status, check_service, condition_status, expect_eq,
+    memcached_container, push_err, result,
+};
+use crate::env::{E2e, OpInfo};
+use crate::events::{list_events, summarize_events};
+use crate::http::metrics_with_operator_families;
+use crate::kubectl::{
+    apply_yaml_ok, compact, get_opt, get_required, gone, kubectl_json, kubectl_ok, secs, str_at,
+    try_kubectl_json, uid_of,
+};
+use crate::names::{API_VERSION, MC, PORT, SAMPLE};
+
+pub const FINALIZER: &str = "cache.example.com/finalizer";
+
+/// Image written into the Deployment by hand in the drift step; never pulled successfully, which is fine.
+pub const DRIFT_IMAGE: &str = "registry.invalid/e2e-drift/memcached:0.0.0";
+
+pub fn step_sample(env: &E2e, op: &OpInfo) {
+    let ns = env.ns.as_str();
+    // The Kubebuilder/Operator SDK tutorial's config/samples/cache_v1alpha1_memcached.yaml, plus a namespace.
+    let sample = format!(
+        "apiVersion: cache.example.com/v1alpha1
+kind: Memcached
+metadata:
+  labels:
+    app.kubernetes.io/name: memcached-operator
+    app.kubernetes.io/managed-by: kustomize
+  name: {SAMPLE}
+  namespace: {ns}
+spec:
+  size: 1
+  containerPort: 11211
+"
+    );
+    apply_yaml_ok(&sample);
+    let mc = kubectl_json(&["get", MC, SAMPLE, "-n", ns, "-o", "json"]);
+    let uid = str_at(&mc, "/metadata/uid").to_owned();
+
+    env.wait(
+        &format!("Memcached {SAMPLE} to carry the finalizer {FINALIZER}"),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, SAMPLE)?;
+            let finalizers = &mc["metadata"]["finalizers"];
+            let has = finalizers
+                .as_array()
+                .is_some_and(|f| f.iter().any(|x| x == FINALIZER));
+            if has {
+                Ok(())
+            } else {
+                Err(format!("metadata.finalizers = {}", compact(finalizers)))
+            }
+        },
+    );
+
+    env.wait(
+        &format!("Deployment {SAMPLE} to match the expected shape with 1 replica"),
+        secs(60),
+        || {
+            let dep = get_required("deployments.apps", ns, SAMPLE)?;
+            check_deployment(&dep, SAMPLE, &uid, 1, PORT)
+        },
+    );
+    env.wait(
+        &format!("Service {SAMPLE} to match the expected shape"),
+        secs(60),
+        || {
+            let svc = get_required("services", ns, SAMPLE)?;
+            check_service(&svc, SAMPLE, &uid, PORT)
+        },
+    );
+
+    env.wait(
+        &format!("Memcached {SAMPLE} status: 1 ready pod, Available=True, Progressing=False, Degraded=False"),
+        secs(180),
+        || check_ready_status(ns, SAMPLE, 1),
+    );
+
+    // Printer columns (and the `mc` short name).
+    let table = kubectl_ok(&["get", "mc", "-n", ns]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        ["NAME", "SIZE", "READY", "AVAILABLE", "AGE"],
+        "`kubectl get mc` header is wrong; full output:\n{table}"
+    );
+    let row: Vec<&str> = lines
+        .find(|l| l.split_whitespace().next() == Some(SAMPLE))
+        .unwrap_or_else(|| panic!("`kubectl get mc` has no row for {SAMPLE}:\n{table}"))
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        row.get(1..4),
+        Some(&["1", "1", "True"][..]),
+        "`kubectl get mc` row for {SAMPLE} should show SIZE 1, READY 1, AVAILABLE True:\n{table}"
+    );
+    eprintln!("    ok: `kubectl get mc` shows NAME SIZE READY AVAILABLE AGE");
+
+    env.wait(
+        &format!("a Normal event with reason Created regarding Memcached or Deployment {SAMPLE}"),
+        secs(60),
+        || {
+            let events = list_events(ns)?;
+            let found = events.iter().any(|e| {
+                e.type_ == "Normal"
+                    && e.reason == "Created"
+                    && (e.kind == "Memcached" || e.kind == "Deployment")
+                    && e.name == SAMPLE
+            });
+            if found {
+                Ok(())
+            } else {
+                Err(format!("events in {ns}: {}", summarize_events(&events)))
+            }
+        },
+    );
+
+    env.wait(
+        &format!(
+            "GET http://127.0.0.1:{}/metrics to contain memcached_operator_ metrics",
+            op.metrics_port
+        ),
+        secs(60),
+        || metrics_with_operator_families(op.metrics_port),
+    );
+}
+
+pub fn step_scale(env: &E2e, op: &OpInfo) {
+    let ns = env.ns.as_str();
+    let target = format!("{MC}/{SAMPLE}");
+    kubectl_ok(&["scale", &target, "--replicas=3", "-n", ns]);
+
+    env.wait("Memcached spec.size to be 3", secs(15), || {
+        let mc = get_required(MC, ns, SAMPLE)?;
+        expect_eq("spec.size", &mc["spec"]["size"], &json!(3))
+    });
+    let uid = uid_of(MC, ns, SAMPLE);
+    env.wait(
+        &format!("Deployment {SAMPLE} to have spec.replicas 3 (and the expected shape)"),
+        secs(30),
+        || {
+            let dep = get_required("deployments.apps", ns, SAMPLE)?;
+            check_deployment(&dep, SAMPLE, &uid, 3, PORT)
+        },
+    );
+
+    let mut saw_progressing = false;
+    env.wait(
+        &format!("Memcached {SAMPLE} status: 3 ready pods, Available=True"),
+        secs(180),
+        || {
+            if let Ok(Some(mc)) = get_opt(MC, ns, SAMPLE) {
+                saw_progressing |= condition_status(&mc, "Progressing") == Some("True");
+            }
+            check_ready_status(ns, SAMPLE, 3)
+        },
+    );
+    eprintln!(
+        "    info: Progressing=True was {}observed while scaling (timing-dependent, not checked)",
+        if saw_progressing { "" } else { "not " }
+    );
+
+    let path = format!("/apis/{API_VERSION}/namespaces/{ns}/memcacheds/{SAMPLE}/scale");
+    env.wait(
+        "the scale subresource to report 3 replicas and a selector",
+        secs(30),
+        || {
+            let scale = try_kubectl_json(&["get", "--raw", &path])?;
+            let mut problems = Vec::new();
+            push_err(
+                &mut problems,
+                expect_eq("scale spec.replicas", &scale["spec"]["replicas"], &json!(3)),
+            );
+            push_err(
+                &mut problems,
+                expect_eq(
+                    "scale status.replicas",
+                    &scale["status"]["replicas"],
+                    &json!(3),
+                ),
+            );
+            if scale["status"]["selector"]
+                .as_str()
+                .unwrap_or_default()
+                .is_empty()
+            {
+                problems.push("scale status.selector is empty".into());
+            }
+            result(problems, &scale)
+        },
+    );
+
+    env.wait(
+        &format!(
+            "the current leader's metrics (port {}) to contain memcached_operator_ metrics",
+            op.metrics_port
+        ),
+        secs(60),
+        || metrics_with_operator_families(op.metrics_port),
+    );
+}
+
+/// `metadata.generation` of the sample's Deployment; every spec change (ours or the operator's) bumps it.
+pub fn deployment_generation(ns: &str) -> i64 {
+    let dep = kubectl_json(&["get", "deployments.apps", SAMPLE, "-n", ns, "-o", "json"]);
+    dep["metadata"]["generation"]
+        .as_i64()
+        .unwrap_or_else(|| panic!("Deployment {SAMPLE} has no metadata.generation"))
+}
+
+/// The Deployment's `field` must be back at `want`, and its generation must show that both the hand edit
+/// and a revert happened (at least two spec changes since `before`).
+pub fn reverted(
+    ns: &str,
+    before: i64,
+    what: &str,
+    field: impl Fn(&Value) -> Result<Value, String>,
+    want: &Value,
+) -> Result<(), String> {
+    let dep = get_required("deployments.apps", ns, SAMPLE)?;
+    expect_eq(what, &field(&dep)?, want)?;
+    let generation = dep["metadata"]["generation"].as_i64().unwrap_or_default();
+    if generation >= before + 2 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} is as wanted, but metadata.generation is {generation} (was {before} before the edit), \
+             so the edit and a revert did not both happen"
+        ))
+    }
+}
+
+pub fn step_drift(env: &E2e) {
+    let ns = env.ns.as_str();
+    let before = deployment_generation(ns);
+    let target = format!("deployment.apps/{SAMPLE}");
+    kubectl_ok(&["scale", &target, "--replicas=1", "-n", ns]);
+    env.wait(
+        "the operator to restore Deployment spec.replicas to 3",
+        secs(30),
+        || {
+            reverted(
+                ns,
+                before,
+                "Deployment spec.replicas",
+                |d| Ok(d["spec"]["replicas"].clone()),
+                &json!(3),
+            )
+        },
+    );
+
+    let dep = kubectl_json(&["get", "deployments.apps", SAMPLE, "-n", ns, "-o", "json"]);
+    let before = dep["metadata"]["generation"].as_i64().unwrap_or_default();
+    let (index, container) =
+        memcached_container(&dep).unwrap_or_else(|e| panic!("{e}; Deployment: {}", compact(&dep)));
+    let original = container["image"].as_str().unwrap_or_default().to_owned();
+    assert!(
+        !original.is_empty(),
+        "memcached container has no image: {}",
+        compact(container)
+    );
+    assert_ne!(
+        original, DRIFT_IMAGE,
+        "operator unexpectedly uses the drift image"
+    );
+    let patch = json!([
+        {"op": "test", "path": format!("/spec/template/spec/containers/{index}/name"), "value": "memcached"},
+        {"op": "replace", "path": format!("/spec/template/spec/containers/{index}/image"), "value": DRIFT_IMAGE},
+    ])
+    .to_string();
+    kubectl_ok(&[
+        "patch",
+        "deployments.apps",
+        SAMPLE,
+        "-n",
+        ns,
+        "--type=json",
+        "-p",
+        &patch,
+    ]);
+    env.wait(
+        &format!("the operator to restore the memcached container image to {original:?}"),
+        secs(30),
+        || {
+            reverted(
+                ns,
+                before,
+                "memcached container image",
+                |d| memcached_container(d).map(|(_, c)| c["image"].clone()),
+                &json!(original),
+            )
+        },
+    );
+
+    env.wait(
+        &format!("Memcached {SAMPLE} to settle at 3 ready pods after the drift"),
+        secs(180),
+        || check_ready_status(ns, SAMPLE, 3),
+    );
+}
+
+pub fn step_recreate(env: &E2e) {
+    let ns = env.ns.as_str();
+    let mc_uid = uid_of(MC, ns, SAMPLE);
+    for (resource, kind) in [("deployments.apps", "Deployment"), ("services", "Service")] {
+        let old_uid = uid_of(resource, ns, SAMPLE);
+        kubectl_ok(&[
+            "delete",
+            resource,
+            SAMPLE,
+            "-n",
+            ns,
+            "--wait=true",
+            &format!("--timeout={}s", secs(60).as_secs()),
+        ]);
+        env.wait(
+            &format!("a new {kind} {SAMPLE} (uid other than {old_uid}) to be created"),
+            secs(30),
+            || match get_opt(resource, ns, SAMPLE)? {
+                None => Err("not found".into()),
+                Some(o) if o["metadata"]["uid"] == old_uid.as_str() => {
+                    Err(format!("still the old object (uid {old_uid})"))
+                }
+                Some(_) => Ok(()),
+            },
+        );
+        env.wait(
+            &format!("the recreated {kind} {SAMPLE} to match the expected shape"),
+            secs(30),
+            || {
+                let obj = get_required(resource, ns, SAMPLE)?;
+                if kind == "Deployment" {
+                    check_deployment(&obj, SAMPLE, &mc_uid, 3, PORT)
+                } else {
+                    check_service(&obj, SAMPLE, &mc_uid, PORT)
+                }
+            },
+        );
+    }
+    env.wait(
+        &format!("Memcached {SAMPLE} to be back at 3 ready pods"),
+        secs(180),
+        || check_ready_status(ns, SAMPLE, 3),
+    );
+}
+
+pub fn step_delete(env: &E2e) {
+    let ns = env.ns.as_str();
+    let mc_uid = uid_of(MC, ns, SAMPLE);
+    let dep_uid = uid_of("deployments.apps", ns, SAMPLE);
+    let svc_uid = uid_of("services", ns, SAMPLE);
+
+    kubectl_ok(&["delete", MC, SAMPLE, "-n", ns, "--wait=false"]);
+    env.wait(
+        &format!("Memcached {SAMPLE} to be gone (the operator removes its finalizer)"),
+        secs(60),
+        || gone(MC, ns, SAMPLE),
+    );
+    env.wait(
+        &format!(
+            "a Warning event with reason Deleting regarding Memcached {SAMPLE} (uid {mc_uid})"
+        ),
+        secs(30),
+        || {
+            let events = list_events(ns)?;
+            let found = events.iter().any(|e| {
+                e.type_ == "Warning"
+                    && e.reason == "Deleting"
+                    && e.kind == "Memcached"
+                    && e.name == SAMPLE
+                    && (e.uid.is_empty() || e.uid == mc_uid)
+            });
+            if found {
+                Ok(())
+            } else {
+                Err(format!("events in {ns}: {}", summarize_events(&events)))
+            }
+        },
+    );
+    for (resource, kind, old_uid) in [
+        ("deployments.apps", "Deployment", dep_uid),
+        ("services", "Service", svc_uid),
+    ] {
+        env.wait(
+            &format!("{kind} {SAMPLE} to be garbage-collected"),
+            secs(120),
+            || match get_opt(resource, ns, SAMPLE)? {
+                None => Ok(()),
+                Some(o) if o["metadata"]["uid"] == old_uid.as_str() => Err(format!(
+                    "still exists (uid {old_uid}, deletionTimestamp {})",
+                    o["metadata"]["deletionTimestamp"]
+                )),
+                Some(o) => Err(format!(
+                    "a NEW {kind} was created after the Memcached was deleted (uid {}, was {old_uid})",
+                    o["metadata"]["uid"]
+                )),
+            },
+        );
+    }
+    // A finalizer already removed (by this replica, or by the one before a hand-over) is done, not a
+    // failure worth a Warning.
+    let events = list_events(ns).unwrap_or_else(|e| panic!("cannot list events: {e}"));
+    let failed: Vec<_> = events
+        .iter()
+        .filter(|e| {
+            e.reason == "ReconcileFailed" && e.name == SAMPLE && e.note.contains("finalizer")
+        })
+        .map(|e| e.note.clone())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "ReconcileFailed events about the finalizer of a deleted instance: {failed:?}"
+    );
+}

@@ -1,0 +1,109 @@
+//! Caches that fill in any order reconcile the same; caches that never fill hold reconciles back but
+//! not shutdown.
+
+use std::time::Duration;
+
+use axum::http::Method;
+
+use crate::checks::{lines, of, writes};
+use crate::fake_api::Fake;
+use crate::fake_api::paths::{
+    DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, PDBS, PODS, SECRETS, SERVICES, STATUS,
+};
+use crate::fake_api::world::{World, memcached_named};
+use crate::harness::{IDENTITY, WAIT, http_get, run_once, start_run, stop_and_check_release};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_may_sync_in_any_order() {
+    // The instances' list arrives after the others. /readyz must still turn ready: it used to wait for
+    // the Memcached cache next to the controller, and a cache wakes only its latest waiter.
+    let world = World {
+        slow_lists: vec![(MEMCACHEDS, Duration::from_millis(1500))],
+        ..World::default()
+    };
+    let requests = run_once(world, "slow-instances").await;
+    assert_eq!(of(&requests, &Method::PATCH, DEPLOYMENT).len(), 1);
+    assert_eq!(of(&requests, &Method::PATCH, STATUS).len(), 1);
+
+    // The children's and pods' lists arrive last, and there are more instances than reconcile slots
+    // (4): each reconcile waits for those caches, every one of them then goes ahead, once.
+    let names: Vec<String> = (1..=6).map(|i| format!("mc-{i}")).collect();
+    let world = World {
+        memcacheds: names
+            .iter()
+            .map(|name| memcached_named(name, &format!("uid-{name}")))
+            .collect(),
+        slow_lists: vec![
+            (DEPLOYMENTS, Duration::from_millis(1500)),
+            (SERVICES, Duration::from_millis(1500)),
+            (PODS, Duration::from_millis(1500)),
+            (PDBS, Duration::from_millis(1500)),
+            (SECRETS, Duration::from_millis(1500)),
+        ],
+        ..World::default()
+    };
+    let requests = run_once(world, "slow-children").await;
+    let listed = |path| {
+        let list = requests
+            .iter()
+            .find(|r| r.is(&Method::GET, path) && !r.is_watch())
+            .unwrap_or_else(|| panic!("no list of {path}"));
+        list.at + Duration::from_millis(1500)
+    };
+    let synced = [DEPLOYMENTS, SERVICES, PODS, PDBS, SECRETS]
+        .into_iter()
+        .map(listed)
+        .max()
+        .unwrap();
+    for name in &names {
+        for path in [
+            format!("{DEPLOYMENTS}/{name}"),
+            format!("{SERVICES}/{name}"),
+            format!("{SERVICES}/{name}-headless"),
+            format!("{PDBS}/{name}"),
+            format!("{MEMCACHEDS}/{name}/status"),
+        ] {
+            let patches = of(&requests, &Method::PATCH, &path);
+            assert_eq!(patches.len(), 1, "{path}:\n{}", lines(&requests));
+            assert!(
+                patches[0].at >= synced,
+                "{path} was written before the caches were filled:\n{}",
+                lines(&requests)
+            );
+        }
+        let events = requests
+            .iter()
+            .filter(|r| r.is(&Method::POST, EVENTS) && r.body["regarding"]["name"] == name.as_str())
+            .count();
+        assert_eq!(events, 4, "{name}:\n{}", lines(&requests));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn caches_that_never_sync_hold_reconciles_but_not_shutdown() {
+    // The pods' list never comes back (within the test): the leader must not reconcile on the partial
+    // caches, must not report ready, and must still stop promptly and release the Lease on SIGTERM.
+    let world = World {
+        slow_lists: vec![(PODS, Duration::from_secs(120))],
+        ..World::default()
+    };
+    let fake = Fake::start_with(world, None).await;
+    let (_scratch, mut op, _metrics, probes) = start_run(&fake, "never-synced");
+    op.wait_until("the Lease is held by smoke-1", WAIT, || {
+        let holder = fake.lease_holder();
+        async move { holder.as_deref() == Some(IDENTITY) }
+    })
+    .await;
+    op.wait_until("the pods' list is requested", WAIT, || {
+        let requests = fake.requests();
+        async move { !of(&requests, &Method::GET, PODS).is_empty() }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (code, body) = http_get(&probes, "/readyz").await.expect("/readyz answers");
+    assert_eq!(code, 503, "{body}");
+    let requests = fake.requests();
+    assert!(writes(&requests).is_empty(), "{}", lines(&requests));
+
+    stop_and_check_release(&mut op, &fake).await;
+}

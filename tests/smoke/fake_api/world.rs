@@ -1,0 +1,61 @@
+//! What the fake's lists return: the cluster as the operator finds it when it starts.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// The objects the fake lists, and how slowly.
+#[derive(Clone)]
+pub struct World {
+    pub memcacheds: Vec<Value>,
+    pub deployments: Vec<Value>,
+    pub services: Vec<Value>,
+    pub pods: Vec<Value>,
+    pub pdbs: Vec<Value>,
+    /// Full Secrets: listed metadata-only, served whole on a GET by name.
+    pub secrets: Vec<Value>,
+    /// ServiceMonitors, or `None` when the cluster does not serve their API.
+    pub service_monitors: Option<Vec<Value>>,
+    /// List paths answered only after this delay, as a large list or a busy API server would be.
+    pub slow_lists: Vec<(&'static str, Duration)>,
+}
+
+impl Default for World {
+    /// One instance and nothing else: the operator has never run.
+    fn default() -> Self {
+        Self {
+            memcacheds: vec![memcached()],
+            deployments: vec![],
+            services: vec![],
+            pods: vec![],
+            pdbs: vec![],
+            secrets: vec![],
+            service_monitors: None,
+            slow_lists: vec![],
+        }
+    }
+}
+
+/// A Secret as a metadata-only list returns it.
+pub fn metadata_only(secret: &Value) -> Value {
+    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": secret["metadata"]})
+}
+
+/// The instance of most tests.
+pub fn memcached() -> Value {
+    memcached_named("cache", "uid-1")
+}
+
+/// An existing instance: 2 memcached pods on port 11211, with the operator's finalizer.
+pub fn memcached_named(name: &str, uid: &str) -> Value {
+    json!({
+        "apiVersion": "cache.example.com/v1alpha1",
+        "kind": "Memcached",
+        "metadata": {
+            "name": name, "namespace": "default", "uid": uid, "generation": 1,
+            "resourceVersion": "1", "creationTimestamp": "2024-01-01T00:00:00Z",
+            "finalizers": ["cache.example.com/finalizer"]
+        },
+        "spec": {"size": 2, "containerPort": 11211}
+    })
+}

@@ -1,0 +1,173 @@
+//! Leader election against another replica's Lease: a standby waits and takes over once the Lease
+//! expires, and stops on SIGTERM without touching it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::http::Method;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use crate::checks::{assert_no_unexpected_requests, of, only_lease_requests, sample};
+use crate::fake_api::Fake;
+use crate::fake_api::paths::{DEPLOYMENT, LEASE, STATUS};
+use crate::harness::{IDENTITY, WAIT, http_get, is_ok, start_run, stop_and_check_release};
+
+/// Another replica's Lease, renewed now: held for `seconds` from now.
+pub fn lease_held_by(holder: &str, seconds: u64, transitions: i32) -> Value {
+    json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {
+            "name": "memcached-operator.cache.example.com", "namespace": "op-system",
+            "uid": "uid-lease", "resourceVersion": "1", "creationTimestamp": "2024-01-01T00:00:00Z"
+        },
+        "spec": {
+            "holderIdentity": holder,
+            "leaseDurationSeconds": seconds,
+            "acquireTime": now(),
+            "renewTime": now(),
+            "leaseTransitions": transitions
+        }
+    })
+}
+
+pub fn now() -> Value {
+    serde_json::to_value(MicroTime(Timestamp::now())).unwrap()
+}
+
+/// Plays the other replica: renews its Lease in the fake every 500 ms until `stop` is set.
+pub fn keep_renewing(fake: &Arc<Fake>, stop: &Arc<AtomicBool>) {
+    let (fake, stop) = (fake.clone(), stop.clone());
+    tokio::spawn(async move {
+        while !stop.load(Ordering::Acquire) {
+            {
+                let mut state = fake.state.lock().unwrap();
+                let rv = state.next_rv();
+                if let Some(lease) = state.lease.as_mut() {
+                    lease["spec"]["renewTime"] = now();
+                    lease["metadata"]["resourceVersion"] = json!(rv);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_waits_then_takes_over_an_expired_lease() {
+    // Another replica holds the Lease (5 s, renewed every 500 ms) and has changed hands 3 times.
+    let fake = Fake::start(Some(lease_held_by("other-replica", 5, 3))).await;
+    let stop_renewing = Arc::new(AtomicBool::new(false));
+    keep_renewing(&fake, &stop_renewing);
+    let (_scratch, mut op, metrics, probes) = start_run(&fake, "takeover");
+
+    // As a standby: healthy, ready (it must not hold up a rollout), not leading, and not watching.
+    op.wait_until("/readyz answers 200 as a standby", WAIT, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+    op.wait_until("/metrics reports a standby", WAIT, || {
+        let metrics = metrics.clone();
+        async move {
+            http_get(&metrics, "/metrics")
+                .await
+                .is_some_and(|(code, text)| {
+                    code == 200 && sample(&text, "memcached_operator_leader") == Some(0.0)
+                })
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert!(only_lease_requests(&fake), "{}", fake.log());
+    assert!(
+        fake.requests().iter().all(|r| r.method == Method::GET),
+        "a standby only reads the live Lease of another replica:\n{}",
+        fake.log()
+    );
+
+    // The other replica dies: its Lease expires, this one takes it over and reconciles.
+    stop_renewing.store(true, Ordering::Release);
+    // Acquiring is an apply (holder, times) then a patch counting the transition.
+    op.wait_until(
+        "the Lease is taken over by smoke-1, as its 4th transition",
+        WAIT,
+        || {
+            let lease = fake.lease().unwrap_or_default();
+            async move {
+                lease["spec"]["holderIdentity"] == IDENTITY
+                    && lease["spec"]["leaseTransitions"] == 4
+            }
+        },
+    )
+    .await;
+    op.wait_until("the takeover is followed by a reconcile", WAIT, || {
+        let requests = fake.requests();
+        async move {
+            !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
+                && !of(&requests, &Method::PATCH, STATUS).is_empty()
+        }
+    })
+    .await;
+    op.wait_until("/metrics reports the leader", WAIT, || {
+        let metrics = metrics.clone();
+        async move {
+            http_get(&metrics, "/metrics")
+                .await
+                .is_some_and(|(code, text)| {
+                    code == 200 && sample(&text, "memcached_operator_leader") == Some(1.0)
+                })
+        }
+    })
+    .await;
+
+    stop_and_check_release(&mut op, &fake).await;
+    assert_no_unexpected_requests(&fake);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_stops_on_sigterm_without_touching_the_lease() {
+    let fake = Fake::start(Some(lease_held_by("other-replica", 15, 1))).await;
+    let stop_renewing = Arc::new(AtomicBool::new(false));
+    keep_renewing(&fake, &stop_renewing);
+    let (_scratch, mut op, metrics, probes) = start_run(&fake, "standby");
+
+    op.wait_until("/readyz answers 200 as a standby", WAIT, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+    op.wait_until("/metrics reports a standby", WAIT, || {
+        let metrics = metrics.clone();
+        async move {
+            http_get(&metrics, "/metrics")
+                .await
+                .is_some_and(|(code, text)| {
+                    code == 200 && sample(&text, "memcached_operator_leader") == Some(0.0)
+                })
+        }
+    })
+    .await;
+
+    op.sigterm();
+    let exit = op.wait_exit(Duration::from_secs(15)).await;
+    let Some(exit) = exit else {
+        panic!("the standby did not exit within 15 s of SIGTERM");
+    };
+    assert_eq!(exit.code(), Some(0), "exit status {exit}");
+    stop_renewing.store(true, Ordering::Release);
+    let stderr = op.stderr();
+    assert!(
+        stderr.contains("stopped before becoming leader"),
+        "{stderr}"
+    );
+    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert!(
+        fake.requests().iter().all(|r| r.is(&Method::GET, LEASE)),
+        "a standby reads the Lease and nothing else, and never writes it:\n{}",
+        fake.log()
+    );
+    assert_no_unexpected_requests(&fake);
+}

@@ -1,0 +1,38 @@
+//! Smoke tests of `memcached-operator run` as a user runs it: the real binary, a kubeconfig, and an API
+//! server, here a fake one served in-process over plain HTTP on 127.0.0.1.
+//!
+//! The fake answers what a real API server would for existing `Memcached` objects (`default/cache` by
+//! default): lists of the watched kinds, watches held open (with the events of instances added during a
+//! test), server-side applies echoed
+//! back, events, the status subresource, and a small but faithful Lease store (create, get, apply and
+//! strategic-merge patches where `null` removes a field). Lists can be made slow, and can hold existing
+//! children and pods. What the operator writes is not reflected in its caches. The fake can go away and
+//! come back on the same address, restarted or not. Every request is recorded, so the tests check what the operator asked for, with which
+//! selectors and parameters, as well as what it did with the answers: health probes, metrics, leader
+//! election (leader, standby, takeover), reconciles, restarts against settled instances, caches that
+//! fill in any order or never, and a clean SIGTERM that releases the Lease.
+//!
+//! A request to any path the fake does not serve gets a 404 and fails the test. `SMOKE_DUMP=1 cargo
+//! test --test smoke -- --nocapture` prints each run's operator log and requests.
+//!
+//! Where things are:
+//!
+//! - [`fake_api`]: the fake API server (its paths, recorded requests, listed objects and answers);
+//! - [`harness`]: the operator process, its scratch directory and kubeconfig, HTTP probes, waits, and
+//!   the run-until-settled cycle;
+//! - [`checks`]: assertions on recorded requests and metrics;
+//! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
+//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`]. A new scenario goes in the group it belongs to, or
+//!   in a new module listed here.
+
+mod checks;
+mod fake_api;
+mod harness;
+
+mod caches;
+mod configuration;
+mod leader_election;
+mod outage;
+mod reconcile;
+mod secrets;
+mod service_monitors;

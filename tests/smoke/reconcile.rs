@@ -1,0 +1,348 @@
+//! A first run that leads, reconciles and shuts down cleanly; and restarts against instances already
+//! settled, which write nothing.
+
+use std::time::{Duration, Instant};
+
+use axum::http::Method;
+use serde_json::{Value, json};
+
+use crate::checks::{
+    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, conditions, lines, of,
+    sample, writes,
+};
+use crate::fake_api::Fake;
+use crate::fake_api::paths::{
+    APPLY, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDB,
+    PDBS, PODS, SECRETS, SERVICE, SERVICE_MONITORS, SERVICES, STATUS,
+};
+use crate::fake_api::world::World;
+use crate::harness::{
+    IDENTITY, TOKEN, WAIT, http_get, is_ok, run_once, start_run, stop_and_check_release,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_reconciles_leads_and_shuts_down_cleanly() {
+    let started = Instant::now();
+    let fake = Fake::start(None).await;
+    let (_scratch, mut op, metrics, probes) = start_run(&fake, "run");
+
+    // Probes come up, and readiness follows leadership and the caches.
+    op.wait_until("/healthz answers 200", WAIT, || is_ok(&probes, "/healthz"))
+        .await;
+    op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
+        .await;
+
+    // Leader election, then one reconcile: both children applied, events, status.
+    op.wait_until("the Lease is held by smoke-1", WAIT, || {
+        let holder = fake.lease_holder();
+        async move { holder.as_deref() == Some(IDENTITY) }
+    })
+    .await;
+    op.wait_until(
+        "the Deployment, Services and PDB applies, 4 events and a status patch",
+        WAIT,
+        || {
+            let requests = fake.requests();
+            async move {
+                !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
+                    && !of(&requests, &Method::PATCH, SERVICE).is_empty()
+                    && !of(&requests, &Method::PATCH, HEADLESS).is_empty()
+                    && !of(&requests, &Method::PATCH, PDB).is_empty()
+                    && of(&requests, &Method::POST, EVENTS).len() >= 4
+                    && !of(&requests, &Method::PATCH, STATUS).is_empty()
+            }
+        },
+    )
+    .await;
+    // Readiness now means "leader with synced caches".
+    op.wait_until("/readyz answers 200 as the leader", WAIT, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+
+    let requests = fake.requests();
+
+    // Every request is authenticated with the kubeconfig's token.
+    for req in &requests {
+        assert_eq!(
+            req.authorization.as_deref(),
+            Some(format!("Bearer {TOKEN}").as_str()),
+            "{}",
+            req.line()
+        );
+    }
+
+    // Lists and watches: the watched namespace only; children and pods by the managed-by label only.
+    // Secrets are named by users, so that watch is not label-scoped (and is metadata-only).
+    for (path, selector) in [
+        (MEMCACHEDS, None),
+        (DEPLOYMENTS, Some(MANAGED)),
+        (SERVICES, Some(MANAGED)),
+        (PODS, Some(MANAGED)),
+        (PDBS, Some(MANAGED)),
+        (SECRETS, None),
+    ] {
+        let gets = of(&requests, &Method::GET, path);
+        let lists: Vec<_> = gets.iter().filter(|r| !r.is_watch()).collect();
+        assert_eq!(lists.len(), 1, "one list of {path}; got {gets:#?}");
+        assert!(
+            gets.iter().any(|r| r.is_watch()),
+            "a watch of {path} follows its list; got {gets:#?}"
+        );
+        for req in &gets {
+            assert_eq!(req.param("labelSelector"), selector, "{}", req.line());
+        }
+        if selector.is_some() {
+            assert!(
+                lists[0]
+                    .raw_query
+                    .contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmemcached-operator"),
+                "the selector is URL-encoded: {}",
+                lists[0].line()
+            );
+        }
+    }
+
+    // The Deployment: server-side applied, 2 replicas, memcached on the spec's port, controlled by the
+    // instance.
+    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    assert_eq!(deployments.len(), 1, "{deployments:#?}");
+    assert_applied(deployments[0], "Deployment");
+    let deployment = &deployments[0].body;
+    assert_eq!(deployment["apiVersion"], "apps/v1");
+    assert_eq!(deployment["spec"]["replicas"], 2, "{deployment}");
+    let args: Vec<&str> = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+        .as_array()
+        .map(|a| a.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    assert!(
+        args.windows(2).any(|w| w == ["-p", "11211"]),
+        "container args {args:?}"
+    );
+
+    let services = of(&requests, &Method::PATCH, SERVICE);
+    assert_eq!(services.len(), 1, "{services:#?}");
+    assert_applied(services[0], "Service");
+    let service = &services[0].body;
+    assert_eq!(service["spec"]["ports"][0]["port"], 11211, "{service}");
+    let headless = of(&requests, &Method::PATCH, HEADLESS);
+    assert_eq!(headless.len(), 1, "{headless:#?}");
+    assert_applied(headless[0], "Service");
+    assert_eq!(headless[0].body["spec"]["clusterIP"], "None");
+    let pdbs = of(&requests, &Method::PATCH, PDB);
+    assert_eq!(pdbs.len(), 1, "a budget for 2 pods: {pdbs:#?}");
+    assert_applied(pdbs[0], "PodDisruptionBudget");
+    // The cluster does not serve ServiceMonitors: discovered once, never listed.
+    assert_eq!(of(&requests, &Method::GET, MONITORING).len(), 1);
+    assert!(of(&requests, &Method::GET, SERVICE_MONITORS).is_empty());
+
+    // Events: one per created child, about the instance, reported by this replica.
+    let events = of(&requests, &Method::POST, EVENTS);
+    assert_eq!(events.len(), 4, "{events:#?}");
+    for event in &events {
+        let body = &event.body;
+        assert_eq!(body["reason"], "Created", "{body}");
+        assert_eq!(body["type"], "Normal", "{body}");
+        assert_eq!(body["regarding"]["kind"], "Memcached", "{body}");
+        assert_eq!(body["regarding"]["name"], "cache", "{body}");
+        assert_eq!(body["regarding"]["uid"], "uid-1", "{body}");
+        assert_eq!(body["reportingController"], "memcached-operator", "{body}");
+        assert_eq!(body["reportingInstance"], IDENTITY, "{body}");
+    }
+    let notes: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.body["note"].as_str())
+        .collect();
+    for kind in [
+        "Deployment cache",
+        "Service cache",
+        "Service cache-headless",
+        "PodDisruptionBudget cache",
+    ] {
+        assert!(notes.iter().any(|n| n.contains(kind)), "{kind}: {notes:?}");
+    }
+
+    // Status: server-side applied through the subresource, with the three conditions and the selector.
+    let statuses = of(&requests, &Method::PATCH, STATUS);
+    assert_eq!(statuses.len(), 1, "{statuses:#?}");
+    let status = &statuses[0];
+    assert_eq!(
+        status.content_type.as_deref(),
+        Some(APPLY),
+        "{}",
+        status.line()
+    );
+    assert_eq!(status.param("fieldManager"), Some("memcached-operator"));
+    assert_eq!(status.param("force"), Some("true"));
+    let body = &status.body["status"];
+    let mut types = conditions(body);
+    types.sort();
+    assert_eq!(types, ["Available", "Degraded", "Progressing"], "{body}");
+    assert_eq!(body["selector"], SELECTOR, "{body}");
+    assert_eq!(body["observedGeneration"], 1, "{body}");
+
+    // The finalizer is already there: the instance itself is never written, only its status.
+    assert!(
+        requests.iter().all(|r| r.method == Method::GET
+            || !r.path.starts_with(MEMCACHEDS)
+            || r.path == STATUS),
+        "{}",
+        fake.log()
+    );
+
+    // The Lease: created once, then acquired with an apply and a strategic-merge patch.
+    assert_eq!(of(&requests, &Method::POST, LEASES).len(), 1);
+    let lease = fake.lease().unwrap();
+    assert_eq!(lease["spec"]["holderIdentity"], IDENTITY, "{lease}");
+    assert_eq!(lease["spec"]["leaseDurationSeconds"], 15, "{lease}");
+    assert!(lease["spec"]["renewTime"].is_string(), "{lease}");
+    let lease_patches = of(&requests, &Method::PATCH, LEASE);
+    assert!(
+        lease_patches
+            .iter()
+            .any(|r| r.content_type.as_deref() == Some(APPLY)
+                && r.body["spec"]["holderIdentity"] == IDENTITY),
+        "{lease_patches:#?}"
+    );
+
+    // Metrics.
+    let (code, text) = http_get(&metrics, "/metrics")
+        .await
+        .expect("/metrics answers");
+    assert_eq!(code, 200, "{text}");
+    // (`sample` reads the value line, not the HELP text, which also starts with the metric name.)
+    assert_eq!(
+        sample(&text, "memcached_operator_leader"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        sample(&text, "memcached_operator_managed_instances"),
+        Some(1.0),
+        "{text}"
+    );
+    for metric in [
+        "memcached_operator_reconcile_total{result=\"success\"}",
+        "memcached_operator_kube_requests_total{verb=\"patch\",code=\"200\"}",
+    ] {
+        assert!(
+            sample(&text, metric).is_some_and(|n| n >= 1.0),
+            "missing {metric:?} in\n{text}"
+        );
+    }
+    assert_eq!(
+        sample(
+            &text,
+            "memcached_operator_reconcile_total{result=\"error\"}"
+        ),
+        None,
+        "{text}"
+    );
+
+    // SIGTERM: a clean exit that releases the Lease.
+    stop_and_check_release(&mut op, &fake).await;
+    assert_no_unexpected_requests(&fake);
+    assert!(
+        started.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_against_a_settled_instance_writes_nothing() {
+    // What a restart or a leader hand-over looks like to the operator. Reconciles used to start as soon
+    // as the Memcached cache was filled, often before the others: the existing Deployment and Service
+    // were taken for missing ones, applied again with "Created" events, and the status was written
+    // without the pods.
+
+    // 1. First start: the operator creates the children; keep what it applied.
+    let first = run_once(World::default(), "settle-1").await;
+    let applied = |path| {
+        let patches = of(&first, &Method::PATCH, path);
+        assert_eq!(patches.len(), 1, "{patches:#?}");
+        patches[0].body.clone()
+    };
+    let mut deployment = stored(&applied(DEPLOYMENT), "uid-deployment");
+    deployment["spec"]["progressDeadlineSeconds"] = json!(600);
+    deployment["status"] = json!({"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
+                                  "updatedReplicas": 2, "availableReplicas": 2});
+    let service = stored(&applied(SERVICE), "uid-service");
+    let headless = stored(&applied(HEADLESS), "uid-headless");
+    let pdb = stored(&applied(PDB), "uid-pdb");
+    let mut world = World {
+        deployments: vec![deployment],
+        services: vec![service, headless],
+        pdbs: vec![pdb],
+        pods: vec![
+            ready_pod("cache-7d4b9c8f6d-a1b2c"),
+            ready_pod("cache-7d4b9c8f6d-d3e4f"),
+        ],
+        ..World::default()
+    };
+
+    // 2. The children exist and are ready: no apply, no event; only the status is written. (More than
+    //    once is possible: the fake's watches send no events, so the cache never sees the new status.)
+    let second = run_once(world.clone(), "settle-2").await;
+    let written = writes(&second);
+    assert!(
+        !written.is_empty() && written.iter().all(|r| r.is(&Method::PATCH, STATUS)),
+        "{written:#?}\n{}",
+        lines(&second)
+    );
+    let status = written[written.len() - 1].body["status"].clone();
+    assert_eq!(status["readyReplicas"], 2, "{status}");
+    assert_eq!(
+        status["nodes"],
+        json!(["cache-7d4b9c8f6d-a1b2c", "cache-7d4b9c8f6d-d3e4f"]),
+        "{status}"
+    );
+    world.memcacheds[0]["status"] = status;
+
+    // 3. Everything settled: a restart writes nothing at all.
+    let third = run_once(world.clone(), "settle-3").await;
+    assert!(
+        writes(&third).is_empty(),
+        "{:#?}\n{}",
+        writes(&third),
+        lines(&third)
+    );
+
+    // 4. Same, when the children's lists arrive after the instance's (a large cluster, a busy API
+    //    server): the reconcile must not act on caches that do not hold their initial lists yet.
+    world.slow_lists = vec![
+        (DEPLOYMENTS, Duration::from_millis(1500)),
+        (SERVICES, Duration::from_millis(1500)),
+        (PODS, Duration::from_millis(1500)),
+        (PDBS, Duration::from_millis(1500)),
+        (SECRETS, Duration::from_millis(1500)),
+    ];
+    let fourth = run_once(world, "settle-4").await;
+    assert!(
+        writes(&fourth).is_empty(),
+        "{:#?}\n{}",
+        writes(&fourth),
+        lines(&fourth)
+    );
+}
+
+pub fn stored(applied: &Value, uid: &str) -> Value {
+    let mut obj = applied.clone();
+    obj["metadata"]["uid"] = json!(uid);
+    obj["metadata"]["resourceVersion"] = json!("5");
+    obj["metadata"]["generation"] = json!(1);
+    obj["metadata"]["creationTimestamp"] = json!("2024-01-01T00:00:00Z");
+    obj
+}
+
+pub fn ready_pod(name: &str) -> Value {
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
+            "resourceVersion": "5", "labels": {
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "cache",
+            "app.kubernetes.io/managed-by": "memcached-operator"}},
+        "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
+        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    })
+}

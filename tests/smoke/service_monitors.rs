@@ -1,0 +1,70 @@
+//! ServiceMonitors follow what the cluster serves: applied where monitoring.coreos.com/v1 is served,
+//! never asked for where it is not.
+
+use axum::http::Method;
+use serde_json::json;
+
+use crate::checks::{MANAGED, assert_applied, lines, of};
+use crate::fake_api::paths::{SERVICE_MONITORS, STATUS};
+use crate::fake_api::request::Req;
+use crate::fake_api::world::{World, memcached};
+use crate::harness::run_once;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn service_monitors_follow_what_the_cluster_serves() {
+    let mut instance = memcached();
+    instance["spec"]["monitoring"] =
+        json!({"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}});
+
+    // Served: listed and watched by label, and one applied for the instance.
+    let world = World {
+        memcacheds: vec![instance.clone()],
+        service_monitors: Some(vec![]),
+        ..World::default()
+    };
+    let requests = run_once(world, "monitors-served").await;
+    let lists: Vec<_> = of(&requests, &Method::GET, SERVICE_MONITORS)
+        .into_iter()
+        .filter(|r| !r.is_watch())
+        .collect();
+    assert_eq!(lists.len(), 1, "{}", lines(&requests));
+    assert_eq!(lists[0].param("labelSelector"), Some(MANAGED));
+    let applied = of(
+        &requests,
+        &Method::PATCH,
+        &format!("{SERVICE_MONITORS}/cache"),
+    );
+    assert_eq!(applied.len(), 1, "{}", lines(&requests));
+    assert_applied(applied[0], "ServiceMonitor");
+    assert_eq!(applied[0].body["spec"]["endpoints"][0]["port"], "metrics");
+
+    // Not served: never listed, and the status says why instead of an error loop.
+    let world = World {
+        memcacheds: vec![instance],
+        ..World::default()
+    };
+    let requests = run_once(world, "monitors-missing").await;
+    assert!(
+        of(&requests, &Method::GET, SERVICE_MONITORS).is_empty(),
+        "{}",
+        lines(&requests)
+    );
+    let statuses = of(&requests, &Method::PATCH, STATUS);
+    let status = &statuses.last().expect("a status patch").body["status"];
+    let degraded = status["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap();
+    assert_eq!(degraded["reason"], "ServiceMonitorUnavailable", "{status}");
+    assert_eq!(sample_errors(&requests), 0);
+}
+
+/// Failed requests other than the expected 404s (for the Lease before it exists and undiscovered APIs).
+pub fn sample_errors(requests: &[Req]) -> usize {
+    requests
+        .iter()
+        .filter(|r| !(200..300).contains(&r.status) && r.status != 404)
+        .count()
+}

@@ -12,8 +12,9 @@ use crate::checks::{
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    APPLY, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDB,
-    PDBS, PODS, SECRETS, SERVICE, SERVICE_MONITORS, SERVICES, STATUS,
+    APPLY, AUTOSCALERS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES, MEMCACHEDS,
+    MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS, SERVICE, SERVICE_MONITORS, SERVICES,
+    STATUS,
 };
 use crate::fake_api::world::World;
 use crate::harness::{
@@ -80,6 +81,8 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         (SERVICES, Some(MANAGED)),
         (PODS, Some(MANAGED)),
         (PDBS, Some(MANAGED)),
+        (NETWORK_POLICIES, Some(MANAGED)),
+        (AUTOSCALERS, Some(MANAGED)),
         (SECRETS, None),
     ] {
         let gets = of(&requests, &Method::GET, path);

@@ -36,8 +36,8 @@ use serde_json::{Value, json};
 
 use crate::fake_api::answers::{child_name, merge_spec, not_found, status};
 use crate::fake_api::paths::{
-    APPLY, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING, PDBS, PODS, SECRETS,
-    SERVICE_MONITORS, SERVICES, STRATEGIC,
+    APPLY, AUTOSCALERS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING,
+    NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
 use crate::fake_api::world::{World, metadata_only};
@@ -199,6 +199,9 @@ impl Fake {
                 SERVICES => Some(("v1", "ServiceList", world.services.clone())),
                 PODS => Some(("v1", "PodList", world.pods.clone())),
                 PDBS => Some(("policy/v1", "PodDisruptionBudgetList", world.pdbs.clone())),
+                // No instance of the fake's worlds asks for these, so they are always empty.
+                NETWORK_POLICIES => Some(("networking.k8s.io/v1", "NetworkPolicyList", vec![])),
+                AUTOSCALERS => Some(("autoscaling/v2", "HorizontalPodAutoscalerList", vec![])),
                 SECRETS => Some((
                     "meta.k8s.io/v1",
                     "PartialObjectMetadataList",

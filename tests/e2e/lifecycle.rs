@@ -4,6 +4,7 @@
 use crate::env::{E2e, preflight};
 use crate::events::holder_contains;
 use crate::invalid::{step_degraded, step_invalid, step_invalid_config};
+use crate::isolation::step_isolation;
 use crate::kubectl::{e2e_enabled, secs};
 use crate::leader_election::step_leader_handover;
 use crate::names::{CLEANUP_STEP, LEASE, OPERATOR_NS, SKIP_MESSAGE};
@@ -136,6 +137,12 @@ fn lifecycle() {
 
     env.step(18, "TLS from a kubernetes.io/tls Secret (needs openssl)");
     step_tls(&env);
+
+    env.step(
+        19,
+        "NetworkPolicy and HorizontalPodAutoscaler follow spec.security.networkPolicy and spec.autoscaling",
+    );
+    step_isolation(&env);
 
     eprintln!(
         "\n==> all steps passed [t+{}s]; step {CLEANUP_STEP} (cleanup) follows",

@@ -43,7 +43,12 @@
 //! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
 //!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
 //! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
-//! 19. cleanup (always, also after a failure): see `impl Drop for E2e`
+//! 19. network isolation and autoscaling: the NetworkPolicy (memcached port from the listed clients, metrics
+//!     port from the namespace) and the HorizontalPodAutoscaler (targeting the `Memcached`) are created, owned
+//!     and labelled; the autoscaler raises `spec.size` to `minSize` through the scale subresource and undoes a
+//!     `kubectl scale` below it (no metrics server needed); a deleted policy comes back; disabled, both go with
+//!     `Deleted` events and the size stays. Enforcement needs a network plugin and is not checked
+//! 20. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
 //! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
 //! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
@@ -59,7 +64,7 @@
 //! - [`lifecycle`]: the one test, calling the steps in order;
 //! - one module per scenario, holding its steps and the checks only it needs: [`sample`] (steps 4, 6
 //!   to 8, 11), [`leader_election`] (5), [`invalid`] (9, 10, 16), [`production`] (12 to 14),
-//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18);
+//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`isolation`] (19);
 //! - shared helpers: [`env`] (setup, the operator processes, diagnostics and cleanup), [`checks`]
 //!   (expectations on the operator's objects), [`events`] (events and the leader Lease), [`kubectl`]
 //!   (kubectl and process helpers), [`poll`] (waits with timeouts), [`http`] (the operator's
@@ -76,6 +81,7 @@ mod poll;
 mod lifecycle;
 
 mod invalid;
+mod isolation;
 mod leader_election;
 mod production;
 mod sample;

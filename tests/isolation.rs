@@ -36,26 +36,15 @@ fn deleted() -> Value {
 /// Creates `isolated(2)`, checks the requests and events, puts every child into the caches, and returns
 /// the NetworkPolicy and autoscaler as applied.
 async fn create(cluster: &mut Cluster) -> (Value, Value) {
-    let run = run(
-        cluster,
-        isolated(2),
-        vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, SERVICES).apply(),
-            event(),
-            expect(Method::PATCH, HEADLESS).apply(),
-            event(),
-            expect(Method::PATCH, PDBS).apply(),
-            event(),
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            event(),
-            expect(Method::PATCH, AUTOSCALERS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
+    let mut script = created_children(2);
+    script.extend([
+        expect(Method::PATCH, NETWORK_POLICIES).apply(),
+        event(),
+        expect(Method::PATCH, AUTOSCALERS).apply(),
+        event(),
+        expect(Method::PATCH, STATUS).apply(),
+    ]);
+    let run = run(cluster, isolated(2), script).await;
     run.result.unwrap();
     let seen = run.seen;
     assert_eq!(seen[9].body["note"], "Created NetworkPolicy cache");

@@ -623,16 +623,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let mut script = vec![
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
-        expect(Method::PATCH, DEPLOYMENTS).apply(),
-        event(),
-        expect(Method::PATCH, SERVICES).apply(),
-        event(),
-        expect(Method::PATCH, HEADLESS).apply(),
-        event(),
     ];
-    if size > 1 {
-        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
-    }
+    script.extend(created_children(size));
     script.extend([
         expect(Method::PATCH, NETWORK_POLICIES).apply(),
         event(),

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::api::{AutoscalingConfig, ExporterConfig, Monitoring};
     use crate::resources::Defaults;
-    use crate::resources::testing::memcached;
+    use crate::resources::testing::{child_meta_json, memcached};
     use k8s_openapi::api::autoscaling::v2::{HPAScalingRules, HorizontalPodAutoscalerBehavior};
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -150,19 +150,7 @@ mod tests {
             json!({
                 "apiVersion": "autoscaling/v2",
                 "kind": "HorizontalPodAutoscaler",
-                "metadata": {
-                    "name": "cache",
-                    "namespace": "default",
-                    "labels": {
-                        "app.kubernetes.io/instance": "cache",
-                        "app.kubernetes.io/managed-by": "memcached-operator",
-                        "app.kubernetes.io/name": "memcached"
-                    },
-                    "ownerReferences": [{
-                        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache",
-                        "uid": "uid-1", "controller": true
-                    }]
-                },
+                "metadata": child_meta_json(),
                 "spec": {
                     "scaleTargetRef": {
                         "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache"

@@ -394,9 +394,9 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
-/// The happy create path of a default instance of `size` pods. It puts what was applied into the
-/// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
-pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
+/// The requests that create the children every instance of `size` pods has, each followed by its
+/// `Created` event: Deployment, client and headless Services, and the budget above one pod.
+pub fn created_children(size: i32) -> Vec<Exchange> {
     let mut script = vec![
         expect(Method::PATCH, DEPLOYMENTS).apply(),
         event(),
@@ -408,6 +408,13 @@ pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
     if size > 1 {
         script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
     }
+    script
+}
+
+/// The happy create path of a default instance of `size` pods. It puts what was applied into the
+/// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
+pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
+    let mut script = created_children(size);
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, memcached(size), script).await;
     assert_eq!(

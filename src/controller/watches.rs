@@ -2,8 +2,9 @@
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
 //! - Deployments, Services, PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and (where
-//!   the cluster serves them) ServiceMonitors: only those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
-//!   owning instance through its controller owner reference. They are cached whole: the drift check
+//!   the cluster serves them) ServiceMonitors: only those labelled
+//!   `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the owning instance
+//!   through its controller owner reference. They are cached whole: the drift check
 //!   compares their spec.
 //! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
 //!   is never read); a change triggers the instance named by the `app.kubernetes.io/instance` label.

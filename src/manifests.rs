@@ -38,9 +38,11 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 /// - Memcached: watched; patched to add and remove the finalizer; status server-side applied;
 ///   `update` on `memcacheds/finalizers` lets it set `blockOwnerDeletion` in children's owner references
 ///   where the OwnerReferencesPermissionEnforcement admission plugin is on.
-/// - Deployments and Services: watched and server-side applied (a PATCH that may create, so `create`
-///   too); never deleted by the operator: garbage collection does that.
-/// - Pods: watched, to report pod names and why pods cannot start.
+/// - Deployments, StatefulSets, Services and ConfigMaps (the published server lists): watched and
+///   server-side applied (a PATCH that may create, so `create` too); never deleted by the operator:
+///   garbage collection does that.
+/// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
+///   (server-side apply of one annotation) to mark drained pods with a low pod-deletion cost.
 /// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
 ///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
 ///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions.
@@ -58,15 +60,15 @@ pub fn manager_role() -> ClusterRole {
             rule(GROUP, &["memcacheds/finalizers"], &["update"]),
             rule(
                 "apps",
-                &["deployments"],
+                &["deployments", "statefulsets"],
                 &["get", "list", "watch", "create", "patch"],
             ),
             rule(
                 "",
-                &["services"],
+                &["configmaps", "services"],
                 &["get", "list", "watch", "create", "patch"],
             ),
-            rule("", &["pods"], &["get", "list", "watch"]),
+            rule("", &["pods"], &["get", "list", "watch", "patch"]),
             rule("", &["secrets"], &["get", "list", "watch"]),
             rule(
                 "policy",

@@ -2,13 +2,6 @@
 //! put back, removed, and never fighting the autoscaler over `spec.size`; and the CEL rules of
 //! `spec.security.networkPolicy` and `spec.autoscaling` agreeing with the operator's own checks.
 
-use http::{Method, StatusCode};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::runtime::watcher;
-use memcached_operator::api::Memcached;
-use serde_json::{Value, json};
-
 mod common;
 use common::mock::*;
 
@@ -47,6 +40,8 @@ async fn create(cluster: &mut Cluster) -> (Value, Value) {
     let run = run(cluster, isolated(2), script).await;
     run.result.unwrap();
     let seen = run.seen;
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    let seen = &seen[2..];
     assert_eq!(seen[9].body["note"], "Created NetworkPolicy cache");
     assert_eq!(
         seen[11].body["note"],

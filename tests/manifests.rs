@@ -524,8 +524,9 @@ fn cel_rules_compile_and_are_bounded() {
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
     assert_eq!(
         nodes.len(),
-        6,
-        "memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], autoscaling"
+        7,
+        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], \
+         autoscaling"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);
@@ -624,5 +625,41 @@ fn cel_rules_agree_with_the_operator_checks() {
         let mc: Memcached = serde_json::from_value(object).unwrap();
         let operator = operator_check(&mc.spec);
         assert_eq!(operator.is_ok(), valid, "operator on {spec}: {operator:?}");
+    }
+}
+
+/// The workload kind is fixed once an instance exists (a transition rule: it sees the old object too).
+#[test]
+fn the_workload_cannot_change_on_a_live_instance() {
+    use kube::core::cel::Validator;
+    let schema = schema();
+    let object = |spec: Value| {
+        json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+               "metadata": {"name": "x", "namespace": "ns"}, "spec": spec})
+    };
+    let sts = object(json!({"workload": "StatefulSet", "size": 3}));
+    let deploy = object(json!({"workload": "Deployment"}));
+    let unset = object(json!({}));
+    let cases = [
+        (&sts, None, true),
+        (
+            &sts,
+            Some(&object(json!({"workload": "StatefulSet", "size": 1}))),
+            true,
+        ),
+        (&sts, Some(&deploy), false),
+        (&deploy, Some(&sts), false),
+        (&sts, Some(&unset), false),
+        (&unset, Some(&deploy), true),
+    ];
+    for (new, old, valid) in cases {
+        let result = Validator::new().validate(&schema, new, old);
+        assert_eq!(result.is_ok(), valid, "{new} after {old:?}: {result:?}");
+        if let Err(errors) = result {
+            assert!(
+                format!("{errors:?}").contains("spec.workload cannot change"),
+                "{errors:?}"
+            );
+        }
     }
 }

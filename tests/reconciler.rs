@@ -4,27 +4,11 @@
 //! one reconcile, and the mock checks the requests (method, path, body) and answers them. When the
 //! reconcile returns, the mock asserts nothing else was sent.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::client::Body;
-use kube::runtime::controller::Action;
-use kube::runtime::watcher;
-use kube::{Client, Resource};
-use memcached_operator::api::{FINALIZER, Memcached, MemcachedStatus};
-use memcached_operator::controller::{Context, Error, Settings, error_policy};
-use memcached_operator::metrics::Metrics;
-use serde_json::{Value, json};
-use tower_test::mock;
-
-mod common;
 use common::mock::*;
-
-// ---------------------------------------------------------------------------------------------------
-// Objects.
 
 /// An instance of size 1 that `kubectl delete` has marked for deletion (its finalizer still on).
 fn being_deleted() -> Memcached {
@@ -380,7 +364,7 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
             &mut cluster,
             memcached(1),
             vec![
-                expect(Method::PATCH, DEPLOYMENTS)
+                expect(Method::PATCH, CONFIG_MAPS)
                     .apply()
                     .fail(code, reason),
                 event(),
@@ -458,7 +442,7 @@ async fn rejected_apply_is_reported_as_degraded() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS)
+            expect(Method::PATCH, CONFIG_MAPS)
                 .apply()
                 .fail(422, "Invalid"),
             expect(Method::PATCH, STATUS).apply(),
@@ -637,6 +621,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
     let seen = run.seen;
+    cluster.config_map(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    let seen = &seen[2..];
     cluster.deployment(settled(&seen[2].body));
     cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
     cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
@@ -778,6 +764,8 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
         recorded,
         vec![
             expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2")),
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, SERVICES).apply(),
@@ -790,7 +778,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     .await;
     recovered.result.unwrap();
     assert_eq!(
-        condition(&recovered.seen[7].body, "Degraded")["status"],
+        condition(&recovered.seen[9].body, "Degraded")["status"],
         "False"
     );
 }
@@ -798,7 +786,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
 #[tokio::test]
 async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
     for (size, spec) in [
-        (1, json!({})),
+        (1, json!({"scaling": {"drainSeconds": 0}})),
         (
             3,
             json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
@@ -810,7 +798,13 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
         cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
         let mut script = vec![];
         if size != 3 {
-            script.extend([expect(Method::PATCH, DEPLOYMENTS).apply(), event()]);
+            // Draining, the scale itself, Drained.
+            script.extend([
+                event(),
+                expect(Method::PATCH, DEPLOYMENTS).apply(),
+                event(),
+                event(),
+            ]);
         }
         script.extend([
             expect(Method::DELETE, PDBS).reply(
@@ -894,6 +888,8 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         &mut cluster,
         mc,
         vec![
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, SERVICES).apply(),
@@ -910,7 +906,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         Action::requeue(Duration::from_secs(300))
     );
     assert_degraded(
-        &run.seen[6].body,
+        &run.seen[8].body,
         "ServiceMonitorUnavailable",
         "monitoring.coreos.com/v1",
     );

@@ -2,10 +2,12 @@
 //!
 //! Field names and defaults follow the Kubebuilder and Operator SDK memcached tutorials, so their sample
 //! manifests (`spec: {size: 1, containerPort: 11211}`) apply unchanged. Every limit that the API server can
-//! check is plain OpenAPI schema (no CEL), so the CRD works on every server from v1.24 up.
+//! check is plain OpenAPI schema, so the CRD works on every server from v1.24 up; the CEL rules (1.25+)
+//! repeat checks the operator also makes itself.
 
 mod features;
 mod isolation;
+mod pools;
 
 use std::collections::BTreeMap;
 
@@ -44,7 +46,7 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     namespaced,
     status = "MemcachedStatus",
     derive = "PartialEq",
-    doc = "Memcached runs a set of memcached servers (a Deployment, its Services and optional extras) managed by memcached-operator.",
+    doc = "Memcached runs a set of memcached servers (a Deployment or StatefulSet, its Services, a published server list and optional extras) managed by memcached-operator.",
     scale(
         spec_replicas_path = ".spec.size",
         status_replicas_path = ".status.replicas",
@@ -75,6 +77,10 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     )
 )]
 #[serde(rename_all = "camelCase")]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": WORKLOAD_RULE,
+    "message": WORKLOAD_RULE_MESSAGE
+}]))]
 pub struct MemcachedSpec {
     /// Number of memcached pods. 0 scales the instance to zero (the Deployment and Service are kept).
     /// Also settable through the scale subresource (`kubectl scale memcached/NAME --replicas=N`).
@@ -140,6 +146,19 @@ pub struct MemcachedSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub monitoring: Option<Monitoring>,
 
+    /// What runs the servers: `Deployment` (default) or `StatefulSet` (stable pod names and DNS
+    /// addresses). Cannot change on a live instance.
+    #[serde(default)]
+    pub workload: Workload,
+
+    /// How a scale-down drains servers before removing them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scaling: Option<Scaling>,
+
+    /// How a changed pod template rolls out: one server at a time, each warmed up before the next.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollout: Option<Rollout>,
+
     /// A HorizontalPodAutoscaler that sets spec.size from the pods' CPU or memory use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingConfig>,
@@ -170,6 +189,9 @@ impl Default for MemcachedSpec {
             service: None,
             security: None,
             monitoring: None,
+            workload: Workload::default(),
+            scaling: None,
+            rollout: None,
             autoscaling: None,
         }
     }
@@ -205,13 +227,24 @@ pub struct MemcachedStatus {
     #[serde(default)]
     pub nodes: Vec<String>,
 
-    /// `host:port` of every ready pod, sorted: the server list for clients that hash keys across servers.
+    /// `host:port` of every ready server, in slot order: the server list for clients that hash keys
+    /// across servers (kept for compatibility; `servers` and the `<name>-servers` ConfigMap say more).
     #[serde(default)]
     pub server_list: Vec<String>,
+
+    /// One entry per published server slot, in slot order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["slot"]))]
+    pub servers: Vec<Server>,
+
+    /// The scale-down being drained, while one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
 }
 
 pub use features::*;
 pub use isolation::*;
+pub use pools::*;
 
 impl Memcached {
     /// The spec'd image, or `default_image` when the spec leaves it out.
@@ -248,6 +281,14 @@ impl MemcachedSpec {
             .exporter
             .as_ref()
             .filter(|e| e.enabled)
+    }
+    /// `spec.scaling.drainSeconds`, or its default.
+    pub fn drain_seconds(&self) -> i32 {
+        self.scaling.clone().unwrap_or_default().drain_seconds()
+    }
+    /// `spec.rollout.warmupSeconds`, or its default.
+    pub fn warmup_seconds(&self) -> i32 {
+        self.rollout.clone().unwrap_or_default().warmup_seconds()
     }
     /// ServiceMonitor settings, if a ServiceMonitor is wanted.
     pub fn service_monitor(&self) -> Option<&ServiceMonitorConfig> {

@@ -8,6 +8,7 @@ mod children;
 pub mod connectivity;
 mod error;
 mod events;
+mod pool;
 mod reconcile;
 mod secrets;
 mod watch_retry;
@@ -16,9 +17,9 @@ mod watches;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -74,6 +75,9 @@ impl Default for Settings {
 pub struct Stores {
     pub memcacheds: Store<Memcached>,
     pub deployments: Store<Deployment>,
+    pub statefulsets: Store<StatefulSet>,
+    /// The published server lists (`<name>-servers`).
+    pub config_maps: Store<ConfigMap>,
     pub services: Store<Service>,
     pub pods: Store<Pod>,
     pub pdbs: Store<PodDisruptionBudget>,

@@ -1,13 +1,13 @@
-//! Reconcile: finalizer → validate → build → apply (only what differs) → status (only when it differs).
+//! Reconcile: finalizer → validate → plan the pool (slots, drain) → build → apply (only what differs) →
+//! status (only when it differs).
 
-use std::sync::Arc;
-
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::fmt::Debug;
 use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
@@ -21,14 +21,17 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::children::{self, Applied};
+use super::children;
+use super::pool;
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
-use crate::api::{FINALIZER, Memcached, MemcachedStatus};
+use crate::api::{Drain, FINALIZER, Memcached, MemcachedStatus, Server, Workload};
+use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, autoscaler, deployment, labels, network_policy, pdb, service, service_monitor,
+    Instance, autoscaler, deployment, labels, network_policy, pdb, servers, service,
+    service_monitor, statefulset,
 };
-use crate::status::{self, DEGRADED, Observed, Problem};
+use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -89,55 +92,51 @@ pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Ac
 
 async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     let requeue = Action::requeue(ctx.settings.requeue_after);
-    let cached_deployment = || {
-        let name = mc.name_any();
-        let namespace = mc.namespace().unwrap_or_default();
-        ctx.stores
-            .deployments
-            .get(&ObjectRef::new(&name).within(&namespace))
-    };
+    let workload = || pool::cached_workload(ctx, mc);
     let instance = match Instance::new(mc, &ctx.settings.defaults) {
         Ok(instance) => instance,
         Err(invalid) => {
             // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
             // cannot help, so report it and wait.
             let selector = valid_selector(mc);
-            report(
-                mc,
-                ctx,
-                cached_deployment().as_deref(),
-                Some(invalid.into()),
-                selector,
-            )
-            .await?;
+            report(mc, ctx, workload(), None, Some(invalid.into()), selector).await?;
             return Ok(requeue);
         }
     };
     let selector = Some(labels::selector_string(instance.name));
+    if let Some(changed) = pool::workload_changed(ctx, &instance, mc) {
+        report(mc, ctx, workload(), None, Some(changed), selector).await?;
+        return Ok(requeue);
+    }
     let secret_hash = match secrets::resolve(ctx, &instance).await {
         Ok(Resolved::Ready(hash)) => hash,
         Ok(Resolved::Missing(missing)) => {
             // The Secret watch brings the instance back as soon as the Secret appears or changes.
-            report(
-                mc,
-                ctx,
-                cached_deployment().as_deref(),
-                Some(missing.into()),
-                selector,
-            )
-            .await?;
+            report(mc, ctx, workload(), None, Some(missing.into()), selector).await?;
             return Ok(requeue);
         }
         Err(error) => {
-            return Err(fail(mc, ctx, error, cached_deployment().as_deref(), selector).await);
+            return Err(fail(mc, ctx, error, workload(), selector).await);
         }
     };
     match apply_children(mc, &instance, secret_hash.as_deref(), ctx).await {
-        Ok((deployment, problem)) => {
-            report(mc, ctx, Some(&deployment), problem, selector).await?;
-            Ok(requeue)
+        Ok(applied) => {
+            let published = Some((applied.servers, applied.drain));
+            report(
+                mc,
+                ctx,
+                Some(applied.workload),
+                published,
+                applied.problem,
+                selector,
+            )
+            .await?;
+            Ok(match applied.wait {
+                Some(wait) if wait < ctx.settings.requeue_after => Action::requeue(wait),
+                _ => requeue,
+            })
         }
-        Err(error) => Err(fail(mc, ctx, error, cached_deployment().as_deref(), selector).await),
+        Err(error) => Err(fail(mc, ctx, error, workload(), selector).await),
     }
 }
 
@@ -146,11 +145,11 @@ async fn fail(
     mc: &Memcached,
     ctx: &Context,
     error: Error,
-    deployment: Option<&Deployment>,
+    workload: Option<WorkloadStatus>,
     selector: Option<String>,
 ) -> Error {
     if let Some(problem) = error.problem()
-        && let Err(e) = report(mc, ctx, deployment, Some(problem), selector).await
+        && let Err(e) = report(mc, ctx, workload, None, Some(problem), selector).await
     {
         warn!(error = %e, "could not record the failure in the status");
     }
@@ -164,59 +163,107 @@ fn valid_selector(mc: &Memcached) -> Option<String> {
     valid.then(|| labels::selector_string(&name))
 }
 
-/// Applies the children in a fixed order (Deployment, Services, PodDisruptionBudget, NetworkPolicy,
-/// HorizontalPodAutoscaler, ServiceMonitor), removes the optional ones that are no longer wanted, and
-/// records what changed as events. Returns the Deployment and a problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+/// What [`apply_children`] leaves for the status.
+struct Children {
+    workload: WorkloadStatus,
+    servers: Vec<Server>,
+    drain: Option<Drain>,
+    /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+    problem: Option<Problem>,
+    /// How long until a drain is due.
+    wait: Option<Duration>,
+}
+
+/// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
+/// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional
+/// ones that are no longer wanted, and records what changed as events. The server list goes before the workload, so a scale-down is published before
+/// any server is removed.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
     secret_hash: Option<&str>,
     ctx: &Context,
-) -> Result<(Arc<Deployment>, Option<Problem>), Error> {
+) -> Result<Children, Error> {
     let reference = mc.object_ref(&());
     let stores = &ctx.stores;
     let (client, ns) = (&ctx.client, instance.namespace);
-    let desired = deployment::deployment(instance, secret_hash);
-    let replicas = desired
-        .spec
-        .as_ref()
-        .and_then(|s| s.replicas)
-        .unwrap_or_default();
-    let applied = children::ensure(
-        instance,
-        desired,
-        &stores.deployments,
-        Api::namespaced(client.clone(), ns),
-        &(),
-    )
-    .await?;
-    if applied.changed {
-        let name = instance.name;
-        let event = match previous_replicas(&applied) {
-            None => normal(
-                "Created",
-                "Create",
-                format!("Created Deployment {name} with {replicas} replicas"),
-            ),
-            Some(before) if before != replicas => normal(
-                "Scaled",
-                "Scale",
-                format!("Scaled Deployment {name} from {before} to {replicas} replicas"),
-            ),
-            Some(_) => normal(
-                "Updated",
-                "Update",
-                format!("Updated Deployment {name} to match the spec"),
-            ),
-        };
-        record(ctx, &reference, instance, event).await;
-    }
-
+    let plan = pool::plan(ctx, mc, instance);
     let scope = Scope {
         ctx,
         reference: &reference,
         instance,
     };
+    for step in &plan.steps {
+        if let Step::Cancelled { from, to, size } = step {
+            let note = format!(
+                "Cancelled the drain from {from} to {to} servers: spec.size is {size} again; every server stays"
+            );
+            record(
+                ctx,
+                &reference,
+                instance,
+                normal("DrainCancelled", "Scale", note),
+            )
+            .await;
+        }
+    }
+    pool::apply_marks(ctx, instance, &plan.marks).await?;
+
+    let list = servers::config_map(instance, &plan.servers);
+    let name = list.name_any();
+    let applied = children::ensure(
+        instance,
+        list,
+        &stores.config_maps,
+        Api::namespaced(client.clone(), ns),
+        &(),
+    )
+    .await?;
+    if applied.changed && applied.previous.is_none() {
+        let event = created_or_updated("ConfigMap", &name, false);
+        record(ctx, &reference, instance, event).await;
+    }
+    for step in &plan.steps {
+        if let Step::Draining { from, to } = step {
+            let note = format!(
+                "Draining: published {to} of {from} servers; the other {} go after {} s",
+                from - to,
+                instance.spec.drain_seconds()
+            );
+            record(ctx, &reference, instance, normal("Draining", "Scale", note)).await;
+        }
+    }
+
+    let workload = match instance.spec.workload {
+        Workload::Deployment => {
+            let desired = deployment::deployment(instance, plan.replicas, secret_hash);
+            let applied =
+                ensure_workload(&scope, desired, &stores.deployments, plan.replicas, |d| {
+                    d.spec.as_ref().and_then(|s| s.replicas)
+                })
+                .await?;
+            WorkloadStatus::from(applied.as_ref())
+        }
+        Workload::StatefulSet => {
+            let desired = statefulset::statefulset(instance, plan.replicas, secret_hash);
+            let applied =
+                ensure_workload(&scope, desired, &stores.statefulsets, plan.replicas, |s| {
+                    s.spec.as_ref().and_then(|s| s.replicas)
+                })
+                .await?;
+            WorkloadStatus::from(applied.as_ref())
+        }
+    };
+    for step in &plan.steps {
+        if let Step::Drained { from, to } = step {
+            let note = format!(
+                "Drained: removing {} servers after the drain ({from} to {to})",
+                from - to
+            );
+            record(ctx, &reference, instance, normal("Drained", "Scale", note)).await;
+        }
+    }
+
     let services: Api<Service> = Api::namespaced(client.clone(), ns);
     for desired in [service::service(instance), service::headless(instance)] {
         let name = desired.name_any();
@@ -281,7 +328,60 @@ async fn apply_children(
         }
         None => {}
     }
-    Ok((applied.current, problem))
+    Ok(Children {
+        workload,
+        servers: plan.servers,
+        drain: plan.drain,
+        problem,
+        wait: plan.wait,
+    })
+}
+
+/// Applies the workload (`replicas` of them) and records it as created, scaled or updated.
+async fn ensure_workload<K>(
+    scope: &Scope<'_>,
+    desired: K,
+    store: &Store<K>,
+    replicas: i32,
+    replicas_of: fn(&K) -> Option<i32>,
+) -> Result<Arc<K>, Error>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + Serialize
+        + DeserializeOwned
+        + Debug,
+{
+    let (instance, kind) = (scope.instance, K::kind(&()));
+    let api = Api::namespaced(scope.ctx.client.clone(), instance.namespace);
+    let applied = children::ensure(instance, desired, store, api, &()).await?;
+    if applied.changed {
+        let name = instance.name;
+        // A workload without replicas has the API server's default, 1.
+        let before = applied
+            .previous
+            .as_deref()
+            .map(|p| replicas_of(p).unwrap_or(1));
+        let event = match before {
+            None => normal(
+                "Created",
+                "Create",
+                format!("Created {kind} {name} with {replicas} replicas"),
+            ),
+            Some(before) if before != replicas => normal(
+                "Scaled",
+                "Scale",
+                format!("Scaled {kind} {name} from {before} to {replicas} replicas"),
+            ),
+            Some(_) => normal(
+                "Updated",
+                "Update",
+                format!("Updated {kind} {name} to match the spec"),
+            ),
+        };
+        record(scope.ctx, scope.reference, instance, event).await;
+    }
+    Ok(applied.current)
 }
 
 /// What events about an instance's children refer to.
@@ -353,33 +453,30 @@ async fn record(ctx: &Context, reference: &ObjectReference, instance: &Instance<
     publish(ctx, reference, event).await;
 }
 
-fn previous_replicas(applied: &Applied<Deployment>) -> Option<i32> {
-    let previous = applied.previous.as_ref()?;
-    Some(previous.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1))
-}
-
 /// Computes the status from what exists and writes it if it changed.
+/// `published` holds the server slots and drain this reconcile settled on; without it (nothing was
+/// applied) the stored ones are kept.
 async fn report(
     mc: &Memcached,
     ctx: &Context,
-    deployment: Option<&Deployment>,
+    workload: Option<WorkloadStatus>,
+    published: Option<(Vec<Server>, Option<Drain>)>,
     problem: Option<Problem>,
     selector: Option<String>,
 ) -> Result<(), Error> {
-    let name = mc.name_any();
-    let namespace = mc.namespace();
-    let pods: Vec<Arc<Pod>> = ctx.stores.pods.state_filter(|pod| {
-        pod.metadata.namespace == namespace
-            && pod.labels().get(labels::INSTANCE_KEY) == Some(&name)
-            && pod.labels().get(labels::NAME_KEY).map(String::as_str) == Some(labels::APP_NAME)
+    let pods = pool::pods(ctx, mc);
+    let (servers, drain) = published.unwrap_or_else(|| {
+        let stored = mc.status.clone().unwrap_or_default();
+        (stored.servers, stored.drain)
     });
     let observed = Observed {
         generation: mc.metadata.generation,
         size: mc.spec.size,
         selector,
-        deployment,
+        workload,
         pods: pods.iter().map(Arc::as_ref).collect(),
-        port: mc.spec.container_port,
+        servers,
+        drain,
         problem,
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());

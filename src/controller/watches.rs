@@ -1,13 +1,14 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
 //! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
-//! - Deployments, Services, PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and (where
-//!   the cluster serves them) ServiceMonitors: only those labelled
-//!   `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the owning instance
-//!   through its controller owner reference. They are cached whole: the drift check
+//! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets,
+//!   NetworkPolicies, HorizontalPodAutoscalers and (where the cluster serves them) ServiceMonitors: only
+//!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
+//!   owning instance through its controller owner reference. They are cached whole: the drift check
 //!   compares their spec.
 //! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
-//!   is never read); a change triggers the instance named by the `app.kubernetes.io/instance` label.
+//!   is never read) and to the one annotation read (the drained pod-deletion cost); a change triggers the
+//!   instance named by the `app.kubernetes.io/instance` label.
 //! - Secrets: every one in scope (users name their own), metadata only, since only existence and version
 //!   matter until one an instance references changes; a change triggers the instances that name it.
 //!
@@ -22,9 +23,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::{BoxFuture, Shared};
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DynamicObject, PartialObjectMeta};
@@ -42,7 +43,7 @@ use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
-use crate::resources::{labels, secrets, service_monitor};
+use crate::resources::{labels, secrets, servers, service_monitor};
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -80,10 +81,19 @@ pub fn trim_meta<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// Keeps of a pod only what status computation reads: identity, labels, deletion, and status.
+/// Keeps of a pod only what status computation and slot assignment read: identity, labels, deletion,
+/// status, and the drained pod-deletion cost (which tells whether a drained pod is marked yet).
 pub fn trim_pod(pod: &mut Pod) {
     pod.metadata.managed_fields = None;
-    pod.metadata.annotations = None;
+    pod.metadata.annotations = pod
+        .metadata
+        .annotations
+        .take()
+        .map(|mut annotations| {
+            annotations.retain(|key, _| key == servers::DELETION_COST_ANNOTATION);
+            annotations
+        })
+        .filter(|annotations| !annotations.is_empty());
     pod.spec = None;
 }
 
@@ -132,10 +142,26 @@ pub async fn run(
         trim_meta,
         (),
     );
+    let (statefulsets, statefulset_stream) = cached(
+        &metrics,
+        "statefulsets",
+        api::<StatefulSet>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
     let (services, service_stream) = cached(
         &metrics,
         "services",
         api::<Service>(&client, ns),
+        children.clone(),
+        trim_meta,
+        (),
+    );
+    let (config_maps, config_map_stream) = cached(
+        &metrics,
+        "configmaps",
+        api::<ConfigMap>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -213,6 +239,8 @@ pub async fn run(
     let stores = Stores {
         memcacheds: memcacheds.clone(),
         deployments,
+        statefulsets,
+        config_maps,
         services,
         pods,
         pdbs,
@@ -240,7 +268,9 @@ pub async fn run(
     let instances = memcacheds.clone();
     let mut controller = Controller::for_stream(mc_stream, memcacheds)
         .owns_stream(deployment_stream)
+        .owns_stream(statefulset_stream)
         .owns_stream(service_stream)
+        .owns_stream(config_map_stream)
         .owns_stream(pdb_stream)
         .owns_stream(network_policy_stream)
         .owns_stream(autoscaler_stream)
@@ -402,7 +432,7 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
                 None => Ok(()),
             }
         };
-        let all = futures::future::try_join3(
+        let all = futures::future::try_join4(
             futures::future::try_join3(
                 stores.deployments.wait_until_ready(),
                 stores.services.wait_until_ready(),
@@ -411,6 +441,10 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
             futures::future::try_join4(
                 stores.pdbs.wait_until_ready(),
                 stores.secrets.wait_until_ready(),
+                stores.statefulsets.wait_until_ready(),
+                stores.config_maps.wait_until_ready(),
+            ),
+            futures::future::try_join(
                 stores.network_policies.wait_until_ready(),
                 stores.autoscalers.wait_until_ready(),
             ),
@@ -523,6 +557,22 @@ mod tests {
 
     #[test]
     fn pods_are_trimmed_to_what_status_reads() {
+        let mut marked: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"a": "b", servers::DELETION_COST_ANNOTATION: "-1000"}}
+        }))
+        .unwrap();
+        trim_pod(&mut marked);
+        assert_eq!(
+            marked.metadata.annotations,
+            Some(
+                [(
+                    servers::DELETION_COST_ANNOTATION.to_owned(),
+                    "-1000".to_owned()
+                )]
+                .into()
+            ),
+            "the drain mark stays, nothing else"
+        );
         let mut pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
             "spec": {"containers": [{"name": "memcached"}]},

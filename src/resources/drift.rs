@@ -26,10 +26,16 @@ pub fn stamp<K: Resource + Serialize>(mut obj: K) -> K {
 }
 
 /// Whether `live` already holds everything in `desired` (a stamped object), i.e. whether applying
-/// `desired` would change nothing.
+/// `desired` would change nothing. A ConfigMap's `data` must match exactly: a key someone added to the
+/// published server list is drift too.
 pub fn is_up_to_date<K: Serialize>(live: &K, desired: &K) -> bool {
     match (serde_json::to_value(live), serde_json::to_value(desired)) {
-        (Ok(live), Ok(desired)) => contains(&live, &desired),
+        (Ok(live), Ok(desired)) => {
+            contains(&live, &desired)
+                && desired
+                    .get("data")
+                    .is_none_or(|data| live.get("data") == Some(data))
+        }
         // Unserializable objects cannot be compared: applying is the safe answer.
         _ => false,
     }
@@ -174,5 +180,21 @@ mod tests {
         live.metadata.annotations = a.metadata.annotations.clone();
         assert!(!is_up_to_date(&live, &b));
         assert!(is_up_to_date(&b, &b));
+    }
+
+    #[test]
+    fn config_map_data_compares_exactly() {
+        let desired = stamp(ConfigMap {
+            data: Some([("servers".to_owned(), "a:1\n".to_owned())].into()),
+            ..ConfigMap::default()
+        });
+        let mut extra = desired.clone();
+        extra
+            .data
+            .as_mut()
+            .unwrap()
+            .insert("other".into(), "x".into());
+        assert!(!is_up_to_date(&extra, &desired));
+        assert!(is_up_to_date(&desired.clone(), &desired));
     }
 }

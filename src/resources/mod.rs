@@ -9,10 +9,14 @@ pub mod drift;
 pub mod labels;
 pub mod network_policy;
 pub mod pdb;
+pub mod pod;
 pub mod quantity;
+pub mod scaling;
 pub mod secrets;
+pub mod servers;
 pub mod service;
 pub mod service_monitor;
+pub mod statefulset;
 pub mod validate;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

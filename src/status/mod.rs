@@ -5,13 +5,16 @@
 //! condition's `status` really changes, and messages leave out volatile details.
 
 mod health;
+mod workload;
 
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
-use crate::api::MemcachedStatus;
+pub use workload::WorkloadStatus;
+
+use crate::api::{Drain, MemcachedStatus, Server};
 use crate::resources::InvalidSpec;
+use crate::resources::servers;
 
 /// Condition type: every desired pod is ready.
 pub const AVAILABLE: &str = "Available";
@@ -48,12 +51,15 @@ pub struct Observed<'a> {
     pub size: i32,
     /// Label selector of the instance's pods, in string form.
     pub selector: Option<String>,
-    /// The instance's Deployment as last seen (after applying it, when it was applied).
-    pub deployment: Option<&'a Deployment>,
+    /// The instance's workload (Deployment or StatefulSet) as last seen (after applying it, when it was
+    /// applied).
+    pub workload: Option<WorkloadStatus>,
     /// The instance's pods (any order; terminating ones are ignored).
     pub pods: Vec<&'a Pod>,
-    /// Port memcached listens on in the pods (`spec.containerPort`), for the server list.
-    pub port: i32,
+    /// The published server slots, in slot order.
+    pub servers: Vec<Server>,
+    /// The scale-down being drained, if any.
+    pub drain: Option<Drain>,
     /// A problem only the operator can see (invalid spec, rejected apply, deletion under way).
     pub problem: Option<Problem>,
 }
@@ -72,23 +78,21 @@ pub fn compute(
         .collect();
     pods.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
 
-    let dep_status = observed.deployment.and_then(|d| d.status.as_ref());
-    let replicas = dep_status.and_then(|s| s.replicas).unwrap_or(0);
-    let ready = dep_status.and_then(|s| s.ready_replicas).unwrap_or(0);
+    let workload = observed.workload.as_ref();
+    let replicas = workload.map_or(0, |w| w.replicas);
+    let ready = workload.map_or(0, |w| w.ready);
     let counts = Counts {
         size: observed.size,
         replicas,
         ready,
-        updated: dep_status.and_then(|s| s.updated_replicas).unwrap_or(0),
+        updated: workload.map_or(0, |w| w.updated),
     };
 
-    let deadline = observed
-        .deployment
-        .and_then(health::progress_deadline_exceeded);
+    let deadline = workload.and_then(|w| w.deadline.clone());
     let degraded = observed
         .problem
         .clone()
-        .or_else(|| observed.deployment.and_then(health::replica_failure))
+        .or_else(|| workload.and_then(|w| w.failure.clone()))
         .or_else(|| health::pod_problem(&pods))
         .or_else(|| deadline.clone());
 
@@ -132,34 +136,10 @@ pub fn compute(
             .iter()
             .filter_map(|p| p.metadata.name.clone())
             .collect(),
-        server_list: server_list(&pods, observed.port),
+        server_list: servers::ready_addresses(&observed.servers),
+        servers: observed.servers.clone(),
+        drain: observed.drain.clone(),
     }
-}
-
-/// `ip:port` (`[ip]:port` for IPv6) of every ready pod, sorted.
-fn server_list(pods: &[&Pod], port: i32) -> Vec<String> {
-    let mut servers: Vec<String> = pods
-        .iter()
-        .filter_map(|pod| {
-            let status = pod.status.as_ref()?;
-            let ready = status
-                .conditions
-                .iter()
-                .flatten()
-                .any(|c| c.type_ == "Ready" && c.status == "True");
-            let ip = status
-                .pod_ip
-                .as_deref()
-                .filter(|ip| ready && !ip.is_empty())?;
-            Some(if ip.contains(':') {
-                format!("[{ip}]:{port}")
-            } else {
-                format!("{ip}:{port}")
-            })
-        })
-        .collect();
-    servers.sort();
-    servers
 }
 
 struct Counts {
@@ -196,22 +176,32 @@ fn progressing(
     c: &Counts,
     deadline: Option<&Problem>,
 ) -> (bool, &'static str, String) {
-    let Some(deployment) = o.deployment else {
+    let Some(workload) = &o.workload else {
         return (
             true,
             "Creating",
-            "the Deployment does not exist yet".to_owned(),
+            "the workload does not exist yet".to_owned(),
         );
     };
-    let seen = deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.observed_generation);
-    if seen < deployment.metadata.generation {
+    if let Some(drain) = &o.drain {
+        return (
+            true,
+            "Draining",
+            format!(
+                "scaling down from {} to {} servers: the removed servers left the published list and \
+                 their pods go after spec.scaling.drainSeconds",
+                drain.from_size, drain.to_size
+            ),
+        );
+    }
+    if workload.observed_generation < workload.generation {
         return (
             true,
             "Reconciling",
-            "waiting for the Deployment controller to observe the new spec".to_owned(),
+            format!(
+                "waiting for the {} controller to observe the new spec",
+                workload.kind
+            ),
         );
     }
     if let Some(problem) = deadline {
@@ -221,10 +211,7 @@ fn progressing(
         (
             true,
             "RollingUpdate",
-            format!(
-                "{} of {} pods updated to the current spec",
-                c.updated, c.size
-            ),
+            format!("{} of {} servers updated", c.updated, c.size),
         )
     } else if c.replicas > c.size {
         (

@@ -1,6 +1,7 @@
 //! Table tests for every condition and its transitions.
 
 use super::*;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
@@ -39,9 +40,10 @@ fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod
         generation: Some(1),
         size,
         selector: Some("app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached".into()),
-        deployment,
+        workload: deployment.map(WorkloadStatus::from),
         pods,
-        port: 11211,
+        servers: vec![],
+        drain: None,
         problem: None,
     }
 }
@@ -297,34 +299,52 @@ fn counts_nodes_and_selector_come_from_what_exists() {
 }
 
 #[test]
-fn server_list_has_the_ready_pods_only() {
+fn servers_are_published_in_slot_order_with_the_ready_ones_in_server_list() {
     let d = ready_deployment(3);
-    let ready = |name: &str, ip: &str| {
-        pod(
-            name,
-            json!({"podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}),
-        )
+    let mut obs = observed(3, Some(&d), vec![]);
+    let server = |slot: i32, address: &str, ready: bool| Server {
+        slot,
+        pod: Some(format!("cache-{slot}")),
+        address: Some(address.into()),
+        ready,
     };
-    let (a, b, v6) = (
-        ready("cache-a", "10.0.0.9"),
-        ready("cache-b", "10.0.0.10"),
-        ready("cache-c", "fd00::1"),
-    );
-    let starting = pod(
-        "cache-d",
-        json!({"podIP": "10.0.0.11", "conditions": [{"type": "Ready", "status": "False"}]}),
-    );
-    let pending = pod("cache-e", json!({}));
-    let status = compute(
-        &observed(3, Some(&d), vec![&b, &starting, &a, &v6, &pending]),
-        None,
-        &at(0),
-    );
+    obs.servers = vec![
+        server(0, "10.0.0.9:11211", true),
+        server(1, "10.0.0.10:11211", false),
+        server(2, "[fd00::1]:11211", true),
+    ];
+    let status = compute(&obs, None, &at(0));
+    assert_eq!(status.server_list, ["10.0.0.9:11211", "[fd00::1]:11211"]);
+    assert_eq!(status.servers, obs.servers);
+    assert_eq!(status.drain, None);
+}
+
+#[test]
+fn a_drain_is_progressing_with_reason_draining() {
+    let d = ready_deployment(3);
+    let mut obs = observed(2, Some(&d), vec![]);
+    obs.drain = Some(Drain {
+        from_size: 3,
+        to_size: 2,
+        started_at: at(0),
+    });
+    let status = compute(&obs, None, &at(5));
+    let progressing = find(Some(&status), PROGRESSING).unwrap();
     assert_eq!(
-        status.server_list,
-        ["10.0.0.10:11211", "10.0.0.9:11211", "[fd00::1]:11211"]
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", "Draining")
     );
-    assert_eq!(status.nodes.len(), 5);
+    assert!(progressing.message.contains("from 3 to 2"));
+    assert_eq!(status.drain, obs.drain);
+}
+
+#[test]
+fn a_rollout_says_how_many_servers_are_updated() {
+    let d = deployment(json!({"replicas": 5, "readyReplicas": 5, "updatedReplicas": 3}));
+    let status = compute(&observed(5, Some(&d), vec![]), None, &at(0));
+    let progressing = find(Some(&status), PROGRESSING).unwrap();
+    assert_eq!(progressing.reason, "RollingUpdate");
+    assert_eq!(progressing.message, "3 of 5 servers updated");
 }
 
 #[test]

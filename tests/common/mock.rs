@@ -1,32 +1,33 @@
-//! A scripted API server and the caches a reconcile reads, for driving the reconciler directly: each test
-//! puts in the stores what a real cluster would have, runs one reconcile, and the mock checks the requests
-//! (method, path, body) in order and answers them. When the reconcile returns, the mock asserts nothing
-//! else was sent.
+//! The reconciler against a mocked API server: a scripted API server, caches as the watches would fill
+//! them, and the objects the scenarios start from. Shared by `tests/reconciler.rs`, `tests/pools.rs` and
+//! `tests/isolation.rs`.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
-use std::time::Duration;
+pub use std::collections::VecDeque;
+pub use std::sync::Arc;
+pub use std::time::Duration;
 
-use http::{Method, Request, Response, StatusCode};
-use http_body_util::BodyExt;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use kube::Client;
-use kube::api::{DynamicObject, PartialObjectMeta};
-use kube::client::Body;
-use kube::runtime::controller::Action;
-use kube::runtime::reflector::{self, store::Writer};
-use kube::runtime::watcher;
-use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec};
-use memcached_operator::controller::{Context, Error, SecretHashes, Settings, Stores, reconcile};
-use memcached_operator::metrics::Metrics;
-use serde_json::{Value, json};
-use tower_test::mock::{self, Handle};
+pub use http::{Method, Request, Response, StatusCode};
+pub use http_body_util::BodyExt;
+pub use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+pub use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
+pub use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+pub use k8s_openapi::api::networking::v1::NetworkPolicy;
+pub use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+pub use k8s_openapi::jiff::Timestamp;
+pub use kube::api::{DynamicObject, PartialObjectMeta};
+pub use kube::client::Body;
+pub use kube::runtime::controller::Action;
+pub use kube::runtime::reflector::{self, store::Writer};
+pub use kube::runtime::watcher;
+pub use kube::{Client, Resource};
+pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
+pub use memcached_operator::controller::{
+    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile,
+};
+pub use memcached_operator::metrics::Metrics;
+pub use serde_json::{Value, json};
+pub use tower_test::mock::{self, Handle};
 
 pub const NOW: i64 = 1_700_000_000;
 pub const NS: &str = "default";
@@ -87,6 +88,9 @@ pub struct Seen {
 }
 
 pub const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
+pub const STATEFULSETS: &str = "/apis/apps/v1/namespaces/default/statefulsets/cache";
+pub const CONFIG_MAPS: &str = "/api/v1/namespaces/default/configmaps/cache-servers";
+pub const PODS: &str = "/api/v1/namespaces/default/pods";
 pub const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
 pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
 pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
@@ -186,6 +190,8 @@ pub struct Cluster {
     pub stores: Stores,
     pub memcacheds: Writer<Memcached>,
     pub deployments: Writer<Deployment>,
+    pub statefulsets: Writer<StatefulSet>,
+    pub config_maps: Writer<ConfigMap>,
     pub services: Writer<Service>,
     pub pods: Writer<Pod>,
     pub pdbs: Writer<PodDisruptionBudget>,
@@ -210,6 +216,8 @@ impl Cluster {
         }
         let (memcacheds_r, memcacheds) = synced();
         let (deployments_r, deployments) = synced();
+        let (statefulsets_r, statefulsets) = synced();
+        let (config_maps_r, config_maps) = synced();
         let (services_r, services) = synced();
         let (pods_r, pods) = synced();
         let (pdbs_r, pdbs) = synced();
@@ -220,6 +228,8 @@ impl Cluster {
             stores: Stores {
                 memcacheds: memcacheds_r,
                 deployments: deployments_r,
+                statefulsets: statefulsets_r,
+                config_maps: config_maps_r,
                 services: services_r,
                 pods: pods_r,
                 pdbs: pdbs_r,
@@ -230,6 +240,8 @@ impl Cluster {
             },
             memcacheds,
             deployments,
+            statefulsets,
+            config_maps,
             services,
             pods,
             pdbs,
@@ -272,11 +284,16 @@ impl Cluster {
         self.deployments
             .apply_watcher_event(&watcher::Event::Apply(d));
     }
-    pub fn service(&mut self, s: Service) {
-        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+    pub fn statefulset(&mut self, s: StatefulSet) {
+        self.statefulsets
+            .apply_watcher_event(&watcher::Event::Apply(s));
     }
-    pub fn pod(&mut self, p: Pod) {
-        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+    pub fn config_map(&mut self, c: ConfigMap) {
+        self.config_maps
+            .apply_watcher_event(&watcher::Event::Apply(c));
+    }
+    pub fn remove_pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Delete(p));
     }
     pub fn network_policy(&mut self, p: NetworkPolicy) {
         self.network_policies
@@ -285,6 +302,12 @@ impl Cluster {
     pub fn autoscaler(&mut self, a: HorizontalPodAutoscaler) {
         self.autoscalers
             .apply_watcher_event(&watcher::Event::Apply(a));
+    }
+    pub fn service(&mut self, s: Service) {
+        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+    }
+    pub fn pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
     }
 }
 
@@ -296,6 +319,11 @@ pub struct Run {
 
 /// Runs one reconcile of `mc` against `script`.
 pub async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) -> Run {
+    run_at(cluster, mc, script, NOW).await
+}
+
+/// Runs one reconcile of `mc` against `script` with the clock at `now` (seconds since the epoch).
+pub async fn run_at(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>, now: i64) -> Run {
     cluster
         .memcacheds
         .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
@@ -308,7 +336,7 @@ pub async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) ->
         cluster.stores.clone(),
         metrics.clone(),
         Some("test".into()),
-        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
+        Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
     );
     ctx.secret_hashes = cluster.secret_hashes.clone();
     let result = reconcile(Arc::new(mc), Arc::new(ctx)).await;
@@ -394,10 +422,24 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
+/// `memcached(size)` with the top-level spec fields of `spec` replaced.
+pub fn with_spec(size: i32, spec: Value) -> Memcached {
+    let mut mc = memcached(size);
+    let mut merged = serde_json::to_value(&mc.spec).unwrap();
+    for (k, v) in spec.as_object().unwrap() {
+        merged[k] = v.clone();
+    }
+    mc.spec = serde_json::from_value(merged).unwrap();
+    mc
+}
+
 /// The requests that create the children every instance of `size` pods has, each followed by its
-/// `Created` event: Deployment, client and headless Services, and the budget above one pod.
+/// `Created` event: the server list ConfigMap, Deployment, client and headless Services, and the budget
+/// above one pod.
 pub fn created_children(size: i32) -> Vec<Exchange> {
     let mut script = vec![
+        expect(Method::PATCH, CONFIG_MAPS).apply(),
+        event(),
         expect(Method::PATCH, DEPLOYMENTS).apply(),
         event(),
         expect(Method::PATCH, SERVICES).apply(),
@@ -422,6 +464,9 @@ pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
         Action::requeue(Duration::from_secs(300))
     );
     let seen = run.seen;
+    assert_eq!(seen[1].body["note"], "Created ConfigMap cache-servers");
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    let seen = &seen[2..];
     assert_eq!(seen[1].body["reason"], "Created");
     assert_eq!(seen[1].body["type"], "Normal");
     assert_eq!(seen[1].body["regarding"]["kind"], "Memcached");
@@ -441,15 +486,4 @@ pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
         seen[2].body.clone(),
         seen.last().unwrap().body.clone(),
     )
-}
-
-/// `memcached(size)` with the top-level spec fields of `spec` replaced.
-pub fn with_spec(size: i32, spec: Value) -> Memcached {
-    let mut mc = memcached(size);
-    let mut merged = serde_json::to_value(&mc.spec).unwrap();
-    for (k, v) in spec.as_object().unwrap() {
-        merged[k] = v.clone();
-    }
-    mc.spec = serde_json::from_value(merged).unwrap();
-    mc
 }

@@ -1,7 +1,5 @@
 //! Helpers shared by the tests that read the repository's files.
-#![allow(dead_code)] // each test crate uses its own subset
-
-pub mod mock;
+#![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
 use std::path::{Path, PathBuf};
 
@@ -25,3 +23,5 @@ pub fn yaml_docs(text: &str) -> Vec<Value> {
         .filter(|d| !d.is_null())
         .collect()
 }
+
+pub mod mock;

@@ -8,8 +8,8 @@ use axum::http::Method;
 use crate::checks::{lines, of, writes};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    AUTOSCALERS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, NETWORK_POLICIES, PDBS, PODS,
-    SECRETS, SERVICES, STATUS,
+    AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, NETWORK_POLICIES, PDBS,
+    PODS, SECRETS, SERVICES, STATUS,
 };
 use crate::fake_api::world::{World, memcached_named};
 use crate::harness::{IDENTITY, WAIT, http_get, run_once, start_run, stop_and_check_release};
@@ -72,6 +72,7 @@ async fn caches_may_sync_in_any_order() {
             format!("{SERVICES}/{name}"),
             format!("{SERVICES}/{name}-headless"),
             format!("{PDBS}/{name}"),
+            format!("{CONFIGMAPS}/{name}-servers"),
             format!("{MEMCACHEDS}/{name}/status"),
         ] {
             let patches = of(&requests, &Method::PATCH, &path);
@@ -86,7 +87,7 @@ async fn caches_may_sync_in_any_order() {
             .iter()
             .filter(|r| r.is(&Method::POST, EVENTS) && r.body["regarding"]["name"] == name.as_str())
             .count();
-        assert_eq!(events, 4, "{name}:\n{}", lines(&requests));
+        assert_eq!(events, 5, "{name}:\n{}", lines(&requests));
     }
 }
 

@@ -12,9 +12,9 @@ use crate::checks::{
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    APPLY, AUTOSCALERS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES, MEMCACHEDS,
-    MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS, SERVICE, SERVICE_MONITORS, SERVICES,
-    STATUS,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES,
+    MEMCACHEDS, MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS, SERVER_LIST, SERVICE,
+    SERVICE_MONITORS, SERVICES, STATEFULSETS, STATUS,
 };
 use crate::fake_api::world::World;
 use crate::harness::{
@@ -78,7 +78,9 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     for (path, selector) in [
         (MEMCACHEDS, None),
         (DEPLOYMENTS, Some(MANAGED)),
+        (STATEFULSETS, Some(MANAGED)),
         (SERVICES, Some(MANAGED)),
+        (CONFIGMAPS, Some(MANAGED)),
         (PODS, Some(MANAGED)),
         (PDBS, Some(MANAGED)),
         (NETWORK_POLICIES, Some(MANAGED)),
@@ -135,13 +137,26 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     let pdbs = of(&requests, &Method::PATCH, PDB);
     assert_eq!(pdbs.len(), 1, "a budget for 2 pods: {pdbs:#?}");
     assert_applied(pdbs[0], "PodDisruptionBudget");
+    // The published server list: no server is ready yet, so it lists none.
+    let lists = of(&requests, &Method::PATCH, SERVER_LIST);
+    assert_eq!(lists.len(), 1, "{lists:#?}");
+    assert_applied(lists[0], "ConfigMap");
+    assert_eq!(lists[0].body["data"]["servers"], "", "{}", lists[0].body);
+    // A Deployment instance has no StatefulSet.
+    assert!(
+        requests
+            .iter()
+            .all(|r| r.method == Method::GET || !r.path.starts_with(STATEFULSETS)),
+        "{}",
+        fake.log()
+    );
     // The cluster does not serve ServiceMonitors: discovered once, never listed.
     assert_eq!(of(&requests, &Method::GET, MONITORING).len(), 1);
     assert!(of(&requests, &Method::GET, SERVICE_MONITORS).is_empty());
 
     // Events: one per created child, about the instance, reported by this replica.
     let events = of(&requests, &Method::POST, EVENTS);
-    assert_eq!(events.len(), 4, "{events:#?}");
+    assert_eq!(events.len(), 5, "{events:#?}");
     for event in &events {
         let body = &event.body;
         assert_eq!(body["reason"], "Created", "{body}");
@@ -161,6 +176,7 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         "Service cache",
         "Service cache-headless",
         "PodDisruptionBudget cache",
+        "ConfigMap cache-servers",
     ] {
         assert!(notes.iter().any(|n| n.contains(kind)), "{kind}: {notes:?}");
     }
@@ -273,27 +289,53 @@ async fn restart_against_a_settled_instance_writes_nothing() {
     let service = stored(&applied(SERVICE), "uid-service");
     let headless = stored(&applied(HEADLESS), "uid-headless");
     let pdb = stored(&applied(PDB), "uid-pdb");
+    let server_list = stored(&applied(SERVER_LIST), "uid-servers");
     let mut world = World {
         deployments: vec![deployment],
         services: vec![service, headless],
+        config_maps: vec![server_list],
         pdbs: vec![pdb],
         pods: vec![
-            ready_pod("cache-7d4b9c8f6d-a1b2c"),
-            ready_pod("cache-7d4b9c8f6d-d3e4f"),
+            ready_pod("cache-7d4b9c8f6d-a1b2c", "10.0.0.1"),
+            ready_pod("cache-7d4b9c8f6d-d3e4f", "10.0.0.2"),
         ],
         ..World::default()
     };
 
-    // 2. The children exist and are ready: no apply, no event; only the status is written. (More than
-    //    once is possible: the fake's watches send no events, so the cache never sees the new status.)
+    // 2. The children exist and the pods are ready: the server list now publishes both servers (one
+    //    apply and its event), and the status is written; nothing else. (More than once is possible: the
+    //    fake's watches send no events, so the caches never see what was written.)
     let second = run_once(world.clone(), "settle-2").await;
     let written = writes(&second);
+    let statuses = written
+        .iter()
+        .filter(|r| r.is(&Method::PATCH, STATUS))
+        .count();
+    let lists: Vec<_> = written
+        .iter()
+        .filter(|r| r.is(&Method::PATCH, SERVER_LIST))
+        .collect();
     assert!(
-        !written.is_empty() && written.iter().all(|r| r.is(&Method::PATCH, STATUS)),
+        statuses >= 1
+            && !lists.is_empty()
+            && written.iter().all(|r| r.is(&Method::PATCH, STATUS)
+                || r.is(&Method::PATCH, SERVER_LIST)
+                || r.is(&Method::POST, EVENTS)),
         "{written:#?}\n{}",
         lines(&second)
     );
-    let status = written[written.len() - 1].body["status"].clone();
+    let published = &lists[lists.len() - 1].body;
+    assert_eq!(
+        published["data"]["servers"], "10.0.0.1:11211\n10.0.0.2:11211\n",
+        "{published}"
+    );
+    world.config_maps = vec![stored(published, "uid-servers")];
+    let status = written
+        .iter()
+        .rev()
+        .find(|r| r.is(&Method::PATCH, STATUS))
+        .map(|r| r.body["status"].clone())
+        .unwrap_or_default();
     assert_eq!(status["readyReplicas"], 2, "{status}");
     assert_eq!(
         status["nodes"],
@@ -338,7 +380,7 @@ pub fn stored(applied: &Value, uid: &str) -> Value {
     obj
 }
 
-pub fn ready_pod(name: &str) -> Value {
+pub fn ready_pod(name: &str, ip: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
@@ -346,6 +388,7 @@ pub fn ready_pod(name: &str) -> Value {
             "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "cache",
             "app.kubernetes.io/managed-by": "memcached-operator"}},
         "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
-        "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": "True"}]}
     })
 }

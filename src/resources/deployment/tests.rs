@@ -1,17 +1,21 @@
 use super::*;
 use crate::api::{
-    AuthConfig, ExporterConfig, HighAvailability, MemcachedConfig, Monitoring, Security, TlsConfig,
+    AntiAffinity, AuthConfig, DEFAULT_EXPORTER_IMAGE, ExporterConfig, HighAvailability,
+    MemcachedConfig, Monitoring, Security, TlsConfig,
 };
 use crate::resources::Defaults;
 use crate::resources::testing::memcached;
 use k8s_openapi::api::core::v1::{
-    NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm, Toleration,
+    Affinity, Container, NodeAffinity, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm,
+    PodSpec, ResourceRequirements, Toleration,
 };
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 fn build_with(spec: MemcachedSpec, hash: Option<&str>) -> Deployment {
     let mc = memcached("cache", spec);
     let defaults = Defaults::default();
-    deployment(&Instance::new(&mc, &defaults).unwrap(), hash)
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    deployment(&instance, instance.spec.size, hash)
 }
 
 fn build(spec: MemcachedSpec) -> Deployment {

@@ -36,8 +36,8 @@ use serde_json::{Value, json};
 
 use crate::fake_api::answers::{child_name, merge_spec, not_found, status};
 use crate::fake_api::paths::{
-    APPLY, AUTOSCALERS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING,
-    NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STRATEGIC,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING,
+    NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS, STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
 use crate::fake_api::world::{World, metadata_only};
@@ -196,7 +196,9 @@ impl Fake {
                     world.memcacheds.clone(),
                 )),
                 DEPLOYMENTS => Some(("apps/v1", "DeploymentList", world.deployments.clone())),
+                STATEFULSETS => Some(("apps/v1", "StatefulSetList", world.statefulsets.clone())),
                 SERVICES => Some(("v1", "ServiceList", world.services.clone())),
+                CONFIGMAPS => Some(("v1", "ConfigMapList", world.config_maps.clone())),
                 PODS => Some(("v1", "PodList", world.pods.clone())),
                 PDBS => Some(("policy/v1", "PodDisruptionBudgetList", world.pdbs.clone())),
                 // No instance of the fake's worlds asks for these, so they are always empty.
@@ -253,7 +255,10 @@ impl Fake {
         }
         if *m == Method::PATCH {
             if let Some(name) = child_name(path, DEPLOYMENTS)
+                .or_else(|| child_name(path, STATEFULSETS))
                 .or_else(|| child_name(path, SERVICES))
+                .or_else(|| child_name(path, CONFIGMAPS))
+                .or_else(|| child_name(path, PODS))
                 .or_else(|| child_name(path, PDBS))
                 .or_else(|| child_name(path, SERVICE_MONITORS))
             {

@@ -3,6 +3,8 @@
 
 pub const MEMCACHEDS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds";
 pub const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
+pub const STATEFULSETS: &str = "/apis/apps/v1/namespaces/default/statefulsets";
+pub const CONFIGMAPS: &str = "/api/v1/namespaces/default/configmaps";
 pub const SERVICES: &str = "/api/v1/namespaces/default/services";
 pub const PODS: &str = "/api/v1/namespaces/default/pods";
 pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets";
@@ -17,6 +19,7 @@ pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
 pub const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
 pub const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
 pub const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
+pub const SERVER_LIST: &str = "/api/v1/namespaces/default/configmaps/cache-servers";
 pub const STATUS: &str =
     "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
 

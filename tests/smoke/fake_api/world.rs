@@ -9,7 +9,9 @@ use serde_json::{Value, json};
 pub struct World {
     pub memcacheds: Vec<Value>,
     pub deployments: Vec<Value>,
+    pub statefulsets: Vec<Value>,
     pub services: Vec<Value>,
+    pub config_maps: Vec<Value>,
     pub pods: Vec<Value>,
     pub pdbs: Vec<Value>,
     /// Full Secrets: listed metadata-only, served whole on a GET by name.
@@ -26,7 +28,9 @@ impl Default for World {
         Self {
             memcacheds: vec![memcached()],
             deployments: vec![],
+            statefulsets: vec![],
             services: vec![],
+            config_maps: vec![],
             pods: vec![],
             pdbs: vec![],
             secrets: vec![],

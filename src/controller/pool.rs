@@ -1,0 +1,192 @@
+//! The cache side of reconcile: server slots, the drain of a scale-down, the pods' deletion-cost marks
+//! and the published server list. Decisions come from the pure functions in `resources::servers` and
+//! `resources::scaling`; this module reads the caches for them and makes the few writes they call for.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+use super::{Context, Error};
+use crate::api::{Drain, Memcached, Server, Workload};
+use crate::resources::scaling::{self, Step};
+use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
+use crate::resources::{Instance, labels};
+use crate::status::{Problem, WorkloadStatus};
+
+/// What this reconcile does about the pool.
+pub struct Pool {
+    /// Replicas to apply to the workload.
+    pub replicas: i32,
+    /// The published slots, in slot order.
+    pub servers: Vec<Server>,
+    /// `status.drain` from now on.
+    pub drain: Option<Drain>,
+    /// Drain changes worth an event.
+    pub steps: Vec<Step>,
+    /// How long until a drain is due.
+    pub wait: Option<Duration>,
+    /// Pods to mark with the drained deletion cost (`true`) or to clear (`false`).
+    pub marks: Vec<(String, bool)>,
+}
+
+/// The instance's pods in the cache.
+pub fn pods(ctx: &Context, mc: &Memcached) -> Vec<Arc<Pod>> {
+    let name = mc.name_any();
+    let namespace = mc.namespace();
+    ctx.stores.pods.state_filter(|pod| {
+        pod.metadata.namespace == namespace
+            && pod.labels().get(labels::INSTANCE_KEY) == Some(&name)
+            && pod.labels().get(labels::NAME_KEY).map(String::as_str) == Some(labels::APP_NAME)
+    })
+}
+
+fn cached<K: kube::Resource<DynamicType = ()> + Clone>(
+    store: &kube::runtime::reflector::Store<K>,
+    mc: &Memcached,
+) -> Option<Arc<K>> {
+    store.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
+}
+
+/// The cached workload of the kind `spec.workload` names.
+pub fn cached_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
+    match mc.spec.workload {
+        Workload::Deployment => {
+            cached(&ctx.stores.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()))
+        }
+        Workload::StatefulSet => {
+            cached(&ctx.stores.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()))
+        }
+    }
+}
+
+/// A workload of the other kind that this instance controls: `spec.workload` was changed on a live
+/// instance (possible where the API server does not run the CEL rule). Nothing is applied then.
+pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) -> Option<Problem> {
+    let ours = |owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+        owners
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == instance.uid())
+    };
+    let (existing, other) = match instance.spec.workload {
+        Workload::Deployment => (
+            cached::<StatefulSet>(&ctx.stores.statefulsets, mc)
+                .is_some_and(|s| ours(s.owner_references())),
+            Workload::StatefulSet,
+        ),
+        Workload::StatefulSet => (
+            cached::<Deployment>(&ctx.stores.deployments, mc)
+                .is_some_and(|d| ours(d.owner_references())),
+            Workload::Deployment,
+        ),
+    };
+    existing.then(|| Problem {
+        reason: "WorkloadChanged".into(),
+        message: format!(
+            "spec.workload is {} but this instance runs a {} {}; the workload cannot change on a live \
+             instance: set spec.workload back to {}, or create a new instance with the other workload and \
+             move clients to it",
+            instance.spec.workload.as_str(),
+            other.as_str(),
+            instance.name,
+            other.as_str()
+        ),
+    })
+}
+
+/// Plans the pool: the drain, the slots, and the marks a Deployment's drained pods need.
+pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>) -> Pool {
+    let spec = instance.spec;
+    let members: Vec<Member> = pods(ctx, mc).iter().filter_map(|p| Member::of(p)).collect();
+    let live_replicas = match spec.workload {
+        Workload::Deployment => cached(&ctx.stores.deployments, mc)
+            .and_then(|d| d.spec.as_ref().and_then(|s| s.replicas)),
+        Workload::StatefulSet => cached(&ctx.stores.statefulsets, mc)
+            .and_then(|s| s.spec.as_ref().and_then(|s| s.replicas)),
+    };
+    let previous = mc.status.as_ref();
+    let previous_servers = previous.map(|s| s.servers.as_slice()).unwrap_or_default();
+    let now = (ctx.clock)();
+    let mut input = scaling::Input {
+        size: spec.size,
+        live_replicas,
+        previous: previous.and_then(|s| s.drain.as_ref()),
+        now: &now,
+        drain_seconds: spec.drain_seconds(),
+        removable: true,
+    };
+    // The published count does not depend on whether the drained pods can go yet.
+    let published = scaling::plan(&input).published;
+    let servers = match spec.workload {
+        Workload::Deployment => {
+            servers::assign_deployment(previous_servers, &members, published, spec.container_port)
+        }
+        Workload::StatefulSet => {
+            servers::assign_statefulset(instance, previous_servers, &members, published)
+        }
+    };
+    let mut marks = Vec::new();
+    if spec.workload == Workload::Deployment {
+        let drained = servers::unslotted(&servers, &members);
+        input.removable = drained.iter().all(|m| m.marked);
+        let slotted = |m: &Member| servers.iter().any(|s| s.pod.as_ref() == Some(&m.name));
+        for member in &members {
+            if member.marked && slotted(member) {
+                marks.push((member.name.clone(), false));
+            }
+        }
+        let plan = scaling::plan(&input);
+        if plan.drain.is_some() {
+            marks.extend(
+                drained
+                    .iter()
+                    .filter(|m| !m.marked)
+                    .map(|m| (m.name.clone(), true)),
+            );
+        }
+        return pool(plan, servers, marks);
+    }
+    pool(scaling::plan(&input), servers, marks)
+}
+
+fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>) -> Pool {
+    Pool {
+        replicas: plan.replicas,
+        servers,
+        drain: plan.drain,
+        steps: plan.steps,
+        wait: plan.wait,
+        marks,
+    }
+}
+
+/// Marks (or clears) the drained deletion cost on each pod in `marks`: a server-side apply of only that
+/// annotation, under the operator's field manager, so clearing it removes just what the operator set.
+pub async fn apply_marks(
+    ctx: &Context,
+    instance: &Instance<'_>,
+    marks: &[(String, bool)],
+) -> Result<(), Error> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let params = PatchParams::apply(labels::MANAGER_NAME).force();
+    for (name, mark) in marks {
+        let mut metadata = json!({"name": name});
+        if *mark {
+            metadata["annotations"] = json!({DELETION_COST_ANNOTATION: DRAINED_COST});
+        }
+        let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": metadata});
+        api.patch(name, &params, &Patch::Apply(&patch))
+            .await
+            .map_err(|source| Error::Apply {
+                kind: "Pod".into(),
+                name: name.clone(),
+                source,
+            })?;
+    }
+    Ok(())
+}

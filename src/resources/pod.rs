@@ -1,0 +1,326 @@
+//! The pod template every memcached server runs in, shared by the Deployment and the StatefulSet so
+//! that everything that applies to pods (memcached settings, TLS/auth, exporter, anti-affinity, restricted
+//! security, Secret-hash rollouts) applies to both.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{
+    Affinity, Capabilities, Container, ContainerPort, ExecAction, Lifecycle, LifecycleHandler,
+    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
+    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, TCPSocketAction,
+    Volume, VolumeMount, WeightedPodAffinityTerm,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::{Instance, args, labels};
+use crate::api::{AntiAffinity, DEFAULT_EXPORTER_IMAGE, MemcachedSpec};
+
+/// Name of the memcached container (and of its port).
+pub const CONTAINER_NAME: &str = "memcached";
+/// Name of the memcached port on the container and the Services.
+pub const PORT_NAME: &str = "memcached";
+/// Name of the exporter container.
+pub const EXPORTER_NAME: &str = "exporter";
+/// Name of the exporter's port on the container and the client Service.
+pub const METRICS_PORT_NAME: &str = "metrics";
+/// Port of the exporter.
+pub const METRICS_PORT: i32 = 9150;
+/// UID and GID of the `memcache` user in the official memcached images. Set explicitly because the
+/// images name their user instead of numbering it, and `runAsNonRoot` needs a number to verify.
+pub const RUN_AS_USER: i64 = 11211;
+/// Pod-template annotation carrying the hash of the referenced Secrets' content: a change rolls the pods.
+pub const SECRET_HASH_ANNOTATION: &str = "cache.example.com/secret-hash";
+/// Node label the anti-affinity spreads across.
+const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
+
+const TLS_VOLUME: &str = "tls";
+const AUTH_VOLUME: &str = "auth";
+
+/// The pod template for `instance`. `secret_hash` is the hash of the referenced Secrets' content (when
+/// any are referenced): carried as an annotation, so a changed Secret rolls the pods.
+pub fn template(instance: &Instance<'_>, secret_hash: Option<&str>) -> PodTemplateSpec {
+    let annotations = secret_hash
+        .map(|hash| BTreeMap::from([(SECRET_HASH_ANNOTATION.to_owned(), hash.to_owned())]));
+    PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels::common_labels(instance.name)),
+            annotations,
+            ..ObjectMeta::default()
+        }),
+        spec: Some(pod_spec(instance)),
+    }
+}
+
+/// Whether the pods must never share a node (hard anti-affinity from `highAvailability`, not overridden
+/// by a podAntiAffinity of the spec's own).
+pub fn hard_anti_affinity(spec: &MemcachedSpec) -> bool {
+    spec.high_availability().anti_affinity() == AntiAffinity::Hard
+        && spec
+            .affinity
+            .as_ref()
+            .and_then(|a| a.pod_anti_affinity.as_ref())
+            .is_none()
+}
+
+fn pod_spec(instance: &Instance<'_>) -> PodSpec {
+    let spec = instance.spec;
+    let mut containers = vec![memcached_container(instance)];
+    if spec.exporter().is_some() {
+        containers.push(exporter_container(spec));
+    }
+    let volumes = volumes(spec);
+    PodSpec {
+        containers,
+        // memcached never talks to the API server, and the Service env vars are noise for it.
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS_USER),
+            run_as_group: Some(RUN_AS_USER),
+            // Secret files are group-readable (0440) by this group only.
+            fs_group: (!volumes.is_empty()).then_some(RUN_AS_USER),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        termination_grace_period_seconds: Some(
+            spec.high_availability().termination_grace_period_seconds(),
+        ),
+        affinity: affinity(instance),
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        topology_spread_constraints: spec.topology_spread_constraints.clone(),
+        priority_class_name: spec.priority_class_name.clone(),
+        volumes: (!volumes.is_empty()).then_some(volumes),
+        ..PodSpec::default()
+    }
+}
+
+/// The spec's affinity, plus the anti-affinity of `highAvailability.antiAffinity` unless the spec brings
+/// its own podAntiAffinity.
+fn affinity(instance: &Instance<'_>) -> Option<Affinity> {
+    let mut affinity = instance.spec.affinity.clone().unwrap_or_default();
+    if affinity.pod_anti_affinity.is_none() {
+        let term = PodAffinityTerm {
+            label_selector: Some(LabelSelector {
+                match_labels: Some(labels::selector_labels(instance.name)),
+                ..LabelSelector::default()
+            }),
+            topology_key: HOSTNAME_TOPOLOGY.to_owned(),
+            ..PodAffinityTerm::default()
+        };
+        affinity.pod_anti_affinity = match instance.spec.high_availability().anti_affinity() {
+            AntiAffinity::None => None,
+            AntiAffinity::Soft => Some(PodAntiAffinity {
+                preferred_during_scheduling_ignored_during_execution: Some(vec![
+                    WeightedPodAffinityTerm {
+                        weight: 100,
+                        pod_affinity_term: term,
+                    },
+                ]),
+                ..PodAntiAffinity::default()
+            }),
+            AntiAffinity::Hard => Some(PodAntiAffinity {
+                required_during_scheduling_ignored_during_execution: Some(vec![term]),
+                ..PodAntiAffinity::default()
+            }),
+        };
+    }
+    (affinity != Affinity::default()).then_some(affinity)
+}
+
+fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
+    let secret = |name: &str, secret_name: &str| Volume {
+        name: name.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(secret_name.to_owned()),
+            default_mode: Some(0o440),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    };
+    let mut volumes = Vec::new();
+    if let Some(tls) = spec.tls() {
+        volumes.push(secret(TLS_VOLUME, &tls.secret_name));
+    }
+    if let Some(auth) = spec.auth() {
+        volumes.push(secret(AUTH_VOLUME, &auth.secret_name));
+    }
+    volumes
+}
+
+fn mount(name: &str, path: &str) -> VolumeMount {
+    VolumeMount {
+        name: name.to_owned(),
+        mount_path: path.to_owned(),
+        read_only: Some(true),
+        ..VolumeMount::default()
+    }
+}
+
+/// The restricted-profile container security context every container gets.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        allow_privilege_escalation: Some(false),
+        read_only_root_filesystem: Some(true),
+        run_as_non_root: Some(true),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".to_owned()]),
+            ..Capabilities::default()
+        }),
+        ..SecurityContext::default()
+    }
+}
+
+fn tcp_probe(port: &str, initial_delay: i32, period: i32, timeout: i32) -> Probe {
+    Probe {
+        tcp_socket: Some(TCPSocketAction {
+            port: IntOrString::String(port.to_owned()),
+            ..TCPSocketAction::default()
+        }),
+        initial_delay_seconds: Some(initial_delay),
+        period_seconds: Some(period),
+        timeout_seconds: Some(timeout),
+        failure_threshold: Some(3),
+        ..Probe::default()
+    }
+}
+
+fn memcached_container(instance: &Instance<'_>) -> Container {
+    let spec = instance.spec;
+    let mut mounts = Vec::new();
+    if spec.tls().is_some() {
+        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
+    if spec.auth().is_some() {
+        mounts.push(mount(AUTH_VOLUME, args::AUTH_DIR));
+    }
+    let delay = spec.high_availability().pre_stop_delay_seconds();
+    // Endpoints are removed when the pod starts terminating; sleeping first lets clients and kube-proxy
+    // catch up before memcached gets SIGTERM.
+    let lifecycle = (delay > 0).then(|| Lifecycle {
+        pre_stop: Some(LifecycleHandler {
+            exec: Some(ExecAction {
+                command: Some(vec!["sleep".to_owned(), delay.to_string()]),
+            }),
+            ..LifecycleHandler::default()
+        }),
+        ..Lifecycle::default()
+    });
+    Container {
+        name: CONTAINER_NAME.to_owned(),
+        image: Some(instance.image.to_owned()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        command: Some(args::command()),
+        args: Some(args::args(spec)),
+        ports: Some(vec![ContainerPort {
+            name: Some(PORT_NAME.to_owned()),
+            container_port: spec.container_port,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(tcp_probe(PORT_NAME, 2, 5, 2)),
+        liveness_probe: Some(tcp_probe(PORT_NAME, 10, 10, 5)),
+        lifecycle,
+        resources: Some(memcached_resources(spec)),
+        security_context: Some(restricted()),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Container::default()
+    }
+}
+
+/// The exporter sidecar. It has no readiness probe on purpose: an exporter problem must not take the
+/// memcached pod out of the Service.
+fn exporter_container(spec: &MemcachedSpec) -> Container {
+    let exporter = spec.exporter().cloned().unwrap_or_default();
+    let mut container_args = vec![
+        format!("--memcached.address=localhost:{}", spec.container_port),
+        format!("--web.listen-address=:{METRICS_PORT}"),
+    ];
+    let mut mounts = Vec::new();
+    if let Some(tls) = spec.tls() {
+        // The exporter talks to memcached over loopback, where the server name cannot match.
+        container_args.push("--memcached.tls.enable".to_owned());
+        container_args.push("--memcached.tls.insecure-skip-verify".to_owned());
+        if tls.client_auth {
+            container_args.push(format!(
+                "--memcached.tls.cert-file={}/tls.crt",
+                args::TLS_DIR
+            ));
+            container_args.push(format!(
+                "--memcached.tls.key-file={}/tls.key",
+                args::TLS_DIR
+            ));
+        }
+        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
+    Container {
+        name: EXPORTER_NAME.to_owned(),
+        image: Some(
+            exporter
+                .image
+                .unwrap_or_else(|| DEFAULT_EXPORTER_IMAGE.to_owned()),
+        ),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(container_args),
+        ports: Some(vec![ContainerPort {
+            name: Some(METRICS_PORT_NAME.to_owned()),
+            container_port: METRICS_PORT,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        liveness_probe: Some(tcp_probe(METRICS_PORT_NAME, 10, 20, 5)),
+        resources: Some(
+            exporter
+                .resources
+                .unwrap_or_else(|| requirements("10m", "32Mi", "64Mi")),
+        ),
+        security_context: Some(restricted()),
+        volume_mounts: (!mounts.is_empty()).then_some(mounts),
+        ..Container::default()
+    }
+}
+
+fn requirements(cpu: &str, memory_request: &str, memory_limit: &str) -> ResourceRequirements {
+    ResourceRequirements {
+        requests: Some(BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(memory_request.to_owned())),
+        ])),
+        limits: Some(BTreeMap::from([(
+            "memory".to_owned(),
+            Quantity(memory_limit.to_owned()),
+        )])),
+        ..ResourceRequirements::default()
+    }
+}
+
+/// Requests and limits for memcached: derived from its item memory (the limit leaves room for memcached's
+/// overhead, and memory requests equal limits because a cache should not be evicted), with the keys of
+/// `spec.resources` replacing the derived ones one by one.
+pub fn memcached_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let memory = format!(
+        "{}Mi",
+        spec.memcached().max_memory_mb() + args::MEMORY_OVERHEAD_MB
+    );
+    let mut resources = requirements("100m", &memory, &memory);
+    if let Some(user) = &spec.resources {
+        let overlay = |derived: &mut Option<BTreeMap<String, Quantity>>,
+                       given: &Option<BTreeMap<String, Quantity>>| {
+            if let Some(given) = given {
+                derived
+                    .get_or_insert_with(BTreeMap::new)
+                    .extend(given.clone());
+            }
+        };
+        overlay(&mut resources.requests, &user.requests);
+        overlay(&mut resources.limits, &user.limits);
+        resources.claims = user.claims.clone();
+    }
+    resources
+}

@@ -1,0 +1,226 @@
+//! Server slots and the published server list.
+//!
+//! Every server has a slot `0 … size-1` that does not move, so the ordered list clients hash keys over
+//! changes as little as possible:
+//! - StatefulSet: slot = ordinal, address = the pod's stable DNS name behind the headless Service;
+//! - Deployment: the operator assigns pods to slots and keeps the assignment in `status.servers`; a
+//!   replacement pod takes the slot of the pod it replaces, and the slot's address (`podIP:port`) changes
+//!   only once the replacement is ready.
+//!
+//! A slot enters the published list once its first pod is ready. The list is rendered into the ConfigMap
+//! `<name>-servers` deterministically, so it is written only when its content changes.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::json;
+
+use super::{Instance, service};
+use crate::api::Server;
+
+/// Suffix of the published server list's ConfigMap.
+pub const CONFIG_MAP_SUFFIX: &str = "-servers";
+/// ConfigMap key: one `host:port` per line, in slot order.
+pub const SERVERS_KEY: &str = "servers";
+/// ConfigMap key: the published `status.servers` entries as JSON.
+pub const SERVERS_JSON_KEY: &str = "servers.json";
+/// ConfigMap key: an mcrouter configuration with one pool of the servers.
+pub const MCROUTER_KEY: &str = "mcrouter.json";
+/// Pod annotation the ReplicaSet controller reads to pick which pods to remove on a scale-down: lower
+/// cost goes first.
+pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
+/// The cost the operator gives drained pods (the default is 0), so that exactly those go.
+pub const DRAINED_COST: &str = "-1000";
+
+/// Name of the ConfigMap holding `instance`'s server list.
+pub fn config_map_name(instance: &str) -> String {
+    format!("{instance}{CONFIG_MAP_SUFFIX}")
+}
+
+/// What slot assignment reads of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    pub ip: Option<String>,
+    pub ready: bool,
+    pub terminating: bool,
+    pub created: Option<Timestamp>,
+    /// Whether the pod carries the operator's drained deletion cost.
+    pub marked: bool,
+}
+
+impl Member {
+    /// The slot-relevant view of `pod`; `None` for a pod without a name.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let name = pod.metadata.name.clone()?;
+        let status = pod.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        Some(Self {
+            name,
+            ip: status
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty()),
+            ready,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            marked: pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DELETION_COST_ANNOTATION))
+                .is_some_and(|cost| cost == DRAINED_COST),
+        })
+    }
+
+    /// `ip:port` (`[ip]:port` for IPv6), once the pod is ready and has an IP.
+    fn address(&self, port: i32) -> Option<String> {
+        let ip = self.ip.as_deref().filter(|_| self.ready)?;
+        Some(if ip.contains(':') {
+            format!("[{ip}]:{port}")
+        } else {
+            format!("{ip}:{port}")
+        })
+    }
+}
+
+/// Deployment slots `0 … count-1`. A slot keeps its pod (from `previous`) while that pod exists and is
+/// not terminating; vacant slots, lowest first, take the oldest unassigned live pods (ties by name). A
+/// slot's address follows its pod only while the pod is ready; otherwise the last published address stays.
+pub fn assign_deployment(
+    previous: &[Server],
+    members: &[Member],
+    count: i32,
+    port: i32,
+) -> Vec<Server> {
+    let live: BTreeMap<&str, &Member> = members
+        .iter()
+        .filter(|m| !m.terminating)
+        .map(|m| (m.name.as_str(), m))
+        .collect();
+    let previous: BTreeMap<i32, &Server> = previous.iter().map(|s| (s.slot, s)).collect();
+    let mut slots: Vec<Option<&Member>> = (0..count)
+        .map(|slot| {
+            let pod = previous.get(&slot)?.pod.as_deref()?;
+            live.get(pod).copied()
+        })
+        .collect();
+    let taken: BTreeSet<&str> = slots.iter().flatten().map(|m| m.name.as_str()).collect();
+    let mut free: Vec<&Member> = live
+        .values()
+        .copied()
+        .filter(|m| !taken.contains(m.name.as_str()))
+        .collect();
+    // A pod without a creation time (never from a real server) counts as the newest.
+    free.sort_by(|a, b| {
+        (a.created.is_none(), a.created, &a.name).cmp(&(b.created.is_none(), b.created, &b.name))
+    });
+    let mut free = free.into_iter();
+    for slot in slots.iter_mut().filter(|s| s.is_none()) {
+        *slot = free.next();
+    }
+    slots
+        .into_iter()
+        .zip(0..)
+        .map(|(member, slot)| {
+            let kept = previous.get(&slot).and_then(|s| s.address.clone());
+            Server {
+                slot,
+                pod: member.map(|m| m.name.clone()),
+                address: member.and_then(|m| m.address(port)).or(kept),
+                ready: member.is_some_and(|m| m.ready),
+            }
+        })
+        .collect()
+}
+
+/// StatefulSet slots `0 … count-1`: slot i is pod `<name>-i` at its stable DNS name, listed once the
+/// pod has been ready (now or before, as `previous` shows).
+pub fn assign_statefulset(
+    instance: &Instance<'_>,
+    previous: &[Server],
+    members: &[Member],
+    count: i32,
+) -> Vec<Server> {
+    (0..count)
+        .map(|slot| {
+            let name = format!("{}-{slot}", instance.name);
+            let member = members.iter().find(|m| m.name == name && !m.terminating);
+            let ready = member.is_some_and(|m| m.ready);
+            let listed = previous
+                .iter()
+                .any(|s| s.slot == slot && s.address.is_some());
+            Server {
+                slot,
+                pod: member.map(|m| m.name.clone()),
+                address: (ready || listed).then(|| stable_address(instance, slot)),
+                ready,
+            }
+        })
+        .collect()
+}
+
+/// `<name>-<slot>.<name>-headless.<namespace>.svc:<port>`.
+pub fn stable_address(instance: &Instance<'_>, slot: i32) -> String {
+    format!(
+        "{name}-{slot}.{headless}.{namespace}.svc:{port}",
+        name = instance.name,
+        headless = service::headless_name(instance.name),
+        namespace = instance.namespace,
+        port = instance.spec.container_port,
+    )
+}
+
+/// The live pods that hold none of `servers`' slots: on a Deployment mid-drain, the ones to remove.
+pub fn unslotted<'a>(servers: &[Server], members: &'a [Member]) -> Vec<&'a Member> {
+    let slotted: BTreeSet<&str> = servers.iter().filter_map(|s| s.pod.as_deref()).collect();
+    members
+        .iter()
+        .filter(|m| !m.terminating && !slotted.contains(m.name.as_str()))
+        .collect()
+}
+
+/// Addresses of the ready servers, in slot order (`status.serverList`).
+pub fn ready_addresses(servers: &[Server]) -> Vec<String> {
+    servers
+        .iter()
+        .filter(|s| s.ready)
+        .filter_map(|s| s.address.clone())
+        .collect()
+}
+
+/// The ConfigMap `<name>-servers` with the published servers (those with an address), in slot order:
+/// `servers` (one `host:port` per line), `servers.json` (the entries) and `mcrouter.json` (one pool,
+/// `PoolRoute`). Every value ends with a newline; JSON keys are in a fixed order.
+pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> ConfigMap {
+    let published: Vec<&Server> = servers.iter().filter(|s| s.address.is_some()).collect();
+    let addresses: Vec<&str> = published
+        .iter()
+        .filter_map(|s| s.address.as_deref())
+        .collect();
+    let lines: String = addresses.iter().map(|a| format!("{a}\n")).collect();
+    let mcrouter = json!({
+        "pools": {instance.name: {"servers": addresses}},
+        "route": format!("PoolRoute|{}", instance.name),
+    });
+    // Serialising plain values cannot fail; struct fields keep their declared order.
+    fn pretty<T: serde::Serialize>(value: &T) -> String {
+        serde_json::to_string_pretty(value).unwrap_or_default() + "\n"
+    }
+    let mut metadata = instance.child_meta();
+    metadata.name = Some(config_map_name(instance.name));
+    ConfigMap {
+        metadata,
+        data: Some(BTreeMap::from([
+            (SERVERS_KEY.to_owned(), lines),
+            (SERVERS_JSON_KEY.to_owned(), pretty(&published)),
+            (MCROUTER_KEY.to_owned(), pretty(&mcrouter)),
+        ])),
+        ..ConfigMap::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,285 @@
+use super::*;
+use crate::api::{MemcachedSpec, Workload};
+use crate::resources::Defaults;
+use crate::resources::testing::memcached;
+
+fn member(name: &str, ip: &str, ready: bool, created: i64) -> Member {
+    Member {
+        name: name.into(),
+        ip: Some(ip.into()),
+        ready,
+        terminating: false,
+        created: Some(Timestamp::from_second(created).unwrap()),
+        marked: false,
+    }
+}
+
+fn server(slot: i32, pod: &str, address: &str, ready: bool) -> Server {
+    Server {
+        slot,
+        pod: Some(pod.into()),
+        address: Some(address.into()),
+        ready,
+    }
+}
+
+fn three() -> Vec<Server> {
+    vec![
+        server(0, "a", "10.0.0.1:11211", true),
+        server(1, "b", "10.0.0.2:11211", true),
+        server(2, "c", "10.0.0.3:11211", true),
+    ]
+}
+
+#[test]
+fn first_assignment_takes_pods_oldest_first_and_lists_only_ready_ones() {
+    let pods = [
+        member("z", "10.0.0.3", true, 100),
+        member("y", "10.0.0.2", false, 200),
+        member("x", "10.0.0.1", true, 100),
+    ];
+    assert_eq!(
+        assign_deployment(&[], &pods, 3, 11211),
+        [
+            server(0, "x", "10.0.0.1:11211", true),
+            Server {
+                slot: 1,
+                pod: Some("z".into()),
+                address: Some("10.0.0.3:11211".into()),
+                ready: true
+            },
+            Server {
+                slot: 2,
+                pod: Some("y".into()),
+                address: None,
+                ready: false
+            },
+        ],
+        "ties by name; a slot without a ready pod yet has no address"
+    );
+}
+
+#[test]
+fn a_replacement_keeps_the_old_address_until_ready_and_others_do_not_move() {
+    let mut b = member("b", "10.0.0.2", true, 1);
+    b.terminating = true;
+    let pods = [
+        member("a", "10.0.0.1", true, 1),
+        b,
+        member("c", "10.0.0.3", true, 1),
+        member("d", "10.0.0.9", false, 50),
+    ];
+    let servers = assign_deployment(&three(), &pods, 3, 11211);
+    assert_eq!(
+        servers,
+        [
+            server(0, "a", "10.0.0.1:11211", true),
+            server(1, "d", "10.0.0.2:11211", false),
+            server(2, "c", "10.0.0.3:11211", true),
+        ]
+    );
+    assert_eq!(
+        ready_addresses(&servers),
+        ["10.0.0.1:11211", "10.0.0.3:11211"]
+    );
+
+    // Once ready, the slot flips to the new pod's address; nothing else changes.
+    let pods = [
+        member("a", "10.0.0.1", true, 1),
+        member("c", "10.0.0.3", true, 1),
+        member("d", "10.0.0.9", true, 50),
+    ];
+    assert_eq!(
+        assign_deployment(&servers, &pods, 3, 11211),
+        [
+            server(0, "a", "10.0.0.1:11211", true),
+            server(1, "d", "10.0.0.9:11211", true),
+            server(2, "c", "10.0.0.3:11211", true),
+        ]
+    );
+}
+
+#[test]
+fn scale_up_appends_slots_and_scale_down_drops_the_highest() {
+    let mut pods = vec![
+        member("a", "10.0.0.1", true, 1),
+        member("b", "10.0.0.2", true, 1),
+        member("c", "10.0.0.3", true, 1),
+    ];
+    pods.push(member("n", "10.0.0.4", true, 9));
+    let up = assign_deployment(&three(), &pods, 4, 11211);
+    assert_eq!(up[..3], three()[..]);
+    assert_eq!(up[3], server(3, "n", "10.0.0.4:11211", true));
+
+    let down = assign_deployment(&up, &pods, 2, 11211);
+    assert_eq!(down, three()[..2]);
+    let drained: Vec<&str> = unslotted(&down, &pods)
+        .iter()
+        .map(|m| m.name.as_str())
+        .collect();
+    assert_eq!(drained, ["c", "n"]);
+}
+
+#[test]
+fn ipv6_addresses_are_bracketed() {
+    let pods = [member("a", "fd00::1", true, 1)];
+    assert_eq!(
+        assign_deployment(&[], &pods, 1, 11211)[0]
+            .address
+            .as_deref(),
+        Some("[fd00::1]:11211")
+    );
+}
+
+fn sts() -> crate::api::Memcached {
+    memcached(
+        "cache",
+        MemcachedSpec {
+            size: 3,
+            workload: Workload::StatefulSet,
+            ..MemcachedSpec::default()
+        },
+    )
+}
+
+#[test]
+fn statefulset_slots_are_ordinals_at_stable_names() {
+    let (mc, defaults) = (sts(), Defaults::default());
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let pods = [
+        member("cache-1", "10.0.0.2", true, 1),
+        member("cache-0", "10.0.0.1", true, 1),
+        member("cache-2", "10.0.0.3", false, 1),
+    ];
+    let servers = assign_statefulset(&instance, &[], &pods, 3);
+    assert_eq!(
+        servers[0],
+        server(
+            0,
+            "cache-0",
+            "cache-0.cache-headless.default.svc:11211",
+            true
+        )
+    );
+    assert_eq!(
+        servers[1].address.as_deref(),
+        Some("cache-1.cache-headless.default.svc:11211")
+    );
+    assert_eq!(servers[2].address, None, "enters the list once ready");
+
+    // A replaced pod keeps its slot and address, not ready meanwhile.
+    let pods = [
+        member("cache-0", "10.0.0.7", false, 9),
+        member("cache-1", "10.0.0.2", true, 1),
+    ];
+    let again = assign_statefulset(&instance, &servers, &pods, 3);
+    assert_eq!(
+        again[0],
+        server(
+            0,
+            "cache-0",
+            "cache-0.cache-headless.default.svc:11211",
+            false
+        )
+    );
+    assert_eq!(
+        again[2],
+        Server {
+            slot: 2,
+            ..Server::default()
+        }
+    );
+}
+
+#[test]
+fn config_map_content_is_exact() {
+    let mc = memcached("cache", MemcachedSpec::default());
+    let defaults = Defaults::default();
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let mut servers = three();
+    servers[1].ready = false;
+    servers.push(Server {
+        slot: 3,
+        pod: Some("d".into()),
+        address: None,
+        ready: false,
+    });
+    let cm = config_map(&instance, &servers);
+    assert_eq!(cm.metadata.name.as_deref(), Some("cache-servers"));
+    assert_eq!(
+        cm.metadata.labels,
+        Some(crate::resources::labels::common_labels("cache"))
+    );
+    assert!(cm.metadata.owner_references.is_some());
+    let data = cm.data.unwrap();
+    assert_eq!(
+        data["servers"],
+        "10.0.0.1:11211\n10.0.0.2:11211\n10.0.0.3:11211\n"
+    );
+    assert_eq!(
+        data["servers.json"],
+        r#"[
+  {
+    "slot": 0,
+    "pod": "a",
+    "address": "10.0.0.1:11211",
+    "ready": true
+  },
+  {
+    "slot": 1,
+    "pod": "b",
+    "address": "10.0.0.2:11211",
+    "ready": false
+  },
+  {
+    "slot": 2,
+    "pod": "c",
+    "address": "10.0.0.3:11211",
+    "ready": true
+  }
+]
+"#
+    );
+    assert_eq!(
+        data["mcrouter.json"],
+        r#"{
+  "pools": {
+    "cache": {
+      "servers": [
+        "10.0.0.1:11211",
+        "10.0.0.2:11211",
+        "10.0.0.3:11211"
+      ]
+    }
+  },
+  "route": "PoolRoute|cache"
+}
+"#
+    );
+    assert_eq!(data.len(), 3);
+}
+
+#[test]
+fn an_empty_list_renders_empty_values() {
+    let mc = memcached("cache", MemcachedSpec::default());
+    let defaults = Defaults::default();
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let data = config_map(&instance, &[]).data.unwrap();
+    assert_eq!(data["servers"], "");
+    assert_eq!(data["servers.json"], "[]\n");
+}
+
+#[test]
+fn members_read_readiness_termination_and_the_drain_mark() {
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "p", "creationTimestamp": "2023-11-14T22:13:20Z",
+                     "deletionTimestamp": "2023-11-14T22:14:20Z",
+                     "annotations": {DELETION_COST_ANNOTATION: DRAINED_COST}},
+        "status": {"podIP": "10.0.0.1", "conditions": [{"type": "Ready", "status": "True"}]}
+    }))
+    .unwrap();
+    let m = Member::of(&pod).unwrap();
+    assert!(m.ready && m.terminating && m.marked);
+    assert_eq!(m.ip.as_deref(), Some("10.0.0.1"));
+    assert_eq!(m.created.map(|t| t.as_second()), Some(1_700_000_000));
+}

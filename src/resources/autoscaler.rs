@@ -1,8 +1,8 @@
 //! The HorizontalPodAutoscaler that sets an instance's size.
 //!
 //! Its target is the `Memcached` itself, through the scale subresource (`.spec.size`, `.status.replicas`,
-//! `.status.selector`), not the Deployment: every change of size then goes through the operator like a
-//! change made by hand, with the same events, budget and (once pools drain) drain on shrink. The
+//! `.status.selector`), not the Deployment or StatefulSet: every change of size then goes through the
+//! operator like a change made by hand, with the same events, budget and drain on shrink. The
 //! operator never writes `spec.size`, so it never fights the autoscaler.
 //!
 //! Utilization is measured against the pods' requests, summed over every container. memcached always

@@ -22,22 +22,23 @@ RUN echo "$(uname -m)-unknown-linux-musl" > /rust-target \
 
 WORKDIR /workspace
 
-# Dependencies first: this layer is rebuilt only when Cargo.toml or Cargo.lock change.
-# A placeholder library and binary stand in for the real sources.
+# Dependencies first: this layer is rebuilt only when the manifests or Cargo.lock change. Placeholder
+# sources stand in for the operator's and for the workspace's release tooling (xtask), which cargo must
+# find to read the workspace but which the image does not build.
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir -p src \
+COPY xtask/Cargo.toml ./xtask/
+RUN mkdir -p src xtask/src \
     && echo '' > src/lib.rs \
     && echo 'fn main() {}' > src/main.rs \
+    && echo '' > xtask/src/lib.rs \
+    && echo 'fn main() {}' > xtask/src/main.rs \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \
     && rm -rf src
 
-# Then the operator itself. build.rs embeds config/ (the install tree) in the binary, for
-# `memcached-operator manifests` and `bundle`. Touching the sources makes them newer than the
-# placeholder build, so cargo rebuilds the crate whatever timestamps COPY preserved.
-COPY build.rs ./
-COPY config ./config
+# Then the operator itself. Touching the sources makes them newer than the placeholder build, so cargo
+# rebuilds the crate whatever timestamps COPY preserved.
 COPY src ./src
-RUN find src config build.rs -type f -exec touch {} + \
+RUN find src -type f -exec touch {} + \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \
     && mkdir -p /out \
     && cp "target/$(cat /rust-target)/release/memcached-operator" /out/memcached-operator

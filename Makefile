@@ -2,8 +2,8 @@
 
 # Version of the operator: the crate version. It tags the default images and versions the OLM bundle.
 VERSION ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
-# Repository of the operator image; the bundle image is $(IMAGE_TAG_BASE)-bundle. The binary's default
-# image (memcached-operator manifests|bundle) is $(IMAGE_TAG_BASE):v<crate version> too.
+# Repository of the operator image; the bundle image is $(IMAGE_TAG_BASE)-bundle. The release tooling's
+# default image (cargo xtask install|bundle) is $(IMAGE_TAG_BASE):v<crate version> too.
 IMAGE_TAG_BASE ?= registry.example.com/memcached-operator
 # Image to build, push and deploy.
 IMG ?= $(IMAGE_TAG_BASE):v$(VERSION)
@@ -22,18 +22,21 @@ CONTAINER_TOOL ?= docker
 # Extra flags for `make run`, e.g. make run ARGS="--namespace=default --log-level=debug".
 ARGS ?=
 
-# Files generated from the Rust code by `make manifests`. Tests fail when a committed copy is stale.
-CRD_FILE := config/crd/bases/cache.example.com_memcacheds.yaml
-RBAC_FILE := config/rbac/role.yaml
+# Files generated from the Rust code by `make manifests` (cargo xtask manifests; the list is
+# xtask/src/generate.rs). Tests, and `cargo xtask check`, fail when a committed copy is stale.
 INSTALL_FILE := dist/install.yaml
 API_DOCS_FILE := docs/api.md
 BUNDLE_DIR := bundle
 
-# $(call generate,FILE,ARGUMENTS): writes the output of `memcached-operator ARGUMENTS` to FILE, through a
+# The release tooling: the workspace's xtask crate (`cargo xtask --help`), which renders config/ with
+# $(KUBECTL) kustomize.
+XTASK = KUBECTL=$(KUBECTL) $(CARGO) --quiet xtask
+
+# $(call generate,FILE,ARGUMENTS): writes the output of `cargo xtask ARGUMENTS` to FILE, through a
 # temporary file so that a failure leaves the old FILE in place.
 define generate
 	@mkdir -p $(dir $(1))
-	$(CARGO) run --quiet -- $(2) > $(1).tmp || { rm -f $(1).tmp; exit 1; }
+	$(XTASK) $(2) > $(1).tmp || { rm -f $(1).tmp; exit 1; }
 	mv -f $(1).tmp $(1)
 endef
 
@@ -62,11 +65,11 @@ help: ## Display this help.
 # `make bundle` honour IMG and VERSION for a release.
 .PHONY: manifests
 manifests: ## Regenerate every generated file: CRD, RBAC, dist/install.yaml, docs/api.md and the OLM bundle.
-	$(call generate,$(CRD_FILE),crd)
-	$(call generate,$(RBAC_FILE),rbac)
-	$(call generate,$(INSTALL_FILE),manifests)
-	$(call generate,$(API_DOCS_FILE),api-docs)
-	$(CARGO) run --quiet -- bundle --output-dir $(BUNDLE_DIR)
+	$(XTASK) manifests
+
+.PHONY: check-manifests
+check-manifests: ## Fail, listing them, if committed generated files differ from what `make manifests` writes.
+	$(XTASK) check
 
 .PHONY: docs
 docs: ## Regenerate the API reference docs/api.md from the CRD schema.
@@ -78,11 +81,11 @@ fmt: ## Format the code with rustfmt.
 
 .PHONY: clippy
 clippy: ## Lint the code with clippy; warnings are errors.
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 .PHONY: test
-test: ## Run the unit, integration and doc tests (no cluster needed).
-	$(CARGO) test
+test: ## Run the unit, integration and doc tests of the operator and xtask (no cluster needed).
+	$(CARGO) test --workspace
 
 .PHONY: e2e
 e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at.
@@ -114,13 +117,13 @@ docker-push: ## Push the operator image IMG.
 
 .PHONY: build-installer
 build-installer: ## Write the one-file install dist/install.yaml for image IMG.
-	$(call generate,$(INSTALL_FILE),manifests --image $(IMG))
+	$(call generate,$(INSTALL_FILE),install --image $(IMG))
 
 ##@ OLM bundle
 
 .PHONY: bundle
 bundle: ## Write the OLM bundle (bundle/, bundle.Dockerfile) for VERSION and IMG.
-	$(CARGO) run --quiet -- bundle --version $(VERSION) --image $(IMG) \
+	$(XTASK) bundle --version $(VERSION) --image $(IMG) \
 		--channels $(CHANNELS) --default-channel $(DEFAULT_CHANNEL) --output-dir $(BUNDLE_DIR)
 
 .PHONY: bundle-build

@@ -1,13 +1,10 @@
 //! Command line. Flag names follow the Kubebuilder scaffold where one exists; each flag also reads an
 //! environment variable, so the in-cluster Deployment can be configured either way.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::bundle;
-use crate::install::DEFAULT_OPERATOR_IMAGE;
 use crate::resources::DEFAULT_IMAGE;
 
 /// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
@@ -34,79 +31,8 @@ pub enum Command {
     Crd,
     /// Print the operator's RBAC roles (ClusterRole manager-role, Role leader-election-role) as YAML.
     Rbac,
-    /// Print the complete install as one YAML file (namespace, CRD, RBAC, operator Deployment, metrics
-    /// Service): the objects `kubectl kustomize config/default` renders.
-    Manifests(ManifestsArgs),
-    /// Write the Operator Lifecycle Manager bundle (manifests/, metadata/) and bundle.Dockerfile.
-    Bundle(BundleArgs),
-    /// Print the API reference of the Memcached resource (docs/api.md) as markdown.
-    ApiDocs,
     /// Print the version.
     Version,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct ManifestsArgs {
-    /// Operator image the Deployment runs.
-    #[arg(long, default_value = DEFAULT_OPERATOR_IMAGE, value_parser = parse_image)]
-    pub image: String,
-}
-
-#[derive(Debug, Clone, Args)]
-pub struct BundleArgs {
-    /// Bundle and ClusterServiceVersion version (semver, no leading v).
-    #[arg(
-        id = "bundle_version",
-        long = "version",
-        value_name = "VERSION",
-        default_value = env!("CARGO_PKG_VERSION"),
-        value_parser = bundle::parse_version
-    )]
-    pub version: String,
-
-    /// Operator image the ClusterServiceVersion deploys.
-    #[arg(long, default_value = DEFAULT_OPERATOR_IMAGE, value_parser = parse_image)]
-    pub image: String,
-
-    /// Bundle directory; bundle.Dockerfile is written next to it.
-    #[arg(long, default_value = bundle::BUNDLE_DIR)]
-    pub output_dir: PathBuf,
-
-    /// Channels the bundle belongs to (comma-separated).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = bundle::DEFAULT_CHANNEL,
-        value_parser = bundle::parse_channel
-    )]
-    pub channels: Vec<String>,
-
-    /// Channel subscriptions follow when they name none; one of --channels.
-    #[arg(long, default_value = bundle::DEFAULT_CHANNEL, value_parser = bundle::parse_channel)]
-    pub default_channel: String,
-}
-
-impl BundleArgs {
-    /// The bundle options these arguments ask for.
-    pub fn options(&self) -> bundle::Options {
-        bundle::Options {
-            version: self.version.clone(),
-            image: self.image.clone(),
-            channels: self.channels.clone(),
-            default_channel: self.default_channel.clone(),
-        }
-    }
-}
-
-/// Accepts an image reference: non-empty, no whitespace (the registry checks the rest when pulling).
-pub fn parse_image(s: &str) -> Result<String, String> {
-    if s.is_empty() || s.contains(char::is_whitespace) {
-        Err(format!(
-            "{s:?} is not an image reference such as registry.example.com/memcached-operator:v1.0.0"
-        ))
-    } else {
-        Ok(s.to_owned())
-    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -311,51 +237,20 @@ mod tests {
         assert_eq!(run.normalized().namespace, None);
     }
 
+    /// The binary offers what an operator offers; release files are `cargo xtask`'s.
     #[test]
-    fn distribution_commands_parse_and_check_their_input() {
-        let cli = Cli::try_parse_from(["memcached-operator", "manifests"]).unwrap();
-        let Some(Command::Manifests(args)) = cli.command else {
-            panic!("expected manifests")
-        };
-        assert_eq!(args.image, DEFAULT_OPERATOR_IMAGE);
-
-        let cli = Cli::try_parse_from([
-            "memcached-operator",
-            "bundle",
-            "--version",
-            "1.2.3",
-            "--image",
-            "reg/op:v1.2.3",
-            "--channels",
-            "alpha,stable",
-            "--default-channel",
-            "stable",
-        ])
-        .unwrap();
-        let Some(Command::Bundle(args)) = cli.command else {
-            panic!("expected bundle")
-        };
-        let options = args.options();
-        assert_eq!(options.version, "1.2.3");
-        assert_eq!(options.channels, ["alpha", "stable"]);
-        assert_eq!(args.output_dir, PathBuf::from("bundle"));
-
-        let cli = Cli::try_parse_from(["memcached-operator", "bundle"]).unwrap();
-        let Some(Command::Bundle(args)) = cli.command else {
-            panic!("expected bundle")
-        };
-        assert_eq!(args.options(), bundle::Options::default());
-
-        for bad in [
-            vec!["bundle", "--version", "v1.0.0"],
-            vec!["bundle", "--channels", "Alpha"],
-            vec!["manifests", "--image", ""],
-            vec!["manifests", "--image", "a b"],
-        ] {
-            let args = std::iter::once("memcached-operator").chain(bad.iter().copied());
-            assert!(Cli::try_parse_from(args).is_err(), "{bad:?}");
+    fn only_operator_commands() {
+        let names: Vec<String> = Cli::command()
+            .get_subcommands()
+            .map(|c| c.get_name().to_owned())
+            .collect();
+        assert_eq!(names, ["run", "crd", "rbac", "version"]);
+        for moved in ["manifests", "bundle", "api-docs"] {
+            assert!(
+                Cli::try_parse_from(["memcached-operator", moved]).is_err(),
+                "{moved}"
+            );
         }
-        assert!(Cli::try_parse_from(["memcached-operator", "api-docs"]).is_ok());
     }
 
     #[test]

@@ -3,21 +3,21 @@
 //! Reconcile is a pipeline whose middle is pure: [`resources`] turns a `Memcached` into the exact child
 //! objects, [`status`] turns what exists into the status; only [`controller`] talks to the API server.
 //!
-//! Distribution is generated from the same code: [`manifests`] (CRD, RBAC), [`install`] (the one-file
-//! install, rendered from `config/` by [`kustomize`]), [`bundle`] (the OLM bundle) and [`docs`] (the API
-//! reference), the last two by walking the CRD schema ([`schema`]).
+//! [`manifests`] generates the CRD and the operator's RBAC from the code (`memcached-operator crd|rbac`).
+//! Release files built from them (the one-file install, the OLM bundle, the API reference) are generated
+//! by the workspace's `xtask` crate, not by this library or its binary.
 
 pub mod api;
-pub mod bundle;
 pub mod cli;
 pub mod controller;
-pub mod docs;
-pub mod install;
-pub mod kustomize;
 pub mod manager;
 pub mod manifests;
 pub mod metrics;
 pub mod observe;
 pub mod resources;
-pub mod schema;
 pub mod status;
+
+/// The operator's version, which the release tooling stamps on the install and the OLM bundle.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+/// The operator's one-line description, the OLM bundle's summary of it.
+pub const DESCRIPTION: &str = env!("CARGO_PKG_DESCRIPTION");

@@ -158,7 +158,6 @@ pub struct MemcachedSpec {
     /// How a changed pod template rolls out: one server at a time, each warmed up before the next.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rollout: Option<Rollout>,
-
     /// A HorizontalPodAutoscaler that sets spec.size from the pods' CPU or memory use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<AutoscalingConfig>,

@@ -1,12 +1,12 @@
 //! Reconcile: finalizer → validate → plan the pool (slots, drain) → build → apply (only what differs) →
 //! status (only when it differs).
 
+use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use k8s_openapi::api::core::v1::{ObjectReference, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -176,8 +176,8 @@ struct Children {
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
 /// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional
-/// ones that are no longer wanted, and records what changed as events. The server list goes before the workload, so a scale-down is published before
-/// any server is removed.
+/// ones that are no longer wanted, and records what changed as events. The server list goes before the
+/// workload, so a scale-down is published before any server is removed.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,

@@ -426,30 +426,21 @@ type Synced = Shared<BoxFuture<'static, bool>>;
 fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) -> Synced {
     let stores = stores.clone();
     async move {
-        let service_monitors = async {
-            match &stores.service_monitors {
-                Some(store) => store.wait_until_ready().await,
-                None => Ok(()),
-            }
-        };
-        let all = futures::future::try_join4(
-            futures::future::try_join3(
-                stores.deployments.wait_until_ready(),
-                stores.services.wait_until_ready(),
-                stores.pods.wait_until_ready(),
-            ),
-            futures::future::try_join4(
-                stores.pdbs.wait_until_ready(),
-                stores.secrets.wait_until_ready(),
-                stores.statefulsets.wait_until_ready(),
-                stores.config_maps.wait_until_ready(),
-            ),
-            futures::future::try_join(
-                stores.network_policies.wait_until_ready(),
-                stores.autoscalers.wait_until_ready(),
-            ),
-            service_monitors,
-        );
+        let mut waits = vec![
+            stores.deployments.wait_until_ready().boxed(),
+            stores.statefulsets.wait_until_ready().boxed(),
+            stores.services.wait_until_ready().boxed(),
+            stores.config_maps.wait_until_ready().boxed(),
+            stores.pods.wait_until_ready().boxed(),
+            stores.pdbs.wait_until_ready().boxed(),
+            stores.network_policies.wait_until_ready().boxed(),
+            stores.autoscalers.wait_until_ready().boxed(),
+            stores.secrets.wait_until_ready().boxed(),
+        ];
+        if let Some(store) = &stores.service_monitors {
+            waits.push(store.wait_until_ready().boxed());
+        }
+        let all = futures::future::try_join_all(waits);
         tokio::select! {
             ready = all => ready.is_ok(),
             () = shutdown => false,

@@ -295,6 +295,12 @@ impl Cluster {
     pub fn remove_pod(&mut self, p: Pod) {
         self.pods.apply_watcher_event(&watcher::Event::Delete(p));
     }
+    pub fn service(&mut self, s: Service) {
+        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+    }
+    pub fn pod(&mut self, p: Pod) {
+        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+    }
     pub fn network_policy(&mut self, p: NetworkPolicy) {
         self.network_policies
             .apply_watcher_event(&watcher::Event::Apply(p));
@@ -302,12 +308,6 @@ impl Cluster {
     pub fn autoscaler(&mut self, a: HorizontalPodAutoscaler) {
         self.autoscalers
             .apply_watcher_event(&watcher::Event::Apply(a));
-    }
-    pub fn service(&mut self, s: Service) {
-        self.services.apply_watcher_event(&watcher::Event::Apply(s));
-    }
-    pub fn pod(&mut self, p: Pod) {
-        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
     }
 }
 

@@ -82,9 +82,9 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         (SERVICES, Some(MANAGED)),
         (CONFIGMAPS, Some(MANAGED)),
         (PODS, Some(MANAGED)),
-        (PDBS, Some(MANAGED)),
         (NETWORK_POLICIES, Some(MANAGED)),
         (AUTOSCALERS, Some(MANAGED)),
+        (PDBS, Some(MANAGED)),
         (SECRETS, None),
     ] {
         let gets = of(&requests, &Method::GET, path);

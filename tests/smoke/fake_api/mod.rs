@@ -201,9 +201,16 @@ impl Fake {
                 CONFIGMAPS => Some(("v1", "ConfigMapList", world.config_maps.clone())),
                 PODS => Some(("v1", "PodList", world.pods.clone())),
                 PDBS => Some(("policy/v1", "PodDisruptionBudgetList", world.pdbs.clone())),
-                // No instance of the fake's worlds asks for these, so they are always empty.
-                NETWORK_POLICIES => Some(("networking.k8s.io/v1", "NetworkPolicyList", vec![])),
-                AUTOSCALERS => Some(("autoscaling/v2", "HorizontalPodAutoscalerList", vec![])),
+                NETWORK_POLICIES => Some((
+                    "networking.k8s.io/v1",
+                    "NetworkPolicyList",
+                    world.network_policies.clone(),
+                )),
+                AUTOSCALERS => Some((
+                    "autoscaling/v2",
+                    "HorizontalPodAutoscalerList",
+                    world.autoscalers.clone(),
+                )),
                 SECRETS => Some((
                     "meta.k8s.io/v1",
                     "PartialObjectMetadataList",
@@ -260,6 +267,8 @@ impl Fake {
                 .or_else(|| child_name(path, CONFIGMAPS))
                 .or_else(|| child_name(path, PODS))
                 .or_else(|| child_name(path, PDBS))
+                .or_else(|| child_name(path, NETWORK_POLICIES))
+                .or_else(|| child_name(path, AUTOSCALERS))
                 .or_else(|| child_name(path, SERVICE_MONITORS))
             {
                 let mut obj = req.body.clone();

@@ -14,6 +14,8 @@ pub struct World {
     pub config_maps: Vec<Value>,
     pub pods: Vec<Value>,
     pub pdbs: Vec<Value>,
+    pub network_policies: Vec<Value>,
+    pub autoscalers: Vec<Value>,
     /// Full Secrets: listed metadata-only, served whole on a GET by name.
     pub secrets: Vec<Value>,
     /// ServiceMonitors, or `None` when the cluster does not serve their API.
@@ -33,6 +35,8 @@ impl Default for World {
             config_maps: vec![],
             pods: vec![],
             pdbs: vec![],
+            network_policies: vec![],
+            autoscalers: vec![],
             secrets: vec![],
             service_monitors: None,
             slow_lists: vec![],

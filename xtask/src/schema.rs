@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use crate::manifests;
+use memcached_operator::manifests;
 
 /// The CRD as JSON, the form the walkers read.
 pub fn crd_json() -> Value {

@@ -1,0 +1,24 @@
+//! Release tooling of memcached-operator, run as `cargo xtask <command>` (`cargo xtask --help`).
+//!
+//! The operator binary runs the operator; everything built for a release lives here: the one-file install
+//! ([`install`]), the OLM bundle ([`bundle`]) and the API reference ([`api_docs`]), the last two by walking
+//! the CRD schema ([`schema`]). Kustomizations are rendered by `kubectl kustomize` ([`kubectl`]), not by a
+//! renderer of our own. [`generate`] lists every generated file, writes them (`cargo xtask manifests`) and
+//! finds committed copies that drifted (`cargo xtask check`). The CRD and RBAC come from the operator
+//! library (`memcached_operator::manifests`), which its binary prints too.
+
+use std::path::{Path, PathBuf};
+
+pub mod api_docs;
+pub mod bundle;
+pub mod generate;
+pub mod install;
+pub mod kubectl;
+pub mod schema;
+
+/// The repository root: generated files are written, and `config/` read, relative to it, wherever
+/// `cargo xtask` runs from.
+pub fn repo_root() -> PathBuf {
+    let xtask = Path::new(env!("CARGO_MANIFEST_DIR"));
+    xtask.parent().unwrap_or(xtask).to_path_buf()
+}

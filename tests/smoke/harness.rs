@@ -272,6 +272,28 @@ pub fn start_with(
     (scratch, op, metrics, probes)
 }
 
+/// Waits (up to [`WAIT`]) until the fake has received no request for `quiet`: the reconciles that the
+/// start triggered (the initial lists, the Secret watch) have all finished. A SIGTERM sent earlier lets an
+/// in-flight reconcile finish its writes, by design.
+pub async fn settled(fake: &Fake, quiet: Duration) {
+    let deadline = Instant::now() + WAIT;
+    let mut count = fake.count();
+    let mut since = Instant::now();
+    while Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = fake.count();
+        if now != count {
+            (count, since) = (now, Instant::now());
+        } else if since.elapsed() >= quiet {
+            return;
+        }
+    }
+    panic!(
+        "the operator kept sending requests for {WAIT:?}:\n{}",
+        fake.log()
+    );
+}
+
 /// SIGTERM: the process exits 0 within 15 s, and releases the Lease on the way out.
 pub async fn stop_and_check_release(op: &mut Operator, fake: &Fake) {
     let before_sigterm = fake.count();
@@ -337,7 +359,7 @@ pub async fn run_once(world: World, name: &str) -> Vec<Req> {
     })
     .await;
     // Reconciles triggered by the children's initial lists.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    settled(&fake, Duration::from_millis(1500)).await;
     stop_and_check_release(&mut op, &fake).await;
     assert_no_unexpected_requests(&fake);
     fake.requests()

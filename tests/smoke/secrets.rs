@@ -7,7 +7,9 @@ use crate::checks::{assert_no_unexpected_requests, lines, of, writes};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{DEPLOYMENT, SECRETS, STATUS};
 use crate::fake_api::world::{World, memcached};
-use crate::harness::{WAIT, start_run, stop_and_check_release};
+use std::time::Duration;
+
+use crate::harness::{WAIT, settled, start_run, stop_and_check_release};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
@@ -35,6 +37,7 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
         }
     })
     .await;
+    settled(&fake, Duration::from_secs(1)).await;
     stop_and_check_release(&mut op, &fake).await;
     let requests = fake.requests();
 

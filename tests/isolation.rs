@@ -2,13 +2,6 @@
 //! put back, removed, and never fighting the autoscaler over `spec.size`; and the CEL rules of
 //! `spec.security.networkPolicy` and `spec.autoscaling` agreeing with the operator's own checks.
 
-use http::{Method, StatusCode};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use kube::runtime::watcher;
-use memcached_operator::api::Memcached;
-use serde_json::{Value, json};
-
 mod common;
 use common::mock::*;
 
@@ -36,31 +29,17 @@ fn deleted() -> Value {
 /// Creates `isolated(2)`, checks the requests and events, puts every child into the caches, and returns
 /// the NetworkPolicy and autoscaler as applied.
 async fn create(cluster: &mut Cluster) -> (Value, Value) {
-    let run = run(
-        cluster,
-        isolated(2),
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, SERVICES).apply(),
-            event(),
-            expect(Method::PATCH, HEADLESS).apply(),
-            event(),
-            expect(Method::PATCH, PDBS).apply(),
-            event(),
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            event(),
-            expect(Method::PATCH, AUTOSCALERS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
+    let mut script = created_children(DEPLOYMENTS, 2);
+    script.extend([
+        expect(Method::PATCH, NETWORK_POLICIES).apply(),
+        event(),
+        expect(Method::PATCH, AUTOSCALERS).apply(),
+        event(),
+        expect(Method::PATCH, STATUS).apply(),
+    ]);
+    let run = run(cluster, isolated(2), script).await;
     run.result.unwrap();
     let seen = run.seen;
-    // The published server list comes first (see tests/pools.rs); this file is about the rest.
     cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
     let seen = &seen[2..];
     assert_eq!(seen[9].body["note"], "Created NetworkPolicy cache");

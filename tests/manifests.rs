@@ -525,7 +525,8 @@ fn cel_rules_compile_and_are_bounded() {
     assert_eq!(
         nodes.len(),
         7,
-        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], autoscaling"
+        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], \
+         autoscaling"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);

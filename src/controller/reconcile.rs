@@ -175,9 +175,9 @@ struct Children {
 }
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
-/// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional ones that are no longer wanted, and records
-/// what changed as events. The server list goes before the workload, so a scale-down is published before
-/// any server is removed.
+/// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional
+/// ones that are no longer wanted, and records what changed as events. The server list goes before the
+/// workload, so a scale-down is published before any server is removed.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,

@@ -1,8 +1,8 @@
 //! The HorizontalPodAutoscaler that sets an instance's size.
 //!
 //! Its target is the `Memcached` itself, through the scale subresource (`.spec.size`, `.status.replicas`,
-//! `.status.selector`), not the Deployment: every change of size then goes through the operator like a
-//! change made by hand, with the same events, budget and (once pools drain) drain on shrink. The
+//! `.status.selector`), not the Deployment or StatefulSet: every change of size then goes through the
+//! operator like a change made by hand, with the same events, budget and drain on shrink. The
 //! operator never writes `spec.size`, so it never fights the autoscaler.
 //!
 //! Utilization is measured against the pods' requests, summed over every container. memcached always
@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::api::{AutoscalingConfig, ExporterConfig, Monitoring};
     use crate::resources::Defaults;
-    use crate::resources::testing::memcached;
+    use crate::resources::testing::{child_meta_json, memcached};
     use k8s_openapi::api::autoscaling::v2::{HPAScalingRules, HorizontalPodAutoscalerBehavior};
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -150,19 +150,7 @@ mod tests {
             json!({
                 "apiVersion": "autoscaling/v2",
                 "kind": "HorizontalPodAutoscaler",
-                "metadata": {
-                    "name": "cache",
-                    "namespace": "default",
-                    "labels": {
-                        "app.kubernetes.io/instance": "cache",
-                        "app.kubernetes.io/managed-by": "memcached-operator",
-                        "app.kubernetes.io/name": "memcached"
-                    },
-                    "ownerReferences": [{
-                        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache",
-                        "uid": "uid-1", "controller": true
-                    }]
-                },
+                "metadata": child_meta_json(),
                 "spec": {
                     "scaleTargetRef": {
                         "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache"

@@ -114,7 +114,7 @@ mod tests {
     use super::*;
     use crate::api::{ExporterConfig, Monitoring, NetworkPolicyConfig, Security};
     use crate::resources::Defaults;
-    use crate::resources::testing::memcached;
+    use crate::resources::testing::{child_meta_json, memcached};
     use k8s_openapi::api::networking::v1::IPBlock;
     use serde_json::json;
 
@@ -164,19 +164,7 @@ mod tests {
             json!({
                 "apiVersion": "networking.k8s.io/v1",
                 "kind": "NetworkPolicy",
-                "metadata": {
-                    "name": "cache",
-                    "namespace": "default",
-                    "labels": {
-                        "app.kubernetes.io/instance": "cache",
-                        "app.kubernetes.io/managed-by": "memcached-operator",
-                        "app.kubernetes.io/name": "memcached"
-                    },
-                    "ownerReferences": [{
-                        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": "cache",
-                        "uid": "uid-1", "controller": true
-                    }]
-                },
+                "metadata": child_meta_json(),
                 "spec": {
                     "podSelector": {"matchLabels": {
                         "app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached"

@@ -1,5 +1,6 @@
 //! The reconciler against a mocked API server: a scripted API server, caches as the watches would fill
-//! them, and the objects the scenarios start from. Shared by `tests/reconciler.rs` and `tests/pools.rs`.
+//! them, and the objects the scenarios start from. Shared by `tests/reconciler.rs`, `tests/pools.rs` and
+//! `tests/isolation.rs`.
 
 pub use std::collections::VecDeque;
 pub use std::sync::Arc;
@@ -421,6 +422,17 @@ pub fn condition<'a>(status: &'a Value, type_: &str) -> &'a Value {
         .unwrap_or_else(|| panic!("no {type_} condition in {status}"))
 }
 
+/// `memcached(size)` with the top-level spec fields of `spec` replaced.
+pub fn with_spec(size: i32, spec: Value) -> Memcached {
+    let mut mc = memcached(size);
+    let mut merged = serde_json::to_value(&mc.spec).unwrap();
+    for (k, v) in spec.as_object().unwrap() {
+        merged[k] = v.clone();
+    }
+    mc.spec = serde_json::from_value(merged).unwrap();
+    mc
+}
+
 /// The happy create path of a default instance of `size` pods. It puts what was applied into the
 /// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
 pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
@@ -483,15 +495,4 @@ pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
         script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
     }
     script
-}
-
-/// `memcached(size)` with the top-level spec fields of `spec` replaced.
-pub fn with_spec(size: i32, spec: Value) -> Memcached {
-    let mut mc = memcached(size);
-    let mut merged = serde_json::to_value(&mc.spec).unwrap();
-    for (k, v) in spec.as_object().unwrap() {
-        merged[k] = v.clone();
-    }
-    mc.spec = serde_json::from_value(merged).unwrap();
-    mc
 }

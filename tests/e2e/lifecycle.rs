@@ -4,6 +4,7 @@
 use crate::env::{E2e, preflight};
 use crate::events::holder_contains;
 use crate::invalid::{step_degraded, step_invalid, step_invalid_config};
+use crate::isolation::step_isolation;
 use crate::kubectl::{e2e_enabled, secs};
 use crate::leader_election::step_leader_handover;
 use crate::names::{CLEANUP_STEP, LEASE, OPERATOR_NS, SKIP_MESSAGE};
@@ -142,24 +143,30 @@ fn lifecycle() {
 
     env.step(
         19,
+        "NetworkPolicy and HorizontalPodAutoscaler follow spec.security.networkPolicy and spec.autoscaling",
+    );
+    step_isolation(&env);
+
+    env.step(
+        20,
         "StatefulSet pool memcached-pool: stable addresses published in slot order; a deleted pod keeps its slot",
     );
     step_statefulset_pool(&env);
 
     env.step(
-        20,
+        21,
         "warm rollout: one server at a time, warmupSeconds between replacements, the list unchanged",
     );
     step_warm_rollout(&env);
 
     env.step(
-        21,
+        22,
         "3 -> 2 drain: the list shrinks first, the highest ordinal goes after drainSeconds; delete the pool",
     );
     step_statefulset_drain(&env);
 
     env.step(
-        22,
+        23,
         "Deployment pool: a replaced pod keeps the slot; the drained pod is marked with the deletion cost and removed",
     );
     step_deployment_pool(&env);

@@ -43,15 +43,20 @@
 //! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
 //!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
 //! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
-//! 19. StatefulSet pool (`workload: StatefulSet`): the StatefulSet's shape, servers at stable DNS names published
+//! 19. network isolation and autoscaling: the NetworkPolicy (memcached port from the listed clients, metrics
+//!     port from the namespace) and the HorizontalPodAutoscaler (targeting the `Memcached`) are created, owned
+//!     and labelled; the autoscaler raises `spec.size` to `minSize` through the scale subresource and undoes a
+//!     `kubectl scale` below it (no metrics server needed); a deleted policy comes back; disabled, both go with
+//!     `Deleted` events and the size stays. Enforcement needs a network plugin and is not checked
+//! 20. StatefulSet pool (`workload: StatefulSet`): the StatefulSet's shape, servers at stable DNS names published
 //!     in slot order in `<name>-servers` (and its mcrouter config); a deleted pod comes back in its slot
-//! 20. warm rollout: a changed template replaces one server at a time, highest ordinal first, each created at
+//! 21. warm rollout: a changed template replaces one server at a time, highest ordinal first, each created at
 //!     least `warmupSeconds` after the previous one was ready; the published list never changes
-//! 21. 3 → 2 drain on the StatefulSet pool: slot 2 leaves the list (`Draining`) while its pod still runs; after
+//! 22. 3 → 2 drain on the StatefulSet pool: slot 2 leaves the list (`Draining`) while its pod still runs; after
 //!     `drainSeconds` exactly that pod goes (`Drained`); the instance is deleted
-//! 22. Deployment pool: a replaced pod's slot goes to its replacement, the others keep theirs; 3 → 2 marks
+//! 23. Deployment pool: a replaced pod's slot goes to its replacement, the others keep theirs; 3 → 2 marks
 //!     exactly the drained pod with `controller.kubernetes.io/pod-deletion-cost` and removes it after the drain
-//! 23. cleanup (always, also after a failure): see `impl Drop for E2e`
+//! 24. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
 //! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
 //! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
@@ -67,7 +72,7 @@
 //! - [`lifecycle`]: the one test, calling the steps in order;
 //! - one module per scenario, holding its steps and the checks only it needs: [`sample`] (steps 4, 6
 //!   to 8, 11), [`leader_election`] (5), [`invalid`] (9, 10, 16), [`production`] (12 to 14),
-//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`pools`] (19 to 22);
+//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`isolation`] (19), [`pools`] (20 to 23);
 //! - shared helpers: [`env`] (setup, the operator processes, diagnostics and cleanup), [`checks`]
 //!   (expectations on the operator's objects), [`events`] (events and the leader Lease), [`kubectl`]
 //!   (kubectl and process helpers), [`poll`] (waits with timeouts), [`http`] (the operator's
@@ -84,6 +89,7 @@ mod poll;
 mod lifecycle;
 
 mod invalid;
+mod isolation;
 mod leader_election;
 mod pools;
 mod production;

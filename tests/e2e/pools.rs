@@ -1,4 +1,4 @@
-//! Steps 19 to 22, cache-aware pools: the StatefulSet workload end to end (shape, stable addresses, the
+//! Steps 20 to 23, cache-aware pools: the StatefulSet workload end to end (shape, stable addresses, the
 //! published `<name>-servers` list), a replaced pod keeping its slot in both workloads, the 3→2 drain
 //! (the list shrinks before any pod goes; exactly the drained servers go after `drainSeconds`), and a warm
 //! rollout (`warmupSeconds` between two replacements).
@@ -109,7 +109,7 @@ fn timestamp(v: &Value, what: &str) -> Result<Timestamp, String> {
         .map_err(|e| format!("{what} {v}: {e}"))
 }
 
-/// Step 19: the StatefulSet pool comes up with its shape, stable addresses and published list; a deleted
+/// Step 20: the StatefulSet pool comes up with its shape, stable addresses and published list; a deleted
 /// pod comes back in its slot with the list unchanged.
 pub fn step_statefulset_pool(env: &E2e) {
     let ns = env.ns.as_str();
@@ -169,7 +169,7 @@ pub fn step_statefulset_pool(env: &E2e) {
     assert_eq!(published(ns, STS_POOL), Ok(want));
 }
 
-/// Step 20: a changed template replaces one server at a time, each new one ready for warmupSeconds before
+/// Step 21: a changed template replaces one server at a time, each new one ready for warmupSeconds before
 /// the next goes; the published list keeps its order throughout.
 pub fn step_warm_rollout(env: &E2e) {
     let ns = env.ns.as_str();
@@ -234,7 +234,7 @@ pub fn step_warm_rollout(env: &E2e) {
     }
 }
 
-/// Step 21: 3 → 2 on the StatefulSet pool: the list drops slot 2 while its pod still runs, and only after
+/// Step 22: 3 → 2 on the StatefulSet pool: the list drops slot 2 while its pod still runs, and only after
 /// drainSeconds does the StatefulSet shrink, removing exactly that pod. The instance is deleted.
 pub fn step_statefulset_drain(env: &E2e) {
     let ns = env.ns.as_str();
@@ -294,7 +294,7 @@ pub fn step_statefulset_drain(env: &E2e) {
     delete_instance(env, STS_POOL);
 }
 
-/// Step 22: the Deployment pool: a replaced pod's slot goes to its replacement (the others keep theirs),
+/// Step 23: the Deployment pool: a replaced pod's slot goes to its replacement (the others keep theirs),
 /// and 3 → 2 marks exactly the drained pod with the deletion cost and removes it after drainSeconds.
 pub fn step_deployment_pool(env: &E2e) {
     let ns = env.ns.as_str();

@@ -8,7 +8,8 @@ use axum::http::Method;
 use crate::checks::{lines, of, writes};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, PDBS, PODS, SECRETS, SERVICES, STATUS,
+    AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, NETWORK_POLICIES, PDBS,
+    PODS, SECRETS, SERVICES, STATUS,
 };
 use crate::fake_api::world::{World, memcached_named};
 use crate::harness::{IDENTITY, WAIT, http_get, run_once, start_run, stop_and_check_release};
@@ -38,6 +39,8 @@ async fn caches_may_sync_in_any_order() {
             (SERVICES, Duration::from_millis(1500)),
             (PODS, Duration::from_millis(1500)),
             (PDBS, Duration::from_millis(1500)),
+            (NETWORK_POLICIES, Duration::from_millis(1500)),
+            (AUTOSCALERS, Duration::from_millis(1500)),
             (SECRETS, Duration::from_millis(1500)),
         ],
         ..World::default()
@@ -50,11 +53,19 @@ async fn caches_may_sync_in_any_order() {
             .unwrap_or_else(|| panic!("no list of {path}"));
         list.at + Duration::from_millis(1500)
     };
-    let synced = [DEPLOYMENTS, SERVICES, PODS, PDBS, SECRETS]
-        .into_iter()
-        .map(listed)
-        .max()
-        .unwrap();
+    let synced = [
+        DEPLOYMENTS,
+        SERVICES,
+        PODS,
+        PDBS,
+        NETWORK_POLICIES,
+        AUTOSCALERS,
+        SECRETS,
+    ]
+    .into_iter()
+    .map(listed)
+    .max()
+    .unwrap();
     for name in &names {
         for path in [
             format!("{DEPLOYMENTS}/{name}"),

@@ -38,6 +38,8 @@ pub struct Options {
     pub operator: PathBuf,
     /// Extra arguments for the operator (`--concurrency=16`, …).
     pub operator_args: Vec<String>,
+    /// Environment variables for the operator (`TOKIO_WORKER_THREADS=1`, …); it gets no other.
+    pub operator_env: Vec<(String, String)>,
     /// Instances created at once.
     pub instances: usize,
     /// The fake's answer time for every request.
@@ -74,6 +76,9 @@ pub struct Report {
     pub cpu_total_seconds: f64,
     /// Peak resident memory of the operator (VmHWM).
     pub peak_rss_mib: f64,
+    /// CPU of the benchmark process itself (fake API server and kubelet) from t0 to the end, which
+    /// competes with the operator for the same cores.
+    pub fake_cpu_seconds: f64,
     /// Writes (any non-GET) during the settled window, and its length.
     pub settled_writes: usize,
     pub settle_seconds: u64,
@@ -92,13 +97,14 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     fake.serve(listener);
     tokio::spawn(kubelet::run(fake.clone(), kubelet_rx, options.pod_start));
 
-    let mut operator = Operator::start(&options.operator, &options.operator_args, addr)?;
+    let mut operator = Operator::start(options, addr)?;
     operator.wait_ready(Duration::from_secs(60)).await?;
     // The watches open right after the initial lists that make the operator ready: let them, so that the
     // requests counted from t0 are those the instances cost.
     tokio::time::sleep(WATCHES_OPEN).await;
     let cpu_startup = operator.cpu_seconds()?;
 
+    let fake_cpu_start = process::own_cpu_seconds().unwrap_or_default();
     let t0 = Instant::now();
     let first_request = {
         let mut store = fake.store();
@@ -147,6 +153,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     tokio::time::sleep(options.settle).await;
     operator.check_running()?;
     let cpu_total = operator.cpu_seconds()?;
+    let fake_cpu = process::own_cpu_seconds().unwrap_or_default() - fake_cpu_start;
     let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
     operator.stop();
 
@@ -186,6 +193,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         cpu_converge_seconds: cpu_converged - cpu_startup,
         cpu_total_seconds: cpu_total,
         peak_rss_mib,
+        fake_cpu_seconds: fake_cpu,
         settled_writes,
         settle_seconds: options.settle.as_secs(),
     })
@@ -222,6 +230,10 @@ impl Report {
             ),
             ("CPU, whole run", format!("{:.2} s", self.cpu_total_seconds)),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
+            (
+                "CPU of the fake API server",
+                format!("{:.2} s", self.fake_cpu_seconds),
+            ),
             (
                 "writes when settled",
                 format!("{} in {} s", self.settled_writes, self.settle_seconds),

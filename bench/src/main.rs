@@ -35,6 +35,10 @@ struct Cli {
     /// An extra argument for the operator, e.g. --operator-arg=--concurrency=16 (repeatable).
     #[arg(long = "operator-arg", allow_hyphen_values = true)]
     operator_args: Vec<String>,
+    /// An environment variable for the operator, e.g. --operator-env TOKIO_WORKER_THREADS=1 (repeatable;
+    /// the operator gets no other).
+    #[arg(long = "operator-env", value_parser = parse_env)]
+    operator_env: Vec<(String, String)>,
     /// Runs, each with a fresh fake API server and operator.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     runs: u32,
@@ -58,6 +62,7 @@ fn main() -> ExitCode {
     let options = Options {
         operator,
         operator_args: cli.operator_args.clone(),
+        operator_env: cli.operator_env.clone(),
         instances: cli.instances,
         latency: Duration::from_millis(cli.latency_ms),
         pod_start: Duration::from_millis(cli.pod_start_ms),
@@ -130,6 +135,13 @@ fn ranges(reports: &[Report]) -> String {
     out
 }
 
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(key, _)| !key.is_empty())
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
 /// Builds the release operator binary and returns its path.
 fn build_release() -> Result<PathBuf, String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -166,5 +178,12 @@ mod tests {
         assert_eq!(cli.instances, 5);
         assert_eq!(cli.operator_args, ["--concurrency=16"]);
         assert!(Cli::try_parse_from(["bench", "--runs", "0"]).is_err());
+        let cli =
+            Cli::try_parse_from(["bench", "--operator-env", "TOKIO_WORKER_THREADS=1"]).unwrap();
+        assert_eq!(
+            cli.operator_env,
+            [("TOKIO_WORKER_THREADS".into(), "1".into())]
+        );
+        assert!(Cli::try_parse_from(["bench", "--operator-env", "=1"]).is_err());
     }
 }

@@ -3,11 +3,13 @@
 
 use std::fs::File;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::Options;
 
 pub struct Operator {
     child: Child,
@@ -19,7 +21,8 @@ pub struct Operator {
 impl Operator {
     /// Starts `binary` against the API server at `api`, in every namespace and without leader election
     /// (a single replica), with only warnings logged (to a file in a scratch directory).
-    pub fn start(binary: &Path, extra_args: &[String], api: SocketAddr) -> Result<Self, String> {
+    pub fn start(options: &Options, api: SocketAddr) -> Result<Self, String> {
+        let binary = &options.operator;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -44,8 +47,9 @@ impl Operator {
             .arg("--metrics-bind-address=0")
             .arg(format!("--health-probe-bind-address={health}"))
             .arg("--log-level=warn")
-            .args(extra_args)
+            .args(&options.operator_args)
             .env_clear()
+            .envs(options.operator_env.iter().map(|(k, v)| (k, v)))
             .env("KUBECONFIG", &kubeconfig)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -139,6 +143,13 @@ pub fn cpu_ticks(stat: &str) -> Option<u64> {
     let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
     let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
     Some(utime + stime)
+}
+
+/// CPU time of this process (the fake API server and kubelet) so far: they share the machine with the
+/// operator, so their load is part of what a reader must know about the figures.
+pub fn own_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_ticks(&stat).map(|ticks| ticks as f64 / ticks_per_second())
 }
 
 fn ticks_per_second() -> f64 {

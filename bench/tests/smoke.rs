@@ -31,6 +31,7 @@ async fn a_small_run_converges_and_reports_every_figure() {
     let options = Options {
         operator: debug_operator(),
         operator_args: vec![],
+        operator_env: vec![],
         instances: 5,
         latency: Duration::from_millis(5),
         pod_start: Duration::from_millis(200),

@@ -399,6 +399,16 @@ impl Store {
         Some(obj)
     }
 
+    /// The events recorded so far, counted by reason (an event patched as a series counts once).
+    pub fn events_by_reason(&self) -> BTreeMap<String, usize> {
+        let mut reasons = BTreeMap::new();
+        for event in self.collections["events"].objects.values() {
+            let reason = event["reason"].as_str().unwrap_or("<none>").to_owned();
+            *reasons.entry(reason).or_insert(0) += 1;
+        }
+        reasons
+    }
+
     /// Deletes a pod by namespace and name, for the kubelet's scale-down.
     pub fn delete_pod(&mut self, namespace: &str, name: &str) {
         self.delete("pods", &(namespace.to_owned(), name.to_owned()));

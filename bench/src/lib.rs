@@ -68,6 +68,8 @@ pub struct Report {
     /// Of those, the ones refused (an HTTP status of 400 or more), by verb, resource and status.
     pub refused: BTreeMap<String, usize>,
     pub requests_per_instance: f64,
+    /// The events the operator recorded, by reason.
+    pub events: BTreeMap<String, usize>,
     /// Operator CPU (user + system) while starting and syncing the caches, before t0.
     pub cpu_startup_seconds: f64,
     /// Operator CPU from t0 until every instance was Available.
@@ -189,6 +191,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
         refused,
+        events: store.events_by_reason(),
         cpu_startup_seconds: cpu_startup,
         cpu_converge_seconds: cpu_converged - cpu_startup,
         cpu_total_seconds: cpu_total,
@@ -246,6 +249,13 @@ impl Report {
         for (what, count) in &self.requests {
             out.push_str(&format!(
                 "  {what:<40} {count:>7} {:>8.2}/instance\n",
+                *count as f64 / n
+            ));
+        }
+        out.push_str("events recorded, by reason:\n");
+        for (reason, count) in &self.events {
+            out.push_str(&format!(
+                "  {reason:<40} {count:>7} {:>8.2}/instance\n",
                 *count as f64 / n
             ));
         }

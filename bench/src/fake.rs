@@ -360,11 +360,11 @@ impl Store {
         if *old == changed {
             return changed;
         }
-        if old.get("spec") != changed.get("spec") {
+        let spec_changed = old.get("spec") != changed.get("spec");
+        if spec_changed {
             let generation = old["metadata"]["generation"].as_i64().unwrap_or(1);
             changed["metadata"]["generation"] = json!(generation + 1);
         }
-        let spec_changed = old.get("spec") != changed.get("spec");
         let obj = self.commit(plural, changed, false);
         if spec_changed {
             self.workload_changed(plural, &obj);

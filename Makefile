@@ -97,6 +97,18 @@ e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at.
 	fi
 	MEMCACHED_E2E=1 $(CARGO) test --test e2e -- --nocapture --test-threads=1
 
+# Scale benchmark (make bench): instances created at once, the fake API server's answer time per request,
+# and the length of the settled window in which writes are counted. ARGS passes more flags, e.g.
+# make bench ARGS="--runs 3 --json" or ARGS="--operator-arg=--concurrency=16" (cargo run -p bench -- --help).
+N ?= 300
+LATENCY_MS ?= 5
+SETTLE_SECONDS ?= 60
+
+.PHONY: bench
+bench: ## Run the scale benchmark: the release binary against a fake API server holding N instances.
+	$(CARGO) run --quiet --release --package bench -- --instances $(N) --latency-ms $(LATENCY_MS) \
+		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
+
 ##@ Build
 
 .PHONY: build

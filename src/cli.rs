@@ -7,6 +7,9 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 use crate::resources::DEFAULT_IMAGE;
 
+/// Default of `--concurrency`.
+pub const DEFAULT_CONCURRENCY: u16 = 64;
+
 /// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
 #[derive(Debug, Parser)]
 #[command(
@@ -73,7 +76,12 @@ pub struct RunArgs {
     pub namespace: Option<String>,
 
     /// Most instances reconciled at the same time.
-    #[arg(long, env = "CONCURRENCY", default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..))]
+    // A reconcile spends nearly all its time waiting for the API server, so the default is set by how many
+    // round trips may be in flight, not by cores: on `make bench` (300 instances, 5 ms per request) 64
+    // has every instance's children within about 0.5 s instead of 7.8 s with 4, at less CPU, and more
+    // gains little (0.4 s with 128) for about 6 MiB more memory. It stays well below the API server's
+    // default in-flight limits (400 reads, 200 writes).
+    #[arg(long, env = "CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
 
     /// Safety requeue of every instance after a successful reconcile (e.g. 300s, 5m, 1h).
@@ -159,6 +167,7 @@ mod tests {
         assert!(cli.command.is_none());
         assert!(cli.run.leader_elect);
         assert_eq!(cli.run.namespace.as_deref(), Some("a"));
+        assert_eq!(cli.run.concurrency, DEFAULT_CONCURRENCY);
 
         let cli = Cli::try_parse_from([
             "memcached-operator",

@@ -1,0 +1,270 @@
+//! Scale benchmark of memcached-operator (`make bench`): runs the operator binary against an in-process
+//! fake API server ([`fake`]) with a kubelet ([`kubelet`]), creates N instances at once, and measures how
+//! fast and how cheaply the operator converges ([`Report`]).
+//!
+//! The phases: the operator starts and syncs its caches (its `/readyz` answers); the N `Memcached`
+//! objects are created at once (t0); the run waits until every instance has its workload and Services
+//! ("children") and then until every instance reports `Available=True`; after a short grace period for
+//! trailing writes, it counts the writes of a settled window. The requests of the convergence are those
+//! from t0 to the start of the settled window.
+
+pub mod fake;
+pub mod kubelet;
+pub mod patch;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::fake::Fake;
+use crate::process::Operator;
+
+/// Writes that land within this long after the last instance became Available still count as converging
+/// (the last status patches and events of the last reconciles), not as writes of a settled operator.
+pub const GRACE: Duration = Duration::from_secs(2);
+
+/// How long after the operator is ready the instances are created.
+pub const WATCHES_OPEN: Duration = Duration::from_millis(500);
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// The operator binary.
+    pub operator: PathBuf,
+    /// Extra arguments for the operator (`--concurrency=16`, …).
+    pub operator_args: Vec<String>,
+    /// Environment variables for the operator (`TOKIO_WORKER_THREADS=1`, …); it gets no other.
+    pub operator_env: Vec<(String, String)>,
+    /// Instances created at once.
+    pub instances: usize,
+    /// The fake's answer time for every request.
+    pub latency: Duration,
+    /// From a pod's creation to its readiness.
+    pub pod_start: Duration,
+    /// Length of the settled window.
+    pub settle: Duration,
+    /// The run fails when the instances are not all Available by then.
+    pub timeout: Duration,
+}
+
+/// What a run measured. Times are seconds from the creation of the instances.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub instances: usize,
+    pub latency_ms: u64,
+    pub pod_start_ms: u64,
+    /// Until every instance had its workload and Services.
+    pub children_seconds: f64,
+    /// Until every instance's status had `Available=True`.
+    pub available_seconds: f64,
+    /// Requests from t0 to the settled window, by verb and resource.
+    pub requests: BTreeMap<String, usize>,
+    pub requests_total: usize,
+    /// Of those, the ones refused (an HTTP status of 400 or more), by verb, resource and status.
+    pub refused: BTreeMap<String, usize>,
+    pub requests_per_instance: f64,
+    /// The events the operator recorded, by reason.
+    pub events: BTreeMap<String, usize>,
+    /// Operator CPU (user + system) while starting and syncing the caches, before t0.
+    pub cpu_startup_seconds: f64,
+    /// Operator CPU from t0 until every instance was Available.
+    pub cpu_converge_seconds: f64,
+    /// Operator CPU from start to the end of the settled window.
+    pub cpu_total_seconds: f64,
+    /// Peak resident memory of the operator (VmHWM).
+    pub peak_rss_mib: f64,
+    /// CPU of the benchmark process itself (fake API server and kubelet) from t0 to the end, which
+    /// competes with the operator for the same cores.
+    pub fake_cpu_seconds: f64,
+    /// Writes (any non-GET) during the settled window, and its length.
+    pub settled_writes: usize,
+    pub settle_seconds: u64,
+}
+
+/// Runs the benchmark once.
+pub async fn run(options: &Options) -> Result<Report, String> {
+    let (kubelet_tx, kubelet_rx) = mpsc::unbounded_channel();
+    let fake = Fake::new(options.latency, kubelet_tx);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| format!("cannot listen: {e}"))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| format!("no address: {e}"))?;
+    fake.serve(listener);
+    tokio::spawn(kubelet::run(fake.clone(), kubelet_rx, options.pod_start));
+
+    let mut operator = Operator::start(options, addr)?;
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    // The watches open right after the initial lists that make the operator ready: let them, so that the
+    // requests counted from t0 are those the instances cost.
+    tokio::time::sleep(WATCHES_OPEN).await;
+    let cpu_startup = operator.cpu_seconds()?;
+
+    let fake_cpu_start = process::own_cpu_seconds().unwrap_or_default();
+    let t0 = Instant::now();
+    let first_request = {
+        let mut store = fake.store();
+        let first_request = store.requests.len();
+        for i in 0..options.instances {
+            let mc = json!({
+                "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                "metadata": {"name": format!("bench-{i:05}"), "namespace": "default"},
+                "spec": {"size": 1, "containerPort": 11211}
+            });
+            let created = store
+                .create("memcacheds", mc)
+                .map_err(|(_, e)| e.to_string())?;
+            let uid = created["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            store.progress.expected.insert(uid);
+        }
+        first_request
+    };
+
+    let deadline = t0 + options.timeout;
+    let available_at = loop {
+        if let Some(at) = fake.store().progress.available_at {
+            break at;
+        }
+        operator.check_running()?;
+        if Instant::now() > deadline {
+            let store = fake.store();
+            return Err(format!(
+                "after {:?}, {} of {} instances have their children and {} are Available; the \
+                 operator's log: {}",
+                options.timeout,
+                store.progress.complete(),
+                options.instances,
+                store.progress.available(),
+                operator.log_path().display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let cpu_converged = operator.cpu_seconds()?;
+    tokio::time::sleep(GRACE).await;
+    let settle_from = fake.store().requests.len();
+    tokio::time::sleep(options.settle).await;
+    operator.check_running()?;
+    let cpu_total = operator.cpu_seconds()?;
+    let fake_cpu = process::own_cpu_seconds().unwrap_or_default() - fake_cpu_start;
+    let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
+    operator.stop();
+
+    let store = fake.store();
+    let children_at = store.progress.children_at.unwrap_or(available_at);
+    let converging = &store.requests[first_request..settle_from];
+    let mut requests = BTreeMap::new();
+    for record in converging {
+        *requests
+            .entry(format!("{} {}", record.verb, record.resource))
+            .or_insert(0) += 1;
+    }
+    let mut refused = BTreeMap::new();
+    for record in converging.iter().filter(|r| r.code >= 400) {
+        *refused
+            .entry(format!(
+                "{} {} {}",
+                record.verb, record.resource, record.code
+            ))
+            .or_insert(0) += 1;
+    }
+    let settled_writes = store.requests[settle_from..]
+        .iter()
+        .filter(|r| r.is_write())
+        .count();
+    Ok(Report {
+        instances: options.instances,
+        latency_ms: options.latency.as_millis() as u64,
+        pod_start_ms: options.pod_start.as_millis() as u64,
+        children_seconds: (children_at - t0).as_secs_f64(),
+        available_seconds: (available_at - t0).as_secs_f64(),
+        requests_total: converging.len(),
+        requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
+        requests,
+        refused,
+        events: store.events_by_reason(),
+        cpu_startup_seconds: cpu_startup,
+        cpu_converge_seconds: cpu_converged - cpu_startup,
+        cpu_total_seconds: cpu_total,
+        peak_rss_mib,
+        fake_cpu_seconds: fake_cpu,
+        settled_writes,
+        settle_seconds: options.settle.as_secs(),
+    })
+}
+
+impl Report {
+    /// The report as a table, for people.
+    pub fn table(&self) -> String {
+        let n = self.instances.max(1) as f64;
+        let mut out = format!(
+            "memcached-operator scale benchmark: {} instances, {} ms per request, pods ready after {} ms\n\n",
+            self.instances, self.latency_ms, self.pod_start_ms
+        );
+        let rows = [
+            (
+                "all children exist",
+                format!("{:.2} s", self.children_seconds),
+            ),
+            ("all Available", format!("{:.2} s", self.available_seconds)),
+            (
+                "API requests to converge",
+                format!(
+                    "{} ({:.2} per instance)",
+                    self.requests_total, self.requests_per_instance
+                ),
+            ),
+            (
+                "CPU, start-up (before t0)",
+                format!("{:.2} s", self.cpu_startup_seconds),
+            ),
+            (
+                "CPU, converging",
+                format!("{:.2} s", self.cpu_converge_seconds),
+            ),
+            ("CPU, whole run", format!("{:.2} s", self.cpu_total_seconds)),
+            ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
+            (
+                "CPU of the fake API server",
+                format!("{:.2} s", self.fake_cpu_seconds),
+            ),
+            (
+                "writes when settled",
+                format!("{} in {} s", self.settled_writes, self.settle_seconds),
+            ),
+        ];
+        for (name, value) in rows {
+            out.push_str(&format!("{name:<28} {value}\n"));
+        }
+        out.push_str("\nrequests to converge, by verb and resource:\n");
+        for (what, count) in &self.requests {
+            out.push_str(&format!(
+                "  {what:<40} {count:>7} {:>8.2}/instance\n",
+                *count as f64 / n
+            ));
+        }
+        out.push_str("events recorded, by reason:\n");
+        for (reason, count) in &self.events {
+            out.push_str(&format!(
+                "  {reason:<40} {count:>7} {:>8.2}/instance\n",
+                *count as f64 / n
+            ));
+        }
+        if !self.refused.is_empty() {
+            out.push_str("of which refused, by verb, resource and status:\n");
+            for (what, count) in &self.refused {
+                out.push_str(&format!("  {what:<40} {count:>7}\n"));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,189 @@
+//! `cargo run --release -p bench` (`make bench`): the scale benchmark's command line. Builds the release
+//! operator binary unless `--operator` names one, runs the benchmark `--runs` times, and prints a table per
+//! run (and the ranges over the runs) or, with `--json`, the reports as JSON. Progress goes to stderr.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+use bench::{Options, Report};
+use clap::Parser;
+
+/// Runs the memcached-operator binary against an in-process fake API server holding N instances and
+/// reports how fast and how cheaply it converges.
+#[derive(Debug, Parser)]
+#[command(name = "bench")]
+struct Cli {
+    /// Instances created at once.
+    #[arg(long, short = 'n', default_value_t = 300)]
+    instances: usize,
+    /// The fake API server's answer time for every request, in milliseconds.
+    #[arg(long, default_value_t = 5)]
+    latency_ms: u64,
+    /// From a pod's creation to its readiness, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pod_start_ms: u64,
+    /// Length of the settled window in which writes are counted, in seconds.
+    #[arg(long, default_value_t = 60)]
+    settle_seconds: u64,
+    /// Give up when the instances are not all Available after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    timeout_seconds: u64,
+    /// The operator binary [default: build and run target/release/memcached-operator].
+    #[arg(long)]
+    operator: Option<PathBuf>,
+    /// An extra argument for the operator, e.g. --operator-arg=--concurrency=16 (repeatable).
+    #[arg(long = "operator-arg", allow_hyphen_values = true)]
+    operator_args: Vec<String>,
+    /// An environment variable for the operator, e.g. --operator-env TOKIO_WORKER_THREADS=1 (repeatable;
+    /// the operator gets no other).
+    #[arg(long = "operator-env", value_parser = parse_env)]
+    operator_env: Vec<(String, String)>,
+    /// Runs, each with a fresh fake API server and operator.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    runs: u32,
+    /// Print the reports as JSON (a list, one per run) instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let operator = match &cli.operator {
+        Some(path) => path.clone(),
+        None => match build_release() {
+            Ok(path) => path,
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        },
+    };
+    let options = Options {
+        operator,
+        operator_args: cli.operator_args.clone(),
+        operator_env: cli.operator_env.clone(),
+        instances: cli.instances,
+        latency: Duration::from_millis(cli.latency_ms),
+        pod_start: Duration::from_millis(cli.pod_start_ms),
+        settle: Duration::from_secs(cli.settle_seconds),
+        timeout: Duration::from_secs(cli.timeout_seconds),
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let mut reports = Vec::new();
+    for run in 1..=cli.runs {
+        eprintln!(
+            "run {run} of {}: {} instances against {}",
+            cli.runs,
+            cli.instances,
+            options.operator.display()
+        );
+        match runtime.block_on(bench::run(&options)) {
+            Ok(report) => {
+                if !cli.json {
+                    println!("{}", report.table());
+                }
+                reports.push(report);
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    if cli.json {
+        match serde_json::to_string_pretty(&reports) {
+            Ok(json) => println!("{json}"),
+            Err(error) => {
+                eprintln!("error: {error}");
+                return ExitCode::FAILURE;
+            }
+        }
+    } else if reports.len() > 1 {
+        println!("{}", ranges(&reports));
+    }
+    ExitCode::SUCCESS
+}
+
+/// A headline figure: its name, how to read it from a report, its unit.
+type Figure = (&'static str, fn(&Report) -> f64, &'static str);
+
+/// Minimum and maximum of the headline figures over the runs.
+fn ranges(reports: &[Report]) -> String {
+    let figures: [Figure; 7] = [
+        ("all children exist", |r| r.children_seconds, "s"),
+        ("all Available", |r| r.available_seconds, "s"),
+        ("requests per instance", |r| r.requests_per_instance, ""),
+        ("CPU, converging", |r| r.cpu_converge_seconds, "s"),
+        ("CPU, whole run", |r| r.cpu_total_seconds, "s"),
+        ("peak RSS", |r| r.peak_rss_mib, "MiB"),
+        ("writes when settled", |r| r.settled_writes as f64, ""),
+    ];
+    let mut out = format!("ranges over {} runs (min – max):\n", reports.len());
+    for (name, figure, unit) in figures {
+        let values = reports.iter().map(figure);
+        let min = values.clone().fold(f64::INFINITY, f64::min);
+        let max = values.fold(f64::NEG_INFINITY, f64::max);
+        out.push_str(&format!("{name:<28} {min:.2} – {max:.2} {unit}\n"));
+    }
+    out
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .filter(|(key, _)| !key.is_empty())
+        .map(|(key, value)| (key.to_owned(), value.to_owned()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// Builds the release operator binary and returns its path.
+fn build_release() -> Result<PathBuf, String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .ok_or("no workspace root")?;
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    eprintln!(
+        "building the release operator binary (cargo build --release --bin memcached-operator)"
+    );
+    let status = Command::new(cargo)
+        .args(["build", "--release", "--bin", "memcached-operator"])
+        .current_dir(root)
+        .status()
+        .map_err(|e| format!("cannot run cargo: {e}"))?;
+    if !status.success() {
+        return Err(format!("cargo build failed ({status})"));
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target"));
+    Ok(target.join("release").join("memcached-operator"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_is_well_formed_and_passes_operator_flags_through() {
+        Cli::command().debug_assert();
+        let cli = Cli::try_parse_from(["bench", "-n", "5", "--operator-arg", "--concurrency=16"])
+            .unwrap();
+        assert_eq!(cli.instances, 5);
+        assert_eq!(cli.operator_args, ["--concurrency=16"]);
+        assert!(Cli::try_parse_from(["bench", "--runs", "0"]).is_err());
+        let cli =
+            Cli::try_parse_from(["bench", "--operator-env", "TOKIO_WORKER_THREADS=1"]).unwrap();
+        assert_eq!(
+            cli.operator_env,
+            [("TOKIO_WORKER_THREADS".into(), "1".into())]
+        );
+        assert!(Cli::try_parse_from(["bench", "--operator-env", "=1"]).is_err());
+    }
+}

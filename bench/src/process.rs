@@ -1,0 +1,193 @@
+//! The operator process under measurement: started with a kubeconfig for the fake, probed on `/readyz`,
+//! and measured from `/proc` (CPU from `stat`, peak memory from `status`), as `top` would.
+
+use std::fs::File;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::Options;
+
+pub struct Operator {
+    child: Child,
+    dir: PathBuf,
+    health: SocketAddr,
+    ticks_per_second: f64,
+}
+
+impl Operator {
+    /// Starts `binary` against the API server at `api`, in every namespace and without leader election
+    /// (a single replica), with only warnings logged (to a file in a scratch directory).
+    pub fn start(options: &Options, api: SocketAddr) -> Result<Self, String> {
+        let binary = &options.operator;
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let dir =
+            std::env::temp_dir().join(format!("memcached-bench-{}-{nanos}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        let kubeconfig = dir.join("kubeconfig.yaml");
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n    server: http://{api}\n\
+             users:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: bench\n  context:\n    \
+             cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
+        );
+        std::fs::write(&kubeconfig, yaml)
+            .map_err(|e| format!("cannot write the kubeconfig: {e}"))?;
+        let health = free_port()?;
+        let log = File::create(dir.join("operator.log"))
+            .map_err(|e| format!("cannot create the operator's log: {e}"))?;
+        let child = Command::new(binary)
+            .arg("run")
+            .arg("--metrics-bind-address=0")
+            .arg(format!("--health-probe-bind-address={health}"))
+            .arg("--log-level=warn")
+            .args(&options.operator_args)
+            .env_clear()
+            .envs(options.operator_env.iter().map(|(k, v)| (k, v)))
+            .env("KUBECONFIG", &kubeconfig)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", binary.display()))?;
+        Ok(Self {
+            child,
+            dir,
+            health,
+            ticks_per_second: ticks_per_second(),
+        })
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.join("operator.log")
+    }
+
+    /// Fails when the operator has exited.
+    pub fn check_running(&mut self) -> Result<(), String> {
+        match self.child.try_wait() {
+            Ok(None) => Ok(()),
+            Ok(Some(status)) => Err(format!(
+                "the operator exited ({status}); its log: {}",
+                self.log_path().display()
+            )),
+            Err(e) => Err(format!("cannot wait for the operator: {e}")),
+        }
+    }
+
+    /// Waits until `/readyz` answers 200: the caches are synced and the controller runs.
+    pub async fn wait_ready(&mut self, timeout: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if readyz(self.health).await {
+                return Ok(());
+            }
+            self.check_running()?;
+            if Instant::now() > deadline {
+                return Err(format!("the operator was not ready within {timeout:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// User plus system CPU time so far.
+    pub fn cpu_seconds(&self) -> Result<f64, String> {
+        let path = format!("/proc/{}/stat", self.child.id());
+        let stat =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        cpu_ticks(&stat)
+            .map(|ticks| ticks as f64 / self.ticks_per_second)
+            .ok_or_else(|| format!("cannot read the CPU times in {path}"))
+    }
+
+    /// Peak resident set size (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64, String> {
+        let path = format!("/proc/{}/status", self.child.id());
+        let status =
+            std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+            .ok_or_else(|| format!("no VmHWM in {path}"))
+    }
+
+    /// Stops the operator and removes its scratch directory.
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// utime + stime, fields 14 and 15 of `/proc/<pid>/stat`, counted after the command name (which may hold
+/// spaces, so it is skipped up to its closing parenthesis).
+pub fn cpu_ticks(stat: &str) -> Option<u64> {
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // after_name starts at field 3 (state).
+    let utime: u64 = fields.get(14 - 3)?.parse().ok()?;
+    let stime: u64 = fields.get(15 - 3)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// CPU time of this process (the fake API server and kubelet) so far: they share the machine with the
+/// operator, so their load is part of what a reader must know about the figures.
+pub fn own_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_ticks(&stat).map(|ticks| ticks as f64 / ticks_per_second())
+}
+
+fn ticks_per_second() -> f64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.trim().parse().ok())
+        .unwrap_or(100.0)
+}
+
+fn free_port() -> Result<SocketAddr, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map_err(|e| format!("no free port: {e}"))
+}
+
+async fn readyz(addr: SocketAddr) -> bool {
+    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
+        return false;
+    };
+    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
+    if stream.write_all(request.as_bytes()).await.is_err() {
+        return false;
+    }
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    answer.starts_with(b"HTTP/1.1 200") || answer.starts_with(b"HTTP/1.0 200")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_times_are_read_after_a_command_name_with_spaces() {
+        let stat = "42 (memcached op) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
+        assert_eq!(cpu_ticks(stat), Some(300));
+    }
+}

@@ -762,18 +762,14 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     let recovered = run(
         &mut cluster,
         recorded,
-        vec![
-            expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2")),
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, SERVICES).apply(),
-            event(),
-            expect(Method::PATCH, HEADLESS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
+        [
+            vec![expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2"))],
+            created_children(DEPLOYMENTS, 1),
+            vec![expect(Method::PATCH, STATUS).apply()],
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     )
     .await;
     recovered.result.unwrap();
@@ -881,18 +877,13 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
     let run = run(
         &mut cluster,
         mc,
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            event(),
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, SERVICES).apply(),
-            event(),
-            expect(Method::PATCH, HEADLESS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-            event(),
-        ],
+        [
+            created_children(DEPLOYMENTS, 1),
+            vec![expect(Method::PATCH, STATUS).apply(), event()],
+        ]
+        .into_iter()
+        .flatten()
+        .collect(),
     )
     .await;
     assert_eq!(

@@ -85,3 +85,27 @@ fn init_logging(args: &RunArgs) -> Result<(), String> {
     };
     result.map_err(|e| format!("cannot set up logging: {e}"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::log_directives;
+
+    #[test]
+    fn plain_levels_up_to_info_quiet_kube_per_request_failures() {
+        for level in ["info", "WARN", "error"] {
+            let directives = log_directives(level);
+            assert!(directives.starts_with(level), "{directives}");
+            assert!(
+                directives.contains("kube_client::client::builder=off"),
+                "{directives}"
+            );
+            assert!(
+                tracing_subscriber::EnvFilter::try_new(&directives).is_ok(),
+                "{directives}"
+            );
+        }
+        for given in ["debug", "trace", "info,kube=debug"] {
+            assert_eq!(log_directives(given), given, "taken as given");
+        }
+    }
+}

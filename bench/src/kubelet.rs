@@ -88,11 +88,12 @@ fn pod(
         labels["statefulset.kubernetes.io/pod-name"] = json!(name);
     }
     let uid = workload["metadata"]["uid"].as_str().unwrap_or_default();
-    // A stable address per pod, different for every workload.
+    // A stable address per pod, different for every workload, in the loopback range: the operator
+    // connects to ready pods' addresses (operand telemetry), and nothing may leave this machine.
     let seed = uid
         .bytes()
         .fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b.into()));
-    let ip = format!("10.{}.{}.{}", (seed >> 8) % 250, seed % 250, i % 250 + 1);
+    let ip = format!("127.{}.{}.{}", (seed >> 8) % 250, seed % 250, i % 250 + 1);
     let condition = |kind: &str, on: bool| json!({"type": kind, "status": if on { "True" } else { "False" }, "lastTransitionTime": TIMESTAMP});
     let containers: Vec<Value> = template["spec"]["containers"]
         .as_array()
@@ -109,12 +110,12 @@ fn pod(
         })
         .collect();
     let status = if ready {
-        json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "10.0.0.1",
+        json!({"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}], "hostIP": "127.0.0.1",
                "startTime": TIMESTAMP, "containerStatuses": containers,
                "conditions": [condition("PodScheduled", true), condition("Initialized", true),
                               condition("ContainersReady", true), condition("Ready", true)]})
     } else {
-        json!({"phase": "Pending", "hostIP": "10.0.0.1", "startTime": TIMESTAMP,
+        json!({"phase": "Pending", "hostIP": "127.0.0.1", "startTime": TIMESTAMP,
                "containerStatuses": containers,
                "conditions": [condition("PodScheduled", true), condition("Initialized", true),
                               condition("ContainersReady", false), condition("Ready", false)]})

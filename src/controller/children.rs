@@ -11,6 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::Error;
+use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
 /// A child after [`ensure`]: what it looks like now and, when it was applied, what it looked like before.
@@ -22,18 +23,31 @@ pub struct Applied<K> {
     pub changed: bool,
 }
 
-/// Cached child `name` of `instance`, refusing one that another owner controls.
-fn cached<K>(
-    instance: &Instance<'_>,
-    name: &str,
-    store: &Store<K>,
-    dt: &K::DynamicType,
-) -> Result<Option<Arc<K>>, Error>
+/// Where a child is read from and its writes are remembered.
+pub struct Source<'a, K: Resource + 'static>
 where
-    K: Resource + Clone,
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    pub store: &'a Store<K>,
+    pub written: &'a Written,
+    pub dt: &'a K::DynamicType,
+}
+
+/// Child `name` of `instance` as last seen (the cache, or this operator's own newer write), refusing one
+/// that another owner controls.
+fn cached<K>(instance: &Instance<'_>, name: &str, source: &Source<'_, K>) -> Result<Option<Arc<K>>, Error>
+where
+    K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
-    let Some(live) = store.get(&ObjectRef::new_with(name, dt.clone()).within(instance.namespace))
+    let dt = source.dt;
+    let in_cache = source
+        .store
+        .get(&ObjectRef::new_with(name, dt.clone()).within(instance.namespace));
+    let Some(live) = source
+        .written
+        .fresher(instance.namespace, name, dt, in_cache)
+        .object
     else {
         return Ok(None);
     };
@@ -56,17 +70,17 @@ where
 pub async fn ensure<K>(
     instance: &Instance<'_>,
     desired: K,
-    store: &Store<K>,
+    source: &Source<'_, K>,
     api: Api<K>,
-    dt: &K::DynamicType,
 ) -> Result<Applied<K>, Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
+    let dt = source.dt;
     let name = desired.name_any();
     let desired = drift::stamp(desired);
-    let live = cached(instance, &name, store, dt)?;
+    let live = cached(instance, &name, source)?;
     if let Some(live) = &live
         && drift::is_up_to_date(live.as_ref(), &desired)
     {
@@ -86,8 +100,10 @@ where
             source,
         })?;
     applied.meta_mut().managed_fields = None;
+    let applied = Arc::new(applied);
+    source.written.remember(applied.clone(), dt);
     Ok(Applied {
-        current: Arc::new(applied),
+        current: applied,
         previous: live,
         changed: true,
     })
@@ -98,24 +114,30 @@ where
 pub async fn remove<K>(
     instance: &Instance<'_>,
     name: &str,
-    store: &Store<K>,
+    source: &Source<'_, K>,
     api: Api<K>,
-    dt: &K::DynamicType,
 ) -> Result<bool, Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
-    if cached(instance, name, store, dt)?.is_none() {
+    let dt = source.dt;
+    // One already on its way out needs no second delete.
+    let Some(live) = cached(instance, name, source)?.filter(|l| l.meta().deletion_timestamp.is_none())
+    else {
         return Ok(false);
-    }
+    };
     match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(true),
-        Err(source) => Err(Error::Delete {
-            kind: K::kind(dt).into_owned(),
-            name: name.to_owned(),
-            source,
-        }),
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 404 => {}
+        Err(source) => {
+            return Err(Error::Delete {
+                kind: K::kind(dt).into_owned(),
+                name: name.to_owned(),
+                source,
+            });
+        }
     }
+    source.written.remember_deleted(live.as_ref(), dt);
+    Ok(true)
 }

@@ -4,7 +4,9 @@
 //! action and object, but not on the note, so "Scaled from 1 to 3" followed by "Scaled from 3 to 5" would
 //! show as the first note seen twice. Here each distinct note gets its own `Recorder`: identical events
 //! still fold into a series, different ones stay separate. Recorders unused for longer than the series
-//! window are dropped, which bounds memory.
+//! window are dropped, and at most [`MOST_RECORDERS`] are kept (the least recently used goes first): each
+//! holds a copy of its last event, and a burst of creations would otherwise keep one per instance for the
+//! whole window. A dropped recorder only means that a repeat of its event starts a new series.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
@@ -18,6 +20,9 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 /// How long a recorder (and so a series) is kept after its last use; kube's series window is 6 minutes.
 const IDLE: Duration = Duration::from_secs(6 * 60);
+
+/// Most recorders kept at once.
+pub const MOST_RECORDERS: usize = 64;
 
 pub struct Publisher {
     client: Client,
@@ -49,6 +54,15 @@ impl Publisher {
         let now = Instant::now();
         let mut recorders = self.recorders.lock().unwrap_or_else(|e| e.into_inner());
         recorders.retain(|_, (_, used)| now.duration_since(*used) < IDLE);
+        if !recorders.contains_key(&key) && recorders.len() >= MOST_RECORDERS {
+            let oldest = recorders
+                .iter()
+                .min_by_key(|(_, (_, used))| *used)
+                .map(|(key, _)| *key);
+            if let Some(oldest) = oldest {
+                recorders.remove(&oldest);
+            }
+        }
         let entry = recorders.entry(key).or_insert_with(|| {
             (
                 Recorder::new(self.client.clone(), self.reporter.clone()),
@@ -67,4 +81,49 @@ fn key(event: &Event) -> u64 {
     event.action.hash(&mut hasher);
     event.note.hash(&mut hasher);
     hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn publisher() -> Publisher {
+        let (service, _handle) = tower_test::mock::pair::<
+            http::Request<kube::client::Body>,
+            http::Response<kube::client::Body>,
+        >();
+        let client = Client::new(service, "default");
+        let reporter = Reporter {
+            controller: "test".into(),
+            instance: None,
+        };
+        Publisher::new(client, reporter)
+    }
+
+    fn event(note: &str) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: "Created".into(),
+            note: Some(note.into()),
+            action: "Create".into(),
+            secondary: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn recorders_are_per_note_and_bounded() {
+        let publisher = publisher();
+        let count = || publisher.recorders.lock().unwrap().len();
+        publisher.recorder_for(&event("Created Deployment a"));
+        publisher.recorder_for(&event("Created Deployment a"));
+        assert_eq!(count(), 1, "the same event shares its recorder (and series)");
+        for i in 0..200 {
+            publisher.recorder_for(&event(&format!("Created Deployment {i}")));
+        }
+        assert_eq!(count(), MOST_RECORDERS);
+        let newest = key(&event("Created Deployment 199"));
+        assert!(publisher.recorders.lock().unwrap().contains_key(&newest));
+        let evicted = key(&event("Created Deployment a"));
+        assert!(!publisher.recorders.lock().unwrap().contains_key(&evicted));
+    }
 }

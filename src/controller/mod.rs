@@ -4,15 +4,19 @@
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
 
 mod backoff;
+mod changes;
 mod children;
 pub mod connectivity;
 mod error;
 mod events;
+mod finalizer;
+mod pace;
 mod pool;
 mod reconcile;
 mod secrets;
 mod watch_retry;
 mod watches;
+mod written;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,6 +39,7 @@ pub use events::Publisher;
 pub use reconcile::{error_policy, reconcile};
 pub use secrets::SecretHashes;
 pub use watches::{RunOptions, pod_owner, run, trim_pod};
+pub use written::Written;
 
 use crate::api::Memcached;
 use crate::metrics::Metrics;
@@ -56,6 +61,9 @@ pub struct Settings {
     pub backoff_max: Duration,
     /// Time limit for best-effort side steps (events, status during deletion).
     pub side_step_timeout: Duration,
+    /// Least time between two status writes of one instance that only move counts and conditions (see
+    /// `pace`); zero writes every change at once.
+    pub status_pace: Duration,
 }
 
 impl Default for Settings {
@@ -66,6 +74,7 @@ impl Default for Settings {
             backoff_base: Duration::from_secs(1),
             backoff_max: Duration::from_secs(300),
             side_step_timeout: Duration::from_secs(5),
+            status_pace: Duration::from_secs(1),
         }
     }
 }
@@ -108,6 +117,10 @@ pub struct Context {
     pub clock: Clock,
     /// Hashes of the referenced Secrets' values, per Secret version.
     pub secret_hashes: SecretHashes,
+    /// The answers to this operator's latest writes, until the caches catch up (read-your-writes).
+    pub written: Written,
+    /// When each instance's status was last written, to pace the writes that can wait.
+    pub pace: pace::Pace,
 }
 
 impl Context {
@@ -127,6 +140,7 @@ impl Context {
             },
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
+        let pace = pace::Pace::new(settings.status_pace);
         Self {
             client,
             settings,
@@ -136,6 +150,8 @@ impl Context {
             backoff,
             clock,
             secret_hashes: SecretHashes::default(),
+            written: Written::default(),
+            pace,
         }
     }
 }

@@ -13,7 +13,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::finalizer::{Event as FinalizerEvent, finalizer};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
 use serde::Serialize;
@@ -21,11 +20,13 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
-use super::children;
+use super::changes::Changes;
+use super::children::{self, Source};
+use super::finalizer::{self, Phase};
 use super::pool;
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
-use crate::api::{Drain, FINALIZER, Memcached, MemcachedStatus, Server, Workload};
+use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
 use crate::resources::scaling::Step;
 use crate::resources::{
     Instance, autoscaler, deployment, labels, network_policy, pdb, servers, service,
@@ -37,28 +38,9 @@ use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
     ctx.metrics.set_instances(ctx.stores.memcacheds.len());
+    ctx.written.prune();
     let key = ObjectRef::from_obj(mc.as_ref());
-    let result = match mc.namespace() {
-        None => Err(Error::Malformed("it has no namespace".into())),
-        Some(namespace) => {
-            let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
-            let result = finalizer(&api, FINALIZER, mc.clone(), |event| async {
-                match event {
-                    FinalizerEvent::Apply(mc) => apply(&mc, &ctx).await,
-                    FinalizerEvent::Cleanup(mc) => cleanup(&mc, &ctx).await,
-                }
-            })
-            .await;
-            if gone_meanwhile(&result) {
-                // The instance was deleted while this reconcile ran (or another replica removed the
-                // finalizer just before, as after a leader hand-over): the work is done.
-                debug!(memcached = %key, "already deleted; nothing left to do");
-                Ok(Action::await_change())
-            } else {
-                result.map_err(Error::from)
-            }
-        }
-    };
+    let result = reconcile_instance(mc.clone(), &ctx).await;
     match &result {
         Ok(action) => {
             ctx.backoff.reset(&key);
@@ -75,14 +57,49 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     result
 }
 
-/// Whether adding or removing the finalizer found the instance gone (404): nothing is left to reconcile.
-fn gone_meanwhile(result: &Result<Action, kube::runtime::finalizer::Error<Error>>) -> bool {
-    use kube::runtime::finalizer::Error as F;
-    matches!(
-        result,
-        Err(F::AddFinalizer(kube::Error::Api(status)) | F::RemoveFinalizer(kube::Error::Api(status)))
-            if status.code == 404
-    )
+/// The finalizer's part (see [`finalizer`]), then apply or cleanup. The instance is read as this operator
+/// last wrote it when the cache has not caught up with that write yet.
+async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action, Error> {
+    let Some(namespace) = mc.namespace() else {
+        return Err(Error::Malformed("it has no namespace".into()));
+    };
+    let name = mc.name_any();
+    let mc = ctx
+        .written
+        .fresher(&namespace, &name, &(), Some(mc.clone()))
+        .object
+        .unwrap_or(mc);
+    let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
+    let gone = || {
+        // Deleted while this reconcile ran (or another replica removed the finalizer just before, as
+        // after a leader hand-over): the work is done.
+        debug!(memcached = %name, %namespace, "already deleted; nothing left to do");
+        Ok(Action::await_change())
+    };
+    match finalizer::phase(&mc) {
+        Phase::Gone => gone(),
+        Phase::Apply => apply(&mc, ctx).await,
+        Phase::AddThenApply => {
+            match finalizer::send(&api, &mc, finalizer::add_patch(&mc)).await? {
+                Some(patched) => {
+                    let patched = Arc::new(patched);
+                    ctx.written.remember(patched.clone(), &());
+                    apply(&patched, ctx).await
+                }
+                None => gone(),
+            }
+        }
+        Phase::Cleanup => {
+            let action = cleanup(&mc, ctx).await?;
+            let Some(patch) = finalizer::remove_patch(&mc) else {
+                return Ok(action);
+            };
+            match finalizer::send(&api, &mc, patch).await? {
+                Some(_) => Ok(action),
+                None => gone(),
+            }
+        }
+    }
 }
 
 /// Retry policy for failed reconciles: per-object exponential backoff with jitter.
@@ -91,7 +108,6 @@ pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Ac
 }
 
 async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
-    let requeue = Action::requeue(ctx.settings.requeue_after);
     let workload = || pool::cached_workload(ctx, mc);
     let instance = match Instance::new(mc, &ctx.settings.defaults) {
         Ok(instance) => instance,
@@ -99,30 +115,40 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
             // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
             // cannot help, so report it and wait.
             let selector = valid_selector(mc);
-            report(mc, ctx, workload(), None, Some(invalid.into()), selector).await?;
-            return Ok(requeue);
+            let held = report(mc, ctx, workload(), None, Some(invalid.into()), selector).await?;
+            return Ok(requeue_within(ctx, [held]));
         }
     };
     let selector = Some(labels::selector_string(instance.name));
     if let Some(changed) = pool::workload_changed(ctx, &instance, mc) {
-        report(mc, ctx, workload(), None, Some(changed), selector).await?;
-        return Ok(requeue);
+        let held = report(mc, ctx, workload(), None, Some(changed), selector).await?;
+        return Ok(requeue_within(ctx, [held]));
     }
     let secret_hash = match secrets::resolve(ctx, &instance).await {
         Ok(Resolved::Ready(hash)) => hash,
         Ok(Resolved::Missing(missing)) => {
             // The Secret watch brings the instance back as soon as the Secret appears or changes.
-            report(mc, ctx, workload(), None, Some(missing.into()), selector).await?;
-            return Ok(requeue);
+            let held = report(mc, ctx, workload(), None, Some(missing.into()), selector).await?;
+            return Ok(requeue_within(ctx, [held]));
         }
         Err(error) => {
             return Err(fail(mc, ctx, error, workload(), selector).await);
         }
     };
-    match apply_children(mc, &instance, secret_hash.as_deref(), ctx).await {
+    let mut changes = Changes::default();
+    let applied = apply_children(mc, &instance, secret_hash.as_deref(), ctx, &mut changes).await;
+    if changes.workload_changed() {
+        // The workload's status, and so the instance's, moves on within a moment by itself.
+        ctx.pace.wrote(instance.namespace, instance.name);
+    }
+    // What was changed is recorded even when a later child failed.
+    changes
+        .publish(ctx, &mc.object_ref(&()), &instance)
+        .await;
+    match applied {
         Ok(applied) => {
             let published = Some((applied.servers, applied.drain));
-            report(
+            let held = report(
                 mc,
                 ctx,
                 Some(applied.workload),
@@ -131,13 +157,19 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
                 selector,
             )
             .await?;
-            Ok(match applied.wait {
-                Some(wait) if wait < ctx.settings.requeue_after => Action::requeue(wait),
-                _ => requeue,
-            })
+            Ok(requeue_within(ctx, [held, applied.wait]))
         }
         Err(error) => Err(fail(mc, ctx, error, workload(), selector).await),
     }
+}
+
+/// The safety requeue, or sooner when something is due sooner (a held-back status, a drain).
+fn requeue_within<const N: usize>(ctx: &Context, due: [Option<Duration>; N]) -> Action {
+    let after = due
+        .into_iter()
+        .flatten()
+        .fold(ctx.settings.requeue_after, Duration::min);
+    Action::requeue(after)
 }
 
 /// Records an error worth a condition in the status (best effort) and hands it back for the retry.
@@ -148,6 +180,7 @@ async fn fail(
     workload: Option<WorkloadStatus>,
     selector: Option<String>,
 ) -> Error {
+    // The retry after the error's backoff writes a status held back here.
     if let Some(problem) = error.problem()
         && let Err(e) = report(mc, ctx, workload, None, Some(problem), selector).await
     {
@@ -176,23 +209,20 @@ struct Children {
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
 /// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional
-/// ones that are no longer wanted, and records what changed as events. The server list goes before the
-/// workload, so a scale-down is published before any server is removed.
+/// ones that are no longer wanted, and records what changed in `changes`. The server list goes before
+/// the workload, so a scale-down is published before any server is removed.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
     secret_hash: Option<&str>,
     ctx: &Context,
+    changes: &mut Changes,
 ) -> Result<Children, Error> {
     let reference = mc.object_ref(&());
     let stores = &ctx.stores;
     let (client, ns) = (&ctx.client, instance.namespace);
     let plan = pool::plan(ctx, mc, instance);
-    let scope = Scope {
-        ctx,
-        reference: &reference,
-        instance,
-    };
+    let scope = Scope { ctx, instance };
     for step in &plan.steps {
         if let Step::Cancelled { from, to, size } = step {
             let note = format!(
@@ -214,14 +244,13 @@ async fn apply_children(
     let applied = children::ensure(
         instance,
         list,
-        &stores.config_maps,
+        &scope.source(&stores.config_maps, &()),
         Api::namespaced(client.clone(), ns),
-        &(),
     )
     .await?;
+    // The list changes with every server that comes and goes: only its creation is worth an event.
     if applied.changed && applied.previous.is_none() {
-        let event = created_or_updated("ConfigMap", &name, false);
-        record(ctx, &reference, instance, event).await;
+        changes.created(format!("ConfigMap {name}"));
     }
     for step in &plan.steps {
         if let Step::Draining { from, to } = step {
@@ -238,7 +267,7 @@ async fn apply_children(
         Workload::Deployment => {
             let desired = deployment::deployment(instance, plan.replicas, secret_hash);
             let applied =
-                ensure_workload(&scope, desired, &stores.deployments, plan.replicas, |d| {
+                ensure_workload(&scope, desired, &stores.deployments, plan.replicas, changes, |d| {
                     d.spec.as_ref().and_then(|s| s.replicas)
                 })
                 .await?;
@@ -247,7 +276,7 @@ async fn apply_children(
         Workload::StatefulSet => {
             let desired = statefulset::statefulset(instance, plan.replicas, secret_hash);
             let applied =
-                ensure_workload(&scope, desired, &stores.statefulsets, plan.replicas, |s| {
+                ensure_workload(&scope, desired, &stores.statefulsets, plan.replicas, changes, |s| {
                     s.spec.as_ref().and_then(|s| s.replicas)
                 })
                 .await?;
@@ -272,9 +301,9 @@ async fn apply_children(
             &scope,
             &name,
             desired,
-            &stores.services,
+            &scope.source(&stores.services, &()),
             services.clone(),
-            &(),
+            changes,
         )
         .await?;
     }
@@ -283,9 +312,9 @@ async fn apply_children(
         &scope,
         instance.name,
         pdb::pdb(instance),
-        &stores.pdbs,
+        &scope.source(&stores.pdbs, &()),
         pdbs,
-        &(),
+        changes,
     )
     .await?;
     let network_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
@@ -293,9 +322,9 @@ async fn apply_children(
         &scope,
         instance.name,
         network_policy::network_policy(instance),
-        &stores.network_policies,
+        &scope.source(&stores.network_policies, &()),
         network_policies,
-        &(),
+        changes,
     )
     .await?;
     let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
@@ -303,9 +332,9 @@ async fn apply_children(
         &scope,
         instance.name,
         autoscaler::autoscaler(instance),
-        &stores.autoscalers,
+        &scope.source(&stores.autoscalers, &()),
         autoscalers,
-        &(),
+        changes,
     )
     .await?;
 
@@ -315,7 +344,8 @@ async fn apply_children(
         Some(store) => {
             let resource = service_monitor::api_resource();
             let api = Api::namespaced_with(client.clone(), ns, &resource);
-            sync_child(&scope, instance.name, monitor, store, api, &resource).await?;
+            let source = scope.source(store, &resource);
+            sync_child(&scope, instance.name, monitor, &source, api, changes).await?;
         }
         None if monitor.is_some() => {
             problem = Some(Problem {
@@ -343,6 +373,7 @@ async fn ensure_workload<K>(
     desired: K,
     store: &Store<K>,
     replicas: i32,
+    changes: &mut Changes,
     replicas_of: fn(&K) -> Option<i32>,
 ) -> Result<Arc<K>, Error>
 where
@@ -350,45 +381,51 @@ where
         + Clone
         + Serialize
         + DeserializeOwned
-        + Debug,
+        + Debug
+        + Send
+        + Sync
+        + 'static,
 {
     let (instance, kind) = (scope.instance, K::kind(&()));
     let api = Api::namespaced(scope.ctx.client.clone(), instance.namespace);
-    let applied = children::ensure(instance, desired, store, api, &()).await?;
+    let applied = children::ensure(instance, desired, &scope.source(store, &()), api).await?;
     if applied.changed {
+        changes.workload();
         let name = instance.name;
         // A workload without replicas has the API server's default, 1.
         let before = applied
             .previous
             .as_deref()
             .map(|p| replicas_of(p).unwrap_or(1));
-        let event = match before {
-            None => normal(
-                "Created",
-                "Create",
-                format!("Created {kind} {name} with {replicas} replicas"),
-            ),
-            Some(before) if before != replicas => normal(
-                "Scaled",
-                "Scale",
-                format!("Scaled {kind} {name} from {before} to {replicas} replicas"),
-            ),
-            Some(_) => normal(
-                "Updated",
-                "Update",
-                format!("Updated {kind} {name} to match the spec"),
-            ),
-        };
-        record(scope.ctx, scope.reference, instance, event).await;
+        match before {
+            None => changes.created(format!("{kind} {name} with {replicas} replicas")),
+            Some(before) if before != replicas => {
+                changes.scaled(format!("{kind} {name} from {before} to {replicas} replicas"))
+            }
+            Some(_) => changes.updated(format!("{kind} {name}")),
+        }
     }
     Ok(applied.current)
 }
 
-/// What events about an instance's children refer to.
+/// The instance being reconciled, and where its children are read from.
 struct Scope<'a> {
     ctx: &'a Context,
-    reference: &'a ObjectReference,
     instance: &'a Instance<'a>,
+}
+
+impl Scope<'_> {
+    fn source<'s, K>(&'s self, store: &'s Store<K>, dt: &'s K::DynamicType) -> Source<'s, K>
+    where
+        K: Resource + 'static,
+        K::DynamicType: Eq + Hash,
+    {
+        Source {
+            store,
+            written: &self.ctx.written,
+            dt,
+        }
+    }
 }
 
 /// Applies the optional child `name` as `desired`, or deletes it when nothing is desired (and the cache
@@ -397,63 +434,47 @@ async fn sync_child<K>(
     scope: &Scope<'_>,
     name: &str,
     desired: Option<K>,
-    store: &Store<K>,
+    source: &Source<'_, K>,
     api: Api<K>,
-    dt: &K::DynamicType,
+    changes: &mut Changes,
 ) -> Result<(), Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug,
+    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + Hash,
 {
-    let kind = K::kind(dt);
-    let event = match desired {
+    let what = format!("{} {name}", K::kind(source.dt));
+    match desired {
         Some(desired) => {
-            let applied = children::ensure(scope.instance, desired, store, api, dt).await?;
-            applied
-                .changed
-                .then(|| created_or_updated(&kind, name, applied.previous.is_some()))
+            let applied = children::ensure(scope.instance, desired, source, api).await?;
+            match (applied.changed, applied.previous.is_some()) {
+                (true, false) => changes.created(what),
+                (true, true) => changes.updated(what),
+                (false, _) => {}
+            }
         }
-        None => children::remove(scope.instance, name, store, api, dt)
-            .await?
-            .then(|| {
-                normal(
-                    "Deleted",
-                    "Delete",
-                    format!("Deleted {kind} {name}: the spec no longer wants it"),
-                )
-            }),
-    };
-    if let Some(event) = event {
-        record(scope.ctx, scope.reference, scope.instance, event).await;
+        None => {
+            if children::remove(scope.instance, name, source, api).await? {
+                changes.deleted(what);
+            }
+        }
     }
     Ok(())
 }
 
-fn created_or_updated(kind: &str, name: &str, existed: bool) -> Event {
-    if existed {
-        normal(
-            "Updated",
-            "Update",
-            format!("Updated {kind} {name} to match the spec"),
-        )
-    } else {
-        normal("Created", "Create", format!("Created {kind} {name}"))
-    }
-}
-
-/// Logs and publishes an event about a child.
+/// Logs and publishes an event about the instance's pool (drain steps).
 async fn record(ctx: &Context, reference: &ObjectReference, instance: &Instance<'_>, event: Event) {
     info!(
         memcached = %instance.name,
         namespace = %instance.namespace,
         reason = %event.reason,
         note = event.note.as_deref().unwrap_or_default(),
-        "child changed"
+        "pool changed"
     );
     publish(ctx, reference, event).await;
 }
 
-/// Computes the status from what exists and writes it if it changed.
+/// Computes the status from what exists and writes it if it changed, unless the change can wait (see
+/// [`super::pace`]): then it returns how long until it may be written.
 /// `published` holds the server slots and drain this reconcile settled on; without it (nothing was
 /// applied) the stored ones are kept.
 async fn report(
@@ -463,7 +484,7 @@ async fn report(
     published: Option<(Vec<Server>, Option<Drain>)>,
     problem: Option<Problem>,
     selector: Option<String>,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let pods = pool::pods(ctx, mc);
     let (servers, drain) = published.unwrap_or_else(|| {
         let stored = mc.status.clone().unwrap_or_default();
@@ -481,9 +502,15 @@ async fn report(
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
     if mc.status.as_ref() == Some(&new) {
-        return Ok(());
+        return Ok(None);
+    }
+    let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    if let Some(left) = ctx.pace.hold(&namespace, &name, mc.status.as_ref(), &new) {
+        debug!(memcached = %name, %namespace, ?left, "status change held back");
+        return Ok(Some(left));
     }
     patch_status(mc, ctx, &new).await?;
+    ctx.pace.wrote(&namespace, &name);
 
     // A new reason to be degraded is worth a Warning event; the same one again is not.
     let before = status::find(mc.status.as_ref(), DEGRADED);
@@ -493,7 +520,7 @@ async fn report(
         let event = warning(&degraded.reason, "Reconcile", degraded.message.clone());
         publish(ctx, &mc.object_ref(&()), event).await;
     }
-    Ok(())
+    Ok(None)
 }
 
 /// Server-side applies the whole status through the status subresource. Fields the operator no longer
@@ -511,13 +538,16 @@ async fn patch_status(
         "kind": Memcached::kind(&()),
         "status": status,
     });
-    api.patch_status(
+    let written = api.patch_status(
         &name,
         &PatchParams::apply(labels::MANAGER_NAME).force(),
         &Patch::Apply(&patch),
     )
     .await
     .map_err(|source| Error::Status { name, source })?;
+    let mut written = written;
+    written.metadata.managed_fields = None;
+    ctx.written.remember(Arc::new(written), &());
     Ok(())
 }
 
@@ -548,7 +578,7 @@ async fn cleanup(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-fn normal(reason: &str, action: &str, note: String) -> Event {
+pub(super) fn normal(reason: &str, action: &str, note: String) -> Event {
     event(EventType::Normal, reason, action, note)
 }
 
@@ -579,7 +609,7 @@ fn truncate(mut s: String, max: usize) -> String {
 }
 
 /// Publishes an event; failures are logged, never returned: an event is not worth failing a reconcile.
-async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
+pub(super) async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
     match tokio::time::timeout(
         ctx.settings.side_step_timeout,
         ctx.events.publish(&event, reference),

@@ -1,0 +1,195 @@
+//! Pacing of status writes: while an instance's pods come up, its status changes with every pod event
+//! (a pod created, scheduled, started, ready), each a write of the whole status. Changes that only move
+//! counts and conditions are written at most once per [`Pace::gap`] per instance; the reconcile that holds
+//! one back asks to run again when the gap is over and writes the latest status then.
+//!
+//! Never held back: a change of the published servers (the ready addresses in slot order, what clients
+//! see), of the number of slots once there are any, of the drain (a later reconcile plans from it), and a
+//! new `Degraded` reason (someone has to act on it). A pod that takes a slot but is not ready yet can wait:
+//! slot assignment is a pure function of the stored slots and the pods, so the next reconcile assigns it
+//! the same way.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::api::MemcachedStatus;
+use crate::status::{DEGRADED, find};
+
+/// Status writes per instance, and the gap kept between those that can wait.
+pub struct Pace {
+    gap: Duration,
+    last: Mutex<HashMap<(String, String), Instant>>,
+}
+
+impl Pace {
+    pub fn new(gap: Duration) -> Self {
+        Self {
+            gap,
+            last: Mutex::default(),
+        }
+    }
+
+    /// The gap kept between status writes that can wait.
+    pub fn gap(&self) -> Duration {
+        self.gap
+    }
+
+    /// Records that the status of `namespace/name` was written, or that its children just changed so
+    /// that its status is about to move on by itself.
+    pub fn wrote(&self, namespace: &str, name: &str) {
+        if self.gap.is_zero() {
+            return;
+        }
+        let now = Instant::now();
+        let mut last = self.lock();
+        last.retain(|_, at| now.duration_since(*at) < self.gap);
+        last.insert((namespace.to_owned(), name.to_owned()), now);
+    }
+
+    /// How long the change from `previous` to `new` must wait before it is written; `None` for now.
+    pub fn hold(
+        &self,
+        namespace: &str,
+        name: &str,
+        previous: Option<&MemcachedStatus>,
+        new: &MemcachedStatus,
+    ) -> Option<Duration> {
+        if !can_wait(previous, new) {
+            return None;
+        }
+        let key = (namespace.to_owned(), name.to_owned());
+        let at = *self.lock().get(&key)?;
+        self.gap
+            .checked_sub(at.elapsed())
+            .filter(|left| !left.is_zero())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+        self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether the change from `previous` to `new` may wait: it leaves the published servers, the number of
+/// slots (unless there were none yet), the drain and the `Degraded` condition's status and reason as they
+/// were. Pure.
+pub fn can_wait(previous: Option<&MemcachedStatus>, new: &MemcachedStatus) -> bool {
+    let degraded = |s: Option<&MemcachedStatus>| {
+        find(s, DEGRADED)
+            .filter(|c| c.status == "True")
+            .map(|c| c.reason.clone())
+    };
+    let published = |s: &MemcachedStatus| -> Vec<(i32, Option<String>)> {
+        s.servers
+            .iter()
+            .filter(|server| server.ready)
+            .map(|server| (server.slot, server.address.clone()))
+            .collect()
+    };
+    let empty = MemcachedStatus::default();
+    let before = previous.unwrap_or(&empty);
+    published(before) == published(new)
+        && (before.servers.is_empty() || before.servers.len() == new.servers.len())
+        && before.drain == new.drain
+        && degraded(previous) == degraded(Some(new))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::{Drain, Server};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use k8s_openapi::jiff::Timestamp;
+
+    fn degraded(status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: DEGRADED.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn counts_and_conditions_can_wait_slots_drains_and_problems_cannot() {
+        let before = MemcachedStatus {
+            conditions: vec![degraded("False", "AsExpected")],
+            ..Default::default()
+        };
+        let counts = MemcachedStatus {
+            replicas: 1,
+            nodes: vec!["cache-a".into()],
+            ..before.clone()
+        };
+        assert!(can_wait(Some(&before), &counts));
+        assert!(can_wait(None, &counts), "a first status without servers");
+
+        let server = |pod: Option<&str>, ready: bool| Server {
+            slot: 0,
+            pod: pod.map(str::to_owned),
+            address: pod.map(|_| "127.0.0.1:11211".to_owned()),
+            ready,
+        };
+        let slot = MemcachedStatus {
+            servers: vec![server(None, false)],
+            ..counts.clone()
+        };
+        assert!(can_wait(Some(&counts), &slot), "the first slots, nobody in them");
+        let taken = MemcachedStatus {
+            servers: vec![server(Some("cache-a"), false)],
+            ..counts.clone()
+        };
+        assert!(can_wait(Some(&slot), &taken), "a pod that is not ready takes a slot");
+        let ready = MemcachedStatus {
+            servers: vec![server(Some("cache-a"), true)],
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&taken), &ready), "a server is published");
+        let more = MemcachedStatus {
+            servers: vec![server(Some("cache-a"), true), Server { slot: 1, ..Default::default() }],
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&ready), &more), "a slot more");
+        let draining = MemcachedStatus {
+            drain: Some(Drain {
+                from_size: 2,
+                to_size: 1,
+                started_at: Time(Timestamp::UNIX_EPOCH),
+            }),
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&counts), &draining), "a drain starts");
+        let broken = MemcachedStatus {
+            conditions: vec![degraded("True", "ImagePullBackOff")],
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&counts), &broken), "a new problem");
+        let other = MemcachedStatus {
+            conditions: vec![degraded("True", "CrashLoopBackOff")],
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&broken), &other), "another problem");
+        assert!(can_wait(Some(&broken), &broken.clone()));
+    }
+
+    #[test]
+    fn a_change_that_can_wait_waits_for_the_rest_of_the_gap() {
+        let pace = Pace::new(Duration::from_secs(60));
+        let before = MemcachedStatus::default();
+        let counts = MemcachedStatus {
+            replicas: 1,
+            ..Default::default()
+        };
+        assert_eq!(pace.hold("ns", "a", Some(&before), &counts), None, "never written");
+        pace.wrote("ns", "a");
+        let left = pace.hold("ns", "a", Some(&before), &counts).unwrap();
+        assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60));
+        assert_eq!(pace.hold("ns", "b", Some(&before), &counts), None, "per instance");
+
+        let off = Pace::new(Duration::ZERO);
+        off.wrote("ns", "a");
+        assert_eq!(off.hold("ns", "a", Some(&before), &counts), None);
+    }
+}

@@ -1,0 +1,246 @@
+//! Read-your-writes: the objects this operator wrote last, until its caches have caught up with them.
+//!
+//! The caches are fed by watches, so right after a write a reconcile can still read the object as it was
+//! before (or not at all, right after creating it). At scale that costs a repeated apply of every child
+//! and a second status write, each time another watch event triggers the instance before the cache has
+//! seen the operator's own write. Every write answers with the object as stored; that answer is kept here
+//! and preferred over an older cached copy.
+//!
+//! Which copy is newer is told by `resourceVersion`. Kubernetes API servers use etcd revisions, which
+//! grow with every write; where both versions are integers the larger one wins. A version that is not an
+//! integer is only compared for equality, and a kept answer is trusted for [`TRUST`] at most, so that a
+//! missed watch event (or an object deleted right after it was written) is seen again after that.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use kube::Resource;
+
+/// How long a kept answer may stand in for the cache.
+pub const TRUST: Duration = Duration::from_secs(10);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+struct Key {
+    kind: String,
+    namespace: String,
+    name: String,
+}
+
+struct Entry {
+    version: String,
+    /// The answer to the write; `None` after a deletion of the object at `version`.
+    object: Option<Arc<dyn Any + Send + Sync>>,
+    at: Instant,
+}
+
+/// The answers to this operator's latest writes, per object.
+#[derive(Default)]
+pub struct Written {
+    entries: Mutex<HashMap<Key, Entry>>,
+}
+
+/// What [`Written::fresher`] chose.
+pub struct Fresher<K> {
+    pub object: Option<Arc<K>>,
+    /// Whether the cache lagged behind this operator's own write, and the kept answer was used.
+    pub from_write: bool,
+}
+
+impl Written {
+    /// Keeps `object`, the API server's answer to a write of it.
+    pub fn remember<K>(&self, object: Arc<K>, dt: &K::DynamicType)
+    where
+        K: Resource + Send + Sync + 'static,
+    {
+        let Some(key) = key_of(object.as_ref(), dt) else {
+            return;
+        };
+        let Some(version) = object.meta().resource_version.clone() else {
+            return;
+        };
+        let entry = Entry {
+            version,
+            object: Some(object),
+            at: Instant::now(),
+        };
+        self.lock().insert(key, entry);
+    }
+
+    /// Keeps that this operator deleted `object` (as the cache showed it): until the cache drops it, or
+    /// shows a newer version of it, it counts as gone.
+    pub fn remember_deleted<K: Resource>(&self, object: &K, dt: &K::DynamicType) {
+        let (Some(key), Some(version)) = (key_of(object, dt), object.meta().resource_version.clone())
+        else {
+            return;
+        };
+        let entry = Entry {
+            version,
+            object: None,
+            at: Instant::now(),
+        };
+        self.lock().insert(key, entry);
+    }
+
+    /// The newer of the `cached` copy of object `name` and the answer to this operator's last write of it.
+    /// A kept answer is dropped as soon as the cache has caught up with it, or once [`TRUST`] has passed.
+    pub fn fresher<K>(
+        &self,
+        namespace: &str,
+        name: &str,
+        dt: &K::DynamicType,
+        cached: Option<Arc<K>>,
+    ) -> Fresher<K>
+    where
+        K: Resource + Send + Sync + 'static,
+    {
+        let key = Key {
+            kind: K::kind(dt).into_owned(),
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        };
+        let mut entries = self.lock();
+        let Some(entry) = entries.get(&key) else {
+            return Fresher {
+                object: cached,
+                from_write: false,
+            };
+        };
+        let cache_caught_up = match (&cached, &entry.object) {
+            // After a deletion the cache has caught up once the object is gone, or back in a newer version.
+            (None, None) => true,
+            (Some(c), None) => c
+                .meta()
+                .resource_version
+                .as_deref()
+                .is_some_and(|v| older(&entry.version, v)),
+            (Some(c), Some(_)) => c
+                .meta()
+                .resource_version
+                .as_deref()
+                .is_some_and(|v| !older(v, &entry.version)),
+            (None, Some(_)) => false,
+        };
+        if cache_caught_up || entry.at.elapsed() >= TRUST {
+            entries.remove(&key);
+            return Fresher {
+                object: cached,
+                from_write: false,
+            };
+        }
+        match entry.object.clone().map(|o| o.downcast::<K>()) {
+            None => Fresher {
+                object: None,
+                from_write: true,
+            },
+            Some(Ok(object)) => Fresher {
+                object: Some(object),
+                from_write: true,
+            },
+            Some(Err(_)) => Fresher {
+                object: cached,
+                from_write: false,
+            },
+        }
+    }
+
+    /// Drops every kept answer older than [`TRUST`], which bounds the memory this takes.
+    pub fn prune(&self) {
+        self.lock().retain(|_, entry| entry.at.elapsed() < TRUST);
+    }
+
+    /// How many answers are kept.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+fn key_of<K: Resource>(object: &K, dt: &K::DynamicType) -> Option<Key> {
+    Some(Key {
+        kind: K::kind(dt).into_owned(),
+        namespace: object.meta().namespace.clone()?,
+        name: object.meta().name.clone()?,
+    })
+}
+
+/// Whether resource version `cached` is older than `written`: by number where both are numbers (etcd
+/// revisions), else only "not the same version" counts as older.
+fn older(cached: &str, written: &str) -> bool {
+    match (cached.parse::<u64>(), written.parse::<u64>()) {
+        (Ok(cached), Ok(written)) => cached < written,
+        _ => cached != written,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn cm(version: &str, data: &str) -> Arc<ConfigMap> {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("cache-servers".into());
+        cm.metadata.namespace = Some("ns".into());
+        cm.metadata.resource_version = Some(version.into());
+        cm.data = Some([("servers".to_owned(), data.to_owned())].into());
+        Arc::new(cm)
+    }
+
+    fn pick(written: &Written, cached: Option<Arc<ConfigMap>>) -> (Option<String>, bool) {
+        let f = written.fresher("ns", "cache-servers", &(), cached);
+        (f.object.and_then(|o| o.metadata.resource_version.clone()), f.from_write)
+    }
+
+    #[test]
+    fn the_answer_stands_in_for_a_cache_that_has_not_seen_the_write() {
+        let written = Written::default();
+        assert_eq!(pick(&written, None), (None, false));
+        written.remember(cm("12", "a"), &());
+        assert_eq!(pick(&written, None), (Some("12".into()), true), "not cached yet");
+        assert_eq!(pick(&written, Some(cm("9", ""))), (Some("12".into()), true), "cache behind");
+        assert_eq!(written.len(), 1);
+    }
+
+    #[test]
+    fn the_cache_wins_once_it_has_caught_up() {
+        let written = Written::default();
+        written.remember(cm("12", "a"), &());
+        assert_eq!(pick(&written, Some(cm("12", "a"))), (Some("12".into()), false));
+        assert!(written.is_empty(), "dropped once the cache caught up");
+
+        written.remember(cm("12", "a"), &());
+        assert_eq!(pick(&written, Some(cm("15", "b"))), (Some("15".into()), false), "a later edit");
+        assert!(written.is_empty());
+    }
+
+    #[test]
+    fn versions_that_are_not_numbers_compare_by_equality() {
+        assert!(older("x", "y") && !older("y", "y"));
+        assert!(older("9", "12") && !older("12", "9") && !older("12", "12"));
+    }
+
+    #[test]
+    fn a_deleted_object_is_gone_until_the_cache_drops_it_or_shows_a_newer_one() {
+        let written = Written::default();
+        written.remember(cm("12", "a"), &());
+        written.remember_deleted(cm("12", "a").as_ref(), &());
+        assert_eq!(pick(&written, Some(cm("12", "a"))), (None, true), "cache still shows it");
+        assert_eq!(pick(&written, None), (None, false), "the cache dropped it");
+        assert!(written.is_empty());
+
+        written.remember_deleted(cm("12", "a").as_ref(), &());
+        assert_eq!(pick(&written, Some(cm("20", "b"))), (Some("20".into()), false), "created again");
+        written.remember_deleted(cm("12", "a").as_ref(), &());
+        written.prune();
+        assert_eq!(written.len(), 1, "still trusted");
+    }
+}

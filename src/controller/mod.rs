@@ -10,7 +10,7 @@ pub mod connectivity;
 mod error;
 mod events;
 mod finalizer;
-mod pace;
+pub mod pace;
 mod pool;
 mod reconcile;
 mod secrets;

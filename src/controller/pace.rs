@@ -60,9 +60,10 @@ impl Pace {
         }
         let key = (namespace.to_owned(), name.to_owned());
         let at = *self.lock().get(&key)?;
-        self.gap
-            .checked_sub(at.elapsed())
-            .filter(|left| !left.is_zero())
+        let left = self.gap.checked_sub(at.elapsed())?;
+        // Whole milliseconds, rounded up: the resolution of the runtime's timers.
+        let millis = left.as_nanos().div_ceil(1_000_000);
+        (millis > 0).then(|| Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX)))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {

@@ -46,6 +46,8 @@ pub struct Exchange {
     pub status: StatusCode,
     /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
     pub reply: Option<Value>,
+    /// Answer made from the request body, when set (instead of `reply` or the echo).
+    pub answer: Option<fn(&Value) -> Value>,
 }
 
 pub fn expect(method: Method, path: &str) -> Exchange {
@@ -55,6 +57,7 @@ pub fn expect(method: Method, path: &str) -> Exchange {
         query: vec![],
         status: StatusCode::OK,
         reply: None,
+        answer: None,
     }
 }
 
@@ -66,6 +69,11 @@ impl Exchange {
     pub fn reply(mut self, status: StatusCode, body: Value) -> Self {
         self.status = status;
         self.reply = Some(body);
+        self
+    }
+    /// Answers with `answer(request body)`: an object as the server stores it, say.
+    pub fn answer(mut self, answer: fn(&Value) -> Value) -> Self {
+        self.answer = Some(answer);
         self
     }
     pub fn fail(self, code: u16, reason: &str) -> Self {
@@ -146,7 +154,10 @@ pub async fn serve(
                 parts.method
             );
         }
-        let reply = want.reply.clone().unwrap_or_else(|| echo(&body, &path));
+        let reply = match want.answer {
+            Some(answer) => answer(&body),
+            None => want.reply.clone().unwrap_or_else(|| echo(&body, &path)),
+        };
         let response = Response::builder()
             .status(want.status)
             .body(Body::from(serde_json::to_vec(&reply).unwrap()))
@@ -324,29 +335,70 @@ pub async fn run(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>) ->
 
 /// Runs one reconcile of `mc` against `script` with the clock at `now` (seconds since the epoch).
 pub async fn run_at(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>, now: i64) -> Run {
-    cluster
-        .memcacheds
-        .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
-    let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let server = tokio::spawn(serve(handle, script));
-    let metrics = Arc::new(Metrics::default());
-    let mut ctx = Context::new(
-        Client::new(service, NS),
-        Settings::default(),
-        cluster.stores.clone(),
-        metrics.clone(),
-        Some("test".into()),
-        Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
-    );
-    ctx.secret_hashes = cluster.secret_hashes.clone();
-    let result = reconcile(Arc::new(mc), Arc::new(ctx)).await;
-    let seen = server
-        .await
-        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+    let session = Session::start(cluster, settings(), script, now);
+    let result = session.reconcile(cluster, mc).await;
+    let metrics = session.metrics.clone();
+    let seen = session.finish().await;
     Run {
         result,
         seen,
         metrics,
+    }
+}
+
+/// The reconciler's settings in the scenarios: the defaults, but every status change written at once
+/// (pacing has scenarios of its own in `tests/convergence.rs`).
+pub fn settings() -> Settings {
+    Settings {
+        status_pace: Duration::ZERO,
+        ..Settings::default()
+    }
+}
+
+/// One operator process against the mocked API server: reconciles share its context (its memory of
+/// what it wrote and when), and the mock answers `script` across all of them.
+pub struct Session {
+    pub ctx: Arc<Context>,
+    pub metrics: Arc<Metrics>,
+    server: tokio::task::JoinHandle<Vec<Seen>>,
+}
+
+impl Session {
+    pub fn start(cluster: &Cluster, settings: Settings, script: Vec<Exchange>, now: i64) -> Self {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let server = tokio::spawn(serve(handle, script));
+        let metrics = Arc::new(Metrics::default());
+        let mut ctx = Context::new(
+            Client::new(service, NS),
+            settings,
+            cluster.stores.clone(),
+            metrics.clone(),
+            Some("test".into()),
+            Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
+        );
+        ctx.secret_hashes = cluster.secret_hashes.clone();
+        Self {
+            ctx: Arc::new(ctx),
+            metrics,
+            server,
+        }
+    }
+
+    /// One reconcile of `mc`, which the instance cache holds first (as the watch would).
+    pub async fn reconcile(&self, cluster: &mut Cluster, mc: Memcached) -> Result<Action, Error> {
+        cluster
+            .memcacheds
+            .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
+        reconcile(Arc::new(mc), self.ctx.clone()).await
+    }
+
+    /// Ends the session: every request seen, after checking that the script was answered whole and
+    /// nothing else was sent.
+    pub async fn finish(self) -> Vec<Seen> {
+        drop(self.ctx);
+        self.server
+            .await
+            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
     }
 }
 
@@ -438,16 +490,16 @@ pub fn with_spec(size: i32, spec: Value) -> Memcached {
 pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
     let seen = create_as(cluster, memcached(size), DEPLOYMENTS).await;
     (
+        seen[1].body.clone(),
         seen[2].body.clone(),
-        seen[4].body.clone(),
         seen.last().unwrap().body.clone(),
     )
 }
 
 /// The happy create path of `mc`, whose workload is applied at `workload` (a Deployment or StatefulSet
-/// path): server list, workload, Services, budget (size > 1), status, each created with its event. The
-/// server list, Services and budget go into the caches; the workload is left to the caller, which knows
-/// its kind. Returns every request seen.
+/// path): server list, workload, Services, budget (size > 1), one `Created` event naming them all, status.
+/// The server list, Services and budget go into the caches; the workload is left to the caller, which
+/// knows its kind. Returns every request seen.
 pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> Vec<Seen> {
     let size = mc.spec.size;
     let mut script = created_children(workload, size);
@@ -458,22 +510,27 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
         Action::requeue(Duration::from_secs(300))
     );
     let seen = run.seen;
-    let kind = seen[2].body["kind"].as_str().unwrap_or_default().to_owned();
-    assert_eq!(seen[1].body["note"], "Created ConfigMap cache-servers");
-    assert_eq!(seen[3].body["reason"], "Created");
-    assert_eq!(seen[3].body["type"], "Normal");
-    assert_eq!(seen[3].body["regarding"]["kind"], "Memcached");
+    let kind = seen[1].body["kind"].as_str().unwrap_or_default().to_owned();
+    let event = &seen[seen.len() - 2].body;
+    assert_eq!(event["reason"], "Created");
+    assert_eq!(event["type"], "Normal");
+    assert_eq!(event["regarding"]["kind"], "Memcached");
+    let budget = if size > 1 {
+        ", PodDisruptionBudget cache"
+    } else {
+        ""
+    };
     assert_eq!(
-        seen[3].body["note"],
-        format!("Created {kind} cache with {size} replicas")
+        event["note"],
+        format!(
+            "Created ConfigMap cache-servers, {kind} cache with {size} replicas, Service cache, \
+             Service cache-headless{budget}"
+        )
     );
-    assert_eq!(seen[5].body["note"], "Created Service cache");
-    assert_eq!(seen[7].body["note"], "Created Service cache-headless");
     cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
     if size > 1 {
-        assert_eq!(seen[9].body["note"], "Created PodDisruptionBudget cache");
-        cluster.pdb(serde_json::from_value(as_stored(&seen[8].body)).unwrap());
+        cluster.pdb(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
     }
     seen
 }
@@ -483,16 +540,13 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
 pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![
         expect(Method::PATCH, CONFIG_MAPS).apply(),
-        event(),
         expect(Method::PATCH, workload).apply(),
-        event(),
         expect(Method::PATCH, SERVICES).apply(),
-        event(),
         expect(Method::PATCH, HEADLESS).apply(),
-        event(),
     ];
     if size > 1 {
-        script.extend([expect(Method::PATCH, PDBS).apply(), event()]);
+        script.push(expect(Method::PATCH, PDBS).apply());
     }
+    script.push(event());
     script
 }

@@ -1,0 +1,1 @@
+//! Reading `stats` from one memcached server.

@@ -1,0 +1,1 @@
+//! Parsing memcached's `stats` reply (text protocol).

@@ -85,6 +85,9 @@ pub enum ParseError {
     MissingStat(&'static str),
 }
 
+/// A stat the parser reads: its name in the reply, whether it is required, and the field its value goes to.
+type Field = (&'static str, bool, fn(&mut Stats) -> &mut u64);
+
 /// How many bytes of the peer's text an error quotes.
 const EXCERPT_BYTES: usize = 64;
 
@@ -94,7 +97,7 @@ const EXCERPT_BYTES: usize = 64;
 /// All of them exist in every memcached since 1.4 except `rejected_connections`, which older 1.4 releases did
 /// not report: it is optional and reads as 0 when absent, so those versions still give the rest. Any other
 /// stat is ignored, whatever its value, so new or build-specific stats never break the parser.
-const FIELDS: [(&str, bool, fn(&mut Stats) -> &mut u64); 11] = [
+const FIELDS: [Field; 11] = [
     ("uptime", true, |s| &mut s.uptime_seconds),
     ("get_hits", true, |s| &mut s.get_hits),
     ("get_misses", true, |s| &mut s.get_misses),

@@ -629,13 +629,17 @@ impl RealServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start memcached");
-        let server = Self {
+        let mut server = Self {
             child,
             address,
             dir,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         while TcpStream::connect(address).await.is_err() {
+            // An early exit means bad arguments or a port taken in the meantime: say so, do not wait.
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("memcached exited with {status}: {args:?}");
+            }
             assert!(
                 Instant::now() < deadline,
                 "memcached did not listen on {address}: {args:?}"

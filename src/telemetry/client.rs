@@ -1,12 +1,14 @@
 //! Reading `stats` from one memcached server: one connection, plain TCP or TLS, optionally authenticated,
 //! bounded in time and in the bytes it buffers.
 //!
-//! - [`credentials`]: the user and password for memcached's ASCII authentication, from an auth file.
-//! - [`tls`]: the rustls client configuration from an instance's TLS Secret, and what it verifies.
+//! - [`Credentials`]: the user and password for memcached's ASCII authentication, from an auth file.
+//! - [`tls_connector`]: the rustls client configuration from an instance's TLS Secret; its documentation
+//!   says what is verified and why the server's name is not.
+//! - [`read_stats`]: the exchange itself.
 //!
-//! A read is one short-lived connection: memcached counts it in `curr_connections` (so that stat includes
-//! the operator's own connection) and `total_connections`, and the operator holds no connection between
-//! reads, so a pod never sees more than one connection from it at a time per read.
+//! A read is one short-lived connection, closed when the reply is in: memcached counts it in
+//! `curr_connections` (so that stat includes the operator's own connection), and the operator holds no
+//! connection to a pod between reads.
 
 mod credentials;
 mod tls;

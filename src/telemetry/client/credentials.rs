@@ -8,9 +8,9 @@ use std::fmt;
 
 /// A user and password for memcached's ASCII authentication.
 ///
-/// memcached authenticates a text-protocol connection with a `set` whose data is `<user> <password>`: see
-/// [`Credentials::auth_command`]. Deliberately not [`fmt::Display`], and [`Debug`] hides the password, so a
-/// `{}` or `{:?}` in a log line cannot leak it.
+/// memcached authenticates a text-protocol connection with a `set` whose data is `<user> <password>`, which
+/// the client sends before anything else. Deliberately not [`fmt::Display`], and [`Debug`] hides the
+/// password, so a `{}` or `{:?}` in a log line cannot leak it.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     user: String,

@@ -80,10 +80,17 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
-/// A TLS connector for one instance's servers; see the module documentation for what is verified and why.
+/// A TLS connector for one instance's servers.
+///
+/// - With `ca`: the server's chain must lead to that CA (signatures, validity period, `serverAuth` usage),
+///   but the server's **name is not checked**, because the operator dials pod IPs and certificates name the
+///   Service. Any certificate from the instance's CA is thus accepted for any of its pods.
+/// - Without `ca`: encrypted, **not verified** — there is no root to verify against, and the system roots
+///   are no authority over in-cluster certificates. Credentials sent next go to whoever answers.
+/// - With `client_identity`: presented when the server asks for a client certificate (mutual TLS).
 ///
 /// Build it once per instance and Secret version, and share it between the instance's pods: it holds the
-/// parsed roots and the client identity.
+/// parsed roots and the client identity. Fails on material that is not PEM, without quoting it.
 pub fn tls_connector(material: &TlsMaterial) -> Result<TlsConnector, TlsError> {
     let provider = Arc::new(ring::default_provider());
     let algorithms = provider.signature_verification_algorithms;

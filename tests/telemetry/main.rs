@@ -478,3 +478,36 @@ async fn the_reconciler_keeps_its_hands_off_status_stats() {
         "{status}"
     );
 }
+
+/// Every operand series the operator can expose is documented in the operations guide and the README.
+#[test]
+fn every_operand_metric_is_documented() {
+    use memcached_operator::telemetry::metrics::OperandMetrics;
+    use memcached_operator::telemetry::stats::Stats;
+    let metrics = std::sync::Arc::new(OperandMetrics::default());
+    metrics.set_instance(
+        ("ns".into(), "cache".into()),
+        [("cache-a".to_owned(), Some(Stats::default()))].into(),
+    );
+    let text = exposition(&metrics);
+    let guide = common::read("docs/operations.md");
+    let readme = common::read("README.md");
+    let mut documented = 0;
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let mut parts = line.split_whitespace();
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        let exported = if kind == "counter" {
+            format!("{name}_total")
+        } else {
+            name.to_owned()
+        };
+        for (file, text) in [("docs/operations.md", &guide), ("README.md", &readme)] {
+            assert!(
+                text.contains(&format!("`{exported}")),
+                "{file} does not document {exported}"
+            );
+        }
+        documented += 1;
+    }
+    assert_eq!(documented, 11, "{text}");
+}

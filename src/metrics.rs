@@ -245,9 +245,16 @@ mod tests {
         metrics.set_api_available(true);
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
+        metrics.operand().set_instance(
+            ("ns".into(), "cache".into()),
+            [("cache-a".to_owned(), None)].into(),
+        );
 
         let text = metrics.encode();
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
         for line in [
+            "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"} 0",
             "memcached_operator_kube_requests_total{verb=\"patch\",code=\"409\"} 1",
             "memcached_operator_reconcile_total{result=\"success\"} 1",
             "memcached_operator_reconcile_total{result=\"error\"} 1",

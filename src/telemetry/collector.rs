@@ -55,6 +55,10 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// servers a second, so even a thousand unreachable pods finish in about a minute, while a healthy
 /// server answers in about a millisecond; and it bounds the operator's open sockets.
 pub const MAX_READS_IN_FLIGHT: usize = 32;
+/// Most `status.stats` writes and events in flight at once. Writes are rare (only changes, at most one per
+/// instance per `--stats-status-interval`), but the first collection after a leader change may find every
+/// busy instance changed: this spreads that burst instead of sending one request per instance at once.
+pub const MAX_WRITES_IN_FLIGHT: usize = 8;
 /// Longest wait for a status write or an event, so a slow API server does not hold a collection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Event reason when an instance starts evicting.
@@ -122,6 +126,8 @@ pub struct Collector {
     events: Arc<Publisher>,
     reader: Arc<dyn Reader>,
     permits: Arc<Semaphore>,
+    /// Bounds writes in flight ([`MAX_WRITES_IN_FLIGHT`]).
+    writes: Semaphore,
     state: Mutex<HashMap<InstanceKey, InstanceState>>,
 }
 
@@ -147,6 +153,7 @@ impl Collector {
             events,
             reader,
             permits: Arc::new(Semaphore::new(MAX_READS_IN_FLIGHT)),
+            writes: Semaphore::new(MAX_WRITES_IN_FLIGHT),
             state: Mutex::default(),
         }
     }
@@ -349,6 +356,10 @@ impl Collector {
         (namespace, name): &InstanceKey,
         stats: Option<&CacheStats>,
     ) -> bool {
+        // The semaphore is never closed.
+        let Ok(_permit) = self.writes.acquire().await else {
+            return false;
+        };
         let api: Api<Memcached> = Api::namespaced(self.client.clone(), namespace);
         let patch = stats_patch(name, stats);
         let params = PatchParams::apply(FIELD_MANAGER).force();
@@ -379,6 +390,9 @@ impl Collector {
     ) {
         let note = evicting_note(evicted, self.settings.interval, read);
         info!(memcached = %name, %namespace, %note, "evictions started");
+        let Ok(_permit) = self.writes.acquire().await else {
+            return;
+        };
         let event = Event {
             type_: EventType::Warning,
             reason: EVICTING.to_owned(),

@@ -161,6 +161,10 @@ impl Collector {
     /// Collects every `interval`, the first time at once, until `shutdown`; then removes the operand
     /// series (a replica that stopped leading no longer knows them).
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        if self.settings.interval.is_zero() {
+            // Zero means off (`--stats-interval=0`); the manager does not even start the task then.
+            return;
+        }
         info!(interval = ?self.settings.interval, status_interval = ?self.settings.status_interval,
             "collecting memcached stats");
         let mut ticks = tokio::time::interval(self.settings.interval);

@@ -110,6 +110,11 @@ impl Default for Metrics {
         let operand = Arc::new(OperandMetrics::default());
         let mut operand_registry = Registry::default();
         operand_registry.register_collector(Box::new(operand.clone()));
+        operand_registry.register(
+            "memcached_operator_stats_reads",
+            "Reads of memcached servers' stats by result: ok, or why not (connect, timeout, tls, auth, closed, protocol, io, unreadable)",
+            operand.reads(),
+        );
         Self {
             registry,
             operand_registry,
@@ -245,6 +250,7 @@ mod tests {
         metrics.set_api_available(true);
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
+        metrics.operand().count_read("timeout");
         metrics.operand().set_instance(
             ("ns".into(), "cache".into()),
             [("cache-a".to_owned(), None)].into(),
@@ -255,6 +261,7 @@ mod tests {
         assert!(text.ends_with("# EOF\n"), "{text}");
         for line in [
             "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"} 0",
+            "memcached_operator_stats_reads_total{result=\"timeout\"} 1",
             "memcached_operator_kube_requests_total{verb=\"patch\",code=\"409\"} 1",
             "memcached_operator_reconcile_total{result=\"success\"} 1",
             "memcached_operator_reconcile_total{result=\"error\"} 1",

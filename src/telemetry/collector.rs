@@ -217,10 +217,15 @@ impl Collector {
         } else {
             match self.secrets.transport(&key.0, &mc.spec).await {
                 Ok(transport) => self.read_all(&servers, &transport).await,
-                Err(reason) => (
-                    servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
-                    Some(reason),
-                ),
+                Err(reason) => {
+                    for _ in &servers {
+                        self.metrics.count_read("unreadable");
+                    }
+                    (
+                        servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
+                        Some(reason),
+                    )
+                }
             }
         };
         self.metrics.set_instance(key.clone(), samples.clone());
@@ -326,9 +331,11 @@ impl Collector {
             let Ok((pod, result)) = joined else { continue };
             match result {
                 Some(Ok(stats)) => {
+                    self.metrics.count_read("ok");
                     samples.insert(pod, Some(stats));
                 }
                 Some(Err(error)) => {
+                    self.metrics.count_read(error.reason());
                     debug!(%pod, %error, "cannot read memcached stats");
                     failures.push(format!("{pod}: {}", error.reason()));
                     samples.insert(pod, None);

@@ -16,9 +16,10 @@ use std::collections::BTreeMap;
 use std::sync::Mutex;
 
 use prometheus_client::collector::Collector;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::MetricType;
-use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use super::stats::Stats;
@@ -29,13 +30,31 @@ pub type InstanceKey = (String, String);
 /// What one pod gave in the latest collection: its stats, or `None` when it could not be read.
 pub type PodSamples = BTreeMap<String, Option<Stats>>;
 
-/// The latest samples of every instance's pods, encoded on each scrape.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadLabels {
+    result: &'static str,
+}
+
+/// The latest samples of every instance's pods, encoded on each scrape; and the operator's own count of
+/// reads by result (`memcached_operator_stats_reads_total`, registered by [`crate::metrics`]).
 #[derive(Debug, Default)]
 pub struct OperandMetrics {
     samples: Mutex<BTreeMap<InstanceKey, PodSamples>>,
+    reads: Family<ReadLabels, Counter>,
 }
 
 impl OperandMetrics {
+    /// The read counter, for registration.
+    pub fn reads(&self) -> Family<ReadLabels, Counter> {
+        self.reads.clone()
+    }
+
+    /// Counts one server read: `ok`, a [`super::client::ReadError::reason`], or `unreadable` (not
+    /// attempted: the instance's Secrets do not give what is needed).
+    pub fn count_read(&self, result: &'static str) {
+        self.reads.get_or_create(&ReadLabels { result }).inc();
+    }
+
     /// Replaces the samples of one instance: pods not in `pods` lose their series. An empty `pods`
     /// removes the instance.
     pub fn set_instance(&self, key: InstanceKey, pods: PodSamples) {

@@ -103,6 +103,18 @@ async fn slow_dead_and_half_closing_pods_are_down_and_delay_nothing_else() {
         ),
         "{text}"
     );
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register("memcached_operator_stats_reads", "", metrics.reads());
+    let mut reads = String::new();
+    prometheus_client::encoding::text::encode(&mut reads, &registry).unwrap();
+    for (result, n) in [("ok", 2), ("timeout", 1), ("connect", 1), ("closed", 1)] {
+        assert!(
+            reads.contains(&format!(
+                "memcached_operator_stats_reads_total{{result=\"{result}\"}} {n}"
+            )),
+            "{result}: {reads}"
+        );
+    }
     assert_eq!(
         silent.connections.load(std::sync::atomic::Ordering::SeqCst),
         1

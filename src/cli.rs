@@ -26,6 +26,8 @@ pub struct Cli {
     pub run: RunArgs,
 }
 
+// Parsed once at start: the size of the `run` variant costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the operator against the current kube context or in-cluster config (the default).
@@ -88,6 +90,16 @@ pub struct RunArgs {
     #[arg(long, env = "REQUEUE_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub requeue_interval: Duration,
 
+    /// How often the operator reads every ready memcached server's `stats` for the operand metrics,
+    /// status.stats and eviction events (e.g. 30s, 1m); 0 turns that off.
+    #[arg(long, env = "STATS_INTERVAL", default_value = "30s", value_parser = parse_duration_or_zero)]
+    pub stats_interval: Duration,
+
+    /// Shortest time between two writes of one instance's status.stats; they are written only when a
+    /// value changed.
+    #[arg(long, env = "STATS_STATUS_INTERVAL", default_value = "5m", value_parser = parse_duration)]
+    pub stats_status_interval: Duration,
+
     /// Image for instances whose spec sets none.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
     pub memcached_image: String,
@@ -133,6 +145,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err("the duration must be positive".into());
     }
     Ok(Duration::from_secs(secs))
+}
+
+/// Like [`parse_duration`], but "0" (with or without a unit) is allowed and means off.
+pub fn parse_duration_or_zero(s: &str) -> Result<Duration, String> {
+    match s.trim().trim_end_matches(['s', 'm', 'h']) {
+        "0" => Ok(Duration::ZERO),
+        _ => parse_duration(s),
+    }
 }
 
 /// A bind address with the Go-style empty host (":8080") read as every interface.
@@ -186,6 +206,8 @@ mod tests {
         assert_eq!(run.metrics_bind_address, ":8080");
         assert_eq!(run.health_probe_bind_address, ":8081");
         assert!(!run.leader_elect);
+        assert_eq!(run.stats_interval, Duration::from_secs(30));
+        assert_eq!(run.stats_status_interval, Duration::from_secs(300));
 
         assert!(Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "0"]).is_err());
     }
@@ -282,6 +304,11 @@ mod tests {
             Some("127.0.0.1:9".parse().unwrap())
         );
         assert_eq!(bind_address("0").unwrap(), None);
+
+        assert_eq!(parse_duration_or_zero("0"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_or_zero("0s"), Ok(Duration::ZERO));
+        assert_eq!(parse_duration_or_zero("30s"), Ok(Duration::from_secs(30)));
+        assert!(parse_duration_or_zero("x").is_err() && parse_duration_or_zero("").is_err());
         assert!(bind_address("localhost").is_err());
     }
 }

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod observe;
 pub mod resources;
 pub mod status;
+pub mod telemetry;
 
 /// The operator's version, which the release tooling stamps on the install and the OLM bundle.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -2,7 +2,9 @@
 //!
 //! Names carry the `memcached_operator_` prefix. API requests are counted by a tower layer in the kube
 //! client's stack, so every call (watches, applies, events, leases) is seen without instrumenting call
-//! sites.
+//! sites. The operand metrics (what each memcached server reports, see [`crate::telemetry::metrics`])
+//! keep the memcached exporter's `memcached_` names, so they live in a registry of their own, without
+//! the prefix, encoded into the same exposition.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -15,6 +17,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::observe::{Outcome, Sent};
+use crate::telemetry::metrics::OperandMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ResultLabels {
@@ -49,6 +52,8 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
+    operand_registry: Registry,
+    operand: Arc<OperandMetrics>,
 }
 
 impl Default for Metrics {
@@ -102,8 +107,18 @@ impl Default for Metrics {
             "Failed or expired watches by resource and reason (expired: re-listed at once; failed: retried)",
             watch_errors.clone(),
         );
+        let operand = Arc::new(OperandMetrics::default());
+        let mut operand_registry = Registry::default();
+        operand_registry.register_collector(Box::new(operand.clone()));
+        operand_registry.register(
+            "memcached_operator_stats_reads",
+            "Reads of memcached servers' stats by result: ok, or why not (connect, timeout, tls, auth, closed, protocol, io, unreadable)",
+            operand.reads(),
+        );
         Self {
             registry,
+            operand_registry,
+            operand,
             reconciles,
             errors,
             duration,
@@ -119,10 +134,18 @@ impl Default for Metrics {
 impl Metrics {
     /// The metrics in the Prometheus/OpenMetrics text format.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.operand_registry);
+        let _ = encode_eof(&mut out);
         out
+    }
+
+    /// The operand metrics, which the stats collector fills.
+    pub fn operand(&self) -> Arc<OperandMetrics> {
+        self.operand.clone()
     }
 
     /// Starts timing a reconciliation; the time is recorded when the returned guard drops.
@@ -227,9 +250,18 @@ mod tests {
         metrics.set_api_available(true);
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
+        metrics.operand().count_read("timeout");
+        metrics.operand().set_instance(
+            ("ns".into(), "cache".into()),
+            [("cache-a".to_owned(), None)].into(),
+        );
 
         let text = metrics.encode();
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.ends_with("# EOF\n"), "{text}");
         for line in [
+            "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"} 0",
+            "memcached_operator_stats_reads_total{result=\"timeout\"} 1",
             "memcached_operator_kube_requests_total{verb=\"patch\",code=\"409\"} 1",
             "memcached_operator_reconcile_total{result=\"success\"} 1",
             "memcached_operator_reconcile_total{result=\"error\"} 1",

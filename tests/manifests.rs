@@ -184,7 +184,20 @@ fn crd_has_the_tutorial_names_subresources_and_columns() {
         .iter()
         .map(|c| c["name"].as_str().unwrap())
         .collect();
-    assert_eq!(columns, ["Size", "Ready", "Available", "Age"]);
+    assert_eq!(
+        columns,
+        ["Size", "Ready", "Available", "Hit%", "Mem%", "Age"]
+    );
+    // The cache-health columns are in the default view (priority 0, left out of the CRD).
+    assert!(
+        version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|c| c.get("priority").is_none_or(|p| p == 0)),
+        "{}",
+        version["additionalPrinterColumns"]
+    );
     // Nothing only newer servers understand, except CEL rules (skipped before 1.25, and each backed by an
     // operator-side check): no selectable fields, no messageExpression/reason/fieldPath on rules.
     let text = read(manifests::CRD_PATH);

@@ -8,6 +8,7 @@
 mod features;
 mod isolation;
 mod pools;
+mod stats;
 
 use std::collections::BTreeMap;
 
@@ -69,6 +70,18 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
         type_ = "string",
         json_path = ".status.conditions[?(@.type==\"Available\")].status",
         description = "Whether every desired memcached pod is ready"
+    ),
+    printcolumn(
+        name = "Hit%",
+        type_ = "integer",
+        json_path = ".status.stats.hitRatioPercent",
+        description = "Share of gets that hit, in whole percent, as the operator last read it from the servers"
+    ),
+    printcolumn(
+        name = "Mem%",
+        type_ = "integer",
+        json_path = ".status.stats.memoryUsedPercent",
+        description = "Memory used by items, in whole percent of the memory limit, as the operator last read it from the servers"
     ),
     printcolumn(
         name = "Age",
@@ -239,11 +252,19 @@ pub struct MemcachedStatus {
     /// The scale-down being drained, while one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
+
+    /// What the servers themselves report (hit ratio, memory, items, evictions, connections), read by
+    /// the operator every `--stats-interval` and written at most every `--stats-status-interval`, only
+    /// when a value changed. Absent while no server is ready or when the operator's stats collection is
+    /// off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<CacheStats>,
 }
 
 pub use features::*;
 pub use isolation::*;
 pub use pools::*;
+pub use stats::*;
 
 impl Memcached {
     /// The spec'd image, or `default_image` when the spec leaves it out.

@@ -524,7 +524,8 @@ async fn report(
 }
 
 /// Server-side applies the whole status through the status subresource. Fields the operator no longer
-/// sets are removed, because it owns them all.
+/// sets are removed, because it owns them all, except `stats`: the stats collector owns that under its
+/// own field manager, so it is never sent here (sending it would take it over).
 async fn patch_status(
     mc: &Memcached,
     ctx: &Context,
@@ -533,6 +534,10 @@ async fn patch_status(
     let name = mc.name_any();
     let api: Api<Memcached> =
         Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let status = MemcachedStatus {
+        stats: None,
+        ..status.clone()
+    };
     let patch = json!({
         "apiVersion": Memcached::api_version(&()),
         "kind": Memcached::kind(&()),

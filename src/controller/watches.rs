@@ -55,6 +55,8 @@ pub struct RunOptions {
     pub settings: Settings,
     /// Identity of this replica in the events it records (the pod name).
     pub reporter_instance: Option<String>,
+    /// The operand stats collector's settings; `None` turns it off.
+    pub stats: Option<crate::telemetry::Settings>,
 }
 
 /// Lists served from the API server's watch cache (`resourceVersion=0`) instead of etcd. kube leaves
@@ -250,6 +252,24 @@ pub async fn run(
         autoscalers,
     };
     let children_synced = children_synced(&stores, shutdown.clone());
+    // The stats collector: its own task, reading the same caches once they are filled, stopped with the
+    // controller.
+    let collector = options.stats.map(|settings| {
+        let (mut listed, children) = (mc_listed.clone(), children_synced.clone());
+        crate::telemetry::spawn(
+            settings,
+            crate::telemetry::Sources {
+                client: client.clone(),
+                memcacheds: stores.memcacheds.clone(),
+                pods: stores.pods.clone(),
+                secrets: stores.secrets.clone(),
+            },
+            metrics.operand(),
+            options.reporter_instance.clone(),
+            async move { listed.wait_for(|l| *l).await.is_ok() && children.await },
+            shutdown.clone(),
+        )
+    });
     tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
     let ctx = Arc::new(Context::new(
         client,
@@ -303,6 +323,9 @@ pub async fn run(
             }
         })
         .await;
+    if let Some(collector) = collector {
+        collector.abort();
+    }
     info!("controller stopped");
 }
 

@@ -107,6 +107,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ..Settings::default()
         },
         reporter_instance: Some(identity),
+        stats: (!args.stats_interval.is_zero()).then_some(crate::telemetry::Settings {
+            interval: args.stats_interval,
+            status_interval: args.stats_status_interval,
+        }),
     };
     let controller = controller::run(
         client,

@@ -139,6 +139,8 @@ pub fn compute(
         server_list: servers::ready_addresses(&observed.servers),
         servers: observed.servers.clone(),
         drain: observed.drain.clone(),
+        // The stats collector's, not computed here: carried over so an unchanged status stays equal.
+        stats: previous.and_then(|p| p.stats.clone()),
     }
 }
 

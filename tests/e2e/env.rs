@@ -413,6 +413,9 @@ impl E2e {
             &probe,
             "--log-level",
             "debug",
+            // Step 24 (operand telemetry) waits for stats; idle caches cause no writes either way.
+            "--stats-interval=2s",
+            "--stats-status-interval=5s",
         ];
         let log = self.dir.join(format!("operator-{label}.log"));
         let mut file = fs::File::create(&log)
@@ -891,6 +894,8 @@ pub fn preflight() {
         "--metrics-bind-address",
         "--health-probe-bind-address",
         "--log-level",
+        "--stats-interval",
+        "--stats-status-interval",
     ] {
         assert!(
             help_text.contains(flag),

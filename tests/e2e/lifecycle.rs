@@ -15,6 +15,7 @@ use crate::production::{step_exporter_toggle, step_pdb_lifecycle, step_productio
 use crate::sample::{step_delete, step_drift, step_recreate, step_sample, step_scale};
 use crate::secrets::step_auth_secret;
 use crate::service_monitor::{service_monitors_served, step_service_monitor};
+use crate::telemetry::step_telemetry;
 use crate::tls::step_tls;
 
 #[test]
@@ -170,6 +171,12 @@ fn lifecycle() {
         "Deployment pool: a replaced pod keeps the slot; the drained pod is marked with the deletion cost and removed",
     );
     step_deployment_pool(&env);
+
+    env.step(
+        24,
+        "operand telemetry: sets and gets through the Service show in status.stats and /metrics",
+    );
+    step_telemetry(&env, &current);
 
     eprintln!(
         "\n==> all steps passed [t+{}s]; step {CLEANUP_STEP} (cleanup) follows",

@@ -56,7 +56,11 @@
 //!     `drainSeconds` exactly that pod goes (`Drained`); the instance is deleted
 //! 23. Deployment pool: a replaced pod's slot goes to its replacement, the others keep theirs; 3 → 2 marks
 //!     exactly the drained pod with `controller.kubernetes.io/pod-deletion-cost` and removes it after the drain
-//! 24. cleanup (always, also after a failure): see `impl Drop for E2e`
+//! 24. operand telemetry: an instance with 2 real memcached pods gets sets and gets through its Service;
+//!     `status.stats`, the `HIT%`/`MEM%` columns and `/metrics` show the hits and items (where the pod IPs
+//!     are routable from the machine running the operator; elsewhere: reported as not readable); its
+//!     series go with it
+//! 25. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
 //! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
 //! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
@@ -72,7 +76,8 @@
 //! - [`lifecycle`]: the one test, calling the steps in order;
 //! - one module per scenario, holding its steps and the checks only it needs: [`sample`] (steps 4, 6
 //!   to 8, 11), [`leader_election`] (5), [`invalid`] (9, 10, 16), [`production`] (12 to 14),
-//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`isolation`] (19), [`pools`] (20 to 23);
+//!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`isolation`] (19), [`pools`] (20 to 23),
+//!   [`telemetry`] (24);
 //! - shared helpers: [`env`] (setup, the operator processes, diagnostics and cleanup), [`checks`]
 //!   (expectations on the operator's objects), [`events`] (events and the leader Lease), [`kubectl`]
 //!   (kubectl and process helpers), [`poll`] (waits with timeouts), [`http`] (the operator's
@@ -96,4 +101,5 @@ mod production;
 mod sample;
 mod secrets;
 mod service_monitor;
+mod telemetry;
 mod tls;

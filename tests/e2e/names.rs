@@ -28,7 +28,7 @@ pub const SERVICE_MONITORS: &str = "servicemonitors.monitoring.coreos.com";
 pub const POD_SECURITY_LEVEL: &str = "restricted";
 
 /// Number of the cleanup step, printed by `impl Drop for E2e`.
-pub const CLEANUP_STEP: u32 = 24;
+pub const CLEANUP_STEP: u32 = 25;
 pub const NAME_KEY: &str = "app.kubernetes.io/name";
 pub const INSTANCE_KEY: &str = "app.kubernetes.io/instance";
 pub const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";

@@ -22,7 +22,7 @@
 //!   the run-until-settled cycle;
 //! - [`checks`]: assertions on recorded requests and metrics;
 //! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
-//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`]. A new scenario goes in the group it belongs to, or
+//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`telemetry`]. A new scenario goes in the group it belongs to, or
 //!   in a new module listed here.
 
 mod checks;
@@ -36,3 +36,4 @@ mod outage;
 mod reconcile;
 mod secrets;
 mod service_monitors;
+mod telemetry;

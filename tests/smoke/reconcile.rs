@@ -296,8 +296,8 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         config_maps: vec![server_list],
         pdbs: vec![pdb],
         pods: vec![
-            ready_pod("cache-7d4b9c8f6d-a1b2c", "10.0.0.1"),
-            ready_pod("cache-7d4b9c8f6d-d3e4f", "10.0.0.2"),
+            ready_pod("cache-7d4b9c8f6d-a1b2c", "127.0.0.1"),
+            ready_pod("cache-7d4b9c8f6d-d3e4f", "127.0.0.2"),
         ],
         ..World::default()
     };
@@ -326,7 +326,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
     );
     let published = &lists[lists.len() - 1].body;
     assert_eq!(
-        published["data"]["servers"], "10.0.0.1:11211\n10.0.0.2:11211\n",
+        published["data"]["servers"], "127.0.0.1:11211\n127.0.0.2:11211\n",
         "{published}"
     );
     world.config_maps = vec![stored(published, "uid-servers")];

@@ -1,0 +1,56 @@
+//! `status.stats`: what the operator read from the instance's memcached servers themselves.
+//!
+//! Written by the operand-telemetry collector under its own field manager, never by the reconciler, so
+//! each owns its own part of the status. Every value is a whole number that changes only when the cache
+//! really changes (no timestamps, no rates), so an idle cache causes no status writes at all.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A summary of memcached's own `stats` over the instance's ready servers, from the latest collection.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheStats {
+    /// Share of `get` requests that found their key, in whole percent rounded down (so 100 means every
+    /// get hit), over the servers read: get_hits / (get_hits + get_misses) since each server started.
+    /// Absent when those servers have served no get yet, or none could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub hit_ratio_percent: Option<i32>,
+
+    /// Memory used by items, in whole percent of the memory limit rounded down (so 100 means full), over
+    /// the servers read: the sum of their `bytes` over the sum of their `limit_maxbytes`. Absent when no
+    /// server could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub memory_used_percent: Option<i32>,
+
+    /// Items stored (`curr_items`), summed over the servers read. Absent when no server could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub items: Option<i64>,
+
+    /// Valid items removed to make room for new ones (`evictions`) since each server started, summed
+    /// over the servers read. A growing number means the cache is too small. Absent when no server could
+    /// be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub evictions: Option<i64>,
+
+    /// Open client connections (`curr_connections`, which counts the operator's own reading connection
+    /// too), summed over the servers read. Absent when no server could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub connections: Option<i64>,
+
+    /// Servers whose stats were read in the latest collection. Fewer than `serversReady` means some could
+    /// not be read (timeout, refused, TLS or auth failure); the operator's log and the `memcached_up`
+    /// metric say which and why.
+    #[schemars(range(min = 0))]
+    pub servers_read: i32,
+
+    /// Ready, non-terminating pods with an address in the latest collection: the servers there were to
+    /// read.
+    #[schemars(range(min = 0))]
+    pub servers_ready: i32,
+}

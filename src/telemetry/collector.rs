@@ -1,0 +1,486 @@
+//! The stats collector: every `--stats-interval`, the `stats` of every ready server of every instance,
+//! into the operand metrics, `status.stats` and eviction events.
+//!
+//! It runs as its own task in the leading replica (it is started by the controller, which only the
+//! leader runs) and shares nothing with the reconciler but the caches it reads: a slow or dead server
+//! delays neither a reconcile nor another instance. Each pod is read by its own task, under a timeout
+//! ([`READ_TIMEOUT`]) and a global bound on connections in flight ([`MAX_READS_IN_FLIGHT`]); each instance
+//! is summarised, written and warned about as soon as its own reads are done. A collection starts when
+//! the previous one has finished, so a cluster with many dead pods is read less often, never twice at
+//! once.
+//!
+//! Status writes: a server-side apply of only `status.stats`, under its own field manager
+//! ([`FIELD_MANAGER`]), so the reconciler's status apply (which never sends `stats`) keeps it and this
+//! never touches the reconciler's fields. It is sent only when a value changed and at most once per
+//! instance per `--stats-status-interval` (see [`super::summary::should_write`]). Its watch event wakes
+//! one reconcile, which finds nothing to do.
+//!
+//! Failures are values, not errors: a server that cannot be read is `memcached_up 0` and counts out of
+//! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials) is
+//! logged once when that starts and once when it ends, never per collection.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tracing::{debug, info, warn};
+
+use super::client::{ReadError, Target, read_stats};
+use super::episodes::{self, Counter, Episode};
+use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
+use super::secrets::{SecretReader, SecretValues, Transport};
+use super::stats::Stats;
+use super::summary::{should_write, summarize};
+use crate::api::{CacheStats, Memcached};
+use crate::controller::Publisher;
+use crate::resources::labels;
+
+/// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
+/// fields.
+pub const FIELD_MANAGER: &str = "memcached-operator-stats";
+/// Longest time one server may take to answer (connect, TLS, auth, `stats`).
+pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
+/// Most servers read at once, over all instances. At the [`READ_TIMEOUT`] that reads at least 16 dead
+/// servers a second, so even a thousand unreachable pods finish in about a minute, while a healthy
+/// server answers in about a millisecond; and it bounds the operator's open sockets.
+pub const MAX_READS_IN_FLIGHT: usize = 32;
+/// Most `status.stats` writes and events in flight at once. Writes are rare (only changes, at most one per
+/// instance per `--stats-status-interval`), but the first collection after a leader change may find every
+/// busy instance changed: this spreads that burst instead of sending one request per instance at once.
+pub const MAX_WRITES_IN_FLIGHT: usize = 8;
+/// Longest wait for a status write or an event, so a slow API server does not hold a collection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Event reason when an instance starts evicting.
+pub const EVICTING: &str = "Evicting";
+
+/// How often to collect and to write.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Time between collections (`--stats-interval`).
+    pub interval: Duration,
+    /// Shortest time between two `status.stats` writes of one instance (`--stats-status-interval`).
+    pub status_interval: Duration,
+}
+
+/// Reads one server. The operator's is [`Network`]; tests may give their own.
+pub trait Reader: Send + Sync + 'static {
+    fn read(
+        &self,
+        target: Target,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Stats, ReadError>>;
+}
+
+/// Reads over the network with [`read_stats`].
+pub struct Network;
+
+impl Reader for Network {
+    fn read(
+        &self,
+        target: Target,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<Stats, ReadError>> {
+        Box::pin(async move { read_stats(&target, timeout).await })
+    }
+}
+
+/// What the collector reads from.
+pub struct Sources {
+    pub client: Client,
+    pub memcacheds: Store<Memcached>,
+    pub pods: Store<Pod>,
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+}
+
+/// What the collector remembers of one instance between collections.
+#[derive(Default)]
+struct InstanceState {
+    /// When this replica last wrote its `status.stats`.
+    last_write: Option<Instant>,
+    /// Per pod: uptime and evictions at the previous collection.
+    counters: BTreeMap<String, Counter>,
+    episode: Episode,
+    /// Why (some of) its servers could not be read at the previous collection, as logged.
+    problem: Option<String>,
+}
+
+/// The collector. Shared by its collection tasks.
+pub struct Collector {
+    settings: Settings,
+    client: Client,
+    memcacheds: Store<Memcached>,
+    pods: Store<Pod>,
+    secrets: SecretReader,
+    metrics: Arc<OperandMetrics>,
+    events: Arc<Publisher>,
+    reader: Arc<dyn Reader>,
+    permits: Arc<Semaphore>,
+    /// Bounds writes in flight ([`MAX_WRITES_IN_FLIGHT`]).
+    writes: Semaphore,
+    state: Mutex<HashMap<InstanceKey, InstanceState>>,
+}
+
+impl Collector {
+    pub fn new(
+        settings: Settings,
+        sources: Sources,
+        metrics: Arc<OperandMetrics>,
+        events: Arc<Publisher>,
+        reader: Arc<dyn Reader>,
+    ) -> Self {
+        Self {
+            settings,
+            secrets: SecretReader {
+                client: sources.client.clone(),
+                store: sources.secrets,
+                values: SecretValues::default(),
+            },
+            client: sources.client,
+            memcacheds: sources.memcacheds,
+            pods: sources.pods,
+            metrics,
+            events,
+            reader,
+            permits: Arc::new(Semaphore::new(MAX_READS_IN_FLIGHT)),
+            writes: Semaphore::new(MAX_WRITES_IN_FLIGHT),
+            state: Mutex::default(),
+        }
+    }
+
+    /// Collects every `interval`, the first time at once, until `shutdown`; then removes the operand
+    /// series (a replica that stopped leading no longer knows them).
+    pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
+        if self.settings.interval.is_zero() {
+            // Zero means off (`--stats-interval=0`); the manager does not even start the task then.
+            return;
+        }
+        info!(interval = ?self.settings.interval, status_interval = ?self.settings.status_interval,
+            "collecting memcached stats");
+        let mut ticks = tokio::time::interval(self.settings.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                () = &mut shutdown => break,
+                _ = ticks.tick() => {}
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                () = self.collect() => {}
+            }
+        }
+        self.metrics.clear();
+        info!("stopped collecting memcached stats");
+    }
+
+    /// One collection of every instance; returns when each is done.
+    pub async fn collect(self: &Arc<Self>) {
+        let instances = self.memcacheds.state();
+        let mut live = HashSet::new();
+        let mut secrets = HashSet::new();
+        let mut tasks = JoinSet::new();
+        for mc in instances {
+            let key = (mc.namespace().unwrap_or_default(), mc.name_any());
+            if mc.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            secrets.extend(super::secrets::named(&key.0, &mc.spec));
+            live.insert(key.clone());
+            tasks.spawn(self.clone().collect_instance(key, mc));
+        }
+        while tasks.join_next().await.is_some() {}
+        // Deleted instances (and those being deleted): their series and memory go.
+        self.metrics.retain_instances(|key| live.contains(key));
+        self.lock_state().retain(|key, _| live.contains(key));
+        self.secrets.values.retain(&secrets);
+    }
+
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceKey, InstanceState>> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    async fn collect_instance(self: Arc<Self>, key: InstanceKey, mc: Arc<Memcached>) {
+        let servers = self.servers(&key, &mc);
+        let (samples, problem) = if servers.is_empty() {
+            (PodSamples::new(), None)
+        } else {
+            match self.secrets.transport(&key.0, &mc.spec).await {
+                Ok(transport) => self.read_all(&servers, &transport).await,
+                Err(reason) => {
+                    for _ in &servers {
+                        self.metrics.count_read("unreadable");
+                    }
+                    (
+                        servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
+                        Some(reason),
+                    )
+                }
+            }
+        };
+        self.metrics.set_instance(key.clone(), samples.clone());
+
+        let read: Vec<Stats> = samples.values().flatten().cloned().collect();
+        let summary = summarize(servers.len(), &read);
+        let counters: BTreeMap<String, Counter> = samples
+            .iter()
+            .filter_map(|(pod, stats)| {
+                let s = stats.as_ref()?;
+                Some((
+                    pod.clone(),
+                    Counter {
+                        uptime_seconds: s.uptime_seconds,
+                        evictions: s.evictions,
+                    },
+                ))
+            })
+            .collect();
+        let now = Instant::now();
+        let stored = mc.status.as_ref().and_then(|s| s.stats.as_ref());
+        let (write, evicting) = {
+            let mut state = self.lock_state();
+            let state = state.entry(key.clone()).or_default();
+            if state.problem != problem {
+                log_problem(&key, state.problem.as_deref(), problem.as_deref());
+                state.problem = problem;
+            }
+            let evicted = episodes::evicted(&state.counters, &counters);
+            let (episode, started) = episodes::step(&state.episode, evicted);
+            state.episode = episode;
+            state.counters = counters;
+            let write = should_write(
+                stored,
+                summary.as_ref(),
+                state.last_write,
+                now,
+                self.settings.status_interval,
+            );
+            (write, started.then_some(evicted.unwrap_or_default()))
+        };
+        if write
+            && self.write_status(&key, summary.as_ref()).await
+            && let Some(state) = self.lock_state().get_mut(&key)
+        {
+            state.last_write = Some(now);
+        }
+        if let Some(evicted) = evicting {
+            self.warn_evicting(&key, &mc, evicted, &read).await;
+        }
+    }
+
+    /// The instance's ready, non-terminating pods with an address: (pod name, podIP:containerPort).
+    fn servers(
+        &self,
+        (namespace, name): &InstanceKey,
+        mc: &Memcached,
+    ) -> Vec<(String, SocketAddr)> {
+        let Ok(port) = u16::try_from(mc.spec.container_port) else {
+            return Vec::new();
+        };
+        let mut servers: Vec<(String, SocketAddr)> = self
+            .pods
+            .state_filter(|pod| {
+                pod.metadata.namespace.as_deref() == Some(namespace.as_str())
+                    && pod.labels().get(labels::INSTANCE_KEY) == Some(name)
+                    && pod.labels().get(labels::NAME_KEY).map(String::as_str)
+                        == Some(labels::APP_NAME)
+            })
+            .iter()
+            .filter_map(|pod| server(pod, port))
+            .collect();
+        servers.sort();
+        servers
+    }
+
+    /// Reads every server, each in its own task; the samples by pod, and what failed, if anything.
+    async fn read_all(
+        &self,
+        servers: &[(String, SocketAddr)],
+        transport: &Transport,
+    ) -> (PodSamples, Option<String>) {
+        let mut reads = JoinSet::new();
+        for (pod, address) in servers {
+            let target = Target {
+                address: *address,
+                tls: transport.tls.clone(),
+                credentials: transport.credentials.clone(),
+            };
+            let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());
+            reads.spawn(async move {
+                // The semaphore is never closed; without a permit there is nothing to read with.
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return (pod, None);
+                };
+                let result = reader.read(target, READ_TIMEOUT).await;
+                (pod, Some(result))
+            });
+        }
+        let mut samples = PodSamples::new();
+        let mut failures = Vec::new();
+        while let Some(joined) = reads.join_next().await {
+            let Ok((pod, result)) = joined else { continue };
+            match result {
+                Some(Ok(stats)) => {
+                    self.metrics.count_read("ok");
+                    samples.insert(pod, Some(stats));
+                }
+                Some(Err(error)) => {
+                    self.metrics.count_read(error.reason());
+                    debug!(%pod, %error, "cannot read memcached stats");
+                    failures.push(format!("{pod}: {}", error.reason()));
+                    samples.insert(pod, None);
+                }
+                None => {
+                    samples.insert(pod, None);
+                }
+            }
+        }
+        // A read task that panicked leaves its pod out of the samples: count it as unread.
+        for (pod, _) in servers {
+            samples.entry(pod.clone()).or_insert(None);
+        }
+        failures.sort();
+        let problem = (!failures.is_empty()).then(|| {
+            format!(
+                "{} of {} servers could not be read ({})",
+                failures.len(),
+                servers.len(),
+                failures.join(", ")
+            )
+        });
+        (samples, problem)
+    }
+
+    /// Applies `status.stats` (or its removal, for `None`); whether it was written.
+    async fn write_status(
+        &self,
+        (namespace, name): &InstanceKey,
+        stats: Option<&CacheStats>,
+    ) -> bool {
+        // The semaphore is never closed.
+        let Ok(_permit) = self.writes.acquire().await else {
+            return false;
+        };
+        let api: Api<Memcached> = Api::namespaced(self.client.clone(), namespace);
+        let patch = stats_patch(name, stats);
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match tokio::time::timeout(
+            WRITE_TIMEOUT,
+            api.patch_status(name, &params, &Patch::Apply(&patch)),
+        )
+        .await
+        {
+            Ok(Ok(_)) => true,
+            Ok(Err(error)) => {
+                warn!(memcached = %name, %namespace, %error, "cannot write status.stats; retrying at the next collection");
+                false
+            }
+            Err(_) => {
+                warn!(memcached = %name, %namespace, "timed out writing status.stats; retrying at the next collection");
+                false
+            }
+        }
+    }
+
+    async fn warn_evicting(
+        &self,
+        (namespace, name): &InstanceKey,
+        mc: &Memcached,
+        evicted: u64,
+        read: &[Stats],
+    ) {
+        let note = evicting_note(evicted, self.settings.interval, read);
+        info!(memcached = %name, %namespace, %note, "evictions started");
+        let Ok(_permit) = self.writes.acquire().await else {
+            return;
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: EVICTING.to_owned(),
+            note: Some(note),
+            action: "ReadStats".to_owned(),
+            secondary: None,
+        };
+        match tokio::time::timeout(
+            WRITE_TIMEOUT,
+            self.events.publish(&event, &mc.object_ref(&())),
+        )
+        .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => {
+                warn!(memcached = %name, %namespace, %error, "cannot publish the Evicting event")
+            }
+            Err(_) => {
+                warn!(memcached = %name, %namespace, "timed out publishing the Evicting event")
+            }
+        }
+    }
+}
+
+/// `podIP:port` of a ready, non-terminating pod with an address.
+fn server(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
+    if pod.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let status = pod.status.as_ref()?;
+    let ready = status
+        .conditions
+        .as_ref()
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
+    ready.then(|| (pod.name_any(), SocketAddr::new(ip, port)))
+}
+
+/// The apply that sets `status.stats` to `stats` and nothing else; with `None`, an apply without it,
+/// which removes what this field manager set before.
+pub fn stats_patch(name: &str, stats: Option<&CacheStats>) -> serde_json::Value {
+    let status = match stats {
+        Some(stats) => json!({"stats": stats}),
+        None => json!({}),
+    };
+    json!({
+        "apiVersion": Memcached::api_version(&()),
+        "kind": Memcached::kind(&()),
+        "metadata": {"name": name},
+        "status": status,
+    })
+}
+
+/// The note of the `Evicting` event: how many, and how full the memory is, with the way out.
+pub fn evicting_note(evicted: u64, interval: Duration, read: &[Stats]) -> String {
+    let sum = |f: fn(&Stats) -> u64| read.iter().map(f).fold(0u64, u64::saturating_add);
+    let limit = sum(|s| s.limit_maxbytes);
+    let used = super::summary::percent(sum(|s| s.bytes), limit).unwrap_or_default();
+    format!(
+        "memcached evicted {evicted} valid items in the last {}s ({} in total since the servers started): \
+         the cache is too small for what is written to it. Items use {used}% of the {} MiB memory limit \
+         of the {} servers read; raise spec.memcached.maxMemoryMB or spec.size",
+        interval.as_secs(),
+        sum(|s| s.evictions),
+        limit / (1024 * 1024),
+        read.len(),
+    )
+}
+
+fn log_problem((namespace, name): &InstanceKey, before: Option<&str>, now: Option<&str>) {
+    match now {
+        Some(problem) => {
+            warn!(memcached = %name, %namespace, %problem, "cannot read memcached stats")
+        }
+        None if before.is_some() => {
+            info!(memcached = %name, %namespace, "memcached stats readable again")
+        }
+        None => {}
+    }
+}

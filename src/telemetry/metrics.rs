@@ -1,0 +1,335 @@
+//! Operand metrics: what each memcached server reported in the latest collection, on the operator's
+//! `/metrics`.
+//!
+//! Names are the Prometheus memcached exporter's (`memcached_up`, `memcached_commands_total`, …), so
+//! dashboards and alerts written for the exporter sidecar work with a change of labels only: each series
+//! carries `namespace`, `memcached` (the instance) and `pod`. Values are memcached's own: its counters
+//! (hits, misses, evictions, rejected connections, bytes read and written) count since the server
+//! started and are exposed as Prometheus counters, which is what they are: a restarted server starts
+//! again from zero, which `rate()` and `increase()` read as a counter reset. prometheus-client's
+//! `Counter` can only be incremented, so these are not kept in metric objects at all: the latest
+//! snapshot per pod is kept, and a [`Collector`] encodes it at scrape time as constant counters and
+//! gauges. That also makes removal exact: the series of a pod not read in its instance's latest
+//! collection, or of an instance no longer there, are simply not in the snapshot.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+
+use super::stats::Stats;
+
+/// (namespace, instance name).
+pub type InstanceKey = (String, String);
+
+/// What one pod gave in the latest collection: its stats, or `None` when it could not be read.
+pub type PodSamples = BTreeMap<String, Option<Stats>>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReadLabels {
+    result: &'static str,
+}
+
+/// The latest samples of every instance's pods, encoded on each scrape; and the operator's own count of
+/// reads by result (`memcached_operator_stats_reads_total`, registered by [`crate::metrics`]).
+#[derive(Debug, Default)]
+pub struct OperandMetrics {
+    samples: Mutex<BTreeMap<InstanceKey, PodSamples>>,
+    reads: Family<ReadLabels, Counter>,
+}
+
+impl OperandMetrics {
+    /// The read counter, for registration.
+    pub fn reads(&self) -> Family<ReadLabels, Counter> {
+        self.reads.clone()
+    }
+
+    /// Counts one server read: `ok`, a [`super::client::ReadError::reason`], or `unreadable` (not
+    /// attempted: the instance's Secrets do not give what is needed).
+    pub fn count_read(&self, result: &'static str) {
+        self.reads.get_or_create(&ReadLabels { result }).inc();
+    }
+
+    /// Replaces the samples of one instance: pods not in `pods` lose their series. An empty `pods`
+    /// removes the instance.
+    pub fn set_instance(&self, key: InstanceKey, pods: PodSamples) {
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if pods.is_empty() {
+            samples.remove(&key);
+        } else {
+            samples.insert(key, pods);
+        }
+    }
+
+    /// Removes the samples of every instance for which `keep` says no.
+    pub fn retain_instances(&self, keep: impl Fn(&InstanceKey) -> bool) {
+        let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        samples.retain(|key, _| keep(key));
+    }
+
+    /// Removes everything (collection stopped: the values would only grow stale).
+    pub fn clear(&self) {
+        self.retain_instances(|_| false);
+    }
+}
+
+/// One counter or gauge read from [`Stats`].
+struct Series {
+    /// The exporter's name (without `_total`, which the encoder adds to counters).
+    name: &'static str,
+    help: &'static str,
+    counter: bool,
+    /// Extra labels beyond namespace, memcached and pod.
+    labels: &'static [(&'static str, &'static str)],
+    value: fn(&Stats) -> u64,
+}
+
+/// Every series but `memcached_up`, in exposition order. `memcached_commands_total` has one family with
+/// a series per (command, status), as the exporter's, of which memcached's `stats` gives these two.
+const SERIES: &[Series] = &[
+    Series {
+        name: "memcached_uptime_seconds",
+        help: "Seconds since the server started",
+        counter: false,
+        labels: &[],
+        value: |s| s.uptime_seconds,
+    },
+    Series {
+        name: "memcached_commands",
+        help: "Requests by command and status, since the server started (get hits and misses)",
+        counter: true,
+        labels: &[("command", "get"), ("status", "hit")],
+        value: |s| s.get_hits,
+    },
+    Series {
+        name: "memcached_commands",
+        help: "",
+        counter: true,
+        labels: &[("command", "get"), ("status", "miss")],
+        value: |s| s.get_misses,
+    },
+    Series {
+        name: "memcached_items_evicted",
+        help: "Valid items removed to free memory for new ones, since the server started",
+        counter: true,
+        labels: &[],
+        value: |s| s.evictions,
+    },
+    Series {
+        name: "memcached_current_items",
+        help: "Items stored on the server",
+        counter: false,
+        labels: &[],
+        value: |s| s.curr_items,
+    },
+    Series {
+        name: "memcached_current_bytes",
+        help: "Bytes used to store items",
+        counter: false,
+        labels: &[],
+        value: |s| s.bytes,
+    },
+    Series {
+        name: "memcached_limit_bytes",
+        help: "Bytes the server may use to store items (its memory limit)",
+        counter: false,
+        labels: &[],
+        value: |s| s.limit_maxbytes,
+    },
+    Series {
+        name: "memcached_current_connections",
+        help: "Open connections, the operator's own reading connection included",
+        counter: false,
+        labels: &[],
+        value: |s| s.curr_connections,
+    },
+    Series {
+        name: "memcached_connections_rejected",
+        help: "Connections rejected because the server was at its connection limit, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.rejected_connections,
+    },
+    Series {
+        name: "memcached_read_bytes",
+        help: "Bytes the server read from the network, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.bytes_read,
+    },
+    Series {
+        name: "memcached_written_bytes",
+        help: "Bytes the server wrote to the network, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.bytes_written,
+    },
+];
+
+fn labels<'a>(
+    (namespace, memcached): &'a InstanceKey,
+    pod: &'a str,
+    extra: &'a [(&'static str, &'static str)],
+) -> Vec<(&'a str, &'a str)> {
+    let mut labels = vec![
+        ("namespace", namespace.as_str()),
+        ("memcached", memcached.as_str()),
+        ("pod", pod),
+    ];
+    labels.extend(extra.iter().copied());
+    labels
+}
+
+impl Collector for OperandMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if samples.is_empty() {
+            return Ok(());
+        }
+        {
+            let mut family = encoder.encode_descriptor(
+                "memcached_up",
+                "1 when the operator read the server's stats in the latest collection, else 0",
+                None,
+                MetricType::Gauge,
+            )?;
+            for (key, pods) in samples.iter() {
+                for (pod, stats) in pods {
+                    let labels = labels(key, pod, &[]);
+                    ConstGauge::new(i64::from(stats.is_some()))
+                        .encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+        // Series sharing a name (the command counters) share one descriptor.
+        let mut index = 0;
+        while index < SERIES.len() {
+            let first = &SERIES[index];
+            let group = SERIES[index..]
+                .iter()
+                .take_while(|s| s.name == first.name)
+                .count();
+            let metric_type = if first.counter {
+                MetricType::Counter
+            } else {
+                MetricType::Gauge
+            };
+            let mut family =
+                encoder.encode_descriptor(first.name, first.help, None, metric_type)?;
+            for series in &SERIES[index..index + group] {
+                for (key, pods) in samples.iter() {
+                    for (pod, stats) in pods {
+                        let Some(stats) = stats else { continue };
+                        let labels = labels(key, pod, series.labels);
+                        let value = (series.value)(stats);
+                        let metric = family.encode_family(&labels)?;
+                        if series.counter {
+                            ConstCounter::new(value).encode(metric)?;
+                        } else {
+                            ConstGauge::new(value).encode(metric)?;
+                        }
+                    }
+                }
+            }
+            index += group;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prometheus_client::registry::Registry;
+    use std::sync::Arc;
+
+    fn encode(metrics: &Arc<OperandMetrics>) -> String {
+        let mut registry = Registry::default();
+        registry.register_collector(Box::new(metrics.clone()));
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        out
+    }
+
+    fn key(ns: &str, name: &str) -> InstanceKey {
+        (ns.to_owned(), name.to_owned())
+    }
+
+    #[test]
+    fn encodes_the_exporter_names_and_removes_what_is_gone() {
+        let metrics = Arc::new(OperandMetrics::default());
+        assert_eq!(
+            encode(&metrics),
+            "# EOF\n",
+            "nothing before the first collection"
+        );
+        let stats = Stats {
+            uptime_seconds: 7,
+            get_hits: 3,
+            get_misses: 1,
+            evictions: 2,
+            curr_items: 5,
+            bytes: 100,
+            limit_maxbytes: 1000,
+            curr_connections: 4,
+            rejected_connections: 6,
+            bytes_read: 8,
+            bytes_written: 9,
+        };
+        metrics.set_instance(
+            key("ns", "cache"),
+            [
+                ("cache-a".to_owned(), Some(stats)),
+                ("cache-b".to_owned(), None),
+            ]
+            .into(),
+        );
+        metrics.set_instance(key("ns", "other"), [("other-a".to_owned(), None)].into());
+        let text = encode(&metrics);
+        let a = "namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"";
+        for line in [
+            "# TYPE memcached_up gauge".to_owned(),
+            format!("memcached_up{{{a}}} 1"),
+            "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-b\"} 0".to_owned(),
+            format!("memcached_uptime_seconds{{{a}}} 7"),
+            "# TYPE memcached_commands counter".to_owned(),
+            format!("memcached_commands_total{{{a},command=\"get\",status=\"hit\"}} 3"),
+            format!("memcached_commands_total{{{a},command=\"get\",status=\"miss\"}} 1"),
+            format!("memcached_items_evicted_total{{{a}}} 2"),
+            format!("memcached_current_items{{{a}}} 5"),
+            format!("memcached_current_bytes{{{a}}} 100"),
+            format!("memcached_limit_bytes{{{a}}} 1000"),
+            format!("memcached_current_connections{{{a}}} 4"),
+            format!("memcached_connections_rejected_total{{{a}}} 6"),
+            format!("memcached_read_bytes_total{{{a}}} 8"),
+            format!("memcached_written_bytes_total{{{a}}} 9"),
+        ] {
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains(
+                "memcached_current_items{namespace=\"ns\",memcached=\"cache\",pod=\"cache-b\"}"
+            ),
+            "an unread pod has only memcached_up"
+        );
+        assert_eq!(text.matches("# TYPE memcached_commands counter").count(), 1);
+
+        // A pod deleted: its series go.
+        metrics.set_instance(key("ns", "cache"), [("cache-b".to_owned(), None)].into());
+        // An instance deleted: all its series go.
+        metrics.retain_instances(|k| k != &key("ns", "other"));
+        let text = encode(&metrics);
+        assert!(
+            !text.contains("cache-a") && !text.contains("other-a"),
+            "{text}"
+        );
+        assert!(text.contains("pod=\"cache-b\"} 0"), "{text}");
+        metrics.set_instance(key("ns", "cache"), PodSamples::new());
+        assert_eq!(encode(&metrics), "# EOF\n");
+    }
+}

@@ -1,0 +1,63 @@
+//! Operand telemetry: the operator reads memcached's own `stats` from every ready pod.
+//!
+//! - [`stats`]: the pure parser of a `stats` reply.
+//! - [`client`]: one connection to one server (plain TCP or TLS, ASCII auth), bounded by a timeout.
+//! - [`collector`]: the task that reads every ready server every `--stats-interval` and feeds the rest.
+//! - [`secrets`]: the TLS material and credentials an instance's Secrets give, read once per version.
+//! - [`metrics`]: the per-pod series on `/metrics` (the memcached exporter's names).
+//! - [`summary`]: `status.stats` from the servers read, and when to write it (pure).
+//! - [`episodes`]: when evictions start and stop, for one Warning event per episode (pure).
+
+pub mod client;
+pub mod collector;
+pub mod episodes;
+pub mod metrics;
+pub mod secrets;
+pub mod stats;
+pub mod summary;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use kube::runtime::events::Reporter;
+use tokio::task::JoinHandle;
+
+pub use collector::{Collector, Network, Reader, Settings, Sources};
+
+use crate::controller::{Publisher, REPORTER};
+
+/// Starts the collector as its own task: it waits for `ready` (the caches hold their initial lists; a
+/// collection before would miss instances and pods) and then collects until `shutdown`. Events are
+/// recorded as the reconciler's are, under the operator's name and this replica's identity.
+pub fn spawn(
+    settings: Settings,
+    sources: Sources,
+    metrics: Arc<metrics::OperandMetrics>,
+    reporter_instance: Option<String>,
+    ready: impl Future<Output = bool> + Send + 'static,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> JoinHandle<()> {
+    let events = Arc::new(Publisher::new(
+        sources.client.clone(),
+        Reporter {
+            controller: REPORTER.to_owned(),
+            instance: reporter_instance,
+        },
+    ));
+    let collector = Arc::new(Collector::new(
+        settings,
+        sources,
+        metrics,
+        events,
+        Arc::new(Network),
+    ));
+    tokio::spawn(async move {
+        let shutdown = shutdown;
+        tokio::pin!(shutdown);
+        tokio::select! {
+            ready = ready => if !ready { return },
+            () = &mut shutdown => return,
+        }
+        collector.run(shutdown).await;
+    })
+}

@@ -1,0 +1,532 @@
+//! What the collector talks to in these tests: fake memcached servers on 127.0.x.y addresses (Linux
+//! answers all of 127.0.0.0/8 on the loopback interface, so pods can have distinct IPs and share the
+//! container port), a fake API server behind kube's client that records every request, and the caches
+//! as the operator's watches would fill them.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::{Request, Response};
+use http_body_util::BodyExt;
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::Client;
+use kube::api::PartialObjectMeta;
+use kube::client::Body;
+use kube::runtime::events::Reporter;
+use kube::runtime::reflector::{self, Store, store::Writer};
+use kube::runtime::watcher;
+use memcached_operator::api::Memcached;
+use memcached_operator::controller::Publisher;
+use memcached_operator::telemetry::metrics::OperandMetrics;
+use memcached_operator::telemetry::{Collector, Network, Settings, Sources};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
+
+pub const NS: &str = "default";
+
+// ---------------------------------------------------------------------------------------------------
+// Fake memcached servers.
+
+/// What a fake server reports; changed between collections by the tests.
+#[derive(Clone, Debug)]
+pub struct Values {
+    pub uptime: u64,
+    pub hits: u64,
+    pub misses: u64,
+    pub evictions: u64,
+    pub items: u64,
+    pub bytes: u64,
+    pub limit: u64,
+    pub connections: u64,
+}
+
+impl Default for Values {
+    fn default() -> Self {
+        Self {
+            uptime: 100,
+            hits: 2,
+            misses: 1,
+            evictions: 0,
+            items: 5,
+            bytes: 1024,
+            limit: 64 * 1024 * 1024,
+            connections: 3,
+        }
+    }
+}
+
+impl Values {
+    fn reply(&self) -> String {
+        format!(
+            "STAT pid 1\r\nSTAT uptime {}\r\nSTAT curr_connections {}\r\nSTAT rejected_connections 0\r\n\
+             STAT get_hits {}\r\nSTAT get_misses {}\r\nSTAT bytes_read 10\r\nSTAT bytes_written 20\r\n\
+             STAT limit_maxbytes {}\r\nSTAT bytes {}\r\nSTAT curr_items {}\r\nSTAT evictions {}\r\nEND\r\n",
+            self.uptime,
+            self.connections,
+            self.hits,
+            self.misses,
+            self.limit,
+            self.bytes,
+            self.items,
+            self.evictions
+        )
+    }
+}
+
+/// How a fake server behaves once asked for `stats`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Answers.
+    Answer,
+    /// Never answers (and keeps the connection open).
+    Silent,
+    /// Sends half the reply, then closes.
+    CloseMidReply,
+}
+
+/// A running fake memcached: its address, what it reports, and how many connections it accepted.
+pub struct Server {
+    pub address: SocketAddr,
+    pub values: Arc<Mutex<Values>>,
+    pub connections: Arc<AtomicUsize>,
+}
+
+impl Server {
+    pub fn set(&self, change: impl FnOnce(&mut Values)) {
+        change(&mut self.values.lock().unwrap());
+    }
+}
+
+/// Options of a fake server: TLS, and the `user password` the auth `set` must carry.
+#[derive(Clone, Default)]
+pub struct Security {
+    pub tls: Option<Arc<ServerConfig>>,
+    pub auth: Option<String>,
+}
+
+/// Starts a fake memcached on `ip:port` (`port` 0: any).
+pub async fn server(ip: &str, port: u16, mode: Mode, security: Security) -> Server {
+    let listener = TcpListener::bind((ip, port))
+        .await
+        .expect("bind a fake memcached");
+    let address = listener.local_addr().unwrap();
+    let values = Arc::new(Mutex::new(Values::default()));
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (v, c) = (values.clone(), connections.clone());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            c.fetch_add(1, Ordering::SeqCst);
+            let (values, security) = (v.clone(), security.clone());
+            tokio::spawn(async move {
+                let reply = values.lock().unwrap().reply();
+                match &security.tls {
+                    Some(config) => {
+                        if let Ok(tls) = TlsAcceptor::from(config.clone()).accept(stream).await {
+                            converse(tls, mode, security.auth.as_deref(), reply).await;
+                        }
+                    }
+                    None => converse(stream, mode, security.auth.as_deref(), reply).await,
+                }
+            });
+        }
+    });
+    Server {
+        address,
+        values,
+        connections,
+    }
+}
+
+/// An address on `ip` where nothing listens: a dead pod.
+pub async fn dead(ip: &str, port: u16) -> SocketAddr {
+    let listener = TcpListener::bind((ip, port)).await.expect("bind");
+    let address = listener.local_addr().unwrap();
+    drop(listener);
+    address
+}
+
+async fn converse<S>(stream: S, mode: Mode, auth: Option<&str>, reply: String)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut stream = BufReader::new(stream);
+    let mut line = String::new();
+    if let Some(expected) = auth {
+        if stream.read_line(&mut line).await.is_err() {
+            return;
+        }
+        let length: usize = line
+            .trim_end()
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut data = vec![0; length + 2];
+        if stream.read_exact(&mut data).await.is_err() {
+            return;
+        }
+        if data != format!("{expected}\r\n").as_bytes() {
+            let _ = stream
+                .write_all(b"CLIENT_ERROR authentication failure\r\n")
+                .await;
+            let _ = stream.flush().await;
+            return;
+        }
+        let _ = stream.write_all(b"STORED\r\n").await;
+        let _ = stream.flush().await;
+        line.clear();
+    }
+    if stream.read_line(&mut line).await.is_err() || line != "stats\r\n" {
+        return;
+    }
+    match mode {
+        Mode::Answer => {
+            let _ = stream.write_all(reply.as_bytes()).await;
+            let _ = stream.flush().await;
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest).await;
+        }
+        Mode::Silent => {
+            let mut rest = Vec::new();
+            let _ = stream.read_to_end(&mut rest).await;
+        }
+        Mode::CloseMidReply => {
+            let _ = stream.write_all(&reply.as_bytes()[..reply.len() / 2]).await;
+            let _ = stream.flush().await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Certificates, made at test time.
+
+pub struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate chain and its key, PEM.
+pub struct Leaf {
+    pub chain: String,
+    pub key: String,
+}
+
+impl Pki {
+    pub fn new() -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "instance CA");
+        Self {
+            ca: CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap(),
+        }
+    }
+
+    pub fn ca_pem(&self) -> String {
+        self.ca.pem()
+    }
+
+    /// The instance's certificate, as a Secret with `clientAuth` holds it: the servers present it, and
+    /// the operator presents it as its client identity, so it is good for both.
+    pub fn leaf(&self) -> Leaf {
+        let mut params = CertificateParams::new(vec!["cache.default.svc".to_owned()]).unwrap();
+        params.distinguished_name.push(DnType::CommonName, "cache");
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        let key = KeyPair::generate().unwrap();
+        let certificate = params.signed_by(&key, &self.ca).unwrap();
+        Leaf {
+            chain: certificate.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A server that presents `leaf` and requires a client certificate signed by this CA.
+    pub fn mutual_server(&self, leaf: &Leaf) -> Arc<ServerConfig> {
+        let provider = Arc::new(ring::default_provider());
+        let mut roots = RootCertStore::empty();
+        roots.add(self.ca.der().clone()).unwrap();
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+                .build()
+                .unwrap();
+        let chain = CertificateDer::pem_slice_iter(leaf.chain.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).unwrap();
+        Arc::new(
+            ServerConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain, key)
+                .unwrap(),
+        )
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// A fake API server.
+
+/// A request the collector made, and when.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub query: String,
+    pub body: Value,
+    pub at: Instant,
+}
+
+/// Answers Secret GETs from `secrets` (404 for others), echoes status applies and events, and records
+/// every request.
+pub struct FakeApi {
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+    pub secrets: Arc<Mutex<BTreeMap<String, Value>>>,
+}
+
+impl FakeApi {
+    pub fn start() -> (Client, Self) {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let secrets: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
+        let (s, sec) = (seen.clone(), secrets.clone());
+        tokio::spawn(async move {
+            while let Some((request, respond)) = handle.next_request().await {
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect().await.unwrap().to_bytes();
+                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+                let path = parts.uri.path().to_owned();
+                let (status, reply) = answer(parts.method.as_str(), &path, &body, &sec);
+                s.lock().unwrap().push(Seen {
+                    method: parts.method.to_string(),
+                    path,
+                    query: parts.uri.query().unwrap_or_default().to_owned(),
+                    body,
+                    at: Instant::now(),
+                });
+                respond.send_response(
+                    Response::builder()
+                        .status(status)
+                        .body(Body::from(serde_json::to_vec(&reply).unwrap()))
+                        .unwrap(),
+                );
+            }
+        });
+        (Client::new(service, NS), Self { seen, secrets })
+    }
+
+    pub fn requests(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// The requests to `path` with `method`.
+    pub fn to(&self, method: &str, path: &str) -> Vec<Seen> {
+        self.requests()
+            .into_iter()
+            .filter(|r| r.method == method && r.path == path)
+            .collect()
+    }
+
+    /// The status applies of instance `name`.
+    pub fn status_writes(&self, name: &str) -> Vec<Seen> {
+        self.to(
+            "PATCH",
+            &format!("/apis/cache.example.com/v1alpha1/namespaces/{NS}/memcacheds/{name}/status"),
+        )
+    }
+
+    pub fn events(&self) -> Vec<Seen> {
+        self.to(
+            "POST",
+            &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
+        )
+    }
+
+    pub fn secret_reads(&self, name: &str) -> usize {
+        self.to("GET", &format!("/api/v1/namespaces/{NS}/secrets/{name}"))
+            .len()
+    }
+}
+
+fn answer(
+    method: &str,
+    path: &str,
+    body: &Value,
+    secrets: &Mutex<BTreeMap<String, Value>>,
+) -> (u16, Value) {
+    let secret_prefix = format!("/api/v1/namespaces/{NS}/secrets/");
+    if method == "GET"
+        && let Some(name) = path.strip_prefix(&secret_prefix)
+    {
+        return match secrets.lock().unwrap().get(name) {
+            Some(secret) => (200, secret.clone()),
+            None => (
+                404,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
+                       "reason": "NotFound", "message": "not found"}),
+            ),
+        };
+    }
+    let mut echo = body.clone();
+    if path.ends_with("/status") {
+        echo["spec"] = json!({});
+        echo["metadata"]["namespace"] = json!(NS);
+    }
+    (if method == "POST" { 201 } else { 200 }, echo)
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Caches and the collector.
+
+pub struct Caches {
+    pub memcacheds: Writer<Memcached>,
+    pub pods: Writer<Pod>,
+    pub secrets: Writer<PartialObjectMeta<Secret>>,
+    stores: (
+        Store<Memcached>,
+        Store<Pod>,
+        Store<PartialObjectMeta<Secret>>,
+    ),
+}
+
+impl Caches {
+    pub fn new() -> Self {
+        let (m, mut memcacheds) = reflector::store();
+        let (p, mut pods) = reflector::store();
+        let (s, mut secrets) = reflector::store();
+        memcacheds.apply_watcher_event(&watcher::Event::InitDone);
+        pods.apply_watcher_event(&watcher::Event::InitDone);
+        secrets.apply_watcher_event(&watcher::Event::InitDone);
+        Self {
+            memcacheds,
+            pods,
+            secrets,
+            stores: (m, p, s),
+        }
+    }
+
+    pub fn instance(&mut self, mc: &Memcached) {
+        self.memcacheds
+            .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
+    }
+
+    pub fn remove_instance(&mut self, mc: &Memcached) {
+        self.memcacheds
+            .apply_watcher_event(&watcher::Event::Delete(mc.clone()));
+    }
+
+    pub fn pod(&mut self, pod: &Pod) {
+        self.pods
+            .apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+    }
+
+    pub fn remove_pod(&mut self, pod: &Pod) {
+        self.pods
+            .apply_watcher_event(&watcher::Event::Delete(pod.clone()));
+    }
+
+    /// A Secret as the metadata-only watch sees it.
+    pub fn secret(&mut self, name: &str, version: &str) {
+        let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": name, "namespace": NS, "resourceVersion": version}
+        }))
+        .unwrap();
+        self.secrets
+            .apply_watcher_event(&watcher::Event::Apply(meta));
+    }
+
+    /// A collector over these caches, reading over the network, writing to `client`.
+    pub fn collector(
+        &self,
+        client: Client,
+        status_interval: Duration,
+    ) -> (Arc<Collector>, Arc<OperandMetrics>) {
+        let metrics = Arc::new(OperandMetrics::default());
+        let events = Arc::new(Publisher::new(
+            client.clone(),
+            Reporter {
+                controller: "memcached-operator".into(),
+                instance: Some("test".into()),
+            },
+        ));
+        let collector = Collector::new(
+            Settings {
+                interval: Duration::from_secs(30),
+                status_interval,
+            },
+            Sources {
+                client,
+                memcacheds: self.stores.0.clone(),
+                pods: self.stores.1.clone(),
+                secrets: self.stores.2.clone(),
+            },
+            metrics.clone(),
+            events,
+            Arc::new(Network),
+        );
+        (Arc::new(collector), metrics)
+    }
+}
+
+/// An instance on `port`, with `spec` fields merged in.
+pub fn instance(name: &str, port: u16, spec: Value) -> Memcached {
+    let mut full = json!({"size": 1, "containerPort": port});
+    for (k, v) in spec.as_object().unwrap() {
+        full[k] = v.clone();
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": name, "namespace": NS, "uid": format!("uid-{name}"),
+                     "resourceVersion": "1", "generation": 1},
+        "spec": full
+    }))
+    .unwrap()
+}
+
+/// A pod of `instance` at `ip`; `ready` and `terminating` as given.
+pub fn pod(instance: &str, name: &str, ip: &str, ready: bool, terminating: bool) -> Pod {
+    let mut pod = json!({
+        "metadata": {"name": name, "namespace": NS, "labels": {
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": instance,
+            "app.kubernetes.io/managed-by": "memcached-operator"}},
+        "status": {"phase": "Running", "podIP": ip,
+                   "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]}
+    });
+    if terminating {
+        pod["metadata"]["deletionTimestamp"] = json!("2024-01-01T00:00:00Z");
+    }
+    serde_json::from_value(pod).unwrap()
+}
+
+/// The value of the series `name{labels}` in `text`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+/// The operand metrics as exposed.
+pub fn exposition(metrics: &Arc<OperandMetrics>) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(metrics.clone()));
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+    out
+}

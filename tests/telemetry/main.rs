@@ -1,0 +1,525 @@
+//! The stats collector (`memcached_operator::telemetry::Collector`): fake memcached servers on 127.0.x.y
+//! addresses that answer, stay silent, are not there, or close mid-reply; TLS with client certificates
+//! and ASCII auth from the instance's Secrets; and what comes out: the operand metrics, the
+//! `status.stats` applies (exact bodies, and how few), and the `Evicting` events. Every address is in
+//! 127.0.0.0/8; each test uses its own 127.0.N.x range, so tests running at once share no address.
+
+#[path = "../common/mod.rs"]
+mod common;
+mod fakes;
+
+use std::time::{Duration, Instant};
+
+use memcached_operator::api::{CacheStats, MemcachedStatus};
+use serde_json::json;
+
+use fakes::*;
+
+const LONG: Duration = Duration::from_secs(300);
+
+/// A Secret as the API server serves it (values base64-encoded, as `ByteString` serialises them).
+fn secret(name: &str, version: &str, data: &[(&str, &str)]) -> serde_json::Value {
+    let secret = k8s_openapi::api::core::v1::Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            resource_version: Some(version.into()),
+            ..Default::default()
+        },
+        data: Some(
+            data.iter()
+                .map(|(k, v)| {
+                    (
+                        (*k).to_owned(),
+                        k8s_openapi::ByteString(v.as_bytes().to_vec()),
+                    )
+                })
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    serde_json::to_value(secret).unwrap()
+}
+
+#[tokio::test]
+async fn slow_dead_and_half_closing_pods_are_down_and_delay_nothing_else() {
+    let healthy = server("127.0.1.1", 0, Mode::Answer, Security::default()).await;
+    let port = healthy.address.port();
+    let silent = server("127.0.1.2", port, Mode::Silent, Security::default()).await;
+    let dead = dead("127.0.1.3", port).await;
+    let closing = server("127.0.1.4", port, Mode::CloseMidReply, Security::default()).await;
+    let _other = server("127.0.1.5", port, Mode::Answer, Security::default()).await;
+
+    let mut caches = Caches::new();
+    caches.instance(&instance("cache", port, json!({"size": 4})));
+    caches.pod(&pod("cache", "cache-a", "127.0.1.1", true, false));
+    caches.pod(&pod("cache", "cache-b", "127.0.1.2", true, false));
+    caches.pod(&pod(
+        "cache",
+        "cache-c",
+        &dead.ip().to_string(),
+        true,
+        false,
+    ));
+    caches.pod(&pod("cache", "cache-d", "127.0.1.4", true, false));
+    // Not read: not ready, terminating.
+    caches.pod(&pod("cache", "cache-e", "127.0.1.6", false, false));
+    caches.pod(&pod("cache", "cache-f", "127.0.1.7", true, true));
+    caches.instance(&instance("fast", port, json!({})));
+    caches.pod(&pod("fast", "fast-a", "127.0.1.5", true, false));
+
+    let (client, api) = FakeApi::start();
+    let (collector, metrics) = caches.collector(client, LONG);
+    let start = Instant::now();
+    collector.collect().await;
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1900) && took < Duration::from_millis(3500),
+        "the silent pod costs its 2 s timeout, once: {took:?}"
+    );
+
+    let text = exposition(&metrics);
+    let up = |pod: &str| {
+        let instance = pod.split('-').next().unwrap();
+        sample(
+            &text,
+            &format!(
+                "memcached_up{{namespace=\"default\",memcached=\"{instance}\",pod=\"{pod}\"}}"
+            ),
+        )
+    };
+    assert_eq!(up("cache-a"), Some(1.0), "{text}");
+    assert_eq!(up("cache-b"), Some(0.0), "timeout");
+    assert_eq!(up("cache-c"), Some(0.0), "dead");
+    assert_eq!(up("cache-d"), Some(0.0), "closed mid-reply");
+    assert_eq!(up("fast-a"), Some(1.0));
+    assert!(
+        !text.contains("cache-e") && !text.contains("cache-f"),
+        "{text}"
+    );
+    assert!(
+        text.contains(
+            "memcached_current_items{namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"} 5"
+        ),
+        "{text}"
+    );
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register("memcached_operator_stats_reads", "", metrics.reads());
+    let mut reads = String::new();
+    prometheus_client::encoding::text::encode(&mut reads, &registry).unwrap();
+    for (result, n) in [("ok", 2), ("timeout", 1), ("connect", 1), ("closed", 1)] {
+        assert!(
+            reads.contains(&format!(
+                "memcached_operator_stats_reads_total{{result=\"{result}\"}} {n}"
+            )),
+            "{result}: {reads}"
+        );
+    }
+    assert_eq!(
+        silent.connections.load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+    assert_eq!(
+        closing
+            .connections
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+
+    // The exact status apply: only status.stats, under the collector's own field manager.
+    let writes = api.status_writes("cache");
+    assert_eq!(writes.len(), 1, "{writes:#?}");
+    assert!(
+        writes[0]
+            .query
+            .contains("fieldManager=memcached-operator-stats")
+            && writes[0].query.contains("force=true"),
+        "{}",
+        writes[0].query
+    );
+    assert_eq!(
+        writes[0].body,
+        json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "cache"},
+            "status": {"stats": {"hitRatioPercent": 66, "memoryUsedPercent": 0, "items": 5,
+                                 "evictions": 0, "connections": 3, "serversRead": 1, "serversReady": 4}}
+        })
+    );
+    // The healthy instance was written without waiting for the other's silent pod.
+    let fast = api.status_writes("fast");
+    assert_eq!(fast.len(), 1);
+    assert!(
+        fast[0].at.duration_since(start) < Duration::from_millis(1500),
+        "written after {:?}",
+        fast[0].at.duration_since(start)
+    );
+    assert!(api.events().is_empty());
+}
+
+#[tokio::test]
+async fn two_collections_with_the_same_rounded_values_write_once() {
+    let a = server("127.0.2.1", 0, Mode::Answer, Security::default()).await;
+    let port = a.address.port();
+    let mut caches = Caches::new();
+    let mut mc = instance("cache", port, json!({}));
+    caches.instance(&mc);
+    caches.pod(&pod("cache", "cache-a", "127.0.2.1", true, false));
+    let (client, api) = FakeApi::start();
+    // No throttle: only "did a rounded value change" decides.
+    let (collector, _) = caches.collector(client, Duration::ZERO);
+
+    collector.collect().await;
+    let writes = api.status_writes("cache");
+    assert_eq!(writes.len(), 1);
+    // The watch brings the written stats into the cache.
+    let written: CacheStats =
+        serde_json::from_value(writes[0].body["status"]["stats"].clone()).unwrap();
+    mc.status = Some(MemcachedStatus {
+        stats: Some(written),
+        ..MemcachedStatus::default()
+    });
+    caches.instance(&mc);
+
+    // Busier, but the same whole percentages, items, evictions and connections.
+    a.set(|v| {
+        v.hits = 20;
+        v.misses = 10;
+        v.bytes = 2048;
+        v.uptime += 30;
+    });
+    collector.collect().await;
+    assert_eq!(
+        api.status_writes("cache").len(),
+        1,
+        "same rounded values: no write"
+    );
+
+    // A real change is written.
+    a.set(|v| v.items = 6);
+    collector.collect().await;
+    let writes = api.status_writes("cache");
+    assert_eq!(writes.len(), 2);
+    assert_eq!(writes[1].body["status"]["stats"]["items"], 6);
+}
+
+#[tokio::test]
+async fn a_busy_cache_is_written_at_most_once_per_status_interval() {
+    let a = server("127.0.3.1", 0, Mode::Answer, Security::default()).await;
+    let port = a.address.port();
+    let mut caches = Caches::new();
+    caches.instance(&instance("cache", port, json!({})));
+    caches.pod(&pod("cache", "cache-a", "127.0.3.1", true, false));
+    let (client, api) = FakeApi::start();
+    let (collector, _) = caches.collector(client, LONG);
+    for items in 10..14 {
+        a.set(|v| v.items = items);
+        collector.collect().await;
+    }
+    assert_eq!(
+        api.status_writes("cache").len(),
+        1,
+        "every collection changed the items, but the interval allows one write"
+    );
+}
+
+#[tokio::test]
+async fn series_of_deleted_pods_and_instances_disappear() {
+    let a = server("127.0.4.1", 0, Mode::Answer, Security::default()).await;
+    let port = a.address.port();
+    let _b = server("127.0.4.2", port, Mode::Answer, Security::default()).await;
+    let _c = server("127.0.4.3", port, Mode::Answer, Security::default()).await;
+    let mut caches = Caches::new();
+    let cache = instance("cache", port, json!({"size": 2}));
+    let other = instance("other", port, json!({}));
+    caches.instance(&cache);
+    caches.instance(&other);
+    let pod_b = pod("cache", "cache-b", "127.0.4.2", true, false);
+    caches.pod(&pod("cache", "cache-a", "127.0.4.1", true, false));
+    caches.pod(&pod_b);
+    caches.pod(&pod("other", "other-a", "127.0.4.3", true, false));
+    let (client, _api) = FakeApi::start();
+    let (collector, metrics) = caches.collector(client, LONG);
+
+    collector.collect().await;
+    let text = exposition(&metrics);
+    for pod in ["cache-a", "cache-b", "other-a"] {
+        assert!(
+            text.contains(&format!("pod=\"{pod}\"}} 1")),
+            "{pod}: {text}"
+        );
+    }
+
+    caches.remove_pod(&pod_b);
+    caches.remove_instance(&other);
+    collector.collect().await;
+    let text = exposition(&metrics);
+    assert!(text.contains("pod=\"cache-a\"} 1"), "{text}");
+    assert!(!text.contains("cache-b"), "deleted pod: {text}");
+    assert!(!text.contains("other"), "deleted instance: {text}");
+
+    // An instance being deleted is not read, and loses its series.
+    let mut deleting = cache.clone();
+    deleting.metadata.deletion_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::from_second(1_700_000_000).unwrap(),
+        ));
+    caches.instance(&deleting);
+    let before = a.connections.load(std::sync::atomic::Ordering::SeqCst);
+    collector.collect().await;
+    assert_eq!(exposition(&metrics), "# EOF\n");
+    assert_eq!(
+        a.connections.load(std::sync::atomic::Ordering::SeqCst),
+        before
+    );
+}
+
+#[tokio::test]
+async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
+    let pki = Pki::new();
+    let leaf = pki.leaf();
+    let security = Security {
+        tls: Some(pki.mutual_server(&leaf)),
+        auth: Some("alice s3cret".into()),
+    };
+    let a = server("127.0.5.1", 0, Mode::Answer, security).await;
+    let port = a.address.port();
+    let mut caches = Caches::new();
+    caches.instance(&instance(
+        "cache",
+        port,
+        json!({"security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
+                            "auth": {"secretName": "cache-auth"}}}),
+    ));
+    caches.pod(&pod("cache", "cache-a", "127.0.5.1", true, false));
+    caches.secret("cache-tls", "7");
+    caches.secret("cache-auth", "8");
+    let (client, api) = FakeApi::start();
+    let ca = pki.ca_pem();
+    let tls_secret = secret(
+        "cache-tls",
+        "7",
+        &[
+            ("tls.crt", &leaf.chain),
+            ("tls.key", &leaf.key),
+            ("ca.crt", &ca),
+        ],
+    );
+    let auth_secret = |password: &str, version: &str| {
+        secret(
+            "cache-auth",
+            version,
+            &[("auth-file", &format!("alice:{password}\n"))],
+        )
+    };
+    api.secrets
+        .lock()
+        .unwrap()
+        .insert("cache-tls".into(), tls_secret);
+    api.secrets
+        .lock()
+        .unwrap()
+        .insert("cache-auth".into(), auth_secret("s3cret", "8"));
+    let (collector, metrics) = caches.collector(client, LONG);
+    let up = |metrics: &_| {
+        sample(
+            &exposition(metrics),
+            "memcached_up{namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"}",
+        )
+    };
+
+    collector.collect().await;
+    assert_eq!(
+        up(&metrics),
+        Some(1.0),
+        "read over mutual TLS, authenticated"
+    );
+    collector.collect().await;
+    assert_eq!(up(&metrics), Some(1.0));
+    assert_eq!(
+        (
+            api.secret_reads("cache-tls"),
+            api.secret_reads("cache-auth")
+        ),
+        (1, 1),
+        "each Secret version is read once"
+    );
+    let written = &api.status_writes("cache")[0].body;
+    assert_eq!(written["status"]["stats"]["serversRead"], 1, "{written}");
+
+    // The password changes (a new Secret version) but the servers still want the old one: the new
+    // version is read, the read is refused, and the pod is down.
+    api.secrets
+        .lock()
+        .unwrap()
+        .insert("cache-auth".into(), auth_secret("other", "9"));
+    caches.secret("cache-auth", "9");
+    collector.collect().await;
+    assert_eq!(api.secret_reads("cache-auth"), 2);
+    assert_eq!(up(&metrics), Some(0.0), "wrong credentials");
+
+    // Nothing in any request carries a Secret value.
+    for request in api.requests() {
+        let body = request.body.to_string();
+        assert!(
+            !body.contains("s3cret") && !body.contains("PRIVATE KEY"),
+            "{body}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_instance_whose_secret_is_missing_is_not_readable_and_not_dialled() {
+    let a = server("127.0.6.1", 0, Mode::Answer, Security::default()).await;
+    let port = a.address.port();
+    let mut caches = Caches::new();
+    caches.instance(&instance(
+        "cache",
+        port,
+        json!({"security": {"auth": {"secretName": "missing"}}}),
+    ));
+    caches.pod(&pod("cache", "cache-a", "127.0.6.1", true, false));
+    let (client, api) = FakeApi::start();
+    let (collector, metrics) = caches.collector(client, LONG);
+    collector.collect().await;
+    collector.collect().await;
+    assert_eq!(
+        a.connections.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no credentials, no connection"
+    );
+    assert_eq!(
+        api.secret_reads("missing"),
+        0,
+        "the metadata cache says it does not exist"
+    );
+    let text = exposition(&metrics);
+    assert_eq!(
+        sample(
+            &text,
+            "memcached_up{namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"}"
+        ),
+        Some(0.0)
+    );
+    let writes = api.status_writes("cache");
+    assert_eq!(writes.len(), 1);
+    assert_eq!(
+        writes[0].body["status"],
+        json!({"stats": {"serversRead": 0, "serversReady": 1}})
+    );
+}
+
+#[tokio::test]
+async fn evictions_warn_once_per_episode() {
+    let a = server("127.0.7.1", 0, Mode::Answer, Security::default()).await;
+    let port = a.address.port();
+    let mut caches = Caches::new();
+    caches.instance(&instance("cache", port, json!({})));
+    caches.pod(&pod("cache", "cache-a", "127.0.7.1", true, false));
+    let (client, api) = FakeApi::start();
+    let (collector, _) = caches.collector(client, LONG);
+
+    a.set(|v| v.evictions = 100);
+    collector.collect().await;
+    assert!(api.events().is_empty(), "old evictions are no news");
+    for evictions in [150, 180, 180, 250, 300] {
+        a.set(|v| {
+            v.evictions = evictions;
+            v.bytes = v.limit;
+        });
+        collector.collect().await;
+    }
+    let events = api.events();
+    assert_eq!(events.len(), 1, "{events:#?}");
+    let event = &events[0].body;
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "Evicting");
+    assert_eq!(event["regarding"]["kind"], "Memcached");
+    assert_eq!(event["regarding"]["name"], "cache");
+    let note = event["note"].as_str().unwrap();
+    assert!(
+        note.contains("evicted 50 valid items")
+            && note.contains("150 in total")
+            && note.contains("100% of the 64 MiB memory limit")
+            && note.contains("maxMemoryMB"),
+        "{note}"
+    );
+
+    // Quiet long enough: the episode ends, and the next evictions start a new one.
+    for _ in 0..memcached_operator::telemetry::episodes::QUIET_COLLECTIONS {
+        collector.collect().await;
+    }
+    assert_eq!(api.events().len(), 1);
+    a.set(|v| v.evictions += 1);
+    collector.collect().await;
+    assert_eq!(api.events().len(), 2);
+}
+
+/// The reconciler never sends status.stats (so it never owns it) and carries it over unchanged when it
+/// computes the status (so stats alone never make it write).
+#[tokio::test]
+async fn the_reconciler_keeps_its_hands_off_status_stats() {
+    use common::mock;
+    let stats = CacheStats {
+        hit_ratio_percent: Some(90),
+        items: Some(3),
+        servers_read: 1,
+        servers_ready: 1,
+        ..CacheStats::default()
+    };
+    let previous = MemcachedStatus {
+        stats: Some(stats.clone()),
+        ..MemcachedStatus::default()
+    };
+    let now = mock::Time(mock::Timestamp::from_second(mock::NOW).unwrap());
+    let computed = memcached_operator::status::compute(
+        &memcached_operator::status::Observed::default(),
+        Some(&previous),
+        &now,
+    );
+    assert_eq!(computed.stats, Some(stats));
+
+    let mut cluster = mock::Cluster::new();
+    let mut mc = mock::memcached(1);
+    mc.status = Some(previous);
+    let seen = mock::create_as(&mut cluster, mc, mock::DEPLOYMENTS).await;
+    let status = &seen.last().unwrap().body;
+    assert_eq!(seen.last().unwrap().path, mock::STATUS);
+    assert!(
+        status["status"].get("stats").is_none() && status["status"].get("conditions").is_some(),
+        "{status}"
+    );
+}
+
+/// Every operand series the operator can expose is documented in the operations guide and the README.
+#[test]
+fn every_operand_metric_is_documented() {
+    use memcached_operator::telemetry::metrics::OperandMetrics;
+    use memcached_operator::telemetry::stats::Stats;
+    let metrics = std::sync::Arc::new(OperandMetrics::default());
+    metrics.set_instance(
+        ("ns".into(), "cache".into()),
+        [("cache-a".to_owned(), Some(Stats::default()))].into(),
+    );
+    let text = exposition(&metrics);
+    let guide = common::read("docs/operations.md");
+    let readme = common::read("README.md");
+    let mut documented = 0;
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let mut parts = line.split_whitespace();
+        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
+        let exported = if kind == "counter" {
+            format!("{name}_total")
+        } else {
+            name.to_owned()
+        };
+        for (file, text) in [("docs/operations.md", &guide), ("README.md", &readme)] {
+            assert!(
+                text.contains(&format!("`{exported}")),
+                "{file} does not document {exported}"
+            );
+        }
+        documented += 1;
+    }
+    assert_eq!(documented, 11, "{text}");
+}

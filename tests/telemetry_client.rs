@@ -1,0 +1,817 @@
+//! The telemetry client (`read_stats`) against fake memcached servers on 127.0.0.1 that misbehave on purpose,
+//! against TLS servers with certificates generated here (no key is ever committed), and against the real
+//! `memcached` when it is installed (`real_*` tests; CI must install it: they fail when `CI` is set and it
+//! is missing, and are skipped with a message otherwise).
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use memcached_operator::telemetry::client::{
+    Credentials, ReadError, Target, TlsMaterial, read_stats, tls_connector,
+};
+use memcached_operator::telemetry::stats::{ParseError, Stats, parse};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose, date_time_ymd,
+};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::rustls::pki_types::pem::PemObject;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
+
+/// A real reply of Debian's memcached 1.6.18, CRLFs included.
+const FIXTURE: &[u8] = include_bytes!("fixtures/memcached-stats.txt");
+/// For exchanges that must succeed or fail fast: generous, so a loaded CI machine does not flake.
+const GENEROUS: Duration = Duration::from_secs(10);
+
+fn fixture_stats() -> Stats {
+    parse(FIXTURE).expect("the fixture parses")
+}
+
+fn plain(address: SocketAddr) -> Target {
+    Target {
+        address,
+        tls: None,
+        credentials: None,
+    }
+}
+
+/// Accepts one connection on a fresh 127.0.0.1 port and hands it to `handler`.
+async fn fake<F, Fut>(handler: F) -> SocketAddr
+where
+    F: FnOnce(TcpStream) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a test port");
+    let address = listener.local_addr().expect("local address");
+    tokio::spawn(async move {
+        if let Ok((stream, _)) = listener.accept().await {
+            handler(stream).await;
+        }
+    });
+    address
+}
+
+/// Plays memcached: checks the authenticating `set` when `auth` says which data to expect, waits for
+/// `stats\r\n`, sends `reply`, then holds the connection until the client closes it.
+async fn memcached<S>(stream: S, auth: Option<&'static str>, reply: &'static [u8])
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut stream = BufReader::new(stream);
+    let mut line = String::new();
+    if let Some(expected) = auth {
+        if stream.read_line(&mut line).await.is_err() {
+            return;
+        }
+        let length: usize = line
+            .trim_end()
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        let mut data = vec![0; length + 2];
+        if stream.read_exact(&mut data).await.is_err() {
+            return;
+        }
+        let answer: &[u8] = if data == format!("{expected}\r\n").as_bytes() {
+            b"STORED\r\n"
+        } else {
+            b"CLIENT_ERROR authentication failure\r\n"
+        };
+        let _ = stream.write_all(answer).await;
+        let _ = stream.flush().await;
+        if answer != b"STORED\r\n" {
+            return;
+        }
+        line.clear();
+    }
+    if stream.read_line(&mut line).await.is_err() || line != "stats\r\n" {
+        return;
+    }
+    let _ = stream.write_all(reply).await;
+    let _ = stream.flush().await;
+    let mut rest = Vec::new();
+    let _ = stream.read_to_end(&mut rest).await;
+}
+
+/// Reads the client's `stats\r\n` (and fails the server task if anything else came).
+async fn after_stats_command(stream: &mut TcpStream) {
+    let mut command = [0; 7];
+    let _ = stream.read_exact(&mut command).await;
+    assert_eq!(&command, b"stats\r\n");
+}
+
+#[tokio::test]
+async fn a_normal_reply_is_read_and_parsed() {
+    let address = fake(|stream| memcached(stream, None, FIXTURE)).await;
+    assert_eq!(
+        read_stats(&plain(address), GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_never_answers_costs_the_timeout_and_no_more() {
+    let address = fake(|mut stream| async move {
+        let mut sink = Vec::new();
+        let _ = stream.read_to_end(&mut sink).await;
+    })
+    .await;
+    let started = Instant::now();
+    let error = read_stats(&plain(address), Duration::from_millis(200))
+        .await
+        .expect_err("no answer");
+    assert!(
+        matches!(error, ReadError::Timeout(t) if t == Duration::from_millis(200)),
+        "{error:?}"
+    );
+    assert_eq!(error.reason(), "timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_trickles_is_bounded_by_one_timeout_for_the_whole_exchange() {
+    let address = fake(|mut stream| async move {
+        after_stats_command(&mut stream).await;
+        for byte in FIXTURE {
+            if stream.write_all(&[*byte]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    let started = Instant::now();
+    let error = read_stats(&plain(address), Duration::from_millis(300))
+        .await
+        .expect_err("too slow");
+    assert_eq!(error.reason(), "timeout", "{error:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_dead_address_is_a_connect_error_at_once() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    drop(listener);
+    let started = Instant::now();
+    let error = read_stats(&plain(address), GENEROUS)
+        .await
+        .expect_err("nobody listens");
+    assert!(matches!(error, ReadError::Connect(_)), "{error:?}");
+    assert_eq!(error.reason(), "connect");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_closes_mid_reply_is_closed_not_half_parsed() {
+    let between_lines = FIXTURE
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .expect("a line")
+        + 2;
+    let inside_a_line = FIXTURE.len() / 2;
+    let before_end = FIXTURE.len() - b"END\r\n".len();
+    for cut in [between_lines, inside_a_line, before_end, FIXTURE.len() - 1] {
+        let address = fake(move |mut stream| async move {
+            after_stats_command(&mut stream).await;
+            let _ = stream.write_all(&FIXTURE[..cut]).await;
+        })
+        .await;
+        let error = read_stats(&plain(address), GENEROUS)
+            .await
+            .expect_err("half a reply");
+        assert!(
+            matches!(error, ReadError::Closed),
+            "cut at {cut}: {error:?}"
+        );
+        assert_eq!(error.reason(), "closed");
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_closes_before_answering_is_closed() {
+    let address = fake(|mut stream| async move { after_stats_command(&mut stream).await }).await;
+    let error = read_stats(&plain(address), GENEROUS)
+        .await
+        .expect_err("no reply");
+    assert!(matches!(error, ReadError::Closed), "{error:?}");
+}
+
+#[tokio::test]
+async fn an_endless_reply_is_a_protocol_error_at_the_bound() {
+    // Lines that look right, forever: the client stops at 64 KiB instead of buffering without end.
+    let address = fake(|mut stream| async move {
+        after_stats_command(&mut stream).await;
+        let line = b"STAT padding 1\r\n".repeat(1024);
+        for _ in 0..100 {
+            if stream.write_all(&line).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
+    let error = read_stats(&plain(address), GENEROUS)
+        .await
+        .expect_err("too long");
+    assert!(
+        matches!(error, ReadError::Protocol(ParseError::TooLong { .. })),
+        "{error:?}"
+    );
+    assert_eq!(error.reason(), "protocol");
+}
+
+#[tokio::test]
+async fn one_endless_line_is_a_protocol_error_at_the_bound() {
+    let address = fake(|mut stream| async move {
+        after_stats_command(&mut stream).await;
+        let _ = stream.write_all(b"STAT x ").await;
+        let _ = stream.write_all(&vec![b'9'; 200 * 1024]).await;
+        let mut sink = Vec::new();
+        let _ = stream.read_to_end(&mut sink).await;
+    })
+    .await;
+    let error = read_stats(&plain(address), GENEROUS)
+        .await
+        .expect_err("too long");
+    assert!(
+        matches!(error, ReadError::Protocol(ParseError::TooLong { .. })),
+        "{error:?}"
+    );
+}
+
+#[tokio::test]
+async fn garbage_and_error_lines_are_protocol_errors_without_waiting_for_more() {
+    for (reply, expected) in [
+        (&b"HTTP/1.1 400 Bad Request\r\n"[..], "malformed"),
+        (b"ERROR\r\n", "server"),
+        (b"SERVER_ERROR out of memory\r\n", "server"),
+        (b"STAT uptime -1\r\nEND\r\n", "number"),
+    ] {
+        // The server keeps the connection open: only recognising the bad line ends the exchange in time.
+        let address = fake(move |stream| memcached(stream, None, reply)).await;
+        let error = read_stats(&plain(address), GENEROUS)
+            .await
+            .expect_err("not stats");
+        let kind = match &error {
+            ReadError::Protocol(ParseError::MalformedLine { .. }) => "malformed",
+            ReadError::Protocol(ParseError::ServerError(_)) => "server",
+            ReadError::Protocol(ParseError::BadNumber { .. }) => "number",
+            _ => "other",
+        };
+        assert_eq!(kind, expected, "{reply:?}: {error:?}");
+    }
+}
+
+fn with_credentials(address: SocketAddr, user: &str, password: &str) -> Target {
+    let credentials = Credentials::new(user, password).expect("valid credentials");
+    Target {
+        address,
+        tls: None,
+        credentials: Some(Arc::new(credentials)),
+    }
+}
+
+#[tokio::test]
+async fn accepted_credentials_are_sent_first_then_stats_are_read() {
+    let address = fake(|stream| memcached(stream, Some("alice pa:ss word"), FIXTURE)).await;
+    let target = with_credentials(address, "alice", "pa:ss word");
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn refused_credentials_are_an_auth_error() {
+    let address = fake(|stream| memcached(stream, Some("alice right"), FIXTURE)).await;
+    let error = read_stats(&with_credentials(address, "alice", "wrong"), GENEROUS)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&error, ReadError::Auth(answer) if answer.contains("authentication failure")),
+        "{error:?}"
+    );
+    assert_eq!(error.reason(), "auth");
+    assert!(!error.to_string().contains("wrong"), "{error}");
+}
+
+#[tokio::test]
+async fn a_connection_closed_after_the_credentials_is_an_auth_error() {
+    let address = fake(|mut stream| async move {
+        let mut buffer = [0; 256];
+        let _ = stream.read(&mut buffer).await;
+    })
+    .await;
+    let error = read_stats(&with_credentials(address, "alice", "secret"), GENEROUS)
+        .await
+        .expect_err("closed");
+    assert!(matches!(error, ReadError::Auth(_)), "{error:?}");
+}
+
+/// A CA, and leaf certificates it issues, generated for one test.
+struct Pki {
+    ca: CertifiedIssuer<'static, KeyPair>,
+}
+
+/// A certificate chain and key, in PEM.
+struct Leaf {
+    chain: String,
+    key: String,
+}
+
+impl Pki {
+    fn new(name: &str) -> Self {
+        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        params.distinguished_name.push(DnType::CommonName, name);
+        let key = KeyPair::generate().expect("CA key");
+        Self {
+            ca: CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
+        }
+    }
+
+    fn ca_pem(&self) -> Vec<u8> {
+        self.ca.pem().into_bytes()
+    }
+
+    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose, expired: bool) -> Leaf {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).expect("leaf params");
+        params.distinguished_name.push(DnType::CommonName, "leaf");
+        params.extended_key_usages = vec![usage];
+        if expired {
+            params.not_before = date_time_ymd(2000, 1, 1);
+            params.not_after = date_time_ymd(2001, 1, 1);
+        }
+        let key = KeyPair::generate().expect("leaf key");
+        let certificate = params.signed_by(&key, &self.ca).expect("leaf certificate");
+        Leaf {
+            chain: certificate.pem(),
+            key: key.serialize_pem(),
+        }
+    }
+
+    /// A server certificate that names the Service, not the IP the client connects to, as in a cluster.
+    fn server(&self) -> Leaf {
+        self.issue(
+            &["memcached.cache.svc"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+            false,
+        )
+    }
+
+    fn client(&self) -> Leaf {
+        self.issue(
+            &["memcached-operator"],
+            ExtendedKeyUsagePurpose::ClientAuth,
+            false,
+        )
+    }
+}
+
+fn server_config(leaf: &Leaf, client_ca: Option<&Pki>) -> Arc<ServerConfig> {
+    let provider = Arc::new(ring::default_provider());
+    let builder = ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions");
+    let builder = match client_ca {
+        Some(pki) => {
+            let mut roots = RootCertStore::empty();
+            roots.add(pki.ca.der().clone()).expect("client CA");
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .expect("client verifier");
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let chain = CertificateDer::pem_slice_iter(leaf.chain.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .expect("chain");
+    let key = PrivateKeyDer::from_pem_slice(leaf.key.as_bytes()).expect("key");
+    Arc::new(builder.with_single_cert(chain, key).expect("server config"))
+}
+
+/// A fake memcached that serves TLS with `config` (and auth when `auth` is set).
+async fn tls_fake(config: Arc<ServerConfig>, auth: Option<&'static str>) -> SocketAddr {
+    fake(move |stream| async move {
+        if let Ok(tls) = TlsAcceptor::from(config).accept(stream).await {
+            memcached(tls, auth, FIXTURE).await;
+        }
+    })
+    .await
+}
+
+fn tls_target(address: SocketAddr, material: &TlsMaterial) -> Target {
+    Target {
+        address,
+        tls: Some(tls_connector(material).expect("connector")),
+        credentials: None,
+    }
+}
+
+#[tokio::test]
+async fn tls_verified_against_the_instance_ca_ignores_the_name() {
+    let pki = Pki::new("instance CA");
+    let address = tls_fake(server_config(&pki.server(), None), None).await;
+    let material = TlsMaterial {
+        ca: Some(pki.ca_pem()),
+        client_identity: None,
+    };
+    assert_eq!(
+        read_stats(&tls_target(address, &material), GENEROUS)
+            .await
+            .expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn tls_with_a_server_certificate_from_another_ca_fails() {
+    let (pki, other) = (Pki::new("instance CA"), Pki::new("other CA"));
+    let address = tls_fake(server_config(&other.server(), None), None).await;
+    let material = TlsMaterial {
+        ca: Some(pki.ca_pem()),
+        client_identity: None,
+    };
+    let error = read_stats(&tls_target(address, &material), GENEROUS)
+        .await
+        .expect_err("untrusted");
+    assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
+    assert_eq!(error.reason(), "tls");
+}
+
+#[tokio::test]
+async fn tls_checks_everything_but_the_name_expiry_and_usage_included() {
+    let pki = Pki::new("instance CA");
+    let expired = pki.issue(
+        &["memcached.cache.svc"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+        true,
+    );
+    let client_only = pki.issue(
+        &["memcached.cache.svc"],
+        ExtendedKeyUsagePurpose::ClientAuth,
+        false,
+    );
+    for leaf in [expired, client_only] {
+        let address = tls_fake(server_config(&leaf, None), None).await;
+        let material = TlsMaterial {
+            ca: Some(pki.ca_pem()),
+            client_identity: None,
+        };
+        let error = read_stats(&tls_target(address, &material), GENEROUS)
+            .await
+            .expect_err("invalid");
+        assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
+    }
+}
+
+#[tokio::test]
+async fn tls_without_a_ca_encrypts_without_verifying() {
+    let stranger = Pki::new("unknown CA");
+    let address = tls_fake(server_config(&stranger.server(), None), None).await;
+    let target = tls_target(address, &TlsMaterial::default());
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn tls_to_a_plain_server_is_a_tls_error() {
+    let address = fake(|stream| memcached(stream, None, FIXTURE)).await;
+    let error = read_stats(&tls_target(address, &TlsMaterial::default()), GENEROUS)
+        .await
+        .expect_err("plain");
+    assert_eq!(error.reason(), "tls", "{error:?}");
+}
+
+#[tokio::test]
+async fn mutual_tls_presents_the_client_identity_when_required() {
+    let (pki, clients) = (Pki::new("instance CA"), Pki::new("client CA"));
+    let client = clients.client();
+    let with_identity = TlsMaterial {
+        ca: Some(pki.ca_pem()),
+        client_identity: Some((
+            client.chain.clone().into_bytes(),
+            client.key.clone().into_bytes(),
+        )),
+    };
+    let address = tls_fake(
+        server_config(&pki.server(), Some(&clients)),
+        Some("alice secret"),
+    )
+    .await;
+    let mut target = tls_target(address, &with_identity);
+    target.credentials = Some(Arc::new(
+        Credentials::new("alice", "secret").expect("valid"),
+    ));
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn mutual_tls_without_an_identity_or_with_a_foreign_one_fails() {
+    let (pki, clients, strangers) = (
+        Pki::new("instance CA"),
+        Pki::new("client CA"),
+        Pki::new("stranger CA"),
+    );
+    let stranger = strangers.client();
+    for client_identity in [
+        None,
+        Some((stranger.chain.into_bytes(), stranger.key.into_bytes())),
+    ] {
+        let address = tls_fake(server_config(&pki.server(), Some(&clients)), None).await;
+        let material = TlsMaterial {
+            ca: Some(pki.ca_pem()),
+            client_identity,
+        };
+        let error = read_stats(&tls_target(address, &material), GENEROUS)
+            .await
+            .expect_err("no identity");
+        // Under TLS 1.3 the server refuses the client after the client's side of the handshake is done: the
+        // refusal is an alert (Tls), unless the server's reset overtakes it (Closed). Either is a failure.
+        assert!(
+            matches!(error, ReadError::Tls(_) | ReadError::Closed),
+            "{error:?}"
+        );
+    }
+}
+
+// ---- The real memcached, when installed ----------------------------------------------------------------
+
+/// The `memcached` binary on PATH. Missing: a failure on CI (`CI` set), where the tests must run; a skip
+/// with a message elsewhere.
+fn real_memcached() -> Option<PathBuf> {
+    let found = std::env::var_os("PATH")
+        .into_iter()
+        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
+        .map(|dir| dir.join("memcached"))
+        .find(|candidate| candidate.is_file());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "memcached is not installed: CI must install Debian's `memcached` package for the real-server tests"
+        );
+        eprintln!("skipped: memcached is not installed (apt-get install memcached)");
+    }
+    found
+}
+
+/// A memcached process started for one test, with its files; killed and cleaned up on drop.
+struct RealServer {
+    child: Child,
+    address: SocketAddr,
+    dir: PathBuf,
+}
+
+impl RealServer {
+    /// Starts `binary` on a free 127.0.0.1 port with `extra` arguments; `files` are written to a fresh
+    /// directory first and `{dir}` in an argument stands for it.
+    async fn start(binary: &Path, name: &str, files: &[(&str, &[u8])], extra: &[&str]) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "memcached-operator-test-{}-{name}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("test directory");
+        for (file, contents) in files {
+            std::fs::write(dir.join(file), contents).expect("test file");
+        }
+        let port = {
+            let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+            probe.local_addr().expect("address").port()
+        };
+        let address = SocketAddr::from(([127, 0, 0, 1], port));
+        let dir_text = dir.to_str().expect("UTF-8 temp dir");
+        let mut args = vec![
+            "-p".to_owned(),
+            port.to_string(),
+            "-U".into(),
+            "0".into(),
+            "-l".into(),
+            "127.0.0.1".into(),
+        ];
+        // memcached refuses to run as root without -u; as another user it ignores -u root.
+        args.extend(["-u", "root", "-m", "8", "-t", "1"].map(str::to_owned));
+        args.extend(extra.iter().map(|arg| arg.replace("{dir}", dir_text)));
+        let child = Command::new(binary)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start memcached");
+        let mut server = Self {
+            child,
+            address,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(address).await.is_err() {
+            // An early exit means bad arguments or a port taken in the meantime: say so, do not wait.
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("memcached exited with {status}: {args:?}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "memcached did not listen on {address}: {args:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        server
+    }
+}
+
+impl Drop for RealServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A few commands over plain TCP, so the stats have known values: 3 sets, then 3 hits and 1 miss.
+async fn exercise(address: SocketAddr, auth: Option<&str>) {
+    let mut stream = BufReader::new(TcpStream::connect(address).await.expect("connect"));
+    let mut commands = String::new();
+    if let Some(data) = auth {
+        commands.push_str(&format!("set auth 0 0 {}\r\n{data}\r\n", data.len()));
+    }
+    for key in ["a", "b", "c"] {
+        commands.push_str(&format!("set {key} 0 0 5\r\nvalue\r\n"));
+    }
+    commands.push_str("get a\r\nget b\r\nget c\r\nget missing\r\n");
+    stream.write_all(commands.as_bytes()).await.expect("send");
+    let expected_lines = auth.map_or(0, |_| 1) + 3 + 3 * 3 + 1;
+    let mut line = String::new();
+    for _ in 0..expected_lines {
+        line.clear();
+        stream.read_line(&mut line).await.expect("reply");
+        assert!(!line.contains("ERROR"), "{line:?}");
+    }
+}
+
+fn assert_exercised(stats: &Stats) {
+    assert_eq!(
+        (stats.get_hits, stats.get_misses, stats.curr_items),
+        (3, 1, 3),
+        "{stats:?}"
+    );
+    assert_eq!(stats.limit_maxbytes, 8 * 1024 * 1024);
+    assert!(
+        stats.curr_connections >= 1 && stats.bytes > 0 && stats.bytes_read > 0,
+        "{stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn real_memcached_plain_stats() {
+    let Some(binary) = real_memcached() else {
+        return;
+    };
+    let server = RealServer::start(&binary, "plain", &[], &[]).await;
+    exercise(server.address, None).await;
+    let stats = read_stats(&plain(server.address), GENEROUS)
+        .await
+        .expect("stats");
+    assert_exercised(&stats);
+    assert_eq!(stats.evictions, 0);
+}
+
+#[tokio::test]
+async fn real_memcached_with_an_auth_file() {
+    let Some(binary) = real_memcached() else {
+        return;
+    };
+    let file: &[u8] = b"alice:pa:ss\n";
+    let server = RealServer::start(&binary, "auth", &[("auth", file)], &["-Y", "{dir}/auth"]).await;
+    exercise(server.address, Some("alice pa:ss")).await;
+    let right = Credentials::from_auth_file(file).expect("credentials");
+    let target = Target {
+        address: server.address,
+        tls: None,
+        credentials: Some(Arc::new(right)),
+    };
+    assert_exercised(&read_stats(&target, GENEROUS).await.expect("stats"));
+
+    let wrong = with_credentials(server.address, "alice", "nope");
+    let error = read_stats(&wrong, GENEROUS)
+        .await
+        .expect_err("wrong password");
+    assert_eq!(error.reason(), "auth", "{error:?}");
+
+    let error = read_stats(&plain(server.address), GENEROUS)
+        .await
+        .expect_err("no credentials");
+    assert!(
+        matches!(error, ReadError::Protocol(ParseError::ServerError(_))),
+        "{error:?}"
+    );
+}
+
+/// Whether this memcached was built with TLS (Debian's is).
+fn supports_tls(binary: &Path) -> bool {
+    let help = Command::new(binary)
+        .arg("-h")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    String::from_utf8_lossy(&help).contains("ssl_chain_cert")
+}
+
+#[tokio::test]
+async fn real_memcached_over_tls_and_mutual_tls() {
+    let Some(binary) = real_memcached() else {
+        return;
+    };
+    if !supports_tls(&binary) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's memcached must be built with TLS (Debian's is)"
+        );
+        eprintln!("skipped: this memcached has no TLS");
+        return;
+    }
+    let (pki, clients) = (Pki::new("instance CA"), Pki::new("client CA"));
+    let (server_leaf, client_ca) = (pki.server(), clients.ca.pem());
+    let files: [(&str, &[u8]); 3] = [
+        ("server.crt", server_leaf.chain.as_bytes()),
+        ("server.key", server_leaf.key.as_bytes()),
+        ("client-ca.crt", client_ca.as_bytes()),
+    ];
+    let tls_args = [
+        "-Z",
+        "-o",
+        "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key",
+    ];
+    let server = RealServer::start(&binary, "tls", &files, &tls_args).await;
+    let verified = TlsMaterial {
+        ca: Some(pki.ca_pem()),
+        client_identity: None,
+    };
+    let stats = read_stats(&tls_target(server.address, &verified), GENEROUS)
+        .await
+        .expect("stats over TLS");
+    assert!(
+        stats.uptime_seconds < 3600 && stats.limit_maxbytes == 8 * 1024 * 1024,
+        "{stats:?}"
+    );
+    let wrong = TlsMaterial {
+        ca: Some(clients.ca_pem()),
+        client_identity: None,
+    };
+    let error = read_stats(&tls_target(server.address, &wrong), GENEROUS)
+        .await
+        .expect_err("wrong CA");
+    assert_eq!(error.reason(), "tls", "{error:?}");
+
+    let mutual_args = [
+        "-Z",
+        "-o",
+        "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key,ssl_verify_mode=2,ssl_ca_cert={dir}/client-ca.crt",
+    ];
+    let mutual = RealServer::start(&binary, "mtls", &files, &mutual_args).await;
+    let client = clients.client();
+    let identity = TlsMaterial {
+        ca: Some(pki.ca_pem()),
+        client_identity: Some((client.chain.into_bytes(), client.key.into_bytes())),
+    };
+    read_stats(&tls_target(mutual.address, &identity), GENEROUS)
+        .await
+        .expect("stats over mutual TLS");
+    let error = read_stats(&tls_target(mutual.address, &verified), GENEROUS)
+        .await
+        .expect_err("no identity");
+    assert!(
+        matches!(error, ReadError::Tls(_) | ReadError::Closed),
+        "{error:?}"
+    );
+}

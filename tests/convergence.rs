@@ -64,7 +64,10 @@ async fn a_child_deleted_for_good_is_not_deleted_twice_while_the_cache_still_sho
     let (deployment, service, _) = create(&mut cluster, 2).await;
     cluster.deployment(settled(&deployment));
     cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
-    let mut mc = with_spec(2, json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}));
+    let mut mc = with_spec(
+        2,
+        json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
+    );
     mc.metadata.generation = Some(2);
     let script = vec![
         expect(Method::DELETE, PDBS),
@@ -98,7 +101,11 @@ async fn with_pacing_the_first_status_waits_for_the_pods_to_show_up() {
     let session = Session::start(&cluster, Settings::default(), creation(), NOW);
     let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
-    assert_eq!(seen.len(), 5, "children and their event, no status: {seen:#?}");
+    assert_eq!(
+        seen.len(),
+        5,
+        "children and their event, no status: {seen:#?}"
+    );
     assert_runs_again_soon(&action);
 }
 
@@ -129,7 +136,10 @@ async fn with_pacing_a_published_server_is_written_at_once() {
     session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
     assert_eq!(seen[0].body["data"]["servers"], "127.0.0.1:11211\n");
-    assert_eq!(seen[1].body["status"]["serverList"], json!(["127.0.0.1:11211"]));
+    assert_eq!(
+        seen[1].body["status"]["serverList"],
+        json!(["127.0.0.1:11211"])
+    );
 }
 
 #[tokio::test]

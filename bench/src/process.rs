@@ -47,6 +47,7 @@ impl Operator {
             .arg("--metrics-bind-address=0")
             .arg(format!("--health-probe-bind-address={health}"))
             .arg("--log-level=warn")
+            .args(stats_off(&options.operator_args))
             .args(&options.operator_args)
             .env_clear()
             .envs(options.operator_env.iter().map(|(k, v)| (k, v)))
@@ -125,6 +126,16 @@ impl Operator {
     }
 }
 
+/// `--stats-interval=0` unless the operator arguments set the interval: the fake kubelet's pods run no
+/// memcached, so operand telemetry would find every server unreadable, and the benchmark measures the
+/// reconciler. `--operator-arg=--stats-interval=30s` turns the collector on.
+fn stats_off(operator_args: &[String]) -> Option<&'static str> {
+    let set = operator_args
+        .iter()
+        .any(|arg| arg.starts_with("--stats-interval"));
+    (!set).then_some("--stats-interval=0")
+}
+
 impl Drop for Operator {
     fn drop(&mut self) {
         if self.child.try_wait().ok().flatten().is_none() {
@@ -189,5 +200,17 @@ mod tests {
     fn cpu_times_are_read_after_a_command_name_with_spaces() {
         let stat = "42 (memcached op) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
         assert_eq!(cpu_ticks(stat), Some(300));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stats_off;
+
+    #[test]
+    fn telemetry_is_off_unless_the_operator_arguments_set_it() {
+        assert_eq!(stats_off(&[]), Some("--stats-interval=0"));
+        assert_eq!(stats_off(&["--concurrency=8".into()]), Some("--stats-interval=0"));
+        assert_eq!(stats_off(&["--stats-interval=30s".into()]), None);
     }
 }

@@ -67,7 +67,11 @@ impl Changes {
             let note = format!(
                 "Deleted {}: the spec no longer wants {}",
                 self.deleted.join(", "),
-                if self.deleted.len() == 1 { "it" } else { "them" }
+                if self.deleted.len() == 1 {
+                    "it"
+                } else {
+                    "them"
+                }
             );
             events.push(normal("Deleted", "Delete", note));
         }

@@ -35,7 +35,11 @@ where
 
 /// Child `name` of `instance` as last seen (the cache, or this operator's own newer write), refusing one
 /// that another owner controls.
-fn cached<K>(instance: &Instance<'_>, name: &str, source: &Source<'_, K>) -> Result<Option<Arc<K>>, Error>
+fn cached<K>(
+    instance: &Instance<'_>,
+    name: &str,
+    source: &Source<'_, K>,
+) -> Result<Option<Arc<K>>, Error>
 where
     K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash,
@@ -123,7 +127,8 @@ where
 {
     let dt = source.dt;
     // One already on its way out needs no second delete.
-    let Some(live) = cached(instance, name, source)?.filter(|l| l.meta().deletion_timestamp.is_none())
+    let Some(live) =
+        cached(instance, name, source)?.filter(|l| l.meta().deletion_timestamp.is_none())
     else {
         return Ok(false);
     };

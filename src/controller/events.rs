@@ -116,7 +116,11 @@ mod tests {
         let count = || publisher.recorders.lock().unwrap().len();
         publisher.recorder_for(&event("Created Deployment a"));
         publisher.recorder_for(&event("Created Deployment a"));
-        assert_eq!(count(), 1, "the same event shares its recorder (and series)");
+        assert_eq!(
+            count(),
+            1,
+            "the same event shares its recorder (and series)"
+        );
         for i in 0..200 {
             publisher.recorder_for(&event(&format!("Created Deployment {i}")));
         }

@@ -73,7 +73,11 @@ pub async fn send(
     let patch: json_patch::Patch = serde_json::from_value(patch)
         .map_err(|e| Error::Malformed(format!("finalizer patch: {e}")))?;
     match api
-        .patch(&mc.name_any(), &PatchParams::default(), &Patch::<()>::Json(patch))
+        .patch(
+            &mc.name_any(),
+            &PatchParams::default(),
+            &Patch::<()>::Json(patch),
+        )
         .await
     {
         Ok(mut patched) => {
@@ -105,7 +109,10 @@ mod tests {
         assert_eq!(phase(&mc(None, false)), Phase::AddThenApply);
         assert_eq!(phase(&mc(Some(vec!["other"]), false)), Phase::AddThenApply);
         assert_eq!(phase(&mc(Some(vec![FINALIZER]), false)), Phase::Apply);
-        assert_eq!(phase(&mc(Some(vec!["other", FINALIZER]), true)), Phase::Cleanup);
+        assert_eq!(
+            phase(&mc(Some(vec!["other", FINALIZER]), true)),
+            Phase::Cleanup
+        );
         assert_eq!(phase(&mc(Some(vec!["other"]), true)), Phase::Gone);
         assert_eq!(phase(&mc(None, true)), Phase::Gone);
     }
@@ -124,8 +131,10 @@ mod tests {
         );
         assert_eq!(
             remove_patch(&mc(Some(vec!["other", FINALIZER]), true)),
-            Some(json!([{"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
-                        {"op": "remove", "path": "/metadata/finalizers/1"}]))
+            Some(
+                json!([{"op": "test", "path": "/metadata/finalizers/1", "value": FINALIZER},
+                        {"op": "remove", "path": "/metadata/finalizers/1"}])
+            )
         );
         assert_eq!(remove_patch(&mc(Some(vec!["other"]), true)), None);
     }

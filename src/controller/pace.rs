@@ -137,19 +137,31 @@ mod tests {
             servers: vec![server(None, false)],
             ..counts.clone()
         };
-        assert!(can_wait(Some(&counts), &slot), "the first slots, nobody in them");
+        assert!(
+            can_wait(Some(&counts), &slot),
+            "the first slots, nobody in them"
+        );
         let taken = MemcachedStatus {
             servers: vec![server(Some("cache-a"), false)],
             ..counts.clone()
         };
-        assert!(can_wait(Some(&slot), &taken), "a pod that is not ready takes a slot");
+        assert!(
+            can_wait(Some(&slot), &taken),
+            "a pod that is not ready takes a slot"
+        );
         let ready = MemcachedStatus {
             servers: vec![server(Some("cache-a"), true)],
             ..counts.clone()
         };
         assert!(!can_wait(Some(&taken), &ready), "a server is published");
         let more = MemcachedStatus {
-            servers: vec![server(Some("cache-a"), true), Server { slot: 1, ..Default::default() }],
+            servers: vec![
+                server(Some("cache-a"), true),
+                Server {
+                    slot: 1,
+                    ..Default::default()
+                },
+            ],
             ..counts.clone()
         };
         assert!(!can_wait(Some(&ready), &more), "a slot more");
@@ -183,11 +195,19 @@ mod tests {
             replicas: 1,
             ..Default::default()
         };
-        assert_eq!(pace.hold("ns", "a", Some(&before), &counts), None, "never written");
+        assert_eq!(
+            pace.hold("ns", "a", Some(&before), &counts),
+            None,
+            "never written"
+        );
         pace.wrote("ns", "a");
         let left = pace.hold("ns", "a", Some(&before), &counts).unwrap();
         assert!(left > Duration::from_secs(59) && left <= Duration::from_secs(60));
-        assert_eq!(pace.hold("ns", "b", Some(&before), &counts), None, "per instance");
+        assert_eq!(
+            pace.hold("ns", "b", Some(&before), &counts),
+            None,
+            "per instance"
+        );
 
         let off = Pace::new(Duration::ZERO);
         off.wrote("ns", "a");

@@ -79,16 +79,14 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
     match finalizer::phase(&mc) {
         Phase::Gone => gone(),
         Phase::Apply => apply(&mc, ctx).await,
-        Phase::AddThenApply => {
-            match finalizer::send(&api, &mc, finalizer::add_patch(&mc)).await? {
-                Some(patched) => {
-                    let patched = Arc::new(patched);
-                    ctx.written.remember(patched.clone(), &());
-                    apply(&patched, ctx).await
-                }
-                None => gone(),
+        Phase::AddThenApply => match finalizer::send(&api, &mc, finalizer::add_patch(&mc)).await? {
+            Some(patched) => {
+                let patched = Arc::new(patched);
+                ctx.written.remember(patched.clone(), &());
+                apply(&patched, ctx).await
             }
-        }
+            None => gone(),
+        },
         Phase::Cleanup => {
             let action = cleanup(&mc, ctx).await?;
             let Some(patch) = finalizer::remove_patch(&mc) else {
@@ -142,9 +140,7 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
         ctx.pace.wrote(instance.namespace, instance.name);
     }
     // What was changed is recorded even when a later child failed.
-    changes
-        .publish(ctx, &mc.object_ref(&()), &instance)
-        .await;
+    changes.publish(ctx, &mc.object_ref(&()), &instance).await;
     match applied {
         Ok(applied) => {
             let published = Some((applied.servers, applied.drain));
@@ -266,20 +262,28 @@ async fn apply_children(
     let workload = match instance.spec.workload {
         Workload::Deployment => {
             let desired = deployment::deployment(instance, plan.replicas, secret_hash);
-            let applied =
-                ensure_workload(&scope, desired, &stores.deployments, plan.replicas, changes, |d| {
-                    d.spec.as_ref().and_then(|s| s.replicas)
-                })
-                .await?;
+            let applied = ensure_workload(
+                &scope,
+                desired,
+                &stores.deployments,
+                plan.replicas,
+                changes,
+                |d| d.spec.as_ref().and_then(|s| s.replicas),
+            )
+            .await?;
             WorkloadStatus::from(applied.as_ref())
         }
         Workload::StatefulSet => {
             let desired = statefulset::statefulset(instance, plan.replicas, secret_hash);
-            let applied =
-                ensure_workload(&scope, desired, &stores.statefulsets, plan.replicas, changes, |s| {
-                    s.spec.as_ref().and_then(|s| s.replicas)
-                })
-                .await?;
+            let applied = ensure_workload(
+                &scope,
+                desired,
+                &stores.statefulsets,
+                plan.replicas,
+                changes,
+                |s| s.spec.as_ref().and_then(|s| s.replicas),
+            )
+            .await?;
             WorkloadStatus::from(applied.as_ref())
         }
     };
@@ -399,9 +403,9 @@ where
             .map(|p| replicas_of(p).unwrap_or(1));
         match before {
             None => changes.created(format!("{kind} {name} with {replicas} replicas")),
-            Some(before) if before != replicas => {
-                changes.scaled(format!("{kind} {name} from {before} to {replicas} replicas"))
-            }
+            Some(before) if before != replicas => changes.scaled(format!(
+                "{kind} {name} from {before} to {replicas} replicas"
+            )),
             Some(_) => changes.updated(format!("{kind} {name}")),
         }
     }
@@ -543,13 +547,14 @@ async fn patch_status(
         "kind": Memcached::kind(&()),
         "status": status,
     });
-    let written = api.patch_status(
-        &name,
-        &PatchParams::apply(labels::MANAGER_NAME).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status { name, source })?;
+    let written = api
+        .patch_status(
+            &name,
+            &PatchParams::apply(labels::MANAGER_NAME).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status { name, source })?;
     let mut written = written;
     written.metadata.managed_fields = None;
     ctx.written.remember(Arc::new(written), &());

@@ -71,7 +71,8 @@ impl Written {
     /// Keeps that this operator deleted `object` (as the cache showed it): until the cache drops it, or
     /// shows a newer version of it, it counts as gone.
     pub fn remember_deleted<K: Resource>(&self, object: &K, dt: &K::DynamicType) {
-        let (Some(key), Some(version)) = (key_of(object, dt), object.meta().resource_version.clone())
+        let (Some(key), Some(version)) =
+            (key_of(object, dt), object.meta().resource_version.clone())
         else {
             return;
         };
@@ -197,7 +198,10 @@ mod tests {
 
     fn pick(written: &Written, cached: Option<Arc<ConfigMap>>) -> (Option<String>, bool) {
         let f = written.fresher("ns", "cache-servers", &(), cached);
-        (f.object.and_then(|o| o.metadata.resource_version.clone()), f.from_write)
+        (
+            f.object.and_then(|o| o.metadata.resource_version.clone()),
+            f.from_write,
+        )
     }
 
     #[test]
@@ -205,8 +209,16 @@ mod tests {
         let written = Written::default();
         assert_eq!(pick(&written, None), (None, false));
         written.remember(cm("12", "a"), &());
-        assert_eq!(pick(&written, None), (Some("12".into()), true), "not cached yet");
-        assert_eq!(pick(&written, Some(cm("9", ""))), (Some("12".into()), true), "cache behind");
+        assert_eq!(
+            pick(&written, None),
+            (Some("12".into()), true),
+            "not cached yet"
+        );
+        assert_eq!(
+            pick(&written, Some(cm("9", ""))),
+            (Some("12".into()), true),
+            "cache behind"
+        );
         assert_eq!(written.len(), 1);
     }
 
@@ -214,11 +226,18 @@ mod tests {
     fn the_cache_wins_once_it_has_caught_up() {
         let written = Written::default();
         written.remember(cm("12", "a"), &());
-        assert_eq!(pick(&written, Some(cm("12", "a"))), (Some("12".into()), false));
+        assert_eq!(
+            pick(&written, Some(cm("12", "a"))),
+            (Some("12".into()), false)
+        );
         assert!(written.is_empty(), "dropped once the cache caught up");
 
         written.remember(cm("12", "a"), &());
-        assert_eq!(pick(&written, Some(cm("15", "b"))), (Some("15".into()), false), "a later edit");
+        assert_eq!(
+            pick(&written, Some(cm("15", "b"))),
+            (Some("15".into()), false),
+            "a later edit"
+        );
         assert!(written.is_empty());
     }
 
@@ -233,12 +252,20 @@ mod tests {
         let written = Written::default();
         written.remember(cm("12", "a"), &());
         written.remember_deleted(cm("12", "a").as_ref(), &());
-        assert_eq!(pick(&written, Some(cm("12", "a"))), (None, true), "cache still shows it");
+        assert_eq!(
+            pick(&written, Some(cm("12", "a"))),
+            (None, true),
+            "cache still shows it"
+        );
         assert_eq!(pick(&written, None), (None, false), "the cache dropped it");
         assert!(written.is_empty());
 
         written.remember_deleted(cm("12", "a").as_ref(), &());
-        assert_eq!(pick(&written, Some(cm("20", "b"))), (Some("20".into()), false), "created again");
+        assert_eq!(
+            pick(&written, Some(cm("20", "b"))),
+            (Some("20".into()), false),
+            "created again"
+        );
         written.remember_deleted(cm("12", "a").as_ref(), &());
         written.prune();
         assert_eq!(written.len(), 1, "still trusted");

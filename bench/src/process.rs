@@ -201,16 +201,14 @@ mod tests {
         let stat = "42 (memcached op) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
         assert_eq!(cpu_ticks(stat), Some(300));
     }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::stats_off;
 
     #[test]
     fn telemetry_is_off_unless_the_operator_arguments_set_it() {
         assert_eq!(stats_off(&[]), Some("--stats-interval=0"));
-        assert_eq!(stats_off(&["--concurrency=8".into()]), Some("--stats-interval=0"));
+        assert_eq!(
+            stats_off(&["--concurrency=8".into()]),
+            Some("--stats-interval=0")
+        );
         assert_eq!(stats_off(&["--stats-interval=30s".into()]), None);
     }
 }

@@ -26,35 +26,39 @@ fn deleted() -> Value {
     json!({"kind": "Status", "apiVersion": "v1", "status": "Success"})
 }
 
-/// Creates `isolated(2)`, checks the requests and events, puts every child into the caches, and returns
-/// the NetworkPolicy and autoscaler as applied.
+/// Creates `isolated(2)`, checks the requests and the one `Created` event, puts every child into the
+/// caches, and returns the NetworkPolicy and autoscaler as applied.
 async fn create(cluster: &mut Cluster) -> (Value, Value) {
+    // The policy and the autoscaler follow the children every instance has, before the event naming all.
     let mut script = created_children(DEPLOYMENTS, 2);
-    script.extend([
-        expect(Method::PATCH, NETWORK_POLICIES).apply(),
-        event(),
-        expect(Method::PATCH, AUTOSCALERS).apply(),
-        event(),
-        expect(Method::PATCH, STATUS).apply(),
-    ]);
+    let at = script.len() - 1;
+    script.splice(
+        at..at,
+        [
+            expect(Method::PATCH, NETWORK_POLICIES).apply(),
+            expect(Method::PATCH, AUTOSCALERS).apply(),
+        ],
+    );
+    script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, isolated(2), script).await;
     run.result.unwrap();
     let seen = run.seen;
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    let seen = &seen[2..];
-    assert_eq!(seen[9].body["note"], "Created NetworkPolicy cache");
+    assert_eq!(seen[7].body["reason"], "Created");
     assert_eq!(
-        seen[11].body["note"],
-        "Created HorizontalPodAutoscaler cache"
+        seen[7].body["note"],
+        "Created ConfigMap cache-servers, Deployment cache with 2 replicas, Service cache, \
+         Service cache-headless, PodDisruptionBudget cache, NetworkPolicy cache, \
+         HorizontalPodAutoscaler cache"
     );
-    cluster.deployment(settled(&seen[0].body));
-    for i in [2, 4] {
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    cluster.deployment(settled(&seen[1].body));
+    for i in [2, 3] {
         cluster.service(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
     }
-    cluster.pdb(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
-    cluster.network_policy(serde_json::from_value(as_stored(&seen[8].body)).unwrap());
-    cluster.autoscaler(serde_json::from_value(as_stored(&seen[10].body)).unwrap());
-    (seen[8].body.clone(), seen[10].body.clone())
+    cluster.pdb(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    cluster.network_policy(serde_json::from_value(as_stored(&seen[5].body)).unwrap());
+    cluster.autoscaler(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
+    (seen[5].body.clone(), seen[6].body.clone())
 }
 
 #[tokio::test]
@@ -126,9 +130,7 @@ async fn a_changed_setting_updates_only_its_child() {
         mc,
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
             expect(Method::PATCH, SERVICES).apply(),
-            event(),
             expect(Method::PATCH, NETWORK_POLICIES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -136,14 +138,14 @@ async fn a_changed_setting_updates_only_its_child() {
     )
     .await;
     run.result.unwrap();
-    let ingress = run.seen[4].body["spec"]["ingress"]
+    let ingress = run.seen[2].body["spec"]["ingress"]
         .as_array()
         .unwrap()
         .clone();
     assert_eq!(ingress.len(), 1, "{ingress:?}");
     assert_eq!(
-        run.seen[5].body["note"],
-        "Updated NetworkPolicy cache to match the spec"
+        run.seen[3].body["note"],
+        "Updated Deployment cache, Service cache, NetworkPolicy cache to match the spec"
     );
 }
 
@@ -165,7 +167,6 @@ async fn hand_edits_are_put_back() {
         isolated(2),
         vec![
             expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            event(),
             expect(Method::PATCH, AUTOSCALERS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -174,7 +175,11 @@ async fn hand_edits_are_put_back() {
     .await;
     run.result.unwrap();
     assert_eq!(run.seen[0].body["spec"], policy["spec"]);
-    assert_eq!(run.seen[2].body["spec"]["maxReplicas"], 6);
+    assert_eq!(run.seen[1].body["spec"]["maxReplicas"], 6);
+    assert_eq!(
+        run.seen[2].body["note"],
+        "Updated NetworkPolicy cache, HorizontalPodAutoscaler cache to match the spec"
+    );
 }
 
 #[tokio::test]
@@ -190,7 +195,6 @@ async fn turned_off_both_are_deleted_once() {
         mc.clone(),
         vec![
             expect(Method::DELETE, NETWORK_POLICIES).reply(StatusCode::OK, deleted()),
-            event(),
             // Already gone (deleted by hand meanwhile): that counts as deleted too.
             expect(Method::DELETE, AUTOSCALERS).fail(404, "NotFound"),
             event(),
@@ -199,13 +203,10 @@ async fn turned_off_both_are_deleted_once() {
     )
     .await;
     run1.result.unwrap();
+    assert_eq!(run1.seen[2].body["reason"], "Deleted");
     assert_eq!(
-        run1.seen[1].body["note"],
-        "Deleted NetworkPolicy cache: the spec no longer wants it"
-    );
-    assert_eq!(
-        run1.seen[3].body["note"],
-        "Deleted HorizontalPodAutoscaler cache: the spec no longer wants it"
+        run1.seen[2].body["note"],
+        "Deleted NetworkPolicy cache, HorizontalPodAutoscaler cache: the spec no longer wants them"
     );
 
     // The watches report them gone: nothing more is deleted.
@@ -250,6 +251,10 @@ async fn the_autoscaler_owns_the_size_and_the_operator_follows() {
     run1.result.unwrap();
     assert_eq!(run1.seen[0].body["spec"]["replicas"], 5);
     assert_eq!(run1.seen[1].body["reason"], "Scaled");
+    assert_eq!(
+        run1.seen[1].body["note"],
+        "Scaled Deployment cache from 2 to 5 replicas"
+    );
 
     // A size outside [minSize, maxSize] (a `kubectl scale` to 9) is not clamped by the operator: the
     // autoscaler brings it back within its next sync, and the operator follows again.
@@ -266,6 +271,10 @@ async fn the_autoscaler_owns_the_size_and_the_operator_follows() {
     .await;
     run2.result.unwrap();
     assert_eq!(run2.seen[0].body["spec"]["replicas"], 9);
+    assert_eq!(
+        run2.seen[1].body["note"],
+        "Scaled Deployment cache from 5 to 9 replicas"
+    );
 }
 
 #[tokio::test]

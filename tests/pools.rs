@@ -80,8 +80,8 @@ async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedSt
 /// Creates a StatefulSet instance of `size` with ready pods and a settled status; returns that status.
 async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> MemcachedStatus {
     let seen = create_as(cluster, statefulset_pool(size), STATEFULSETS).await;
-    cluster.statefulset(settled_statefulset(&seen[2].body));
-    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    cluster.statefulset(settled_statefulset(&seen[1].body));
+    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
     for i in 0..size {
         let pod = server_pod(
             &format!("cache-{i}"),
@@ -238,16 +238,17 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
 
     // Due: the StatefulSet shrinks (removing the highest ordinal), and the drain record goes.
     let done = finish_drain_to_two(&mut cluster, draining, STATEFULSETS).await;
+    assert_eq!(done.seen[1].body["reason"], "Drained");
     assert_eq!(
-        done.seen[1].body["note"],
+        done.seen[2].body["note"],
         "Scaled StatefulSet cache from 3 to 2 replicas"
     );
-    assert_eq!(done.seen[2].body["reason"], "Drained");
     assert!(done.seen[3].body["status"].get("drain").is_none());
 }
 
-/// The reconcile 30 s into a drain from 3 to 2: the workload at `workload` shrinks to 2 (Scaled), the drain
-/// ends (Drained), the status drops the drain record.
+/// The reconcile 30 s into a drain from 3 to 2: the workload at `workload` shrinks to 2, the drain ends
+/// (Drained, right after the workload), the children's changes are recorded (Scaled), the status drops
+/// the drain record.
 async fn finish_drain_to_two(cluster: &mut Cluster, draining: Memcached, workload: &str) -> Run {
     let done = run_at(
         cluster,
@@ -263,7 +264,17 @@ async fn finish_drain_to_two(cluster: &mut Cluster, draining: Memcached, workloa
     .await;
     assert!(done.result.is_ok(), "{:?}", done.result);
     assert_eq!(done.seen[0].body["spec"]["replicas"], 2);
-    assert_eq!(done.seen[2].body["reason"], "Drained");
+    assert_eq!(done.seen[1].body["reason"], "Drained");
+    assert_eq!(
+        done.seen[1].body["note"],
+        "Drained: removing 1 servers after the drain (3 to 2)"
+    );
+    let kind = done.seen[0].body["kind"].as_str().unwrap_or_default();
+    assert_eq!(done.seen[2].body["reason"], "Scaled");
+    assert_eq!(
+        done.seen[2].body["note"],
+        format!("Scaled {kind} cache from 3 to 2 replicas")
+    );
     assert!(done.seen[3].body["status"].get("drain").is_none());
     done
 }

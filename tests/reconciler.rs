@@ -20,25 +20,61 @@ fn being_deleted() -> Memcached {
 // ---------------------------------------------------------------------------------------------------
 // Scenarios.
 
+/// The reconcile that adds the finalizer goes on with the whole creation: it need not wait for the watch to
+/// bring the patched instance back.
 #[tokio::test]
-async fn new_instance_gets_the_finalizer_first() {
+async fn a_new_instance_gets_the_finalizer_then_its_children_in_one_pass() {
     let mut cluster = Cluster::new();
     let mut mc = memcached(1);
     mc.metadata.finalizers = None;
     let mut with_finalizer = serde_json::to_value(memcached(1)).unwrap();
     with_finalizer["metadata"]["resourceVersion"] = json!("2");
-    let run = run(
-        &mut cluster,
-        mc,
-        vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, with_finalizer)],
-    )
-    .await;
-    assert_eq!(run.result.unwrap(), Action::await_change());
-    let patch = &run.seen[0].body;
-    assert!(
-        patch.to_string().contains(FINALIZER),
-        "the JSON patch adds the finalizer: {patch}"
+    let mut script = vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, with_finalizer)];
+    script.extend(created_children(DEPLOYMENTS, 1));
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(&mut cluster, mc, script).await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
     );
+    let patch = &run.seen[0].body;
+    assert_eq!(
+        patch,
+        &json!([
+            {"op": "test", "path": "/metadata/finalizers", "value": null},
+            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
+        ]),
+        "a JSON patch that tests the list it extends, then adds the finalizer"
+    );
+    let paths: Vec<&str> = run.seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            MEMCACHED,
+            CONFIG_MAPS,
+            DEPLOYMENTS,
+            SERVICES,
+            HEADLESS,
+            EVENTS,
+            STATUS
+        ],
+        "the finalizer first, then the children, one event and the status"
+    );
+    let event = &run.seen[5].body;
+    assert_eq!(event["reason"], "Created");
+    assert_eq!(
+        event["note"],
+        "Created ConfigMap cache-servers, Deployment cache with 1 replicas, Service cache, \
+         Service cache-headless"
+    );
+    let owner = &run.seen[2].body["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["uid"].as_str()),
+        (Some("Memcached"), Some("uid-1"))
+    );
+    let status = &run.seen[6].body;
+    assert_eq!(status["status"]["observedGeneration"], 1);
+    assert_eq!(condition(status, "Degraded")["status"], "False");
 }
 
 #[tokio::test]
@@ -148,8 +184,8 @@ async fn scaling_applies_the_deployment_and_adds_a_budget() {
         memcached(3),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
             expect(Method::PATCH, PDBS).apply(),
+            event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -157,10 +193,16 @@ async fn scaling_applies_the_deployment_and_adds_a_budget() {
     .await;
     run.result.unwrap();
     assert_eq!(run.seen[0].body["spec"]["replicas"], 3);
-    assert_eq!(run.seen[2].body["spec"]["maxUnavailable"], 1);
-    assert_eq!(run.seen[1].body["reason"], "Scaled");
+    assert_eq!(run.seen[1].body["spec"]["maxUnavailable"], 1);
+    // One event per kind of change, after the applies: Created before Scaled.
+    assert_eq!(run.seen[2].body["reason"], "Created");
     assert_eq!(
-        run.seen[1].body["note"],
+        run.seen[2].body["note"],
+        "Created PodDisruptionBudget cache"
+    );
+    assert_eq!(run.seen[3].body["reason"], "Scaled");
+    assert_eq!(
+        run.seen[3].body["note"],
         "Scaled Deployment cache from 1 to 3 replicas"
     );
 }
@@ -189,8 +231,8 @@ async fn drift_is_put_back_and_deleted_children_come_back() {
         memcached(3),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
             expect(Method::PATCH, SERVICES).apply(),
+            event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -203,11 +245,12 @@ async fn drift_is_put_back_and_deleted_children_come_back() {
         applied["spec"]["template"]["spec"]["containers"][0]["image"],
         "memcached:1.6-alpine"
     );
+    assert_eq!(run.seen[1].body["kind"], "Service");
+    assert_eq!(run.seen[2].body["note"], "Created Service cache");
     assert_eq!(
-        run.seen[1].body["note"],
+        run.seen[3].body["note"],
         "Scaled Deployment cache from 1 to 3 replicas"
     );
-    assert_eq!(run.seen[3].body["note"], "Created Service cache");
 }
 
 #[tokio::test]
@@ -264,10 +307,13 @@ async fn deletion_records_event_and_status_then_removes_the_finalizer() {
         (degraded["status"].as_str(), degraded["reason"].as_str()),
         (Some("True"), Some("Finalizing"))
     );
-    let patch = run.seen[2].body.to_string();
-    assert!(
-        patch.contains("remove") && patch.contains("/metadata/finalizers/0"),
-        "{patch}"
+    assert_eq!(
+        run.seen[2].body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ]),
+        "a JSON patch that tests the finalizer is still there, then removes it"
     );
 }
 
@@ -385,6 +431,30 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
                 .contains("memcached_operator_reconcile_errors_total{kind=\"apply\"} 1")
         );
     }
+}
+
+/// A child that fails midway: what was changed before it is still recorded, in one event, before the failure.
+#[tokio::test]
+async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
+    let mut cluster = Cluster::new();
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            expect(Method::PATCH, DEPLOYMENTS)
+                .apply()
+                .fail(500, "InternalError"),
+            event(),
+            event(),
+        ],
+    )
+    .await;
+    assert_eq!(run.result.unwrap_err().kind(), "apply");
+    assert_eq!(run.seen[2].body["reason"], "Created");
+    assert_eq!(run.seen[2].body["note"], "Created ConfigMap cache-servers");
+    assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
+    assert_eq!(run.seen[3].body["type"], "Warning");
 }
 
 #[tokio::test]
@@ -608,34 +678,47 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
     ];
-    script.extend(created_children(DEPLOYMENTS, size));
-    script.extend([
-        expect(Method::PATCH, NETWORK_POLICIES).apply(),
-        event(),
-        expect(Method::PATCH, AUTOSCALERS).apply(),
-        event(),
-        expect(Method::PATCH, SERVICE_MONITORS).apply(),
-        event(),
-        expect(Method::PATCH, STATUS).apply(),
-    ]);
+    // The optional children follow the ones every instance has, before the one event naming them all.
+    let mut children = created_children(DEPLOYMENTS, size);
+    let at = children.len() - 1;
+    children.splice(
+        at..at,
+        [
+            expect(Method::PATCH, NETWORK_POLICIES).apply(),
+            expect(Method::PATCH, AUTOSCALERS).apply(),
+            expect(Method::PATCH, SERVICE_MONITORS).apply(),
+        ],
+    );
+    script.extend(children);
+    script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
-    let seen = run.seen;
-    cluster.config_map(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
-    let seen = &seen[2..];
-    cluster.deployment(settled(&seen[2].body));
-    cluster.service(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
-    let mut i = 8;
+    let seen = &run.seen[2..];
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    cluster.deployment(settled(&seen[1].body));
+    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
+    let mut i = 4;
+    let mut budget = "";
     if size > 1 {
         cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
-        i += 2;
+        budget = ", PodDisruptionBudget cache";
+        i += 1;
     }
     cluster.network_policy(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
-    cluster.autoscaler(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
-    i += 4;
-    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
-    seen[2].body.clone()
+    cluster.autoscaler(serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap());
+    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
+    let event = &seen[i + 3].body;
+    assert_eq!(event["reason"], "Created");
+    assert_eq!(
+        event["note"],
+        format!(
+            "Created ConfigMap cache-servers, Deployment cache with {size} replicas, Service cache, \
+             Service cache-headless{budget}, NetworkPolicy cache, HorizontalPodAutoscaler cache, \
+             ServiceMonitor cache"
+        )
+    );
+    seen[1].body.clone()
 }
 
 /// Reconciles `mc` once more to record the settled status and returns the instance with that status.
@@ -713,6 +796,10 @@ async fn a_changed_secret_rolls_the_pods() {
     rotated.result.unwrap();
     assert_ne!(secret_hash(&rotated.seen[1].body), secret_hash(&before));
     assert_eq!(rotated.seen[2].body["reason"], "Updated");
+    assert_eq!(
+        rotated.seen[2].body["note"],
+        "Updated Deployment cache to match the spec"
+    );
     let logged = format!("{:?}", rotated.seen);
     assert!(
         !logged.contains("u:q"),
@@ -774,7 +861,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     .await;
     recovered.result.unwrap();
     assert_eq!(
-        condition(&recovered.seen[9].body, "Degraded")["status"],
+        condition(&recovered.seen[6].body, "Degraded")["status"],
         "False"
     );
 }
@@ -794,23 +881,38 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
         cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
         let mut script = vec![];
         if size != 3 {
-            script.extend([expect(Method::PATCH, DEPLOYMENTS).apply(), event()]);
+            script.push(expect(Method::PATCH, DEPLOYMENTS).apply());
         }
-        script.extend([
-            expect(Method::DELETE, PDBS).reply(
-                StatusCode::OK,
-                json!({"kind": "Status", "status": "Success"}),
-            ),
-            event(),
-        ]);
-        script.push(expect(Method::PATCH, STATUS).apply());
+        script.push(expect(Method::DELETE, PDBS).reply(
+            StatusCode::OK,
+            json!({"kind": "Status", "status": "Success"}),
+        ));
+        // After the children: Scaled (when the size changed), then Deleted.
+        if size != 3 {
+            script.push(event());
+        }
+        script.extend([event(), expect(Method::PATCH, STATUS).apply()]);
         let run = run(&mut cluster, with_spec(size, spec), script).await;
         run.result.unwrap();
-        let deleted = run
+        let events: Vec<(&Value, &Value)> = run
             .seen
             .iter()
-            .find(|s| s.method == Method::POST && s.body["reason"] == "Deleted");
-        assert!(deleted.is_some(), "a Deleted event: {:?}", run.seen);
+            .filter(|s| s.method == Method::POST)
+            .map(|s| (&s.body["reason"], &s.body["note"]))
+            .collect();
+        let deleted = (
+            &json!("Deleted"),
+            &json!("Deleted PodDisruptionBudget cache: the spec no longer wants it"),
+        );
+        if size != 3 {
+            let scaled = (
+                &json!("Scaled"),
+                &json!("Scaled Deployment cache from 3 to 1 replicas"),
+            );
+            assert_eq!(events, [scaled, deleted]);
+        } else {
+            assert_eq!(events, [deleted]);
+        }
     }
 }
 
@@ -826,7 +928,6 @@ async fn the_exporter_is_added_and_removed_with_its_service_port() {
         with_spec(1, json!({"monitoring": {"exporter": {"enabled": true}}})),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
             expect(Method::PATCH, SERVICES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -836,16 +937,18 @@ async fn the_exporter_is_added_and_removed_with_its_service_port() {
     on.result.unwrap();
     let containers = &on.seen[0].body["spec"]["template"]["spec"]["containers"];
     assert_eq!(containers[1]["name"], "exporter");
-    assert_eq!(on.seen[2].body["spec"]["ports"][1]["port"], 9150);
+    assert_eq!(on.seen[1].body["spec"]["ports"][1]["port"], 9150);
+    let updated = "Updated Deployment cache, Service cache to match the spec";
+    assert_eq!(on.seen[2].body["reason"], "Updated");
+    assert_eq!(on.seen[2].body["note"], updated);
     cluster.deployment(settled(&on.seen[0].body));
-    cluster.service(serde_json::from_value(as_stored(&on.seen[2].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&on.seen[1].body)).unwrap());
 
     let off = run(
         &mut cluster,
         memcached(1),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
             expect(Method::PATCH, SERVICES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -853,6 +956,7 @@ async fn the_exporter_is_added_and_removed_with_its_service_port() {
     )
     .await;
     off.result.unwrap();
+    assert_eq!(off.seen[2].body["note"], updated);
     let containers = off.seen[0].body["spec"]["template"]["spec"]["containers"]
         .as_array()
         .unwrap()
@@ -862,7 +966,7 @@ async fn the_exporter_is_added_and_removed_with_its_service_port() {
         "server-side apply drops the sidecar the operator no longer sets"
     );
     assert_eq!(
-        off.seen[2].body["spec"]["ports"].as_array().unwrap().len(),
+        off.seen[1].body["spec"]["ports"].as_array().unwrap().len(),
         1
     );
 }
@@ -891,7 +995,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         Action::requeue(Duration::from_secs(300))
     );
     assert_degraded(
-        &run.seen[8].body,
+        &run.seen[5].body,
         "ServiceMonitorUnavailable",
         "monitoring.coreos.com/v1",
     );

@@ -535,7 +535,7 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
     seen
 }
 
-/// The applies (each with its Created event) that create an instance's children: server list, workload
+/// The applies (and the one Created event naming them) that create an instance's children: server list, workload
 /// (at the path `workload`), Services, and the budget when `size` > 1.
 pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![

@@ -57,13 +57,15 @@ pub fn step_isolation(env: &E2e) {
             check_autoscaler(&hpa, &mc_uid)
         },
     );
+    // One Created event names every child the reconcile created.
     for kind in ["NetworkPolicy", "HorizontalPodAutoscaler"] {
+        let child = format!("{kind} {ISOLATED}");
         env.wait(
-            &format!("a Normal event Created {kind} regarding Memcached {ISOLATED}"),
+            &format!("a Normal event Created naming {child}, regarding Memcached {ISOLATED}"),
             secs(30),
             || {
                 expect_event(ns, |e| {
-                    e.reason == "Created" && e.name == ISOLATED && e.note.contains(kind)
+                    e.reason == "Created" && e.name == ISOLATED && e.note.contains(&child)
                 })
             },
         );
@@ -122,12 +124,14 @@ pub fn step_isolation(env: &E2e) {
             secs(60),
             || gone(resource, ns, ISOLATED),
         );
+        // Deleted in one reconcile, both are named by one Deleted event.
+        let child = format!("{kind} {ISOLATED}");
         env.wait(
-            &format!("a Normal event Deleted {kind} regarding Memcached {ISOLATED}"),
+            &format!("a Normal event Deleted naming {child}, regarding Memcached {ISOLATED}"),
             secs(30),
             || {
                 expect_event(ns, |e| {
-                    e.reason == "Deleted" && e.name == ISOLATED && e.note.contains(kind)
+                    e.reason == "Deleted" && e.name == ISOLATED && e.note.contains(&child)
                 })
             },
         );

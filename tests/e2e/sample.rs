@@ -109,15 +109,21 @@ spec:
     eprintln!("    ok: `kubectl get mc` shows NAME SIZE READY AVAILABLE AGE");
 
     env.wait(
-        &format!("a Normal event with reason Created regarding Memcached or Deployment {SAMPLE}"),
+        &format!(
+            "a Normal event with reason Created regarding Memcached or Deployment {SAMPLE}, naming the \
+             Deployment"
+        ),
         secs(60),
         || {
             let events = list_events(ns)?;
+            // One event for the whole creation: `Created ConfigMap ..., Deployment NAME with 1 replicas, ...`.
+            let deployment = format!("Deployment {SAMPLE} ");
             let found = events.iter().any(|e| {
                 e.type_ == "Normal"
                     && e.reason == "Created"
                     && (e.kind == "Memcached" || e.kind == "Deployment")
                     && e.name == SAMPLE
+                    && e.note.contains(&deployment)
             });
             if found {
                 Ok(())

@@ -1043,3 +1043,26 @@ async fn invalid_config_is_degraded_and_nothing_is_applied() {
     );
     assert_degraded(&run.seen[0].body, "InvalidConfig", "extraArgs[0]");
 }
+
+#[tokio::test]
+async fn a_request_without_answer_is_retried_quietly() {
+    // The API server went away mid-reconcile: no ReconcileFailed event (it could not be published
+    // either), no Degraded status; the error goes to the retry, and the outage is reported once elsewhere.
+    let mut cluster = Cluster::new();
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, CONFIG_MAPS).apply().unanswered()],
+    )
+    .await;
+    let error = run.result.unwrap_err();
+    assert!(error.unanswered(), "{error}");
+    assert_eq!(run.seen.len(), 1);
+    assert!(
+        run.metrics
+            .encode()
+            .contains("memcached_operator_reconcile_errors_total{kind=\"apply\"} 1"),
+        "still counted: {}",
+        run.metrics.encode()
+    );
+}

@@ -66,6 +66,21 @@ impl Error {
         }
     }
 
+    /// Whether the request got no answer at all (a refused or cut connection, a timeout): the API server
+    /// is unreachable, which the operator reports once for the whole outage (see `connectivity`), not per
+    /// failed reconcile.
+    pub fn unanswered(&self) -> bool {
+        let source = match self {
+            Self::Apply { source, .. }
+            | Self::Delete { source, .. }
+            | Self::SecretRead { source, .. }
+            | Self::Status { source, .. }
+            | Self::Finalizer(source) => source,
+            Self::ForeignOwner { .. } | Self::Malformed(_) => return false,
+        };
+        matches!(source, kube::Error::Service(_) | kube::Error::HyperError(_))
+    }
+
     /// The condition to surface for errors a retry alone will not fix: requests the API server rejects as
     /// invalid or forbidden, and children someone else controls. Transient failures (conflicts, 5xx,
     /// network) return `None`: they are retried with backoff and not reported as `Degraded`.

@@ -47,6 +47,13 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
             ctx.metrics.reconciled(None);
             debug!(memcached = %key, ?action, "reconciled");
         }
+        Err(error) if error.unanswered() => {
+            // The API server did not answer: the outage is reported once, not per retry, and an event
+            // could not be published either. The retry follows the backoff, and the end of the outage
+            // reconciles every instance at once.
+            ctx.metrics.reconciled(Some(error.kind()));
+            debug!(memcached = %key, %error, "reconcile failed: the API server did not answer");
+        }
         Err(error) => {
             ctx.metrics.reconciled(Some(error.kind()));
             warn!(memcached = %key, %error, "reconcile failed");
@@ -627,6 +634,10 @@ pub(super) async fn publish(ctx: &Context, reference: &ObjectReference, event: E
     .await
     {
         Ok(Ok(())) => {}
+        // Unanswered: part of an outage, which is reported once on its own.
+        Ok(Err(error @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+            debug!(%error, reason = %event.reason, "could not publish event")
+        }
         Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
         Err(_) => warn!(reason = %event.reason, "timed out publishing event"),
     }

@@ -35,7 +35,7 @@ use crate::controller::connectivity::Connectivity;
 use crate::controller::{self, RunOptions, Settings};
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
-use crate::resources::Defaults;
+use crate::resources::{Defaults, StatsReader};
 use http::Health;
 use leader::{Election, Renewals};
 
@@ -102,6 +102,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         settings: Settings {
             defaults: Defaults {
                 image: args.memcached_image.clone(),
+                stats_reader: stats_reader(&args),
             },
             requeue_after: args.requeue_interval,
             ..Settings::default()
@@ -187,6 +188,15 @@ fn client(
         .with_layer(&TimeoutLayer::new(REQUEST_TIMEOUT))
         .build();
     Ok(client)
+}
+
+/// The operator's own pods as instance NetworkPolicies must admit them: when it reads operand stats and
+/// runs in a pod (the install sets `POD_NAMESPACE` from the downward API).
+fn stats_reader(args: &RunArgs) -> Option<StatsReader> {
+    let namespace = std::env::var("POD_NAMESPACE")
+        .ok()
+        .filter(|s| !s.is_empty())?;
+    (!args.stats_interval.is_zero()).then_some(StatsReader { namespace })
 }
 
 /// Starts the election, waiting (until `stop`) for an API server that does not answer yet.

@@ -17,6 +17,10 @@ pub const APP_NAME: &str = "memcached";
 /// Value of [`MANAGED_BY_KEY`]; also the server-side apply field manager.
 pub const MANAGER_NAME: &str = "memcached-operator";
 
+/// The label (`app.kubernetes.io/name=memcached-operator`) the install puts on the operator's own pods:
+/// instance NetworkPolicies admit pods with it to the memcached port when the operator reads stats.
+pub const OPERATOR_POD_LABEL: (&str, &str) = (NAME_KEY, MANAGER_NAME);
+
 /// Label selector that every watch of child objects uses.
 pub fn managed_selector() -> String {
     format!("{MANAGED_BY_KEY}={MANAGER_NAME}")

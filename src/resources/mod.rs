@@ -32,12 +32,23 @@ pub const DEFAULT_IMAGE: &str = "memcached:1.6-alpine";
 pub struct Defaults {
     /// Image for instances whose spec has none (`MEMCACHED_IMAGE`).
     pub image: String,
+    /// Where the operator's own pods run, when it reads its instances' stats: their NetworkPolicies
+    /// must admit it to the memcached port. `None` when it does not read them, or does not run in a pod.
+    pub stats_reader: Option<StatsReader>,
+}
+
+/// The operator's pods, as a NetworkPolicy peer: those labelled [`labels::OPERATOR_POD_LABEL`] in
+/// `namespace` (the install's manager Deployment carries the label).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StatsReader {
+    pub namespace: String,
 }
 
 impl Default for Defaults {
     fn default() -> Self {
         Self {
             image: DEFAULT_IMAGE.to_owned(),
+            stats_reader: None,
         }
     }
 }
@@ -59,6 +70,8 @@ pub struct Instance<'a> {
     pub namespace: &'a str,
     pub spec: &'a MemcachedSpec,
     pub image: &'a str,
+    /// The operator's pods, when they read the instance's stats (see [`Defaults::stats_reader`]).
+    pub stats_reader: Option<&'a StatsReader>,
     owner: OwnerReference,
 }
 
@@ -84,6 +97,7 @@ impl<'a> Instance<'a> {
             namespace,
             spec: &mc.spec,
             image: mc.image_or(&defaults.image),
+            stats_reader: defaults.stats_reader.as_ref(),
             owner,
         })
     }

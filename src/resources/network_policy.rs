@@ -3,7 +3,9 @@
 //! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
 //! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
 //! across them), and the exporter reaches memcached over the pod's loopback, which no policy filters.
-//! Kubelet probes come from the pod's node, which NetworkPolicy always admits.
+//! Kubelet probes come from the pod's node, which NetworkPolicy always admits. The operator itself reads
+//! memcached's stats (operand telemetry): when it does, its own pods are admitted to the memcached port
+//! too, or every read would time out.
 
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -19,16 +21,25 @@ use crate::api::{AllowedClient, MemcachedSpec};
 /// The policy for `instance`, or `None` when none is wanted.
 ///
 /// Rule 1 admits the memcached port (`containerPort`: a policy matches the pod's port, not the Service's)
-/// from `allowedClients`, or from every pod of the instance's namespace when the list is empty. Rule 2,
+/// from `allowedClients`, or from every pod of the instance's namespace when the list is empty, and from
+/// the operator's pods when it reads stats (see [`crate::resources::Defaults::stats_reader`]). Rule 2,
 /// with the exporter on, admits the metrics port from the monitoring namespaces, or from the instance's
 /// namespace when none are selected.
 pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     let config = instance.spec.network_policy()?;
-    let clients = if config.allowed_clients.is_empty() {
+    let mut clients = if config.allowed_clients.is_empty() {
         vec![same_namespace()]
     } else {
         config.allowed_clients.iter().map(peer).collect()
     };
+    if let Some(reader) = instance.stats_reader {
+        let (key, value) = labels::OPERATOR_POD_LABEL;
+        clients.push(NetworkPolicyPeer {
+            pod_selector: Some(match_labels(key, value)),
+            namespace_selector: Some(match_labels(NAMESPACE_NAME_LABEL, &reader.namespace)),
+            ip_block: None,
+        });
+    }
     let mut ingress = vec![rule(instance.spec.container_port, clients)];
     if instance.spec.exporter().is_some() {
         let scrapers = match &config.monitoring_namespace_selector {
@@ -52,6 +63,16 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
             egress: None,
         }),
     })
+}
+
+/// The label every namespace carries with its own name (set by the API server since Kubernetes 1.22).
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+fn match_labels(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some([(key.to_owned(), value.to_owned())].into()),
+        ..LabelSelector::default()
+    }
 }
 
 /// Every pod in the policy's own namespace: a pod selector that matches everything.
@@ -155,6 +176,33 @@ mod tests {
             match_labels: Some([(key.to_owned(), value.to_owned())].into()),
             ..LabelSelector::default()
         }
+    }
+
+    #[test]
+    fn the_operator_is_admitted_to_memcached_when_it_reads_stats() {
+        let mc = memcached("cache", spec(enabled(), true));
+        let defaults = Defaults {
+            stats_reader: Some(crate::resources::StatsReader {
+                namespace: "memcached-operator-system".into(),
+            }),
+            ..Defaults::default()
+        };
+        let policy = network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
+        let policy = serde_json::to_value(policy).unwrap();
+        assert_eq!(
+            policy["spec"]["ingress"][0]["from"],
+            json!([
+                {"podSelector": {}},
+                {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "memcached-operator"}},
+                 "namespaceSelector": {"matchLabels": {
+                     "kubernetes.io/metadata.name": "memcached-operator-system"}}}
+            ])
+        );
+        assert_eq!(
+            policy["spec"]["ingress"][1]["from"],
+            json!([{"podSelector": {}}]),
+            "the exporter's port is not the operator's business"
+        );
     }
 
     #[test]

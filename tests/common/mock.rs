@@ -48,6 +48,8 @@ pub struct Exchange {
     pub reply: Option<Value>,
     /// Answer made from the request body, when set (instead of `reply` or the echo).
     pub answer: Option<fn(&Value) -> Value>,
+    /// No answer at all: the connection fails (an API server that is down).
+    pub unanswered: bool,
 }
 
 pub fn expect(method: Method, path: &str) -> Exchange {
@@ -58,6 +60,7 @@ pub fn expect(method: Method, path: &str) -> Exchange {
         status: StatusCode::OK,
         reply: None,
         answer: None,
+        unanswered: false,
     }
 }
 
@@ -74,6 +77,11 @@ impl Exchange {
     /// Answers with `answer(request body)`: an object as the server stores it, say.
     pub fn answer(mut self, answer: fn(&Value) -> Value) -> Self {
         self.answer = Some(answer);
+        self
+    }
+    /// The request fails without an answer, as when the API server is down.
+    pub fn unanswered(mut self) -> Self {
+        self.unanswered = true;
         self
     }
     pub fn fail(self, code: u16, reason: &str) -> Self {
@@ -153,6 +161,15 @@ pub async fn serve(
                 "{} {path}: query {query:?} lacks {q}",
                 parts.method
             );
+        }
+        if want.unanswered {
+            respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+            seen.push(Seen {
+                method: parts.method,
+                path,
+                body,
+            });
+            continue;
         }
         let reply = match want.answer {
             Some(answer) => answer(&body),

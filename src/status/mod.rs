@@ -80,7 +80,17 @@ pub fn compute(
 
     let workload = observed.workload.as_ref();
     let replicas = workload.map_or(0, |w| w.replicas);
-    let ready = workload.map_or(0, |w| w.ready);
+    // Ready pods, by the fresher of two views: the workload's count lags the pods' own readiness (the
+    // kubelet marks a pod ready, then the ReplicaSet or StatefulSet controller counts it), and the server
+    // list is built from the pods, so without this `Available` would follow a published server by a
+    // separate status write.
+    let ready_pods = pods
+        .iter()
+        .filter(|p| servers::Member::of(p).is_some_and(|m| m.ready))
+        .count();
+    let ready = workload
+        .map_or(0, |w| w.ready)
+        .max(i32::try_from(ready_pods).unwrap_or(i32::MAX));
     let counts = Counts {
         size: observed.size,
         replicas,

@@ -397,3 +397,25 @@ fn finalizing_sets_degraded_and_keeps_the_rest() {
     );
     assert_eq!(finalizing(Some(&after), Some(1), &at(30)), after);
 }
+
+#[test]
+fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
+    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    let (a, b) = (pod("cache-a", ready.clone()), pod("cache-b", ready));
+    let mut gone = pod(
+        "cache-c",
+        json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}),
+    );
+    gone.metadata.deletion_timestamp = Some(at(0));
+    // The kubelet marked both pods ready; the Deployment's controller has counted one of them so far.
+    let lagging = deployment(json!({"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}));
+    let status = compute(&observed(2, Some(&lagging), vec![&a, &b, &gone]), None, &at(0));
+    assert_eq!(status.ready_replicas, 2, "a terminating pod is not counted");
+    expect(
+        &status,
+        [("True", "AllReplicasReady"), ("False", "Complete"), ("False", "AsExpected")],
+    );
+    // And the other way round: the Deployment still counts a pod the cache no longer shows as ready.
+    let status = compute(&observed(2, Some(&ready_deployment(2)), vec![&a]), None, &at(0));
+    assert_eq!(status.ready_replicas, 2);
+}

@@ -11,6 +11,7 @@ mod error;
 mod events;
 mod finalizer;
 pub mod pace;
+mod pod_index;
 mod pool;
 mod reconcile;
 mod secrets;
@@ -36,6 +37,7 @@ use kube::runtime::reflector::Store;
 pub use backoff::Backoff;
 pub use error::Error;
 pub use events::Publisher;
+pub use pod_index::PodIndex;
 pub use reconcile::{error_policy, reconcile};
 pub use secrets::SecretHashes;
 pub use watches::{RunOptions, pod_owner, run, trim_pod};
@@ -89,6 +91,8 @@ pub struct Stores {
     pub config_maps: Store<ConfigMap>,
     pub services: Store<Service>,
     pub pods: Store<Pod>,
+    /// The pods of each instance, by name (fed by the pod watch beside `pods`).
+    pub pod_index: PodIndex,
     pub pdbs: Store<PodDisruptionBudget>,
     /// Secrets by metadata only: which exist, and their resourceVersion.
     pub secrets: Store<PartialObjectMeta<Secret>>,

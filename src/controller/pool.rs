@@ -38,13 +38,11 @@ pub struct Pool {
 
 /// The instance's pods in the cache.
 pub fn pods(ctx: &Context, mc: &Memcached) -> Vec<Arc<Pod>> {
-    let name = mc.name_any();
-    let namespace = mc.namespace();
-    ctx.stores.pods.state_filter(|pod| {
-        pod.metadata.namespace == namespace
-            && pod.labels().get(labels::INSTANCE_KEY) == Some(&name)
-            && pod.labels().get(labels::NAME_KEY).map(String::as_str) == Some(labels::APP_NAME)
-    })
+    let stores = &ctx.stores;
+    let namespace = mc.namespace().unwrap_or_default();
+    stores
+        .pod_index
+        .pods(&stores.pods, &namespace, &mc.name_any())
 }
 
 fn cached<K: kube::Resource<DynamicType = ()> + Clone>(

@@ -40,7 +40,7 @@ use tracing::{debug, info, warn};
 
 use super::connectivity::Connectivity;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
-use super::{Context, Error, Settings, Stores, error_policy, reconcile, system_clock};
+use super::{Context, Error, PodIndex, Settings, Stores, error_policy, reconcile, system_clock};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, servers, service_monitor};
@@ -168,14 +168,19 @@ pub async fn run(
         trim_meta,
         (),
     );
-    let (pods, pod_stream) = cached(
-        &metrics,
-        "pods",
-        api::<Pod>(&client, ns),
-        children.clone(),
-        trim_pod,
-        (),
-    );
+    let pod_index = PodIndex::default();
+    let (pods, pod_stream) = {
+        let index = pod_index.clone();
+        cached_with(
+            &metrics,
+            "pods",
+            api::<Pod>(&client, ns),
+            children.clone(),
+            trim_pod,
+            (),
+            move |event| index.observe(event),
+        )
+    };
     let (pdbs, pdb_stream) = cached(
         &metrics,
         "poddisruptionbudgets",
@@ -245,6 +250,7 @@ pub async fn run(
         config_maps,
         services,
         pods,
+        pod_index,
         pdbs,
         secrets,
         service_monitors,
@@ -261,7 +267,10 @@ pub async fn run(
             crate::telemetry::Sources {
                 client: client.clone(),
                 memcacheds: stores.memcacheds.clone(),
-                pods: stores.pods.clone(),
+                pods: crate::telemetry::IndexedPods {
+                    store: stores.pods.clone(),
+                    index: stores.pod_index.clone(),
+                },
                 secrets: stores.secrets.clone(),
             },
             metrics.operand(),
@@ -346,10 +355,31 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
+    cached_with(metrics, resource, api, config, trim, dyntype, |_| {})
+}
+
+/// [`cached`], with `observe` seeing every event (trimmed) just before the cache does.
+fn cached_with<K>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    trim: fn(&mut K),
+    dyntype: K::DynamicType,
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
+) -> (
+    reflector::Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+{
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
     let stream = retrying(metrics, resource, watcher(api, config))
         .modify(trim)
+        .inspect_ok(observe)
         .reflect(writer)
         .touched_objects();
     (store, stream)

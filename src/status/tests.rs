@@ -409,13 +409,25 @@ fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
     gone.metadata.deletion_timestamp = Some(at(0));
     // The kubelet marked both pods ready; the Deployment's controller has counted one of them so far.
     let lagging = deployment(json!({"replicas": 2, "readyReplicas": 1, "updatedReplicas": 2}));
-    let status = compute(&observed(2, Some(&lagging), vec![&a, &b, &gone]), None, &at(0));
+    let status = compute(
+        &observed(2, Some(&lagging), vec![&a, &b, &gone]),
+        None,
+        &at(0),
+    );
     assert_eq!(status.ready_replicas, 2, "a terminating pod is not counted");
     expect(
         &status,
-        [("True", "AllReplicasReady"), ("False", "Complete"), ("False", "AsExpected")],
+        [
+            ("True", "AllReplicasReady"),
+            ("False", "Complete"),
+            ("False", "AsExpected"),
+        ],
     );
     // And the other way round: the Deployment still counts a pod the cache no longer shows as ready.
-    let status = compute(&observed(2, Some(&ready_deployment(2)), vec![&a]), None, &at(0));
+    let status = compute(
+        &observed(2, Some(&ready_deployment(2)), vec![&a]),
+        None,
+        &at(0),
+    );
     assert_eq!(status.ready_replicas, 2);
 }

@@ -43,8 +43,7 @@ use super::secrets::{SecretReader, SecretValues, Transport};
 use super::stats::Stats;
 use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
-use crate::controller::Publisher;
-use crate::resources::labels;
+use crate::controller::{PodIndex, Publisher};
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
 /// fields.
@@ -99,8 +98,15 @@ impl Reader for Network {
 pub struct Sources {
     pub client: Client,
     pub memcacheds: Store<Memcached>,
-    pub pods: Store<Pod>,
+    pub pods: IndexedPods,
     pub secrets: Store<PartialObjectMeta<Secret>>,
+}
+
+/// The pod cache and its index by instance (see [`PodIndex`]).
+#[derive(Clone)]
+pub struct IndexedPods {
+    pub store: Store<Pod>,
+    pub index: PodIndex,
 }
 
 /// What the collector remembers of one instance between collections.
@@ -120,7 +126,7 @@ pub struct Collector {
     settings: Settings,
     client: Client,
     memcacheds: Store<Memcached>,
-    pods: Store<Pod>,
+    pods: IndexedPods,
     secrets: SecretReader,
     metrics: Arc<OperandMetrics>,
     events: Arc<Publisher>,
@@ -289,12 +295,8 @@ impl Collector {
         };
         let mut servers: Vec<(String, SocketAddr)> = self
             .pods
-            .state_filter(|pod| {
-                pod.metadata.namespace.as_deref() == Some(namespace.as_str())
-                    && pod.labels().get(labels::INSTANCE_KEY) == Some(name)
-                    && pod.labels().get(labels::NAME_KEY).map(String::as_str)
-                        == Some(labels::APP_NAME)
-            })
+            .index
+            .pods(&self.pods.store, namespace, name)
             .iter()
             .filter_map(|pod| server(pod, port))
             .collect();

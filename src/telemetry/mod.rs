@@ -22,7 +22,7 @@ use std::sync::Arc;
 use kube::runtime::events::Reporter;
 use tokio::task::JoinHandle;
 
-pub use collector::{Collector, Network, Reader, Settings, Sources};
+pub use collector::{Collector, IndexedPods, Network, Reader, Settings, Sources};
 
 use crate::controller::{Publisher, REPORTER};
 

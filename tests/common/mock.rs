@@ -23,7 +23,7 @@ pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::{
-    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile,
+    Context, Error, PodIndex, SecretHashes, Settings, Stores, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};
@@ -260,6 +260,7 @@ impl Cluster {
                 config_maps: config_maps_r,
                 services: services_r,
                 pods: pods_r,
+                pod_index: PodIndex::default(),
                 pdbs: pdbs_r,
                 secrets: secrets_r,
                 service_monitors: None,
@@ -321,13 +322,17 @@ impl Cluster {
             .apply_watcher_event(&watcher::Event::Apply(c));
     }
     pub fn remove_pod(&mut self, p: Pod) {
-        self.pods.apply_watcher_event(&watcher::Event::Delete(p));
+        let event = watcher::Event::Delete(p);
+        self.stores.pod_index.observe(&event);
+        self.pods.apply_watcher_event(&event);
     }
     pub fn service(&mut self, s: Service) {
         self.services.apply_watcher_event(&watcher::Event::Apply(s));
     }
     pub fn pod(&mut self, p: Pod) {
-        self.pods.apply_watcher_event(&watcher::Event::Apply(p));
+        let event = watcher::Event::Apply(p);
+        self.stores.pod_index.observe(&event);
+        self.pods.apply_watcher_event(&event);
     }
     pub fn network_policy(&mut self, p: NetworkPolicy) {
         self.network_policies

@@ -19,9 +19,9 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use memcached_operator::api::Memcached;
-use memcached_operator::controller::Publisher;
+use memcached_operator::controller::{PodIndex, Publisher};
 use memcached_operator::telemetry::metrics::OperandMetrics;
-use memcached_operator::telemetry::{Collector, Network, Settings, Sources};
+use memcached_operator::telemetry::{Collector, IndexedPods, Network, Settings, Sources};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose,
@@ -399,6 +399,7 @@ pub struct Caches {
     pub memcacheds: Writer<Memcached>,
     pub pods: Writer<Pod>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
+    pod_index: PodIndex,
     stores: (
         Store<Memcached>,
         Store<Pod>,
@@ -418,6 +419,7 @@ impl Caches {
             memcacheds,
             pods,
             secrets,
+            pod_index: PodIndex::default(),
             stores: (m, p, s),
         }
     }
@@ -433,13 +435,15 @@ impl Caches {
     }
 
     pub fn pod(&mut self, pod: &Pod) {
-        self.pods
-            .apply_watcher_event(&watcher::Event::Apply(pod.clone()));
+        let event = watcher::Event::Apply(pod.clone());
+        self.pod_index.observe(&event);
+        self.pods.apply_watcher_event(&event);
     }
 
     pub fn remove_pod(&mut self, pod: &Pod) {
-        self.pods
-            .apply_watcher_event(&watcher::Event::Delete(pod.clone()));
+        let event = watcher::Event::Delete(pod.clone());
+        self.pod_index.observe(&event);
+        self.pods.apply_watcher_event(&event);
     }
 
     /// A Secret as the metadata-only watch sees it.
@@ -475,7 +479,10 @@ impl Caches {
             Sources {
                 client,
                 memcacheds: self.stores.0.clone(),
-                pods: self.stores.1.clone(),
+                pods: IndexedPods {
+                    store: self.stores.1.clone(),
+                    index: self.pod_index.clone(),
+                },
                 secrets: self.stores.2.clone(),
             },
             metrics.clone(),

@@ -3,7 +3,8 @@
 //! counts and conditions are written at most once per [`Pace::gap`] per instance; the reconcile that holds
 //! one back asks to run again when the gap is over and writes the latest status then.
 //!
-//! Never held back: a change of the published servers (the ready addresses in slot order, what clients
+//! Never held back: the acknowledgement of a spec change (`observedGeneration`), a change of the published
+//! servers (the ready addresses in slot order, what clients
 //! see), of the number of slots once there are any, of the drain (a later reconcile plans from it), and a
 //! new `Degraded` reason (someone has to act on it). A pod that takes a slot but is not ready yet can wait:
 //! slot assignment is a pure function of the stored slots and the pods, so the next reconcile assigns it
@@ -71,9 +72,9 @@ impl Pace {
     }
 }
 
-/// Whether the change from `previous` to `new` may wait: it leaves the published servers, the number of
-/// slots (unless there were none yet), the drain and the `Degraded` condition's status and reason as they
-/// were. Pure.
+/// Whether the change from `previous` to `new` may wait: it leaves `observedGeneration` (unless there was
+/// none yet), the published servers, the number of slots (unless there were none yet), the drain and the
+/// `Degraded` condition's status and reason as they were. Pure.
 pub fn can_wait(previous: Option<&MemcachedStatus>, new: &MemcachedStatus) -> bool {
     let degraded = |s: Option<&MemcachedStatus>| {
         find(s, DEGRADED)
@@ -89,7 +90,11 @@ pub fn can_wait(previous: Option<&MemcachedStatus>, new: &MemcachedStatus) -> bo
     };
     let empty = MemcachedStatus::default();
     let before = previous.unwrap_or(&empty);
-    published(before) == published(new)
+    // A spec change is acknowledged at once (`observedGeneration`), except on the first status.
+    let generation_seen = before.observed_generation.is_none()
+        || before.observed_generation == new.observed_generation;
+    generation_seen
+        && published(before) == published(new)
         && (before.servers.is_empty() || before.servers.len() == new.servers.len())
         && before.drain == new.drain
         && degraded(previous) == degraded(Some(new))
@@ -185,6 +190,17 @@ mod tests {
         };
         assert!(!can_wait(Some(&broken), &other), "another problem");
         assert!(can_wait(Some(&broken), &broken.clone()));
+
+        let seen = MemcachedStatus {
+            observed_generation: Some(1),
+            ..counts.clone()
+        };
+        assert!(can_wait(Some(&counts), &seen), "the first status");
+        let changed = MemcachedStatus {
+            observed_generation: Some(2),
+            ..seen.clone()
+        };
+        assert!(!can_wait(Some(&seen), &changed), "a spec change is acknowledged");
     }
 
     #[test]

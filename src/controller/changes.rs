@@ -6,10 +6,9 @@
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
-use tracing::info;
 
 use super::Context;
-use super::reconcile::{normal, publish};
+use super::reconcile::{normal, record};
 use crate::resources::Instance;
 
 /// The children changes of one reconcile, in the order they were made.
@@ -86,14 +85,7 @@ impl Changes {
         instance: &Instance<'_>,
     ) {
         for event in self.events() {
-            info!(
-                memcached = %instance.name,
-                namespace = %instance.namespace,
-                reason = %event.reason,
-                note = event.note.as_deref().unwrap_or_default(),
-                "children changed"
-            );
-            publish(ctx, reference, event).await;
+            record(ctx, reference, instance, event).await;
         }
         *self = Self::default();
     }

@@ -200,7 +200,10 @@ mod tests {
             observed_generation: Some(2),
             ..seen.clone()
         };
-        assert!(!can_wait(Some(&seen), &changed), "a spec change is acknowledged");
+        assert!(
+            !can_wait(Some(&seen), &changed),
+            "a spec change is acknowledged"
+        );
     }
 
     #[test]

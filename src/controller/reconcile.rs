@@ -472,14 +472,19 @@ where
     Ok(())
 }
 
-/// Logs and publishes an event about the instance's pool (drain steps).
-async fn record(ctx: &Context, reference: &ObjectReference, instance: &Instance<'_>, event: Event) {
+/// Logs and publishes an event about what the reconcile changed (children, drain steps).
+pub(super) async fn record(
+    ctx: &Context,
+    reference: &ObjectReference,
+    instance: &Instance<'_>,
+    event: Event,
+) {
     info!(
         memcached = %instance.name,
         namespace = %instance.namespace,
         reason = %event.reason,
         note = event.note.as_deref().unwrap_or_default(),
-        "pool changed"
+        "changed"
     );
     publish(ctx, reference, event).await;
 }

@@ -94,13 +94,11 @@ pub enum TlsError {
 pub fn tls_connector(material: &TlsMaterial) -> Result<TlsConnector, TlsError> {
     let provider = Arc::new(ring::default_provider());
     let algorithms = provider.signature_verification_algorithms;
-    let verifier: Arc<dyn ServerCertVerifier> = match &material.ca {
-        Some(ca) => Arc::new(ChainOnly {
-            roots: Arc::new(roots(ca)?),
-            algorithms,
-        }),
-        None => Arc::new(Unverified { algorithms }),
+    let roots = match &material.ca {
+        Some(ca) => Some(Arc::new(roots(ca)?)),
+        None => None,
     };
+    let verifier: Arc<dyn ServerCertVerifier> = Arc::new(PodVerifier { roots, algorithms });
     let builder = ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Config)?
@@ -138,14 +136,16 @@ fn roots(ca: &[u8]) -> Result<RootCertStore, TlsError> {
     Ok(roots)
 }
 
-/// Verifies the server's chain against the instance's CA, and not the name (module documentation).
+/// What the operator checks of a server's certificate (module documentation): with `roots` (the instance's
+/// CA), the chain and not the name; without, nothing but the handshake signatures, which prove that the
+/// server holds the key of the certificate it shows (the session keys are its own), not who it is.
 #[derive(Debug)]
-struct ChainOnly {
-    roots: Arc<RootCertStore>,
+struct PodVerifier {
+    roots: Option<Arc<RootCertStore>>,
     algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl ServerCertVerifier for ChainOnly {
+impl ServerCertVerifier for PodVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -154,57 +154,16 @@ impl ServerCertVerifier for ChainOnly {
         _ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        let certificate = ParsedCertificate::try_from(end_entity)?;
-        verify_server_cert_signed_by_trust_anchor(
-            &certificate,
-            &self.roots,
-            intermediates,
-            now,
-            self.algorithms.all,
-        )?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
-}
-
-/// Accepts any server certificate: encryption without authentication, for instances whose Secret has no CA
-/// (module documentation). The handshake signatures are still checked, so the server holds the key of the
-/// certificate it shows; that proves nothing about who it is, only that the session keys are its own.
-#[derive(Debug)]
-struct Unverified {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
+        if let Some(roots) = &self.roots {
+            let certificate = ParsedCertificate::try_from(end_entity)?;
+            verify_server_cert_signed_by_trust_anchor(
+                &certificate,
+                roots,
+                intermediates,
+                now,
+                self.algorithms.all,
+            )?;
+        }
         Ok(ServerCertVerified::assertion())
     }
 

@@ -20,7 +20,15 @@ use crate::status::{DEGRADED, find};
 /// Status writes per instance, and the gap kept between those that can wait.
 pub struct Pace {
     gap: Duration,
-    last: Mutex<HashMap<(String, String), Instant>>,
+    last: Mutex<Writes>,
+}
+
+/// The last write per instance, and when entries older than the gap (which hold nothing back) were last
+/// dropped: at most once per gap, so a burst of writes does not go through them all at every write.
+#[derive(Default)]
+struct Writes {
+    at: HashMap<(String, String), Instant>,
+    pruned: Option<Instant>,
 }
 
 impl Pace {
@@ -43,9 +51,13 @@ impl Pace {
             return;
         }
         let now = Instant::now();
+        let gap = self.gap;
         let mut last = self.lock();
-        last.retain(|_, at| now.duration_since(*at) < self.gap);
-        last.insert((namespace.to_owned(), name.to_owned()), now);
+        if last.pruned.is_none_or(|at| now.duration_since(at) >= gap) {
+            last.at.retain(|_, at| now.duration_since(*at) < gap);
+            last.pruned = Some(now);
+        }
+        last.at.insert((namespace.to_owned(), name.to_owned()), now);
     }
 
     /// How long the change from `previous` to `new` must wait before it is written; `None` for now.
@@ -60,14 +72,14 @@ impl Pace {
             return None;
         }
         let key = (namespace.to_owned(), name.to_owned());
-        let at = *self.lock().get(&key)?;
+        let at = *self.lock().at.get(&key)?;
         let left = self.gap.checked_sub(at.elapsed())?;
         // Whole milliseconds, rounded up: the resolution of the runtime's timers.
         let millis = left.as_nanos().div_ceil(1_000_000);
         (millis > 0).then(|| Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX)))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Instant>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Writes> {
         self.last.lock().unwrap_or_else(|e| e.into_inner())
     }
 }

@@ -21,6 +21,9 @@ use kube::Resource;
 /// How long a kept answer may stand in for the cache.
 pub const TRUST: Duration = Duration::from_secs(10);
 
+/// Least time between two passes of [`Written::prune`].
+const PRUNE_EVERY: Duration = Duration::from_secs(1);
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq)]
 struct Key {
     kind: String,
@@ -39,6 +42,8 @@ struct Entry {
 #[derive(Default)]
 pub struct Written {
     entries: Mutex<HashMap<Key, Entry>>,
+    /// When [`Written::prune`] last went through the entries.
+    pruned: Mutex<Option<Instant>>,
 }
 
 /// What [`Written::fresher`] chose.
@@ -146,8 +151,17 @@ impl Written {
         }
     }
 
-    /// Drops every kept answer older than [`TRUST`], which bounds the memory this takes.
+    /// Drops every kept answer older than [`TRUST`], which bounds the memory this takes. Goes through the
+    /// entries at most once a second: it is called by every reconcile, and a burst of creations keeps
+    /// thousands of answers for a moment.
     pub fn prune(&self) {
+        {
+            let mut pruned = self.pruned.lock().unwrap_or_else(|e| e.into_inner());
+            if pruned.is_some_and(|at| at.elapsed() < PRUNE_EVERY) {
+                return;
+            }
+            *pruned = Some(Instant::now());
+        }
         self.lock().retain(|_, entry| entry.at.elapsed() < TRUST);
     }
 

@@ -3,10 +3,12 @@
 //! `memcached` when it is installed (`real_*` tests; CI must install it: they fail when `CI` is set and it
 //! is missing, and are skipped with a message otherwise).
 
+mod common;
+
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -18,13 +20,15 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair, KeyUsagePurpose, date_time_ymd,
 };
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
+
+use common::memcached::{Mode, RealServer, converse, exercise, real_binary};
 
 /// A real reply of Debian's memcached 1.6.18, CRLFs included.
 const FIXTURE: &[u8] = include_bytes!("fixtures/memcached-stats.txt");
@@ -61,47 +65,20 @@ where
     address
 }
 
-/// Plays memcached: checks the authenticating `set` when `auth` says which data to expect, waits for
-/// `stats\r\n`, sends `reply`, then holds the connection until the client closes it.
-async fn memcached<S>(stream: S, auth: Option<&'static str>, reply: &'static [u8])
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    if let Some(expected) = auth {
-        if stream.read_line(&mut line).await.is_err() {
-            return;
-        }
-        let length: usize = line
-            .trim_end()
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        let mut data = vec![0; length + 2];
-        if stream.read_exact(&mut data).await.is_err() {
-            return;
-        }
-        let answer: &[u8] = if data == format!("{expected}\r\n").as_bytes() {
-            b"STORED\r\n"
-        } else {
-            b"CLIENT_ERROR authentication failure\r\n"
-        };
-        let _ = stream.write_all(answer).await;
-        let _ = stream.flush().await;
-        if answer != b"STORED\r\n" {
-            return;
-        }
-        line.clear();
-    }
-    if stream.read_line(&mut line).await.is_err() || line != "stats\r\n" {
-        return;
-    }
-    let _ = stream.write_all(reply).await;
-    let _ = stream.flush().await;
-    let mut rest = Vec::new();
-    let _ = stream.read_to_end(&mut rest).await;
+/// Fails the test if more than 2 s went by since `started`: a failure that should come at once, or at its
+/// short timeout, did not.
+fn assert_quick(started: Instant) {
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+}
+
+/// How reading `target` within `timeout` fails; a success fails the test, with `expected` (what the failure
+/// should have been) as the message.
+async fn read_error(target: &Target, timeout: Duration, expected: &str) -> ReadError {
+    read_stats(target, timeout).await.expect_err(expected)
 }
 
 /// Reads the client's `stats\r\n` (and fails the server task if anything else came).
@@ -113,7 +90,7 @@ async fn after_stats_command(stream: &mut TcpStream) {
 
 #[tokio::test]
 async fn a_normal_reply_is_read_and_parsed() {
-    let address = fake(|stream| memcached(stream, None, FIXTURE)).await;
+    let address = fake(|stream| converse(stream, Mode::Answer, None, FIXTURE)).await;
     assert_eq!(
         read_stats(&plain(address), GENEROUS).await.expect("stats"),
         fixture_stats()
@@ -128,19 +105,13 @@ async fn a_server_that_never_answers_costs_the_timeout_and_no_more() {
     })
     .await;
     let started = Instant::now();
-    let error = read_stats(&plain(address), Duration::from_millis(200))
-        .await
-        .expect_err("no answer");
+    let error = read_error(&plain(address), Duration::from_millis(200), "no answer").await;
     assert!(
         matches!(error, ReadError::Timeout(t) if t == Duration::from_millis(200)),
         "{error:?}"
     );
     assert_eq!(error.reason(), "timeout");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert_quick(started);
 }
 
 #[tokio::test]
@@ -156,15 +127,9 @@ async fn a_server_that_trickles_is_bounded_by_one_timeout_for_the_whole_exchange
     })
     .await;
     let started = Instant::now();
-    let error = read_stats(&plain(address), Duration::from_millis(300))
-        .await
-        .expect_err("too slow");
+    let error = read_error(&plain(address), Duration::from_millis(300), "too slow").await;
     assert_eq!(error.reason(), "timeout", "{error:?}");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert_quick(started);
 }
 
 #[tokio::test]
@@ -173,16 +138,10 @@ async fn a_dead_address_is_a_connect_error_at_once() {
     let address = listener.local_addr().expect("address");
     drop(listener);
     let started = Instant::now();
-    let error = read_stats(&plain(address), GENEROUS)
-        .await
-        .expect_err("nobody listens");
+    let error = read_error(&plain(address), GENEROUS, "nobody listens").await;
     assert!(matches!(error, ReadError::Connect(_)), "{error:?}");
     assert_eq!(error.reason(), "connect");
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "took {:?}",
-        started.elapsed()
-    );
+    assert_quick(started);
 }
 
 #[tokio::test]
@@ -200,9 +159,7 @@ async fn a_server_that_closes_mid_reply_is_closed_not_half_parsed() {
             let _ = stream.write_all(&FIXTURE[..cut]).await;
         })
         .await;
-        let error = read_stats(&plain(address), GENEROUS)
-            .await
-            .expect_err("half a reply");
+        let error = read_error(&plain(address), GENEROUS, "half a reply").await;
         assert!(
             matches!(error, ReadError::Closed),
             "cut at {cut}: {error:?}"
@@ -214,9 +171,7 @@ async fn a_server_that_closes_mid_reply_is_closed_not_half_parsed() {
 #[tokio::test]
 async fn a_server_that_closes_before_answering_is_closed() {
     let address = fake(|mut stream| async move { after_stats_command(&mut stream).await }).await;
-    let error = read_stats(&plain(address), GENEROUS)
-        .await
-        .expect_err("no reply");
+    let error = read_error(&plain(address), GENEROUS, "no reply").await;
     assert!(matches!(error, ReadError::Closed), "{error:?}");
 }
 
@@ -233,9 +188,7 @@ async fn an_endless_reply_is_a_protocol_error_at_the_bound() {
         }
     })
     .await;
-    let error = read_stats(&plain(address), GENEROUS)
-        .await
-        .expect_err("too long");
+    let error = read_error(&plain(address), GENEROUS, "too long").await;
     assert!(
         matches!(error, ReadError::Protocol(ParseError::TooLong { .. })),
         "{error:?}"
@@ -253,9 +206,7 @@ async fn one_endless_line_is_a_protocol_error_at_the_bound() {
         let _ = stream.read_to_end(&mut sink).await;
     })
     .await;
-    let error = read_stats(&plain(address), GENEROUS)
-        .await
-        .expect_err("too long");
+    let error = read_error(&plain(address), GENEROUS, "too long").await;
     assert!(
         matches!(error, ReadError::Protocol(ParseError::TooLong { .. })),
         "{error:?}"
@@ -271,10 +222,8 @@ async fn garbage_and_error_lines_are_protocol_errors_without_waiting_for_more() 
         (b"STAT uptime -1\r\nEND\r\n", "number"),
     ] {
         // The server keeps the connection open: only recognising the bad line ends the exchange in time.
-        let address = fake(move |stream| memcached(stream, None, reply)).await;
-        let error = read_stats(&plain(address), GENEROUS)
-            .await
-            .expect_err("not stats");
+        let address = fake(move |stream| converse(stream, Mode::Answer, None, reply)).await;
+        let error = read_error(&plain(address), GENEROUS, "not stats").await;
         let kind = match &error {
             ReadError::Protocol(ParseError::MalformedLine { .. }) => "malformed",
             ReadError::Protocol(ParseError::ServerError(_)) => "server",
@@ -296,7 +245,8 @@ fn with_credentials(address: SocketAddr, user: &str, password: &str) -> Target {
 
 #[tokio::test]
 async fn accepted_credentials_are_sent_first_then_stats_are_read() {
-    let address = fake(|stream| memcached(stream, Some("alice pa:ss word"), FIXTURE)).await;
+    let address =
+        fake(|stream| converse(stream, Mode::Answer, Some("alice pa:ss word"), FIXTURE)).await;
     let target = with_credentials(address, "alice", "pa:ss word");
     assert_eq!(
         read_stats(&target, GENEROUS).await.expect("stats"),
@@ -306,10 +256,13 @@ async fn accepted_credentials_are_sent_first_then_stats_are_read() {
 
 #[tokio::test]
 async fn refused_credentials_are_an_auth_error() {
-    let address = fake(|stream| memcached(stream, Some("alice right"), FIXTURE)).await;
-    let error = read_stats(&with_credentials(address, "alice", "wrong"), GENEROUS)
-        .await
-        .expect_err("refused");
+    let address = fake(|stream| converse(stream, Mode::Answer, Some("alice right"), FIXTURE)).await;
+    let error = read_error(
+        &with_credentials(address, "alice", "wrong"),
+        GENEROUS,
+        "refused",
+    )
+    .await;
     assert!(
         matches!(&error, ReadError::Auth(answer) if answer.contains("authentication failure")),
         "{error:?}"
@@ -325,9 +278,12 @@ async fn a_connection_closed_after_the_credentials_is_an_auth_error() {
         let _ = stream.read(&mut buffer).await;
     })
     .await;
-    let error = read_stats(&with_credentials(address, "alice", "secret"), GENEROUS)
-        .await
-        .expect_err("closed");
+    let error = read_error(
+        &with_credentials(address, "alice", "secret"),
+        GENEROUS,
+        "closed",
+    )
+    .await;
     assert!(matches!(error, ReadError::Auth(_)), "{error:?}");
 }
 
@@ -356,6 +312,14 @@ impl Pki {
 
     fn ca_pem(&self) -> Vec<u8> {
         self.ca.pem().into_bytes()
+    }
+
+    /// What a client that trusts this CA, and has no identity of its own, holds.
+    fn trusted(&self) -> TlsMaterial {
+        TlsMaterial {
+            ca: Some(self.ca_pem()),
+            client_identity: None,
+        }
     }
 
     fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose, expired: bool) -> Leaf {
@@ -420,7 +384,7 @@ fn server_config(leaf: &Leaf, client_ca: Option<&Pki>) -> Arc<ServerConfig> {
 async fn tls_fake(config: Arc<ServerConfig>, auth: Option<&'static str>) -> SocketAddr {
     fake(move |stream| async move {
         if let Ok(tls) = TlsAcceptor::from(config).accept(stream).await {
-            memcached(tls, auth, FIXTURE).await;
+            converse(tls, Mode::Answer, auth, FIXTURE).await;
         }
     })
     .await
@@ -438,10 +402,7 @@ fn tls_target(address: SocketAddr, material: &TlsMaterial) -> Target {
 async fn tls_verified_against_the_instance_ca_ignores_the_name() {
     let pki = Pki::new("instance CA");
     let address = tls_fake(server_config(&pki.server(), None), None).await;
-    let material = TlsMaterial {
-        ca: Some(pki.ca_pem()),
-        client_identity: None,
-    };
+    let material = pki.trusted();
     assert_eq!(
         read_stats(&tls_target(address, &material), GENEROUS)
             .await
@@ -454,13 +415,8 @@ async fn tls_verified_against_the_instance_ca_ignores_the_name() {
 async fn tls_with_a_server_certificate_from_another_ca_fails() {
     let (pki, other) = (Pki::new("instance CA"), Pki::new("other CA"));
     let address = tls_fake(server_config(&other.server(), None), None).await;
-    let material = TlsMaterial {
-        ca: Some(pki.ca_pem()),
-        client_identity: None,
-    };
-    let error = read_stats(&tls_target(address, &material), GENEROUS)
-        .await
-        .expect_err("untrusted");
+    let material = pki.trusted();
+    let error = read_error(&tls_target(address, &material), GENEROUS, "untrusted").await;
     assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
     assert_eq!(error.reason(), "tls");
 }
@@ -480,13 +436,8 @@ async fn tls_checks_everything_but_the_name_expiry_and_usage_included() {
     );
     for leaf in [expired, client_only] {
         let address = tls_fake(server_config(&leaf, None), None).await;
-        let material = TlsMaterial {
-            ca: Some(pki.ca_pem()),
-            client_identity: None,
-        };
-        let error = read_stats(&tls_target(address, &material), GENEROUS)
-            .await
-            .expect_err("invalid");
+        let material = pki.trusted();
+        let error = read_error(&tls_target(address, &material), GENEROUS, "invalid").await;
         assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
     }
 }
@@ -504,10 +455,13 @@ async fn tls_without_a_ca_encrypts_without_verifying() {
 
 #[tokio::test]
 async fn tls_to_a_plain_server_is_a_tls_error() {
-    let address = fake(|stream| memcached(stream, None, FIXTURE)).await;
-    let error = read_stats(&tls_target(address, &TlsMaterial::default()), GENEROUS)
-        .await
-        .expect_err("plain");
+    let address = fake(|stream| converse(stream, Mode::Answer, None, FIXTURE)).await;
+    let error = read_error(
+        &tls_target(address, &TlsMaterial::default()),
+        GENEROUS,
+        "plain",
+    )
+    .await;
     assert_eq!(error.reason(), "tls", "{error:?}");
 }
 
@@ -554,9 +508,7 @@ async fn mutual_tls_without_an_identity_or_with_a_foreign_one_fails() {
             ca: Some(pki.ca_pem()),
             client_identity,
         };
-        let error = read_stats(&tls_target(address, &material), GENEROUS)
-            .await
-            .expect_err("no identity");
+        let error = read_error(&tls_target(address, &material), GENEROUS, "no identity").await;
         // Under TLS 1.3 the server refuses the client after the client's side of the handshake is done: the
         // refusal is an alert (Tls), unless the server's reset overtakes it (Closed). Either is a failure.
         assert!(
@@ -568,115 +520,9 @@ async fn mutual_tls_without_an_identity_or_with_a_foreign_one_fails() {
 
 // ---- The real memcached, when installed ----------------------------------------------------------------
 
-/// The `memcached` binary on PATH. Missing: a failure on CI (`CI` set), where the tests must run; a skip
-/// with a message elsewhere.
-fn real_memcached() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("memcached"))
-        .find(|candidate| candidate.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "memcached is not installed: CI must install Debian's `memcached` package for the real-server tests"
-        );
-        eprintln!("skipped: memcached is not installed (apt-get install memcached)");
-    }
-    found
-}
-
-/// A memcached process started for one test, with its files; killed and cleaned up on drop.
-struct RealServer {
-    child: Child,
-    address: SocketAddr,
-    dir: PathBuf,
-}
-
-impl RealServer {
-    /// Starts `binary` on a free 127.0.0.1 port with `extra` arguments; `files` are written to a fresh
-    /// directory first and `{dir}` in an argument stands for it.
-    async fn start(binary: &Path, name: &str, files: &[(&str, &[u8])], extra: &[&str]) -> Self {
-        let dir = std::env::temp_dir().join(format!(
-            "memcached-operator-test-{}-{name}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).expect("test directory");
-        for (file, contents) in files {
-            std::fs::write(dir.join(file), contents).expect("test file");
-        }
-        let port = {
-            let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-            probe.local_addr().expect("address").port()
-        };
-        let address = SocketAddr::from(([127, 0, 0, 1], port));
-        let dir_text = dir.to_str().expect("UTF-8 temp dir");
-        let mut args = vec![
-            "-p".to_owned(),
-            port.to_string(),
-            "-U".into(),
-            "0".into(),
-            "-l".into(),
-            "127.0.0.1".into(),
-        ];
-        // memcached refuses to run as root without -u; as another user it ignores -u root.
-        args.extend(["-u", "root", "-m", "8", "-t", "1"].map(str::to_owned));
-        args.extend(extra.iter().map(|arg| arg.replace("{dir}", dir_text)));
-        let child = Command::new(binary)
-            .args(&args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start memcached");
-        let mut server = Self {
-            child,
-            address,
-            dir,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(address).await.is_err() {
-            // An early exit means bad arguments or a port taken in the meantime: say so, do not wait.
-            if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("memcached exited with {status}: {args:?}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "memcached did not listen on {address}: {args:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        server
-    }
-}
-
-impl Drop for RealServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A few commands over plain TCP, so the stats have known values: 3 sets, then 3 hits and 1 miss.
-async fn exercise(address: SocketAddr, auth: Option<&str>) {
-    let mut stream = BufReader::new(TcpStream::connect(address).await.expect("connect"));
-    let mut commands = String::new();
-    if let Some(data) = auth {
-        commands.push_str(&format!("set auth 0 0 {}\r\n{data}\r\n", data.len()));
-    }
-    for key in ["a", "b", "c"] {
-        commands.push_str(&format!("set {key} 0 0 5\r\nvalue\r\n"));
-    }
-    commands.push_str("get a\r\nget b\r\nget c\r\nget missing\r\n");
-    stream.write_all(commands.as_bytes()).await.expect("send");
-    let expected_lines = auth.map_or(0, |_| 1) + 3 + 3 * 3 + 1;
-    let mut line = String::new();
-    for _ in 0..expected_lines {
-        line.clear();
-        stream.read_line(&mut line).await.expect("reply");
-        assert!(!line.contains("ERROR"), "{line:?}");
-    }
+/// 3 sets, then 3 hits and 1 miss, after authenticating when `auth` is set: see [`assert_exercised`].
+async fn exercise_three_keys(address: SocketAddr, auth: Option<&str>) {
+    exercise(address, auth, &["a", "b", "c"], 1).await;
 }
 
 fn assert_exercised(stats: &Stats) {
@@ -694,11 +540,11 @@ fn assert_exercised(stats: &Stats) {
 
 #[tokio::test]
 async fn real_memcached_plain_stats() {
-    let Some(binary) = real_memcached() else {
+    let Some(binary) = real_binary() else {
         return;
     };
     let server = RealServer::start(&binary, "plain", &[], &[]).await;
-    exercise(server.address, None).await;
+    exercise_three_keys(server.address, None).await;
     let stats = read_stats(&plain(server.address), GENEROUS)
         .await
         .expect("stats");
@@ -708,12 +554,12 @@ async fn real_memcached_plain_stats() {
 
 #[tokio::test]
 async fn real_memcached_with_an_auth_file() {
-    let Some(binary) = real_memcached() else {
+    let Some(binary) = real_binary() else {
         return;
     };
     let file: &[u8] = b"alice:pa:ss\n";
     let server = RealServer::start(&binary, "auth", &[("auth", file)], &["-Y", "{dir}/auth"]).await;
-    exercise(server.address, Some("alice pa:ss")).await;
+    exercise_three_keys(server.address, Some("alice pa:ss")).await;
     let right = Credentials::from_auth_file(file).expect("credentials");
     let target = Target {
         address: server.address,
@@ -723,14 +569,10 @@ async fn real_memcached_with_an_auth_file() {
     assert_exercised(&read_stats(&target, GENEROUS).await.expect("stats"));
 
     let wrong = with_credentials(server.address, "alice", "nope");
-    let error = read_stats(&wrong, GENEROUS)
-        .await
-        .expect_err("wrong password");
+    let error = read_error(&wrong, GENEROUS, "wrong password").await;
     assert_eq!(error.reason(), "auth", "{error:?}");
 
-    let error = read_stats(&plain(server.address), GENEROUS)
-        .await
-        .expect_err("no credentials");
+    let error = read_error(&plain(server.address), GENEROUS, "no credentials").await;
     assert!(
         matches!(error, ReadError::Protocol(ParseError::ServerError(_))),
         "{error:?}"
@@ -749,7 +591,7 @@ fn supports_tls(binary: &Path) -> bool {
 
 #[tokio::test]
 async fn real_memcached_over_tls_and_mutual_tls() {
-    let Some(binary) = real_memcached() else {
+    let Some(binary) = real_binary() else {
         return;
     };
     if !supports_tls(&binary) {
@@ -767,16 +609,9 @@ async fn real_memcached_over_tls_and_mutual_tls() {
         ("server.key", server_leaf.key.as_bytes()),
         ("client-ca.crt", client_ca.as_bytes()),
     ];
-    let tls_args = [
-        "-Z",
-        "-o",
-        "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key",
-    ];
-    let server = RealServer::start(&binary, "tls", &files, &tls_args).await;
-    let verified = TlsMaterial {
-        ca: Some(pki.ca_pem()),
-        client_identity: None,
-    };
+    let tls = "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key";
+    let server = RealServer::start(&binary, "tls", &files, &["-Z", "-o", tls]).await;
+    let verified = pki.trusted();
     let stats = read_stats(&tls_target(server.address, &verified), GENEROUS)
         .await
         .expect("stats over TLS");
@@ -784,21 +619,12 @@ async fn real_memcached_over_tls_and_mutual_tls() {
         stats.uptime_seconds < 3600 && stats.limit_maxbytes == 8 * 1024 * 1024,
         "{stats:?}"
     );
-    let wrong = TlsMaterial {
-        ca: Some(clients.ca_pem()),
-        client_identity: None,
-    };
-    let error = read_stats(&tls_target(server.address, &wrong), GENEROUS)
-        .await
-        .expect_err("wrong CA");
+    let wrong = clients.trusted();
+    let error = read_error(&tls_target(server.address, &wrong), GENEROUS, "wrong CA").await;
     assert_eq!(error.reason(), "tls", "{error:?}");
 
-    let mutual_args = [
-        "-Z",
-        "-o",
-        "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key,ssl_verify_mode=2,ssl_ca_cert={dir}/client-ca.crt",
-    ];
-    let mutual = RealServer::start(&binary, "mtls", &files, &mutual_args).await;
+    let mutual_tls = format!("{tls},ssl_verify_mode=2,ssl_ca_cert={{dir}}/client-ca.crt");
+    let mutual = RealServer::start(&binary, "mtls", &files, &["-Z", "-o", &mutual_tls]).await;
     let client = clients.client();
     let identity = TlsMaterial {
         ca: Some(pki.ca_pem()),
@@ -807,9 +633,12 @@ async fn real_memcached_over_tls_and_mutual_tls() {
     read_stats(&tls_target(mutual.address, &identity), GENEROUS)
         .await
         .expect("stats over mutual TLS");
-    let error = read_stats(&tls_target(mutual.address, &verified), GENEROUS)
-        .await
-        .expect_err("no identity");
+    let error = read_error(
+        &tls_target(mutual.address, &verified),
+        GENEROUS,
+        "no identity",
+    )
+    .await;
     assert!(
         matches!(error, ReadError::Tls(_) | ReadError::Closed),
         "{error:?}"

@@ -1,8 +1,10 @@
 //! Helpers shared by the integration tests: the repository's files and binaries ([`files`], which
-//! xtask's tests share) and the mocked API server ([`mock`]).
+//! xtask's tests share), the mocked API server ([`mock`]), and memcached, real and fake, for the
+//! telemetry tests ([`memcached`]).
 #![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
 mod files;
 pub use files::{output_of, read, repo, yaml_docs};
 
+pub mod memcached;
 pub mod mock;

@@ -21,11 +21,14 @@
 //! - [`harness`]: the operator process, its scratch directory and kubeconfig, HTTP probes, waits, and
 //!   the run-until-settled cycle;
 //! - [`checks`]: assertions on recorded requests and metrics;
+//! - [`common`]: the helpers the integration tests share; here, the real memcached of [`telemetry`];
 //! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
 //!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`telemetry`]. A new scenario goes in the group it belongs to, or
 //!   in a new module listed here.
 
 mod checks;
+#[path = "../common/mod.rs"]
+mod common;
 mod fake_api;
 mod harness;
 

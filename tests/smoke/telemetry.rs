@@ -4,98 +4,30 @@
 //! the fake API receives the `status.stats` apply under the collector's field manager, and a restart
 //! against an instance whose stored stats match what the server reports writes nothing.
 
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use axum::http::Method;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 use crate::checks::{of, sample, writes};
+use crate::common::memcached::{RealServer, exercise, real_binary};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{APPLY, STATUS};
 use crate::fake_api::world::World;
 use crate::harness::{WAIT, http_get, run_once_with, start_run_with, stop_and_check_release};
 use crate::reconcile::ready_pod;
 
-/// The `memcached` binary on PATH; see the module doc for when it is missing.
-fn memcached_binary() -> Option<PathBuf> {
-    let found = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|path| std::env::split_paths(&path).collect::<Vec<_>>())
-        .map(|dir| dir.join("memcached"))
-        .find(|candidate| candidate.is_file());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "memcached is not installed: CI must install Debian's `memcached` package"
-        );
-        eprintln!("skipped: memcached is not installed (apt-get install memcached)");
-    }
-    found
-}
-
-/// A memcached on a free 127.0.0.1 port, killed on drop.
-struct Memcached {
-    child: Child,
-    address: SocketAddr,
-}
-
-impl Memcached {
-    async fn start(binary: &PathBuf) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let child = Command::new(binary)
-            .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
-            // memcached refuses to run as root without -u; as another user it ignores -u root.
-            .args(["-u", "root", "-m", "8", "-t", "1"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start memcached");
-        let address = SocketAddr::from(([127, 0, 0, 1], port));
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(address).await.is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "memcached did not listen on {address}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        Self { child, address }
-    }
-
-    /// Two sets, two hits, no miss.
-    async fn exercise(&self) {
-        let mut stream = BufReader::new(TcpStream::connect(self.address).await.unwrap());
-        stream
-            .write_all(b"set a 0 0 1\r\nx\r\nset b 0 0 1\r\ny\r\nget a\r\nget b\r\n")
-            .await
-            .unwrap();
-        let mut line = String::new();
-        for _ in 0..2 + 2 * 3 {
-            line.clear();
-            stream.read_line(&mut line).await.unwrap();
-            assert!(!line.contains("ERROR"), "{line:?}");
-        }
-    }
-}
-
-impl Drop for Memcached {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A real memcached after two sets and two hits (no miss), or `None` when it is not installed (see the
+/// module doc). `name` tells the tests apart.
+async fn exercised_memcached(name: &str) -> Option<RealServer> {
+    let binary = real_binary()?;
+    let server = RealServer::start(&binary, name, &[], &[]).await;
+    exercise(server.address, None, &["a", "b"], 0).await;
+    Some(server)
 }
 
 /// The instance on the server's port, with one ready pod at the server's address.
-fn world(server: &Memcached) -> World {
+fn world(server: &RealServer) -> World {
     let mut world = World::default();
     world.memcacheds[0]["spec"] = json!({"size": 1, "containerPort": server.address.port()});
     world.pods = vec![ready_pod("cache-a", "127.0.0.1")];
@@ -117,11 +49,9 @@ fn stats_applies(requests: &[crate::fake_api::request::Req]) -> Vec<Value> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_reads_a_real_memcached_into_metrics_and_status() {
-    let Some(binary) = memcached_binary() else {
+    let Some(server) = exercised_memcached("telemetry").await else {
         return;
     };
-    let server = Memcached::start(&binary).await;
-    server.exercise().await;
 
     let fake = Fake::start_with(world(&server), None).await;
     let (_scratch, mut op, metrics, _probes) =
@@ -184,11 +114,9 @@ async fn the_binary_reads_a_real_memcached_into_metrics_and_status() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_against_matching_stats_writes_no_stats() {
-    let Some(binary) = memcached_binary() else {
+    let Some(server) = exercised_memcached("telemetry-restart").await else {
         return;
     };
-    let server = Memcached::start(&binary).await;
-    server.exercise().await;
 
     // First run: learn what the collector writes.
     let first = run_once_with(world(&server), "telemetry-1", &["--stats-interval=1s"]).await;

@@ -27,13 +27,15 @@ use rcgen::{
     KeyPair, KeyUsagePurpose,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpListener;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
+
+pub use crate::common::memcached::Mode;
+use crate::common::memcached::converse;
 
 pub const NS: &str = "default";
 
@@ -86,17 +88,6 @@ impl Values {
     }
 }
 
-/// How a fake server behaves once asked for `stats`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
-    /// Answers.
-    Answer,
-    /// Never answers (and keeps the connection open).
-    Silent,
-    /// Sends half the reply, then closes.
-    CloseMidReply,
-}
-
 /// A running fake memcached: its address, what it reports, and how many connections it accepted.
 pub struct Server {
     pub address: SocketAddr,
@@ -135,10 +126,12 @@ pub async fn server(ip: &str, port: u16, mode: Mode, security: Security) -> Serv
                 match &security.tls {
                     Some(config) => {
                         if let Ok(tls) = TlsAcceptor::from(config.clone()).accept(stream).await {
-                            converse(tls, mode, security.auth.as_deref(), reply).await;
+                            converse(tls, mode, security.auth.as_deref(), reply.as_bytes()).await;
                         }
                     }
-                    None => converse(stream, mode, security.auth.as_deref(), reply).await,
+                    None => {
+                        converse(stream, mode, security.auth.as_deref(), reply.as_bytes()).await
+                    }
                 }
             });
         }
@@ -156,58 +149,6 @@ pub async fn dead(ip: &str, port: u16) -> SocketAddr {
     let address = listener.local_addr().unwrap();
     drop(listener);
     address
-}
-
-async fn converse<S>(stream: S, mode: Mode, auth: Option<&str>, reply: String)
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    let mut stream = BufReader::new(stream);
-    let mut line = String::new();
-    if let Some(expected) = auth {
-        if stream.read_line(&mut line).await.is_err() {
-            return;
-        }
-        let length: usize = line
-            .trim_end()
-            .rsplit(' ')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        let mut data = vec![0; length + 2];
-        if stream.read_exact(&mut data).await.is_err() {
-            return;
-        }
-        if data != format!("{expected}\r\n").as_bytes() {
-            let _ = stream
-                .write_all(b"CLIENT_ERROR authentication failure\r\n")
-                .await;
-            let _ = stream.flush().await;
-            return;
-        }
-        let _ = stream.write_all(b"STORED\r\n").await;
-        let _ = stream.flush().await;
-        line.clear();
-    }
-    if stream.read_line(&mut line).await.is_err() || line != "stats\r\n" {
-        return;
-    }
-    match mode {
-        Mode::Answer => {
-            let _ = stream.write_all(reply.as_bytes()).await;
-            let _ = stream.flush().await;
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-        }
-        Mode::Silent => {
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-        }
-        Mode::CloseMidReply => {
-            let _ = stream.write_all(&reply.as_bytes()[..reply.len() / 2]).await;
-            let _ = stream.flush().await;
-        }
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -8,10 +8,13 @@
 mod common;
 mod fakes;
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memcached_operator::api::{CacheStats, MemcachedStatus};
-use serde_json::json;
+use memcached_operator::telemetry::Collector;
+use memcached_operator::telemetry::metrics::OperandMetrics;
+use serde_json::{Value, json};
 
 use fakes::*;
 
@@ -39,6 +42,34 @@ fn secret(name: &str, version: &str, data: &[(&str, &str)]) -> serde_json::Value
         ..Default::default()
     };
     serde_json::to_value(secret).unwrap()
+}
+
+/// One instance, `cache`, and what reads it: a fake at `ip` that answers, its ready pod `cache-a` there,
+/// the caches, the fake API, and a collector over them.
+struct OnePod {
+    server: Server,
+    caches: Caches,
+    api: FakeApi,
+    collector: Arc<Collector>,
+    metrics: Arc<OperandMetrics>,
+}
+
+/// [`OnePod`]: the server with `security`, the instance on its port with `spec` fields merged in, the
+/// collector writing a status at most every `status_interval`.
+async fn one_pod(ip: &str, spec: Value, security: Security, status_interval: Duration) -> OnePod {
+    let server = server(ip, 0, Mode::Answer, security).await;
+    let mut caches = Caches::new();
+    caches.instance(&instance("cache", server.address.port(), spec));
+    caches.pod(&pod("cache", "cache-a", ip, true, false));
+    let (client, api) = FakeApi::start();
+    let (collector, metrics) = caches.collector(client, status_interval);
+    OnePod {
+        server,
+        caches,
+        api,
+        collector,
+        metrics,
+    }
 }
 
 #[tokio::test]
@@ -159,15 +190,10 @@ async fn slow_dead_and_half_closing_pods_are_down_and_delay_nothing_else() {
 
 #[tokio::test]
 async fn two_collections_with_the_same_rounded_values_write_once() {
-    let a = server("127.0.2.1", 0, Mode::Answer, Security::default()).await;
-    let port = a.address.port();
-    let mut caches = Caches::new();
-    let mut mc = instance("cache", port, json!({}));
-    caches.instance(&mc);
-    caches.pod(&pod("cache", "cache-a", "127.0.2.1", true, false));
-    let (client, api) = FakeApi::start();
     // No throttle: only "did a rounded value change" decides.
-    let (collector, _) = caches.collector(client, Duration::ZERO);
+    let mut one = one_pod("127.0.2.1", json!({}), Security::default(), Duration::ZERO).await;
+    let (a, caches, api, collector) = (&one.server, &mut one.caches, &one.api, &one.collector);
+    let mut mc = instance("cache", a.address.port(), json!({}));
 
     collector.collect().await;
     let writes = api.status_writes("cache");
@@ -205,13 +231,8 @@ async fn two_collections_with_the_same_rounded_values_write_once() {
 
 #[tokio::test]
 async fn a_busy_cache_is_written_at_most_once_per_status_interval() {
-    let a = server("127.0.3.1", 0, Mode::Answer, Security::default()).await;
-    let port = a.address.port();
-    let mut caches = Caches::new();
-    caches.instance(&instance("cache", port, json!({})));
-    caches.pod(&pod("cache", "cache-a", "127.0.3.1", true, false));
-    let (client, api) = FakeApi::start();
-    let (collector, _) = caches.collector(client, LONG);
+    let one = one_pod("127.0.3.1", json!({}), Security::default(), LONG).await;
+    let (a, api, collector) = (&one.server, &one.api, &one.collector);
     for items in 10..14 {
         a.set(|v| v.items = items);
         collector.collect().await;
@@ -282,19 +303,13 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
         tls: Some(pki.mutual_server(&leaf)),
         auth: Some("alice s3cret".into()),
     };
-    let a = server("127.0.5.1", 0, Mode::Answer, security).await;
-    let port = a.address.port();
-    let mut caches = Caches::new();
-    caches.instance(&instance(
-        "cache",
-        port,
-        json!({"security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
-                            "auth": {"secretName": "cache-auth"}}}),
-    ));
-    caches.pod(&pod("cache", "cache-a", "127.0.5.1", true, false));
+    let spec = json!({"security": {"tls": {"secretName": "cache-tls", "clientAuth": true},
+                                   "auth": {"secretName": "cache-auth"}}});
+    let mut one = one_pod("127.0.5.1", spec, security, LONG).await;
+    let (caches, api, collector, metrics) =
+        (&mut one.caches, &one.api, &one.collector, &one.metrics);
     caches.secret("cache-tls", "7");
     caches.secret("cache-auth", "8");
-    let (client, api) = FakeApi::start();
     let ca = pki.ca_pem();
     let tls_secret = secret(
         "cache-tls",
@@ -320,7 +335,6 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
         .lock()
         .unwrap()
         .insert("cache-auth".into(), auth_secret("s3cret", "8"));
-    let (collector, metrics) = caches.collector(client, LONG);
     let up = |metrics: &_| {
         sample(
             &exposition(metrics),
@@ -330,12 +344,12 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
 
     collector.collect().await;
     assert_eq!(
-        up(&metrics),
+        up(metrics),
         Some(1.0),
         "read over mutual TLS, authenticated"
     );
     collector.collect().await;
-    assert_eq!(up(&metrics), Some(1.0));
+    assert_eq!(up(metrics), Some(1.0));
     assert_eq!(
         (
             api.secret_reads("cache-tls"),
@@ -356,7 +370,7 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
     caches.secret("cache-auth", "9");
     collector.collect().await;
     assert_eq!(api.secret_reads("cache-auth"), 2);
-    assert_eq!(up(&metrics), Some(0.0), "wrong credentials");
+    assert_eq!(up(metrics), Some(0.0), "wrong credentials");
 
     // Nothing in any request carries a Secret value.
     for request in api.requests() {
@@ -370,17 +384,9 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
 
 #[tokio::test]
 async fn an_instance_whose_secret_is_missing_is_not_readable_and_not_dialled() {
-    let a = server("127.0.6.1", 0, Mode::Answer, Security::default()).await;
-    let port = a.address.port();
-    let mut caches = Caches::new();
-    caches.instance(&instance(
-        "cache",
-        port,
-        json!({"security": {"auth": {"secretName": "missing"}}}),
-    ));
-    caches.pod(&pod("cache", "cache-a", "127.0.6.1", true, false));
-    let (client, api) = FakeApi::start();
-    let (collector, metrics) = caches.collector(client, LONG);
+    let spec = json!({"security": {"auth": {"secretName": "missing"}}});
+    let one = one_pod("127.0.6.1", spec, Security::default(), LONG).await;
+    let (a, api, collector, metrics) = (&one.server, &one.api, &one.collector, &one.metrics);
     collector.collect().await;
     collector.collect().await;
     assert_eq!(
@@ -393,7 +399,7 @@ async fn an_instance_whose_secret_is_missing_is_not_readable_and_not_dialled() {
         0,
         "the metadata cache says it does not exist"
     );
-    let text = exposition(&metrics);
+    let text = exposition(metrics);
     assert_eq!(
         sample(
             &text,
@@ -411,13 +417,8 @@ async fn an_instance_whose_secret_is_missing_is_not_readable_and_not_dialled() {
 
 #[tokio::test]
 async fn evictions_warn_once_per_episode() {
-    let a = server("127.0.7.1", 0, Mode::Answer, Security::default()).await;
-    let port = a.address.port();
-    let mut caches = Caches::new();
-    caches.instance(&instance("cache", port, json!({})));
-    caches.pod(&pod("cache", "cache-a", "127.0.7.1", true, false));
-    let (client, api) = FakeApi::start();
-    let (collector, _) = caches.collector(client, LONG);
+    let one = one_pod("127.0.7.1", json!({}), Security::default(), LONG).await;
+    let (a, api, collector) = (&one.server, &one.api, &one.collector);
 
     a.set(|v| v.evictions = 100);
     collector.collect().await;

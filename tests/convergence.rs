@@ -174,3 +174,34 @@ async fn with_pacing_a_count_that_moves_within_the_pace_waits() {
     let seen = session.finish().await;
     assert_eq!(seen[0].body["status"]["replicas"], 1);
 }
+
+#[tokio::test]
+async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
+    let mut cluster = Cluster::new();
+    let mut script = creation();
+    script.push(expect(Method::PATCH, STATUS).apply().answer(stored_status));
+    // Someone deletes the Deployment before the operator's cache has even seen it; the watch delivers the
+    // deletion, and the reconcile it triggers applies the Deployment again.
+    script.extend([
+        expect(Method::PATCH, DEPLOYMENTS).apply().answer(stored),
+        event(),
+    ]);
+    let session = Session::start(&cluster, settings(), script, NOW);
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let mut deleted: Deployment = serde_json::from_value(json!({"metadata": {
+        "name": NAME, "namespace": NS, "resourceVersion": "13"}}))
+    .unwrap();
+    session.ctx.written.observe_deleted(&deleted, &());
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    assert_eq!(seen.len(), 8, "{seen:#?}");
+    assert_eq!(seen[7].body["note"], "Created Deployment cache with 1 replicas");
+
+    // The deletion of an older version (seen after the operator wrote a newer one) changes nothing.
+    deleted.metadata.resource_version = Some("9".into());
+    let written = memcached_operator::controller::Written::default();
+    written.remember(Arc::new(settled(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}}))), &());
+    written.observe_deleted(&deleted, &());
+    assert_eq!(written.len(), 1);
+}

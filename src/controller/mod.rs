@@ -121,8 +121,9 @@ pub struct Context {
     pub clock: Clock,
     /// Hashes of the referenced Secrets' values, per Secret version.
     pub secret_hashes: SecretHashes,
-    /// The answers to this operator's latest writes, until the caches catch up (read-your-writes).
-    pub written: Written,
+    /// The answers to this operator's latest writes, until the caches catch up (read-your-writes); shared
+    /// with the watches, which end an answer when they see the object deleted.
+    pub written: Arc<Written>,
     /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
 }
@@ -154,7 +155,7 @@ impl Context {
             backoff,
             clock,
             secret_hashes: SecretHashes::default(),
-            written: Written::default(),
+            written: Arc::default(),
             pace,
         }
     }

@@ -40,7 +40,9 @@ use tracing::{debug, info, warn};
 
 use super::connectivity::Connectivity;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
-use super::{Context, Error, PodIndex, Settings, Stores, error_policy, reconcile, system_clock};
+use super::{
+    Context, Error, PodIndex, Settings, Stores, Written, error_policy, reconcile, system_clock,
+};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, servers, service_monitor};
@@ -110,6 +112,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let ns = options.namespace.as_deref();
+    // Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
+    // end them when they see the object deleted.
+    let written = Arc::new(Written::default());
     // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
     // begins, or it would wait for them.
     let shutdown = shutdown.boxed().shared();
@@ -138,6 +143,7 @@ pub async fn run(
 
     let (deployments, deployment_stream) = cached(
         &metrics,
+        &written,
         "deployments",
         api::<Deployment>(&client, ns),
         children.clone(),
@@ -146,6 +152,7 @@ pub async fn run(
     );
     let (statefulsets, statefulset_stream) = cached(
         &metrics,
+        &written,
         "statefulsets",
         api::<StatefulSet>(&client, ns),
         children.clone(),
@@ -154,6 +161,7 @@ pub async fn run(
     );
     let (services, service_stream) = cached(
         &metrics,
+        &written,
         "services",
         api::<Service>(&client, ns),
         children.clone(),
@@ -162,6 +170,7 @@ pub async fn run(
     );
     let (config_maps, config_map_stream) = cached(
         &metrics,
+        &written,
         "configmaps",
         api::<ConfigMap>(&client, ns),
         children.clone(),
@@ -183,6 +192,7 @@ pub async fn run(
     };
     let (pdbs, pdb_stream) = cached(
         &metrics,
+        &written,
         "poddisruptionbudgets",
         api::<PodDisruptionBudget>(&client, ns),
         children.clone(),
@@ -191,6 +201,7 @@ pub async fn run(
     );
     let (network_policies, network_policy_stream) = cached(
         &metrics,
+        &written,
         "networkpolicies",
         api::<NetworkPolicy>(&client, ns),
         children.clone(),
@@ -201,6 +212,7 @@ pub async fn run(
     // that finds nothing to do in the caches and sends nothing.
     let (autoscalers, autoscaler_stream) = cached(
         &metrics,
+        &written,
         "horizontalpodautoscalers",
         api::<HorizontalPodAutoscaler>(&client, ns),
         children.clone(),
@@ -210,6 +222,7 @@ pub async fn run(
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
         &metrics,
+        &written,
         "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
         from_cache(watcher::Config::default()),
@@ -229,6 +242,7 @@ pub async fn run(
         };
         let (store, stream) = cached(
             &metrics,
+            &written,
             "servicemonitors",
             api,
             children,
@@ -280,14 +294,16 @@ pub async fn run(
         )
     });
     tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
-    let ctx = Arc::new(Context::new(
+    let mut ctx = Context::new(
         client,
         options.settings,
         stores,
         metrics,
         options.reporter_instance,
         system_clock(),
-    ));
+    );
+    ctx.written = written;
+    let ctx = Arc::new(ctx);
 
     info!(
         namespace = ns.unwrap_or("<all>"),
@@ -339,9 +355,11 @@ pub async fn run(
 }
 
 /// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
-/// deleted child triggers its owner and is recreated).
+/// deleted child triggers its owner and is recreated). A deletion also ends what `written` kept of the
+/// object.
 fn cached<K>(
     metrics: &Arc<Metrics>,
+    written: &Arc<Written>,
     resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
@@ -355,7 +373,20 @@ where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    cached_with(metrics, resource, api, config, trim, dyntype, |_| {})
+    let (written, dt) = (written.clone(), dyntype.clone());
+    cached_with(
+        metrics,
+        resource,
+        api,
+        config,
+        trim,
+        dyntype,
+        move |event| {
+            if let watcher::Event::Delete(object) = event {
+                written.observe_deleted(object, &dt);
+            }
+        },
+    )
 }
 
 /// [`cached`], with `observe` seeing every event (trimmed) just before the cache does.

@@ -151,6 +151,26 @@ impl Written {
         }
     }
 
+    /// Follows a deletion the watch saw: what this operator wrote of the object before it was deleted no
+    /// longer stands in for the cache (else a child someone deleted right after the operator applied it
+    /// would be taken for present until [`TRUST`] passed). A write after the deletion (a newer version)
+    /// stays.
+    pub fn observe_deleted<K: Resource>(&self, object: &K, dt: &K::DynamicType) {
+        let (Some(key), Some(version)) = (
+            key_of(object, dt),
+            object.meta().resource_version.as_deref(),
+        ) else {
+            return;
+        };
+        let mut entries = self.lock();
+        if entries
+            .get(&key)
+            .is_some_and(|entry| !older(version, &entry.version))
+        {
+            entries.remove(&key);
+        }
+    }
+
     /// Drops every kept answer older than [`TRUST`], which bounds the memory this takes. Goes through the
     /// entries at most once a second: it is called by every reconcile, and a burst of creations keeps
     /// thousands of answers for a moment.
@@ -253,6 +273,21 @@ mod tests {
             "a later edit"
         );
         assert!(written.is_empty());
+    }
+
+    #[test]
+    fn a_deletion_the_watch_saw_ends_what_was_written_before_it() {
+        let written = Written::default();
+        written.remember(cm("12", "a"), &());
+        written.observe_deleted(cm("11", "old").as_ref(), &());
+        assert_eq!(
+            written.len(),
+            1,
+            "the deletion of an older version: the write stands"
+        );
+        written.observe_deleted(cm("14", "a").as_ref(), &());
+        assert!(written.is_empty());
+        assert_eq!(pick(&written, None), (None, false), "gone: applied again");
     }
 
     #[test]

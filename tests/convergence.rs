@@ -195,13 +195,17 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
     assert_eq!(seen.len(), 8, "{seen:#?}");
-    assert_eq!(seen[7].body["note"], "Created Deployment cache with 1 replicas");
+    assert_eq!(
+        seen[7].body["note"],
+        "Created Deployment cache with 1 replicas"
+    );
 
     // The deletion of an older version (seen after the operator wrote a newer one) changes nothing.
     deleted.metadata.resource_version = Some("9".into());
     let written = memcached_operator::controller::Written::default();
-    written.remember(Arc::new(settled(&json!({"apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}}))), &());
+    let applied = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}});
+    written.remember(Arc::new(settled(&applied)), &());
     written.observe_deleted(&deleted, &());
     assert_eq!(written.len(), 1);
 }

@@ -17,14 +17,7 @@ fn operations_guide_covers_metrics_flags_conditions_and_the_finalizer() {
     let guide = read("docs/operations.md");
     // Every metric the operator registers (counters are exported with a _total suffix).
     let text = Metrics::default().encode();
-    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
-        let mut parts = line.split_whitespace();
-        let (name, kind) = (parts.next().unwrap(), parts.next().unwrap());
-        let exported = if kind == "counter" {
-            format!("{name}_total")
-        } else {
-            name.to_owned()
-        };
+    for exported in common::metric_names(&text) {
         assert!(
             guide.contains(&format!("`{exported}")),
             "docs/operations.md does not document the metric {exported}"

@@ -143,44 +143,44 @@ pub async fn run(
 
     let (deployments, deployment_stream) = cached(
         &metrics,
-        &written,
         "deployments",
         api::<Deployment>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     let (statefulsets, statefulset_stream) = cached(
         &metrics,
-        &written,
         "statefulsets",
         api::<StatefulSet>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     let (services, service_stream) = cached(
         &metrics,
-        &written,
         "services",
         api::<Service>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     let (config_maps, config_map_stream) = cached(
         &metrics,
-        &written,
         "configmaps",
         api::<ConfigMap>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     let pod_index = PodIndex::default();
     let (pods, pod_stream) = {
         let index = pod_index.clone();
-        cached_with(
+        cached(
             &metrics,
             "pods",
             api::<Pod>(&client, ns),
@@ -192,42 +192,43 @@ pub async fn run(
     };
     let (pdbs, pdb_stream) = cached(
         &metrics,
-        &written,
         "poddisruptionbudgets",
         api::<PodDisruptionBudget>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     let (network_policies, network_policy_stream) = cached(
         &metrics,
-        &written,
         "networkpolicies",
         api::<NetworkPolicy>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
     // that finds nothing to do in the caches and sends nothing.
     let (autoscalers, autoscaler_stream) = cached(
         &metrics,
-        &written,
         "horizontalpodautoscalers",
         api::<HorizontalPodAutoscaler>(&client, ns),
         children.clone(),
         trim_meta,
         (),
+        forgets_deleted(&written, &()),
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = cached(
         &metrics,
-        &written,
         "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
+        // The operator never writes Secrets: nothing of theirs is kept in `written`.
+        |_| {},
     );
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
@@ -242,12 +243,12 @@ pub async fn run(
         };
         let (store, stream) = cached(
             &metrics,
-            &written,
             "servicemonitors",
             api,
             children,
             trim_meta,
             service_monitor.clone(),
+            forgets_deleted(&written, &service_monitor),
         );
         (Some(store), Some(stream))
     } else {
@@ -355,42 +356,9 @@ pub async fn run(
 }
 
 /// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
-/// deleted child triggers its owner and is recreated). A deletion also ends what `written` kept of the
-/// object.
+/// deleted child triggers its owner and is recreated). `observe` sees every event (trimmed) just before
+/// the cache does.
 fn cached<K>(
-    metrics: &Arc<Metrics>,
-    written: &Arc<Written>,
-    resource: &'static str,
-    api: Api<K>,
-    config: watcher::Config,
-    trim: fn(&mut K),
-    dyntype: K::DynamicType,
-) -> (
-    reflector::Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
-    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
-{
-    let (written, dt) = (written.clone(), dyntype.clone());
-    cached_with(
-        metrics,
-        resource,
-        api,
-        config,
-        trim,
-        dyntype,
-        move |event| {
-            if let watcher::Event::Delete(object) = event {
-                written.observe_deleted(object, &dt);
-            }
-        },
-    )
-}
-
-/// [`cached`], with `observe` seeing every event (trimmed) just before the cache does.
-fn cached_with<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
     api: Api<K>,
@@ -414,6 +382,23 @@ where
         .reflect(writer)
         .touched_objects();
     (store, stream)
+}
+
+/// The observer of a child watch: a deletion ends what `written` kept of the object (read-your-writes).
+fn forgets_deleted<K>(
+    written: &Arc<Written>,
+    dt: &K::DynamicType,
+) -> impl Fn(&watcher::Event<K>) + Send + 'static
+where
+    K: Resource + 'static,
+    K::DynamicType: Clone + Send + 'static,
+{
+    let (written, dt) = (written.clone(), dt.clone());
+    move |event| {
+        if let watcher::Event::Delete(object) = event {
+            written.observe_deleted(object, &dt);
+        }
+    }
 }
 
 /// Keeps of a Secret only its identity and version. Annotations go too: `kubectl apply` stores the whole

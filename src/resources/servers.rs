@@ -38,6 +38,14 @@ pub fn config_map_name(instance: &str) -> String {
     format!("{instance}{CONFIG_MAP_SUFFIX}")
 }
 
+/// Whether `pod` reports the `Ready` condition true.
+pub fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
 /// What slot assignment reads of a pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Member {
@@ -55,9 +63,7 @@ impl Member {
     pub fn of(pod: &Pod) -> Option<Self> {
         let name = pod.metadata.name.clone()?;
         let status = pod.status.as_ref();
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let ready = is_ready(pod);
         Some(Self {
             name,
             ip: status

@@ -84,10 +84,7 @@ pub fn compute(
     // kubelet marks a pod ready, then the ReplicaSet or StatefulSet controller counts it), and the server
     // list is built from the pods, so without this `Available` would follow a published server by a
     // separate status write.
-    let ready_pods = pods
-        .iter()
-        .filter(|p| servers::Member::of(p).is_some_and(|m| m.ready))
-        .count();
+    let ready_pods = pods.iter().filter(|p| servers::is_ready(p)).count();
     let ready = workload
         .map_or(0, |w| w.ready)
         .max(i32::try_from(ready_pods).unwrap_or(i32::MAX));

@@ -44,6 +44,7 @@ use super::stats::Stats;
 use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
 use crate::controller::{PodIndex, Publisher};
+use crate::resources::servers;
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
 /// fields.
@@ -432,16 +433,11 @@ impl Collector {
 
 /// `podIP:port` of a ready, non-terminating pod with an address.
 fn server(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
-    if pod.metadata.deletion_timestamp.is_some() {
+    if pod.metadata.deletion_timestamp.is_some() || !servers::is_ready(pod) {
         return None;
     }
-    let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .as_ref()
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-    let ip: IpAddr = status.pod_ip.as_deref()?.parse().ok()?;
-    ready.then(|| (pod.name_any(), SocketAddr::new(ip, port)))
+    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+    Some((pod.name_any(), SocketAddr::new(ip, port)))
 }
 
 /// The apply that sets `status.stats` to `stats` and nothing else; with `None`, an apply without it,

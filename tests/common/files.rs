@@ -23,6 +23,24 @@ pub fn read(path: &str) -> String {
     std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("cannot read {path}: {e}"))
 }
 
+/// The names under which a Prometheus text exposition's metrics are scraped: counters carry a `_total`
+/// suffix their `# TYPE` line leaves out.
+pub fn metric_names(exposition: &str) -> Vec<String> {
+    exposition
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|line| {
+            let mut parts = line.split_whitespace();
+            let (name, kind) = (parts.next()?, parts.next()?);
+            Some(if kind == "counter" {
+                format!("{name}_total")
+            } else {
+                name.to_owned()
+            })
+        })
+        .collect()
+}
+
 /// The YAML documents of `text`, empty ones left out.
 pub fn yaml_docs(text: &str) -> Vec<Value> {
     serde_saphyr::from_multiple::<Value>(text)

@@ -4,7 +4,7 @@
 #![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
 mod files;
-pub use files::{output_of, read, repo, yaml_docs};
+pub use files::{metric_names, output_of, read, repo, yaml_docs};
 
 pub mod memcached;
 pub mod mock;

@@ -5,12 +5,10 @@ use std::fmt::Debug;
 use std::sync::Arc;
 
 use kube::api::{DeleteParams, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 
 use super::Error;
+use super::compact::{Cache, Compactable};
 use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
@@ -28,7 +26,7 @@ pub struct Source<'a, K: Resource + 'static>
 where
     K::DynamicType: Eq + std::hash::Hash,
 {
-    pub store: &'a Store<K>,
+    pub store: &'a Cache<K>,
     pub written: &'a Written,
     pub dt: &'a K::DynamicType,
 }
@@ -41,13 +39,14 @@ fn cached<K>(
     source: &Source<'_, K>,
 ) -> Result<Option<Arc<K>>, Error>
 where
-    K: Resource + Clone + Send + Sync + 'static,
+    K: Compactable + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let dt = source.dt;
     let in_cache = source
         .store
-        .get(&ObjectRef::new_with(name, dt.clone()).within(instance.namespace));
+        .get(instance.namespace, name, dt)
+        .map_err(|error| Error::Malformed(format!("the cached {} {name}: {error}", K::kind(dt))))?;
     let Some(live) = source
         .written
         .fresher(instance.namespace, name, dt, in_cache)
@@ -78,7 +77,7 @@ pub async fn ensure<K>(
     api: Api<K>,
 ) -> Result<Applied<K>, Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Compactable + Debug + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let dt = source.dt;
@@ -122,7 +121,7 @@ pub async fn remove<K>(
     api: Api<K>,
 ) -> Result<bool, Error>
 where
-    K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Compactable + Debug + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash,
 {
     let dt = source.dt;

@@ -6,6 +6,7 @@
 mod backoff;
 mod changes;
 mod children;
+pub mod compact;
 pub mod connectivity;
 mod error;
 mod events;
@@ -35,6 +36,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::Store;
 
 pub use backoff::Backoff;
+pub use compact::{Cache, Compact, Compactable};
 pub use error::Error;
 pub use events::Publisher;
 pub use pod_index::PodIndex;
@@ -81,25 +83,26 @@ impl Default for Settings {
     }
 }
 
-/// Caches the reconciler reads instead of calling the API server.
+/// Caches the reconciler reads instead of calling the API server. Children and pods are kept compact
+/// (see [`compact`]); the instances whole, as the controller hands them to `reconcile`.
 #[derive(Clone)]
 pub struct Stores {
     pub memcacheds: Store<Memcached>,
-    pub deployments: Store<Deployment>,
-    pub statefulsets: Store<StatefulSet>,
+    pub deployments: Cache<Deployment>,
+    pub statefulsets: Cache<StatefulSet>,
     /// The published server lists (`<name>-servers`).
-    pub config_maps: Store<ConfigMap>,
-    pub services: Store<Service>,
-    pub pods: Store<Pod>,
+    pub config_maps: Cache<ConfigMap>,
+    pub services: Cache<Service>,
+    pub pods: Cache<Pod>,
     /// The pods of each instance, by name (fed by the pod watch beside `pods`).
     pub pod_index: PodIndex,
-    pub pdbs: Store<PodDisruptionBudget>,
+    pub pdbs: Cache<PodDisruptionBudget>,
     /// Secrets by metadata only: which exist, and their resourceVersion.
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// ServiceMonitors, when the cluster serves their API (checked once at start).
-    pub service_monitors: Option<Store<DynamicObject>>,
-    pub network_policies: Store<NetworkPolicy>,
-    pub autoscalers: Store<HorizontalPodAutoscaler>,
+    pub service_monitors: Option<Cache<DynamicObject>>,
+    pub network_policies: Cache<NetworkPolicy>,
+    pub autoscalers: Cache<HorizontalPodAutoscaler>,
 }
 
 /// Source of "now" for condition transition times (pinned in tests).

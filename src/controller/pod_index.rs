@@ -11,11 +11,14 @@ use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
+use kube::{Resource, ResourceExt};
 
+use super::compact::{Cache, Compact};
 use crate::resources::labels;
+
+/// A pod as the pod watch delivers it.
+type Cached = Compact<Pod>;
 
 /// (namespace, instance name).
 type Instance = (String, String);
@@ -29,7 +32,7 @@ struct Index {
 }
 
 impl Index {
-    fn apply(&mut self, pod: &Pod) {
+    fn apply(&mut self, pod: &Cached) {
         let Some(key) = pod_key(pod) else { return };
         self.remove(&key);
         if let Some(instance) = instance_of(pod) {
@@ -64,7 +67,7 @@ pub struct PodIndex {
 
 impl PodIndex {
     /// Follows one event of the pod watch.
-    pub fn observe(&self, event: &watcher::Event<Pod>) {
+    pub fn observe(&self, event: &watcher::Event<Cached>) {
         match event {
             watcher::Event::Apply(pod) => write(&self.index).apply(pod),
             watcher::Event::Delete(pod) => {
@@ -86,8 +89,9 @@ impl PodIndex {
         }
     }
 
-    /// The cached pods of instance `name` in `namespace`, in name order.
-    pub fn pods(&self, store: &Store<Pod>, namespace: &str, name: &str) -> Vec<Arc<Pod>> {
+    /// The cached pods of instance `name` in `namespace`, in name order (one that cannot be decoded, which
+    /// only text that is not a pod could cause, is left out).
+    pub fn pods(&self, store: &Cache<Pod>, namespace: &str, name: &str) -> Vec<Arc<Pod>> {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let Some(names) = index
             .by_instance
@@ -97,7 +101,7 @@ impl PodIndex {
         };
         names
             .iter()
-            .filter_map(|pod| store.get(&ObjectRef::new(pod).within(namespace)))
+            .filter_map(|pod| store.get(namespace, pod, &()).ok().flatten())
             .collect()
     }
 }
@@ -106,12 +110,12 @@ fn write<T>(lock: &RwLock<T>) -> std::sync::RwLockWriteGuard<'_, T> {
     lock.write().unwrap_or_else(|e| e.into_inner())
 }
 
-fn pod_key(pod: &Pod) -> Option<PodKey> {
-    Some((pod.namespace()?, pod.metadata.name.clone()?))
+fn pod_key(pod: &Cached) -> Option<PodKey> {
+    Some((pod.namespace()?, pod.meta().name.clone()?))
 }
 
 /// The instance a pod belongs to: a memcached pod labelled with its instance.
-fn instance_of(pod: &Pod) -> Option<Instance> {
+fn instance_of(pod: &Cached) -> Option<Instance> {
     let labels = pod.labels();
     if labels.get(labels::NAME_KEY).map(String::as_str) != Some(labels::APP_NAME) {
         return None;
@@ -125,7 +129,7 @@ mod tests {
     use kube::runtime::reflector;
     use serde_json::json;
 
-    fn pod(name: &str, instance: &str, app: &str) -> Pod {
+    fn pod(name: &str, instance: &str, app: &str) -> Cached {
         serde_json::from_value(
             json!({"metadata": {"name": name, "namespace": "ns", "labels": {
             "app.kubernetes.io/name": app, "app.kubernetes.io/instance": instance}}}),
@@ -134,17 +138,17 @@ mod tests {
     }
 
     /// Feeds `events` to the index and the store alike, as the watch does.
-    fn feed(events: Vec<watcher::Event<Pod>>) -> (PodIndex, Store<Pod>) {
-        let (store, mut writer) = reflector::store::<Pod>();
+    fn feed(events: Vec<watcher::Event<Cached>>) -> (PodIndex, Cache<Pod>) {
+        let (store, mut writer) = reflector::store::<Cached>();
         let index = PodIndex::default();
         for event in events {
             index.observe(&event);
             writer.apply_watcher_event(&event);
         }
-        (index, store)
+        (index, Cache::new(store))
     }
 
-    fn names(index: &PodIndex, store: &Store<Pod>, instance: &str) -> Vec<String> {
+    fn names(index: &PodIndex, store: &Cache<Pod>, instance: &str) -> Vec<String> {
         index
             .pods(store, "ns", instance)
             .iter()

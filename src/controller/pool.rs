@@ -8,11 +8,11 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
+use super::compact::{Cache, Compactable};
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
 use crate::resources::scaling::{self, Step};
@@ -45,11 +45,11 @@ pub fn pods(ctx: &Context, mc: &Memcached) -> Vec<Arc<Pod>> {
         .pods(&stores.pods, &namespace, &mc.name_any())
 }
 
-fn cached<K: kube::Resource<DynamicType = ()> + Clone>(
-    store: &kube::runtime::reflector::Store<K>,
-    mc: &Memcached,
-) -> Option<Arc<K>> {
-    store.get(&ObjectRef::new(&mc.name_any()).within(&mc.namespace().unwrap_or_default()))
+/// The instance's child of kind `K` in the cache; none when there is none, or it cannot be read (the
+/// reconcile's own read of it reports that).
+fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) -> Option<Arc<K>> {
+    let namespace = mc.namespace().unwrap_or_default();
+    store.get(&namespace, &mc.name_any(), &()).ok().flatten()
 }
 
 /// The cached workload the instance runs: of the kind `spec.workload` names, or else of the other kind

@@ -13,15 +13,14 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
-use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::json;
 use tracing::{debug, info, warn};
 
 use super::changes::Changes;
 use super::children::{self, Source};
+use super::compact::{Cache, Compactable};
 use super::finalizer::{self, Phase};
 use super::pool;
 use super::secrets::{self, Resolved};
@@ -382,20 +381,16 @@ async fn apply_children(
 async fn ensure_workload<K>(
     scope: &Scope<'_>,
     desired: K,
-    store: &Store<K>,
+    store: &Cache<K>,
     replicas: i32,
     changes: &mut Changes,
     replicas_of: fn(&K) -> Option<i32>,
 ) -> Result<Arc<K>, Error>
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + Serialize
-        + DeserializeOwned
+    K: Compactable<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Debug
         + Send
-        + Sync
-        + 'static,
+        + Sync,
 {
     let (instance, kind) = (scope.instance, K::kind(&()));
     let api = Api::namespaced(scope.ctx.client.clone(), instance.namespace);
@@ -426,7 +421,7 @@ struct Scope<'a> {
 }
 
 impl Scope<'_> {
-    fn source<'s, K>(&'s self, store: &'s Store<K>, dt: &'s K::DynamicType) -> Source<'s, K>
+    fn source<'s, K>(&'s self, store: &'s Cache<K>, dt: &'s K::DynamicType) -> Source<'s, K>
     where
         K: Resource + 'static,
         K::DynamicType: Eq + Hash,
@@ -450,7 +445,7 @@ async fn sync_child<K>(
     changes: &mut Changes,
 ) -> Result<(), Error>
 where
-    K: Resource + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
+    K: Compactable + Debug + Send + Sync,
     K::DynamicType: Clone + Eq + Hash,
 {
     let what = format!("{} {name}", K::kind(source.dt));

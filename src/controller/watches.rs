@@ -4,10 +4,10 @@
 //! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets,
 //!   NetworkPolicies, HorizontalPodAutoscalers and (where the cluster serves them) ServiceMonitors: only
 //!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
-//!   owning instance through its controller owner reference. They are cached whole: the drift check
-//!   compares their spec.
-//! - Pods: same label scope, trimmed to metadata and status (the spec is the largest part of a pod and
-//!   is never read) and to the one annotation read (the drained pod-deletion cost); a change triggers the
+//!   owning instance through its controller owner reference. They are cached compact but complete (see
+//!   [`super::compact`]): the drift check compares their spec.
+//! - Pods: same label scope, cached compact without their spec (the largest part of a pod, never read)
+//!   and with only the one annotation read (the drained pod-deletion cost); a change triggers the
 //!   instance named by the `app.kubernetes.io/instance` label.
 //! - Secrets: every one in scope (users name their own), metadata only, since only existence and version
 //!   matter until one an instance references changes; a change triggers the instances that name it.
@@ -38,6 +38,7 @@ use std::fmt::Debug;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
+use super::compact::{Cache, Compact, Compactable};
 use super::connectivity::Connectivity;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{
@@ -85,12 +86,13 @@ pub fn trim_meta<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// Keeps of a pod only what status computation and slot assignment read: identity, labels, deletion,
-/// status, and the drained pod-deletion cost (which tells whether a drained pod is marked yet).
-pub fn trim_pod(pod: &mut Pod) {
-    pod.metadata.managed_fields = None;
-    pod.metadata.annotations = pod
-        .metadata
+/// Keeps of a pod's metadata only what status computation and slot assignment read: identity, labels,
+/// deletion, and the drained pod-deletion cost (which tells whether a drained pod is marked yet). Its spec
+/// is not cached at all (see [`Compactable`]).
+pub fn trim_pod(pod: &mut Compact<Pod>) {
+    let metadata = pod.meta_mut();
+    metadata.managed_fields = None;
+    metadata.annotations = metadata
         .annotations
         .take()
         .map(|mut annotations| {
@@ -98,7 +100,6 @@ pub fn trim_pod(pod: &mut Pod) {
             annotations
         })
         .filter(|annotations| !annotations.is_empty());
-    pod.spec = None;
 }
 
 /// Runs the controller until `shutdown` resolves; in-flight reconciles finish first.
@@ -144,7 +145,7 @@ pub async fn run(
     let (deployments, deployment_stream) = cached(
         &metrics,
         "deployments",
-        api::<Deployment>(&client, ns),
+        api::<Compact<Deployment>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -153,7 +154,7 @@ pub async fn run(
     let (statefulsets, statefulset_stream) = cached(
         &metrics,
         "statefulsets",
-        api::<StatefulSet>(&client, ns),
+        api::<Compact<StatefulSet>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -162,7 +163,7 @@ pub async fn run(
     let (services, service_stream) = cached(
         &metrics,
         "services",
-        api::<Service>(&client, ns),
+        api::<Compact<Service>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -171,7 +172,7 @@ pub async fn run(
     let (config_maps, config_map_stream) = cached(
         &metrics,
         "configmaps",
-        api::<ConfigMap>(&client, ns),
+        api::<Compact<ConfigMap>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -183,7 +184,7 @@ pub async fn run(
         cached(
             &metrics,
             "pods",
-            api::<Pod>(&client, ns),
+            api::<Compact<Pod>>(&client, ns),
             children.clone(),
             trim_pod,
             (),
@@ -193,7 +194,7 @@ pub async fn run(
     let (pdbs, pdb_stream) = cached(
         &metrics,
         "poddisruptionbudgets",
-        api::<PodDisruptionBudget>(&client, ns),
+        api::<Compact<PodDisruptionBudget>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -202,7 +203,7 @@ pub async fn run(
     let (network_policies, network_policy_stream) = cached(
         &metrics,
         "networkpolicies",
-        api::<NetworkPolicy>(&client, ns),
+        api::<Compact<NetworkPolicy>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
@@ -213,14 +214,14 @@ pub async fn run(
     let (autoscalers, autoscaler_stream) = cached(
         &metrics,
         "horizontalpodautoscalers",
-        api::<HorizontalPodAutoscaler>(&client, ns),
+        api::<Compact<HorizontalPodAutoscaler>>(&client, ns),
         children.clone(),
         trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
-    let (secrets, secret_stream) = cached(
+    let (secrets, secret_stream) = reflected(
         &metrics,
         "secrets",
         api::<PartialObjectMeta<Secret>>(&client, ns),
@@ -238,8 +239,10 @@ pub async fn run(
     .await
     {
         let api = match ns {
-            Some(ns) => Api::<DynamicObject>::namespaced_with(client.clone(), ns, &service_monitor),
-            None => Api::<DynamicObject>::all_with(client.clone(), &service_monitor),
+            Some(ns) => {
+                Api::<Compact<DynamicObject>>::namespaced_with(client.clone(), ns, &service_monitor)
+            }
+            None => Api::<Compact<DynamicObject>>::all_with(client.clone(), &service_monitor),
         };
         let (store, stream) = cached(
             &metrics,
@@ -355,10 +358,32 @@ pub async fn run(
     info!("controller stopped");
 }
 
-/// A trimmed, cached watch: its store, and the stream of touched objects (deletions included, so a
-/// deleted child triggers its owner and is recreated). `observe` sees every event (trimmed) just before
-/// the cache does.
+/// A trimmed, compact, cached watch of `K` (the watch of `api`): its cache, and the stream of touched
+/// objects (deletions included, so a deleted child triggers its owner and is recreated). `observe` sees
+/// every event (trimmed) just before the cache does.
 fn cached<K>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
+    api: Api<Compact<K>>,
+    config: watcher::Config,
+    trim: fn(&mut Compact<K>),
+    dyntype: K::DynamicType,
+    observe: impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
+) -> (
+    Cache<K>,
+    impl futures::Stream<Item = Result<Compact<K>, watcher::Error>> + Send + 'static,
+)
+where
+    K: Compactable + Send + Sync,
+    K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
+{
+    let (store, stream) = reflected(metrics, resource, api, config, trim, dyntype, observe);
+    (Cache::new(store), stream)
+}
+
+/// A trimmed, cached watch of `K` as it is (the Secrets' metadata): its store, and the stream of touched
+/// objects. `observe` sees every event (trimmed) just before the cache does.
+fn reflected<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
     api: Api<K>,
@@ -477,7 +502,7 @@ fn recoveries(
 }
 
 /// The instance a pod belongs to, from its labels.
-pub fn pod_owner(pod: Pod) -> Option<ObjectRef<Memcached>> {
+pub fn pod_owner(pod: Compact<Pod>) -> Option<ObjectRef<Memcached>> {
     let labels = pod.labels();
     if labels.get(labels::NAME_KEY).map(String::as_str) != Some(labels::APP_NAME) {
         return None;
@@ -557,11 +582,11 @@ mod tests {
 
     #[test]
     fn pods_map_to_their_instance_by_label() {
-        let pod: Pod = serde_json::from_value(json!({"metadata": {"name": "cache-x", "namespace": "ns",
+        let pod: Compact<Pod> = serde_json::from_value(json!({"metadata": {"name": "cache-x", "namespace": "ns",
             "labels": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "cache"}}}))
         .unwrap();
         assert_eq!(pod_owner(pod), Some(ObjectRef::new("cache").within("ns")));
-        let foreign: Pod =
+        let foreign: Compact<Pod> =
             serde_json::from_value(json!({"metadata": {"name": "x", "namespace": "ns",
             "labels": {"app.kubernetes.io/name": "redis", "app.kubernetes.io/instance": "cache"}}}))
             .unwrap();
@@ -617,13 +642,13 @@ mod tests {
 
     #[test]
     fn pods_are_trimmed_to_what_status_reads() {
-        let mut marked: Pod = serde_json::from_value(json!({
+        let mut marked: Compact<Pod> = serde_json::from_value(json!({
             "metadata": {"name": "p", "annotations": {"a": "b", servers::DELETION_COST_ANNOTATION: "-1000"}}
         }))
         .unwrap();
         trim_pod(&mut marked);
         assert_eq!(
-            marked.metadata.annotations,
+            marked.meta().annotations,
             Some(
                 [(
                     servers::DELETION_COST_ANNOTATION.to_owned(),
@@ -633,13 +658,14 @@ mod tests {
             ),
             "the drain mark stays, nothing else"
         );
-        let mut pod: Pod = serde_json::from_value(json!({
+        let mut pod: Compact<Pod> = serde_json::from_value(json!({
             "metadata": {"name": "p", "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
             "spec": {"containers": [{"name": "memcached"}]},
             "status": {"phase": "Running"}
         }))
         .unwrap();
         trim_pod(&mut pod);
+        let pod = pod.decode().unwrap();
         assert!(
             pod.spec.is_none()
                 && pod.metadata.annotations.is_none()

@@ -43,7 +43,7 @@ use super::secrets::{SecretReader, SecretValues, Transport};
 use super::stats::Stats;
 use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
-use crate::controller::{PodIndex, Publisher};
+use crate::controller::{Cache, PodIndex, Publisher};
 use crate::resources::servers;
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
@@ -106,7 +106,7 @@ pub struct Sources {
 /// The pod cache and its index by instance (see [`PodIndex`]).
 #[derive(Clone)]
 pub struct IndexedPods {
-    pub store: Store<Pod>,
+    pub store: Cache<Pod>,
     pub index: PodIndex,
 }
 

@@ -23,7 +23,8 @@ pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::{
-    Context, Error, PodIndex, SecretHashes, Settings, Stores, error_policy, reconcile,
+    Cache, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings, Stores,
+    error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};
@@ -213,20 +214,25 @@ pub fn echo(body: &Value, path: &str) -> Value {
     obj
 }
 
+/// `object` as the operator's watches cache it.
+pub fn compact<K: Compactable>(object: &K) -> Compact<K> {
+    Compact::encode(object).unwrap()
+}
+
 /// Caches as the watches would fill them.
 pub struct Cluster {
     pub stores: Stores,
     pub memcacheds: Writer<Memcached>,
-    pub deployments: Writer<Deployment>,
-    pub statefulsets: Writer<StatefulSet>,
-    pub config_maps: Writer<ConfigMap>,
-    pub services: Writer<Service>,
-    pub pods: Writer<Pod>,
-    pub pdbs: Writer<PodDisruptionBudget>,
+    pub deployments: Writer<Compact<Deployment>>,
+    pub statefulsets: Writer<Compact<StatefulSet>>,
+    pub config_maps: Writer<Compact<ConfigMap>>,
+    pub services: Writer<Compact<Service>>,
+    pub pods: Writer<Compact<Pod>>,
+    pub pdbs: Writer<Compact<PodDisruptionBudget>>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
-    pub service_monitors: Option<Writer<DynamicObject>>,
-    pub network_policies: Writer<NetworkPolicy>,
-    pub autoscalers: Writer<HorizontalPodAutoscaler>,
+    pub service_monitors: Option<Writer<Compact<DynamicObject>>>,
+    pub network_policies: Writer<Compact<NetworkPolicy>>,
+    pub autoscalers: Writer<Compact<HorizontalPodAutoscaler>>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
 }
@@ -255,17 +261,17 @@ impl Cluster {
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
-                deployments: deployments_r,
-                statefulsets: statefulsets_r,
-                config_maps: config_maps_r,
-                services: services_r,
-                pods: pods_r,
+                deployments: Cache::new(deployments_r),
+                statefulsets: Cache::new(statefulsets_r),
+                config_maps: Cache::new(config_maps_r),
+                services: Cache::new(services_r),
+                pods: Cache::new(pods_r),
                 pod_index: PodIndex::default(),
-                pdbs: pdbs_r,
+                pdbs: Cache::new(pdbs_r),
                 secrets: secrets_r,
                 service_monitors: None,
-                network_policies: network_policies_r,
-                autoscalers: autoscalers_r,
+                network_policies: Cache::new(network_policies_r),
+                autoscalers: Cache::new(autoscalers_r),
             },
             memcacheds,
             deployments,
@@ -287,18 +293,19 @@ impl Cluster {
         let mut writer =
             Writer::new(memcached_operator::resources::service_monitor::api_resource());
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        cluster.stores.service_monitors = Some(writer.as_reader());
+        cluster.stores.service_monitors = Some(Cache::new(writer.as_reader()));
         cluster.service_monitors = Some(writer);
         cluster
     }
     pub fn pdb(&mut self, p: PodDisruptionBudget) {
-        self.pdbs.apply_watcher_event(&watcher::Event::Apply(p));
+        self.pdbs
+            .apply_watcher_event(&watcher::Event::Apply(compact(&p)));
     }
     pub fn service_monitor(&mut self, sm: DynamicObject) {
         self.service_monitors
             .as_mut()
             .unwrap()
-            .apply_watcher_event(&watcher::Event::Apply(sm));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&sm)));
     }
     pub fn secret(&mut self, name: &str, version: &str) {
         let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
@@ -311,36 +318,37 @@ impl Cluster {
     }
     pub fn deployment(&mut self, d: Deployment) {
         self.deployments
-            .apply_watcher_event(&watcher::Event::Apply(d));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&d)));
     }
     pub fn statefulset(&mut self, s: StatefulSet) {
         self.statefulsets
-            .apply_watcher_event(&watcher::Event::Apply(s));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&s)));
     }
     pub fn config_map(&mut self, c: ConfigMap) {
         self.config_maps
-            .apply_watcher_event(&watcher::Event::Apply(c));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&c)));
     }
     pub fn remove_pod(&mut self, p: Pod) {
-        let event = watcher::Event::Delete(p);
+        let event = watcher::Event::Delete(compact(&p));
         self.stores.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
     }
     pub fn service(&mut self, s: Service) {
-        self.services.apply_watcher_event(&watcher::Event::Apply(s));
+        self.services
+            .apply_watcher_event(&watcher::Event::Apply(compact(&s)));
     }
     pub fn pod(&mut self, p: Pod) {
-        let event = watcher::Event::Apply(p);
+        let event = watcher::Event::Apply(compact(&p));
         self.stores.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
     }
     pub fn network_policy(&mut self, p: NetworkPolicy) {
         self.network_policies
-            .apply_watcher_event(&watcher::Event::Apply(p));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&p)));
     }
     pub fn autoscaler(&mut self, a: HorizontalPodAutoscaler) {
         self.autoscalers
-            .apply_watcher_event(&watcher::Event::Apply(a));
+            .apply_watcher_event(&watcher::Event::Apply(compact(&a)));
     }
 }
 

@@ -19,7 +19,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use memcached_operator::api::Memcached;
-use memcached_operator::controller::{PodIndex, Publisher};
+use memcached_operator::controller::{Cache, Compact, PodIndex, Publisher};
 use memcached_operator::telemetry::metrics::OperandMetrics;
 use memcached_operator::telemetry::{Collector, IndexedPods, Network, Settings, Sources};
 use rcgen::{
@@ -338,12 +338,12 @@ fn answer(
 
 pub struct Caches {
     pub memcacheds: Writer<Memcached>,
-    pub pods: Writer<Pod>,
+    pub pods: Writer<Compact<Pod>>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
     pod_index: PodIndex,
     stores: (
         Store<Memcached>,
-        Store<Pod>,
+        Cache<Pod>,
         Store<PartialObjectMeta<Secret>>,
     ),
 }
@@ -361,7 +361,7 @@ impl Caches {
             pods,
             secrets,
             pod_index: PodIndex::default(),
-            stores: (m, p, s),
+            stores: (m, Cache::new(p), s),
         }
     }
 
@@ -376,13 +376,13 @@ impl Caches {
     }
 
     pub fn pod(&mut self, pod: &Pod) {
-        let event = watcher::Event::Apply(pod.clone());
+        let event = watcher::Event::Apply(Compact::encode(pod).unwrap());
         self.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
     }
 
     pub fn remove_pod(&mut self, pod: &Pod) {
-        let event = watcher::Event::Delete(pod.clone());
+        let event = watcher::Event::Delete(Compact::encode(pod).unwrap());
         self.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
     }

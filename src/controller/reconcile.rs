@@ -563,7 +563,7 @@ async fn patch_status(
         .await
         .map_err(|source| Error::Status { name, source })?;
     let mut written = written;
-    written.metadata.managed_fields = None;
+    super::watches::trim_instance(&mut written);
     ctx.written.remember(Arc::new(written), &());
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The watches that feed the caches and trigger reconciles, and the controller loop itself.
 //!
-//! - `Memcached`: all of them (in the watched namespace), the reconciled kind.
+//! - `Memcached`: all of them (in the watched namespace), the reconciled kind, without annotations.
 //! - Deployments, StatefulSets, Services, the server-list ConfigMaps, PodDisruptionBudgets,
 //!   NetworkPolicies, HorizontalPodAutoscalers and (where the cluster serves them) ServiceMonitors: only
 //!   those labelled `app.kubernetes.io/managed-by=memcached-operator`; a change or deletion triggers the
@@ -86,6 +86,13 @@ pub fn trim_meta<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
+/// Keeps of an instance everything but its annotations, which the operator never reads, and which
+/// hold the whole object again when it was created with `kubectl apply` (`last-applied-configuration`).
+pub fn trim_instance(mc: &mut Memcached) {
+    mc.metadata.managed_fields = None;
+    mc.metadata.annotations = None;
+}
+
 /// Keeps of a pod's metadata only what status computation and slot assignment read: identity, labels,
 /// deletion, and the drained pod-deletion cost (which tells whether a drained pod is marked yet). Its spec
 /// is not cached at all (see [`Compactable`]).
@@ -133,7 +140,7 @@ pub async fn run(
             from_cache(watcher::Config::default()),
         ),
     )
-    .modify(trim_meta)
+    .modify(trim_instance)
     .reflect(mc_writer)
     .inspect_ok(move |event| {
         if matches!(event, watcher::Event::InitDone) {
@@ -638,6 +645,22 @@ mod tests {
             secret.metadata.annotations.is_none(),
             "no Secret data is kept in the cache"
         );
+    }
+
+    #[test]
+    fn instances_are_cached_without_annotations() {
+        let mut mc: Memcached = serde_json::from_value(json!({
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+            "metadata": {"name": "cache", "namespace": "ns", "labels": {"team": "a"},
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"size": 2}
+        }))
+        .unwrap();
+        trim_instance(&mut mc);
+        assert!(mc.metadata.annotations.is_none() && mc.metadata.managed_fields.is_none());
+        assert_eq!(mc.metadata.labels.unwrap()["team"], "a");
+        assert_eq!(mc.spec.size, 2);
     }
 
     #[test]

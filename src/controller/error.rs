@@ -45,7 +45,7 @@ pub enum Error {
         source: kube::Error,
     },
 
-    #[error("failed to remove the finalizer an older operator version added: {0}")]
+    #[error("failed to remove the finalizer an earlier build of the operator added: {0}")]
     Finalizer(#[source] kube::Error),
 
     #[error("the Memcached object is malformed: {0}")]

@@ -92,12 +92,12 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
                 debug!(memcached = %name, %namespace, "already deleted; nothing left to do");
                 return Ok(Action::await_change());
             };
-            info!(memcached = %name, %namespace, "removed the finalizer an older operator version added");
+            info!(memcached = %name, %namespace, "removed the finalizer an earlier build of the operator added");
             if deleting {
                 return Ok(Action::await_change());
             }
-            // Applied on the instance as stored now: its spec is unchanged, and a later write must not
-            // be refused over the old resource version.
+            // Reconciled as stored now, and kept (read-your-writes): a reconcile that runs before the
+            // watch brings the patch back must not send it again.
             let patched = Arc::new(patched);
             ctx.written.remember(patched.clone(), &());
             patched

@@ -279,7 +279,7 @@ fn there_is_something_to_publish_once_a_slot_has_an_address() {
         ready: false,
     };
     assert!(
-        !publishes(&[waiting.clone()]),
+        !publishes(std::slice::from_ref(&waiting)),
         "a pod that is not ready yet"
     );
     assert!(publishes(&[

@@ -173,9 +173,10 @@ deploy: ## Deploy the operator (CRD, RBAC, Deployment) with image IMG to the clu
 		| sed -e 's|image: controller:latest$$|image: $(IMG)|' \
 		| $(KUBECTL) apply --server-side -f -
 
-# Delete the Memcached instances first (kubectl delete memcacheds --all --all-namespaces) while
-# the operator still runs: each instance carries the finalizer cache.example.com/finalizer, which
-# only the operator removes. Without the operator the instances, and so the CRD deletion, hang.
+# Deleting the CRD deletes every Memcached instance, and garbage collection their children: instances
+# carry no finalizer, so nothing waits for the operator. Instances created by an earlier build carried
+# cache.example.com/finalizer; the current operator removes it when it first reconciles them, so run it
+# once before undeploying a cluster upgraded from such a build (docs/operations.md, Uninstall).
 .PHONY: undeploy
-undeploy: ## Remove the operator, its RBAC and the CRD from the cluster (delete Memcached instances first).
+undeploy: ## Remove the operator, its RBAC and the CRD from the cluster (and with the CRD every Memcached instance).
 	$(KUBECTL) delete --ignore-not-found -k config/default

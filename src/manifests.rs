@@ -35,9 +35,13 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 }
 
 /// Exactly what the controller calls, cluster-wide (it may watch every namespace):
-/// - Memcached: watched; patched to add and remove the finalizer; status server-side applied;
-///   `update` on `memcacheds/finalizers` lets it set `blockOwnerDeletion` in children's owner references
-///   where the OwnerReferencesPermissionEnforcement admission plugin is on.
+/// - Memcached: watched; patched to remove the finalizer earlier builds added (instances no longer get
+///   one); status server-side applied. `update` on `memcacheds/finalizers` is not for a finalizer: it is
+///   the right the OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters)
+///   asks of whoever sets `blockOwnerDeletion: true` in an owner reference to a Memcached. The children's
+///   controller owner references come from kube's `controller_owner_ref`, which leaves that field unset
+///   today; the rule stays so that setting it (as controller-runtime operators do, so that a foreground
+///   deletion waits for the children) takes no RBAC change, and because the Kubebuilder scaffold grants it.
 /// - Deployments, StatefulSets, Services and ConfigMaps (the published server lists): watched and
 ///   server-side applied (a PATCH that may create, so `create` too); never deleted by the operator:
 ///   garbage collection does that.
@@ -57,6 +61,8 @@ pub fn manager_role() -> ClusterRole {
         rules: Some(vec![
             rule(GROUP, &["memcacheds"], &["get", "list", "watch", "patch"]),
             rule(GROUP, &["memcacheds/status"], &["get", "patch"]),
+            // Not for a finalizer (the operator sets none): what OwnerReferencesPermissionEnforcement
+            // asks of an owner reference with `blockOwnerDeletion: true` (see above).
             rule(GROUP, &["memcacheds/finalizers"], &["update"]),
             rule(
                 "apps",

@@ -1,5 +1,6 @@
-//! What converging costs in requests, across the reconciles of one operator process (one context):
-//! the finalizer and the children in one pass, no second write of anything the watch has not brought
+//! What converging costs in requests, across the reconciles of one operator process (one context): a
+//! new instance converges in six (its workload, two Services and one event; then, with its first ready
+//! server, the server list and its first status), no second write of anything the watch has not brought
 //! back yet (read-your-writes), and status changes that only move counts paced (issue #9).
 
 mod common;
@@ -21,21 +22,25 @@ fn stored_status(body: &Value) -> Value {
 
 /// The reconcile asked to run again when the pace is over, not at the safety requeue.
 fn assert_runs_again_soon(action: &Action) {
-    let pace = Settings::default().status_pace;
-    let later = (1..=pace.as_millis() as u64)
+    assert_runs_again_within(action, Settings::default().status_pace);
+}
+
+/// The reconcile asked to run again when a wait of `wait` that began just now is over: at most `wait`,
+/// and a reconcile takes well under 100 ms.
+fn assert_runs_again_within(action: &Action, wait: Duration) {
+    let later = (1..=wait.as_millis() as u64)
         .map(|ms| Action::requeue(Duration::from_millis(ms)))
         .collect::<Vec<_>>();
-    // The wait is what is left of the pace: at most the pace, and a reconcile takes well under 100 ms.
     assert!(
         later[later.len().saturating_sub(100)..].contains(action),
-        "runs again within the pace ({pace:?}): {action:?}"
+        "runs again within {wait:?}: {action:?}"
     );
 }
 
-/// The create path, every answer an object as stored.
+/// The create path, every answer an object as stored: the workload, the Services, one event. No server
+/// list (no server is ready yet).
 fn creation() -> Vec<Exchange> {
     vec![
-        expect(Method::PATCH, CONFIG_MAPS).apply().answer(stored),
         expect(Method::PATCH, DEPLOYMENTS).apply().answer(stored),
         expect(Method::PATCH, SERVICES).apply().answer(stored),
         expect(Method::PATCH, HEADLESS).apply().answer(stored),
@@ -55,7 +60,7 @@ async fn a_reconcile_before_the_watches_catch_up_writes_nothing_again() {
     let again = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     assert_eq!(again, Action::requeue(Duration::from_secs(300)));
     let seen = session.finish().await;
-    assert_eq!(seen.len(), 6, "one creation, nothing more: {seen:#?}");
+    assert_eq!(seen.len(), 5, "one creation, nothing more: {seen:#?}");
 }
 
 #[tokio::test]
@@ -94,22 +99,6 @@ async fn a_child_deleted_for_good_is_not_deleted_twice_while_the_cache_still_sho
 }
 
 #[tokio::test]
-async fn with_pacing_the_first_status_waits_for_the_pods_to_show_up() {
-    let mut cluster = Cluster::new();
-    // The default pace: the children are created at once, the status that only says "nothing runs yet"
-    // is held back for the pace, and the reconcile asks to run again then.
-    let session = Session::start(&cluster, Settings::default(), creation(), NOW);
-    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
-    let seen = session.finish().await;
-    assert_eq!(
-        seen.len(),
-        5,
-        "children and their event, no status: {seen:#?}"
-    );
-    assert_runs_again_soon(&action);
-}
-
-#[tokio::test]
 async fn with_pacing_a_published_server_is_written_at_once() {
     let mut cluster = Cluster::new();
     let (deployment, service, status) = create(&mut cluster, 1).await;
@@ -117,12 +106,10 @@ async fn with_pacing_a_published_server_is_written_at_once() {
     let mut mc = memcached(1);
     mc.status = Some(serde_json::from_value(status["status"].clone()).unwrap());
     cluster.deployment(settled(&deployment));
-    let mut pod = ready_pod("cache-7d9f-a");
-    pod.status.as_mut().unwrap().pod_ip = Some("127.0.0.1".into());
-    cluster.pod(pod);
+    cluster.pod(ready_pod_at("cache-7d9f-a", "127.0.0.1"));
 
     // The workload was just scaled by this process (pace running), yet the server that became ready is
-    // published, and its status written, at once.
+    // published (the list created with it), and its status written, at once.
     let session = Session::start(
         &cluster,
         Settings::default(),
@@ -194,9 +181,9 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     session.ctx.written.observe_deleted(&deleted, &());
     session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
-    assert_eq!(seen.len(), 8, "{seen:#?}");
+    assert_eq!(seen.len(), 7, "{seen:#?}");
     assert_eq!(
-        seen[7].body["note"],
+        seen[6].body["note"],
         "Created Deployment cache with 1 replicas"
     );
 
@@ -208,4 +195,290 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     written.remember(Arc::new(settled(&applied)), &());
     written.observe_deleted(&deleted, &());
     assert_eq!(written.len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// A new instance with the default settings: six requests in all, and its first status once it has
+// something settled to say.
+
+/// The pod of a new instance: scheduled, its container being created, not ready.
+fn starting_pod() -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "cache-7d9f-a", "namespace": NS,
+                     "creationTimestamp": "2023-11-14T22:13:21Z", "labels": {
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": NAME,
+            "app.kubernetes.io/managed-by": "memcached-operator"}},
+        "status": {"phase": "Pending",
+                   "containerStatuses": [{"name": "memcached", "image": "memcached:1.6-alpine",
+                       "imageID": "", "ready": false, "restartCount": 0,
+                       "state": {"waiting": {"reason": "ContainerCreating"}}}],
+                   "conditions": [{"type": "PodScheduled", "status": "True"},
+                                  {"type": "Ready", "status": "False"}]}
+    }))
+    .unwrap()
+}
+
+/// What the watches bring back after the first reconcile: the Deployment (`applied`, as stored) as its
+/// controller reports it while the pod starts (one replica, none ready), the Services, and the pod.
+fn catch_up_with_the_creation(cluster: &mut Cluster, applied: &Value, services: &[Value]) {
+    let mut deployment = as_stored(applied);
+    deployment["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                                  "unavailableReplicas": 1});
+    cluster.deployment(serde_json::from_value(deployment).unwrap());
+    for service in services {
+        cluster.service(serde_json::from_value(as_stored(service)).unwrap());
+    }
+    cluster.pod(starting_pod());
+}
+
+/// The pod is ready at 10.0.0.1, and the Deployment (`applied`) says so.
+fn the_pod_is_ready(cluster: &mut Cluster, applied: &Value) {
+    cluster.pod(ready_pod_at("cache-7d9f-a", "10.0.0.1"));
+    cluster.deployment(settled(applied));
+}
+
+/// The first reconcile of a new instance with the default settings; the caches then catch up with it
+/// (the pod still starting). Returns the Deployment as applied.
+async fn create_new(cluster: &mut Cluster) -> Value {
+    let session = Session::start(cluster, Settings::default(), creation(), NOW);
+    session.reconcile(cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    catch_up_with_the_creation(
+        cluster,
+        &seen[0].body,
+        &[seen[1].body.clone(), seen[2].body.clone()],
+    );
+    seen[0].body.clone()
+}
+
+/// The same process as the one that created the instance's children moments ago (its pacing remembers
+/// the creation), answering `script`.
+fn same_process(cluster: &Cluster, script: Vec<Exchange>) -> Session {
+    let session = Session::start(cluster, Settings::default(), script, NOW);
+    session.ctx.pace.wrote(NS, NAME);
+    session
+}
+
+/// The server list and the first status, once the pod is ready.
+fn published() -> Vec<Exchange> {
+    vec![
+        expect(Method::PATCH, CONFIG_MAPS).apply().answer(stored),
+        expect(Method::PATCH, STATUS).apply().answer(stored_status),
+    ]
+}
+
+#[tokio::test]
+async fn a_new_instance_first_sends_its_workload_its_services_and_one_event() {
+    let mut cluster = Cluster::new();
+    let session = Session::start(&cluster, Settings::default(), creation(), NOW);
+    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    let requests: Vec<(&Method, &str)> =
+        seen.iter().map(|s| (&s.method, s.path.as_str())).collect();
+    assert_eq!(
+        requests,
+        [
+            (&Method::PATCH, DEPLOYMENTS),
+            (&Method::PATCH, SERVICES),
+            (&Method::PATCH, HEADLESS),
+            (&Method::POST, EVENTS),
+        ],
+        "no finalizer, no server list (nothing to publish), no status (nothing settled to say)"
+    );
+    assert_eq!(
+        seen[3].body["note"],
+        "Created Deployment cache with 1 replicas, Service cache, Service cache-headless"
+    );
+    // The held status is due when its wait ends.
+    assert_runs_again_within(&action, Settings::default().first_status_within);
+}
+
+#[tokio::test]
+async fn a_new_instance_whose_pod_is_starting_writes_nothing() {
+    let mut cluster = Cluster::new();
+    create_new(&mut cluster).await;
+    // The workload and the pod moved: the status would say "1 pod, none ready". Held, and due when the
+    // wait that began with the creation ends.
+    let session = same_process(&cluster, vec![]);
+    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    assert!(session.finish().await.is_empty());
+    assert_runs_again_within(&action, Settings::default().first_status_within);
+}
+
+#[tokio::test]
+async fn a_new_instance_whose_pod_is_ready_writes_its_server_list_and_first_status_only() {
+    let mut cluster = Cluster::new();
+    let deployment = create_new(&mut cluster).await;
+    the_pod_is_ready(&mut cluster, &deployment);
+    let session = same_process(&cluster, published());
+    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+    assert_eq!(seen.len(), 2, "no event for the server list: {seen:#?}");
+    assert_eq!(seen[0].body["data"]["servers"], "10.0.0.1:11211\n");
+    let status = &seen[1].body;
+    assert_eq!(condition(status, "Available")["status"], "True");
+    assert_eq!(condition(status, "Progressing")["reason"], "Complete");
+    assert_eq!(status["status"]["serverList"], json!(["10.0.0.1:11211"]));
+    assert_eq!(status["status"]["observedGeneration"], 1);
+}
+
+#[tokio::test]
+async fn a_new_instance_once_settled_sends_nothing() {
+    let mut cluster = Cluster::new();
+    let deployment = create_new(&mut cluster).await;
+    the_pod_is_ready(&mut cluster, &deployment);
+    let session = same_process(&cluster, published());
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    let mut mc = memcached(1);
+    mc.status = Some(serde_json::from_value(seen[1].body["status"].clone()).unwrap());
+
+    let session = same_process(&cluster, vec![]);
+    let action = session.reconcile(&mut cluster, mc).await.unwrap();
+    assert!(session.finish().await.is_empty());
+    assert_eq!(action, Action::requeue(Duration::from_secs(300)));
+}
+
+/// The whole life of a new instance in one process, every answer an object as stored and the caches
+/// catching up between reconciles with what the operator wrote: six requests.
+#[tokio::test]
+async fn a_new_instance_converges_in_six_requests_in_one_process() {
+    let mut cluster = Cluster::new();
+    let mut script = creation();
+    script.extend(published());
+    let session = Session::start(&cluster, Settings::default(), script, NOW);
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+
+    // The answers the operator kept are what its watches bring back.
+    let written = &session.ctx.written;
+    let deployment = serde_json::to_value(
+        written
+            .fresher::<Deployment>(NS, NAME, &(), None)
+            .object
+            .expect("the Deployment as stored")
+            .as_ref(),
+    )
+    .unwrap();
+    let services: Vec<Value> = [NAME, "cache-headless"]
+        .into_iter()
+        .map(|name| {
+            let service = written.fresher::<Service>(NS, name, &(), None).object;
+            serde_json::to_value(service.expect("the Service as stored").as_ref()).unwrap()
+        })
+        .collect();
+    catch_up_with_the_creation(&mut cluster, &deployment, &services);
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+
+    the_pod_is_ready(&mut cluster, &deployment);
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+
+    let list = written
+        .fresher::<ConfigMap>(NS, "cache-servers", &(), None)
+        .object
+        .expect("the server list as stored");
+    cluster.config_map(list.as_ref().clone());
+    let mc = written
+        .fresher::<Memcached>(NS, NAME, &(), None)
+        .object
+        .expect("the instance with its status, as stored");
+    let settled = session
+        .reconcile(&mut cluster, mc.as_ref().clone())
+        .await
+        .unwrap();
+    assert_eq!(settled, Action::requeue(Duration::from_secs(300)));
+
+    let seen = session.finish().await;
+    let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(
+        requests,
+        [DEPLOYMENTS, SERVICES, HEADLESS, EVENTS, CONFIG_MAPS, STATUS]
+    );
+}
+
+#[tokio::test]
+async fn a_new_instance_without_a_ready_pod_gets_its_first_status_at_the_deadline() {
+    let mut cluster = Cluster::new();
+    let within = Duration::from_millis(300);
+    let settings = Settings {
+        first_status_within: within,
+        ..Settings::default()
+    };
+    let mut script = creation();
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let session = Session::start(&cluster, settings, script, NOW);
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let applied = serde_json::to_value(
+        session
+            .ctx
+            .written
+            .fresher::<Deployment>(NS, NAME, &(), None)
+            .object
+            .expect("the Deployment as stored")
+            .as_ref(),
+    )
+    .unwrap();
+    catch_up_with_the_creation(&mut cluster, &applied, &[]);
+    let held = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    assert_runs_again_within(&held, within);
+
+    // The reconcile asked for when the wait ends: the pod still starts, and the status says so (at once,
+    // although the children changed less than the pace ago).
+    tokio::time::sleep(within).await;
+    let due = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    assert_eq!(due, Action::requeue(Duration::from_secs(300)));
+    let seen = session.finish().await;
+    assert_eq!(seen.len(), 5, "{seen:#?}");
+    let status = &seen[4].body;
+    assert_eq!(condition(status, "Available")["status"], "False");
+    assert_eq!(condition(status, "Progressing")["reason"], "ScalingUp");
+    assert_eq!(condition(status, "Degraded")["status"], "False");
+    assert_eq!(status["status"]["replicas"], 1);
+}
+
+#[tokio::test]
+async fn a_new_instance_whose_pod_cannot_start_gets_its_first_status_at_once() {
+    let mut cluster = Cluster::new();
+    create_new(&mut cluster).await;
+    let mut pod = starting_pod();
+    pod.status
+        .as_mut()
+        .unwrap()
+        .container_statuses
+        .as_mut()
+        .unwrap()[0]
+        .state
+        .as_mut()
+        .unwrap()
+        .waiting
+        .as_mut()
+        .unwrap()
+        .reason = Some("ImagePullBackOff".into());
+    cluster.pod(pod);
+    let session = same_process(
+        &cluster,
+        vec![expect(Method::PATCH, STATUS).apply(), event()],
+    );
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    assert_degraded(&seen[0].body, "ImagePullFailed", "cache-7d9f-a");
+    assert_eq!(seen[1].body["type"], "Warning");
+}
+
+#[tokio::test]
+async fn after_a_restart_a_first_status_is_not_held() {
+    // The children exist and the pod starts, but this process did not create them: it has no record of
+    // when the wait began, so the status is written at once.
+    let mut cluster = Cluster::new();
+    create_new(&mut cluster).await;
+    let session = Session::start(
+        &cluster,
+        Settings::default(),
+        vec![expect(Method::PATCH, STATUS).apply()],
+        NOW,
+    );
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let seen = session.finish().await;
+    assert_eq!(condition(&seen[0].body, "Available")["status"], "False");
 }

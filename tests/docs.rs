@@ -1,5 +1,5 @@
-//! The documentation: the operations guide covers every metric, flag, condition and the finalizer of the
-//! operator binary, and relative links between the docs resolve.
+//! The documentation: the operations guide covers every metric, flag and condition of the operator binary,
+//! and what to do about the finalizer of earlier builds, and relative links between the docs resolve.
 
 mod common;
 
@@ -13,7 +13,7 @@ fn binary(args: &[&str]) -> String {
 }
 
 #[test]
-fn operations_guide_covers_metrics_flags_conditions_and_the_finalizer() {
+fn operations_guide_covers_metrics_flags_conditions_and_the_legacy_finalizer() {
     let guide = read("docs/operations.md");
     // Every metric the operator registers (counters are exported with a _total suffix).
     let text = Metrics::default().encode();

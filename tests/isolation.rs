@@ -43,22 +43,20 @@ async fn create(cluster: &mut Cluster) -> (Value, Value) {
     let run = run(cluster, isolated(2), script).await;
     run.result.unwrap();
     let seen = run.seen;
-    assert_eq!(seen[7].body["reason"], "Created");
+    assert_eq!(seen[6].body["reason"], "Created");
     assert_eq!(
-        seen[7].body["note"],
-        "Created ConfigMap cache-servers, Deployment cache with 2 replicas, Service cache, \
-         Service cache-headless, PodDisruptionBudget cache, NetworkPolicy cache, \
-         HorizontalPodAutoscaler cache"
+        seen[6].body["note"],
+        "Created Deployment cache with 2 replicas, Service cache, Service cache-headless, \
+         PodDisruptionBudget cache, NetworkPolicy cache, HorizontalPodAutoscaler cache"
     );
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    cluster.deployment(settled(&seen[1].body));
-    for i in [2, 3] {
+    cluster.deployment(settled(&seen[0].body));
+    for i in [1, 2] {
         cluster.service(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
     }
-    cluster.pdb(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    cluster.network_policy(serde_json::from_value(as_stored(&seen[5].body)).unwrap());
-    cluster.autoscaler(serde_json::from_value(as_stored(&seen[6].body)).unwrap());
-    (seen[5].body.clone(), seen[6].body.clone())
+    cluster.pdb(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
+    cluster.network_policy(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    cluster.autoscaler(serde_json::from_value(as_stored(&seen[5].body)).unwrap());
+    (seen[4].body.clone(), seen[5].body.clone())
 }
 
 #[tokio::test]

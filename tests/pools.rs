@@ -80,8 +80,8 @@ async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedSt
 /// Creates a StatefulSet instance of `size` with ready pods and a settled status; returns that status.
 async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> MemcachedStatus {
     let seen = create_as(cluster, statefulset_pool(size), STATEFULSETS).await;
-    cluster.statefulset(settled_statefulset(&seen[1].body));
-    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    cluster.statefulset(settled_statefulset(&seen[0].body));
+    cluster.service(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
     for i in 0..size {
         let pod = server_pod(
             &format!("cache-{i}"),
@@ -91,7 +91,7 @@ async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> Memca
         );
         cluster.pod(pod);
     }
-    // The pods are ready: the list and the status say so.
+    // The pods are ready: the list is created with them, and the status says so.
     republish(cluster, statefulset_pool(size)).await.1
 }
 
@@ -468,4 +468,46 @@ async fn a_refused_mark_on_a_pod_that_exists_is_an_error() {
     let error = run.result.unwrap_err();
     assert_eq!(error.kind(), "apply");
     assert_degraded(&run.seen[2].body, "ApplyRejected", "Pod cache-c");
+}
+
+/// Once it exists, the server list is kept current whatever it holds: scaled to zero (a drain of 0 s),
+/// it is written empty, not left listing servers that are gone.
+#[tokio::test]
+async fn an_existing_server_list_is_emptied_when_no_server_is_left() {
+    let mut cluster = Cluster::new();
+    let status = settled_statefulset_instance(&mut cluster, 3).await;
+    let mut mc = with_spec(
+        0,
+        json!({"workload": "StatefulSet", "scaling": {"drainSeconds": 0}}),
+    );
+    mc.status = Some(status);
+    let run = run(
+        &mut cluster,
+        mc,
+        vec![
+            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            event(),
+            expect(Method::PATCH, STATEFULSETS).apply(),
+            event(),
+            expect(Method::DELETE, PDBS).reply(
+                StatusCode::OK,
+                json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
+            ),
+            event(),
+            event(),
+            expect(Method::PATCH, STATUS).apply(),
+        ],
+    )
+    .await;
+    assert!(run.result.is_ok(), "{:?}", run.result);
+    assert_eq!(run.seen[0].body["data"]["servers"], "");
+    assert_eq!(run.seen[0].body["data"]["servers.json"], "[]\n");
+    assert_eq!(run.seen[2].body["spec"]["replicas"], 0);
+    let reasons: Vec<&Value> = run
+        .seen
+        .iter()
+        .filter(|s| s.method == Method::POST)
+        .map(|s| &s.body["reason"])
+        .collect();
+    assert_eq!(reasons, ["Draining", "Drained", "Scaled", "Deleted"]);
 }

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::mock::*;
 
-/// An instance of size 1 that `kubectl delete` has marked for deletion (its finalizer still on).
+/// An instance of size 1 that `kubectl delete` has marked for deletion; something still holds it (the
+/// scenarios add the finalizer that does).
 fn being_deleted() -> Memcached {
     let mut mc = memcached(1);
     mc.metadata.deletion_timestamp = Some(Time(Timestamp::from_second(NOW).unwrap()));
@@ -20,61 +21,93 @@ fn being_deleted() -> Memcached {
 // ---------------------------------------------------------------------------------------------------
 // Scenarios.
 
-/// The reconcile that adds the finalizer goes on with the whole creation: it need not wait for the watch to
-/// bring the patched instance back.
+/// A new instance carries no finalizer and gets none: its first reconcile creates its children, and the
+/// instance itself is never patched.
 #[tokio::test]
-async fn a_new_instance_gets_the_finalizer_then_its_children_in_one_pass() {
+async fn a_new_instance_gets_its_children_without_a_finalizer() {
     let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.finalizers = None;
-    let mut with_finalizer = serde_json::to_value(memcached(1)).unwrap();
-    with_finalizer["metadata"]["resourceVersion"] = json!("2");
-    let mut script = vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, with_finalizer)];
-    script.extend(created_children(DEPLOYMENTS, 1));
+    let mut script = created_children(DEPLOYMENTS, 1);
     script.push(expect(Method::PATCH, STATUS).apply());
-    let run = run(&mut cluster, mc, script).await;
+    let run = run(&mut cluster, memcached(1), script).await;
     assert_eq!(
         run.result.unwrap(),
         Action::requeue(Duration::from_secs(300))
     );
-    let patch = &run.seen[0].body;
-    assert_eq!(
-        patch,
-        &json!([
-            {"op": "test", "path": "/metadata/finalizers", "value": null},
-            {"op": "add", "path": "/metadata/finalizers", "value": [FINALIZER]},
-        ]),
-        "a JSON patch that tests the list it extends, then adds the finalizer"
-    );
     let paths: Vec<&str> = run.seen.iter().map(|s| s.path.as_str()).collect();
     assert_eq!(
         paths,
-        [
-            MEMCACHED,
-            CONFIG_MAPS,
-            DEPLOYMENTS,
-            SERVICES,
-            HEADLESS,
-            EVENTS,
-            STATUS
-        ],
-        "the finalizer first, then the children, one event and the status"
+        [DEPLOYMENTS, SERVICES, HEADLESS, EVENTS, STATUS],
+        "the children, one event and (written at once in these scenarios) the status; no finalizer, and \
+         no server list before a server is ready"
     );
-    let event = &run.seen[5].body;
+    let event = &run.seen[3].body;
     assert_eq!(event["reason"], "Created");
     assert_eq!(
         event["note"],
-        "Created ConfigMap cache-servers, Deployment cache with 1 replicas, Service cache, \
-         Service cache-headless"
+        "Created Deployment cache with 1 replicas, Service cache, Service cache-headless"
     );
-    let owner = &run.seen[2].body["metadata"]["ownerReferences"][0];
+    let owner = &run.seen[0].body["metadata"]["ownerReferences"][0];
     assert_eq!(
         (owner["kind"].as_str(), owner["uid"].as_str()),
         (Some("Memcached"), Some("uid-1"))
     );
-    let status = &run.seen[6].body;
+    let status = &run.seen[4].body;
     assert_eq!(status["status"]["observedGeneration"], 1);
     assert_eq!(condition(status, "Degraded")["status"], "False");
+}
+
+/// An instance created by an earlier build still carries its finalizer: one JSON patch removes it (testing
+/// that it is still where it was seen), and the same reconcile goes on with the instance as patched.
+#[tokio::test]
+async fn a_legacy_instance_loses_its_finalizer_then_reconciles_as_usual() {
+    let mut cluster = Cluster::new();
+    let mut patched = serde_json::to_value(memcached(1)).unwrap();
+    patched["metadata"]["resourceVersion"] = json!("2");
+    let mut script = vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, patched)];
+    script.extend(created_children(DEPLOYMENTS, 1));
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(&mut cluster, with_legacy_finalizer(memcached(1)), script).await;
+    assert_eq!(
+        run.result.unwrap(),
+        Action::requeue(Duration::from_secs(300))
+    );
+    assert_eq!(
+        run.seen[0].body,
+        json!([
+            {"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
+            {"op": "remove", "path": "/metadata/finalizers/0"},
+        ]),
+        "a JSON patch that tests the finalizer is still there, then removes it"
+    );
+    let patches = run.seen.iter().filter(|s| s.path == MEMCACHED).count();
+    assert_eq!(patches, 1, "the instance is patched once: {:#?}", run.seen);
+}
+
+/// A settled instance of an earlier build: the finalizer's removal is the only request.
+#[tokio::test]
+async fn a_settled_legacy_instance_sends_only_the_finalizer_removal() {
+    let mut cluster = Cluster::new();
+    let (deployment, service, _) = create(&mut cluster, 1).await;
+    cluster.deployment(settled(&deployment));
+    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    let settle = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, STATUS).apply()],
+    )
+    .await;
+    let mut mc = memcached(1);
+    mc.status = Some(serde_json::from_value(settle.seen[0].body["status"].clone()).unwrap());
+    let mut patched = serde_json::to_value(&mc).unwrap();
+    patched["metadata"]["resourceVersion"] = json!("2");
+    let run = run(
+        &mut cluster,
+        with_legacy_finalizer(mc),
+        vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, patched)],
+    )
+    .await;
+    run.result.unwrap();
+    assert_eq!(run.seen.len(), 1, "{:#?}", run.seen);
 }
 
 #[tokio::test]
@@ -284,55 +317,40 @@ async fn template_drift_without_replica_change_is_an_update() {
     assert_eq!(run.seen[1].body["reason"], "Updated");
 }
 
+/// An instance of an earlier build deleted before the current operator saw it: the finalizer's removal
+/// is all there is to do (no event, no status, nothing applied); garbage collection removes the children.
 #[tokio::test]
-async fn deletion_records_event_and_status_then_removes_the_finalizer() {
+async fn a_legacy_instance_being_deleted_gets_only_the_finalizer_removal() {
     let mut cluster = Cluster::new();
-    let mc = being_deleted();
     let run = run(
         &mut cluster,
-        mc,
-        vec![
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-            expect(Method::PATCH, MEMCACHED)
-                .reply(StatusCode::OK, serde_json::to_value(memcached(1)).unwrap()),
-        ],
+        with_legacy_finalizer(being_deleted()),
+        vec![expect(Method::PATCH, MEMCACHED).reply(
+            StatusCode::OK,
+            serde_json::to_value(being_deleted()).unwrap(),
+        )],
     )
     .await;
     assert_eq!(run.result.unwrap(), Action::await_change());
-    assert_eq!(run.seen[0].body["type"], "Warning");
-    assert_eq!(run.seen[0].body["reason"], "Deleting");
-    let degraded = condition(&run.seen[1].body, "Degraded");
     assert_eq!(
-        (degraded["status"].as_str(), degraded["reason"].as_str()),
-        (Some("True"), Some("Finalizing"))
-    );
-    assert_eq!(
-        run.seen[2].body,
+        run.seen[0].body,
         json!([
             {"op": "test", "path": "/metadata/finalizers/0", "value": FINALIZER},
             {"op": "remove", "path": "/metadata/finalizers/0"},
-        ]),
-        "a JSON patch that tests the finalizer is still there, then removes it"
+        ])
     );
+    assert_eq!(run.seen.len(), 1, "{:#?}", run.seen);
 }
 
+/// An instance being deleted without the legacy finalizer (held by someone else's): nothing to do.
 #[tokio::test]
-async fn deletion_is_not_held_up_by_failing_side_steps() {
+async fn an_instance_being_deleted_needs_no_request() {
     let mut cluster = Cluster::new();
-    let mc = being_deleted();
-    let run = run(
-        &mut cluster,
-        mc,
-        vec![
-            event().fail(403, "Forbidden"),
-            expect(Method::PATCH, STATUS).fail(500, "InternalError"),
-            expect(Method::PATCH, MEMCACHED)
-                .reply(StatusCode::OK, serde_json::to_value(memcached(1)).unwrap()),
-        ],
-    )
-    .await;
+    let mut mc = being_deleted();
+    mc.metadata.finalizers = Some(vec!["example.com/someone-else".into()]);
+    let run = run(&mut cluster, mc, vec![]).await;
     assert_eq!(run.result.unwrap(), Action::await_change());
+    assert!(run.seen.is_empty());
 }
 
 /// After a leader hand-over the new leader may remove the finalizer of an instance that the old one already
@@ -340,21 +358,16 @@ async fn deletion_is_not_held_up_by_failing_side_steps() {
 #[tokio::test]
 async fn finalizer_removal_on_an_instance_already_gone_is_success() {
     let mut cluster = Cluster::new();
-    let mc = being_deleted();
     let run = run(
         &mut cluster,
-        mc,
-        vec![
-            event(),
-            expect(Method::PATCH, STATUS).fail(404, "NotFound"),
-            expect(Method::PATCH, MEMCACHED).fail(404, "NotFound"),
-        ],
+        with_legacy_finalizer(being_deleted()),
+        vec![expect(Method::PATCH, MEMCACHED).fail(404, "NotFound")],
     )
     .await;
     assert_eq!(run.result.unwrap(), Action::await_change());
     assert_eq!(
         run.seen.len(),
-        3,
+        1,
         "no ReconcileFailed event after the 404: {:#?}",
         run.seen
     );
@@ -366,40 +379,27 @@ async fn finalizer_removal_on_an_instance_already_gone_is_success() {
     assert!(!text.contains("kind=\"finalizer\""), "{text}");
 }
 
-/// A new instance deleted before its finalizer could be added: nothing to do either.
-#[tokio::test]
-async fn finalizer_addition_on_an_instance_already_gone_is_success() {
-    let mut cluster = Cluster::new();
-    let mut mc = memcached(1);
-    mc.metadata.finalizers = None;
-    let run = run(
-        &mut cluster,
-        mc,
-        vec![expect(Method::PATCH, MEMCACHED).fail(404, "NotFound")],
-    )
-    .await;
-    assert_eq!(run.result.unwrap(), Action::await_change());
-    assert_eq!(run.seen.len(), 1, "{:#?}", run.seen);
-}
-
 /// Any other failure to remove the finalizer is still a failure, retried with backoff.
 #[tokio::test]
 async fn finalizer_removal_failing_otherwise_is_retried() {
     let mut cluster = Cluster::new();
-    let mc = being_deleted();
     let run = run(
         &mut cluster,
-        mc,
+        with_legacy_finalizer(memcached(1)),
         vec![
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
             expect(Method::PATCH, MEMCACHED).fail(500, "InternalError"),
             event(),
         ],
     )
     .await;
     assert_eq!(run.result.unwrap_err().kind(), "finalizer");
-    assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
+    assert_eq!(run.seen[1].body["reason"], "ReconcileFailed");
+    assert_eq!(
+        run.seen.len(),
+        2,
+        "nothing applied before it: {:#?}",
+        run.seen
+    );
 }
 
 #[tokio::test]
@@ -410,7 +410,7 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
             &mut cluster,
             memcached(1),
             vec![
-                expect(Method::PATCH, CONFIG_MAPS)
+                expect(Method::PATCH, DEPLOYMENTS)
                     .apply()
                     .fail(code, reason),
                 event(),
@@ -441,8 +441,8 @@ async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, DEPLOYMENTS)
+            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, SERVICES)
                 .apply()
                 .fail(500, "InternalError"),
             event(),
@@ -452,7 +452,10 @@ async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
     .await;
     assert_eq!(run.result.unwrap_err().kind(), "apply");
     assert_eq!(run.seen[2].body["reason"], "Created");
-    assert_eq!(run.seen[2].body["note"], "Created ConfigMap cache-servers");
+    assert_eq!(
+        run.seen[2].body["note"],
+        "Created Deployment cache with 1 replicas"
+    );
     assert_eq!(run.seen[3].body["reason"], "ReconcileFailed");
     assert_eq!(run.seen[3].body["type"], "Warning");
 }
@@ -470,6 +473,14 @@ async fn error_policy_backs_off_per_object_and_resets_on_success() {
         Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
     ));
     let mc = Arc::new(memcached(1));
+    let mut other = memcached(1);
+    other.metadata.name = Some("other".into());
+    // Both are in the instance cache: a failure of an instance that is gone is not counted (see below).
+    for instance in [mc.as_ref(), &other] {
+        cluster
+            .memcacheds
+            .apply_watcher_event(&watcher::Event::Apply(instance.clone()));
+    }
     let err = Error::Malformed("test".into());
     let delays: Vec<Duration> = (0..6)
         .map(|_| requeue_of(error_policy(mc.clone(), &err, ctx.clone())))
@@ -479,8 +490,6 @@ async fn error_policy_backs_off_per_object_and_resets_on_success() {
         let ceiling = Duration::from_secs(1 << i);
         assert!(*d <= ceiling && *d >= ceiling / 2, "attempt {i}: {d:?}");
     }
-    let mut other = memcached(1);
-    other.metadata.name = Some("other".into());
     assert!(requeue_of(error_policy(Arc::new(other), &err, ctx.clone())) <= Duration::from_secs(1));
 
     // A successful reconcile (no writes needed) resets the count.
@@ -488,6 +497,61 @@ async fn error_policy_backs_off_per_object_and_resets_on_success() {
         .reset(&kube::runtime::reflector::ObjectRef::from_obj(mc.as_ref()));
     assert!(requeue_of(error_policy(mc, &err, ctx)) <= Duration::from_secs(1));
     cluster.pods.apply_watcher_event(&watcher::Event::InitDone);
+}
+
+/// No reconcile follows a deletion, so nothing would reset the failures of an instance deleted while it
+/// was failing: the watch that sees the deletion makes the context forget it, and a failure counted after
+/// the instance left the cache is dropped at once.
+#[tokio::test]
+async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
+    let mut cluster = Cluster::new();
+    let (service, _handle) = mock::pair::<Request<Body>, Response<Body>>();
+    let ctx = Arc::new(Context::new(
+        Client::new(service, NS),
+        Settings::default(),
+        cluster.stores.clone(),
+        Arc::new(Metrics::default()),
+        None,
+        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
+    ));
+    let mc = memcached(1);
+    let key = kube::runtime::reflector::ObjectRef::from_obj(&mc);
+    let err = Error::Malformed("test".into());
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Apply(mc.clone()));
+    for _ in 0..3 {
+        error_policy(Arc::new(mc.clone()), &err, ctx.clone());
+    }
+    ctx.pace.wrote(NS, NAME);
+    let mut written = mc.clone();
+    written.metadata.resource_version = Some("5".into());
+    ctx.written.remember(Arc::new(written), &());
+    assert_eq!(ctx.backoff.failures(&key), 3);
+    assert_eq!(ctx.written.len(), 1);
+
+    // The watch sees the deletion: the cache drops the instance, then the context forgets it.
+    let mut deleted = mc.clone();
+    deleted.metadata.resource_version = Some("6".into());
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Delete(deleted.clone()));
+    ctx.forget(&deleted);
+    assert_eq!(ctx.backoff.failures(&key), 0);
+    assert!(ctx.written.is_empty());
+    let status = MemcachedStatus {
+        replicas: 1,
+        ..MemcachedStatus::default()
+    };
+    assert_eq!(
+        ctx.pace.hold(NS, NAME, None, &status),
+        None,
+        "no first-status wait or gap left"
+    );
+
+    // A reconcile that was under way fails after the deletion: its failure is not kept either.
+    error_policy(Arc::new(mc), &err, ctx.clone());
+    assert_eq!(ctx.backoff.failures(&key), 0);
 }
 
 fn requeue_of(action: Action) -> Duration {
@@ -512,7 +576,7 @@ async fn rejected_apply_is_reported_as_degraded() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, CONFIG_MAPS)
+            expect(Method::PATCH, DEPLOYMENTS)
                 .apply()
                 .fail(422, "Invalid"),
             expect(Method::PATCH, STATUS).apply(),
@@ -694,11 +758,10 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
     let seen = &run.seen[2..];
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    cluster.deployment(settled(&seen[1].body));
+    cluster.deployment(settled(&seen[0].body));
+    cluster.service(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
     cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
-    let mut i = 4;
+    let mut i = 3;
     let mut budget = "";
     if size > 1 {
         cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
@@ -713,12 +776,11 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     assert_eq!(
         event["note"],
         format!(
-            "Created ConfigMap cache-servers, Deployment cache with {size} replicas, Service cache, \
-             Service cache-headless{budget}, NetworkPolicy cache, HorizontalPodAutoscaler cache, \
-             ServiceMonitor cache"
+            "Created Deployment cache with {size} replicas, Service cache, Service cache-headless{budget}, \
+             NetworkPolicy cache, HorizontalPodAutoscaler cache, ServiceMonitor cache"
         )
     );
-    seen[1].body.clone()
+    seen[0].body.clone()
 }
 
 /// Reconciles `mc` once more to record the settled status and returns the instance with that status.
@@ -861,7 +923,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
     .await;
     recovered.result.unwrap();
     assert_eq!(
-        condition(&recovered.seen[6].body, "Degraded")["status"],
+        condition(&recovered.seen[5].body, "Degraded")["status"],
         "False"
     );
 }
@@ -995,7 +1057,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         Action::requeue(Duration::from_secs(300))
     );
     assert_degraded(
-        &run.seen[5].body,
+        &run.seen[4].body,
         "ServiceMonitorUnavailable",
         "monitoring.coreos.com/v1",
     );
@@ -1052,7 +1114,7 @@ async fn a_request_without_answer_is_retried_quietly() {
     let run = run(
         &mut cluster,
         memcached(1),
-        vec![expect(Method::PATCH, CONFIG_MAPS).apply().unanswered()],
+        vec![expect(Method::PATCH, DEPLOYMENTS).apply().unanswered()],
     )
     .await;
     let error = run.result.unwrap_err();

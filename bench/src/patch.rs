@@ -1,7 +1,7 @@
 //! The three ways a client changes part of an object, reduced to what the operator sends: server-side
 //! apply (the applied fields merged in), JSON merge patch (RFC 7386; strategic merge patches are taken as
-//! such, which is what they are for the fields the operator writes) and JSON patch (RFC 6902, the
-//! finalizer helper's `test`/`add`/`remove`).
+//! such, which is what they are for the fields the operator writes) and JSON patch (RFC 6902: `test`,
+//! `add`, `replace`, `remove`, as the operator's removal of an earlier build's finalizer uses them).
 
 use serde_json::{Map, Value};
 
@@ -51,7 +51,7 @@ pub fn merge(target: &mut Value, patch: &Value) {
 pub struct Refused(pub String);
 
 /// JSON patch, all operations or none. A `test` of a missing field against `null` passes, as on the API
-/// server (the finalizer helper tests `/metadata/finalizers` against `null` before adding the first one).
+/// server (a client adding the first finalizer tests `/metadata/finalizers` against `null`).
 pub fn json_patch(target: &mut Value, ops: &Value) -> Result<(), Refused> {
     let ops = ops
         .as_array()
@@ -152,7 +152,7 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn the_finalizer_helper_patches_apply() {
+    fn finalizer_patches_apply_all_or_nothing() {
         let mut mc = json!({"metadata": {"name": "a"}});
         let first = json!([
             {"op": "test", "path": "/metadata/finalizers", "value": null},

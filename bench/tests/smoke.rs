@@ -49,10 +49,11 @@ async fn a_small_run_converges_and_reports_every_figure() {
         report.requests.values().sum::<usize>()
     );
     for needed in [
-        "patch-json memcacheds",
         "apply deployments",
         "apply services",
+        "apply configmaps",
         "apply memcacheds/status",
+        "create events",
     ] {
         assert!(
             report.requests.contains_key(needed),
@@ -60,6 +61,12 @@ async fn a_small_run_converges_and_reports_every_figure() {
             report.requests
         );
     }
+    // Instances carry no finalizer: the instances themselves are never written.
+    assert!(
+        !report.requests.contains_key("patch-json memcacheds"),
+        "{:?}",
+        report.requests
+    );
     assert!(report.refused.is_empty(), "refused: {:?}", report.refused);
     assert!(report.cpu_total_seconds > 0.0 && report.peak_rss_mib > 1.0);
     assert_eq!(report.settle_seconds, 2);

@@ -24,7 +24,9 @@ use serde::{Deserialize, Serialize};
 pub const GROUP: &str = "cache.example.com";
 /// API version of the custom resource.
 pub const VERSION: &str = "v1alpha1";
-/// Finalizer the operator puts on every instance (the name the tutorial's deploy-image variant uses).
+/// Finalizer that earlier builds of the operator put on every instance (the name the tutorial's
+/// deploy-image variant uses). The operator no longer adds it, and removes it from instances that still
+/// carry it.
 pub const FINALIZER: &str = "cache.example.com/finalizer";
 
 /// Default for `spec.size`.

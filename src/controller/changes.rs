@@ -1,8 +1,8 @@
 //! What one reconcile changed among an instance's children, recorded as one event per kind of change.
 //!
-//! An event is a write to the API server like any other. Creating an instance creates four or five
-//! children; one `Created` event naming them all says the same as one event per child, at a quarter of
-//! the cost. Each change is still logged on its own.
+//! An event is a write to the API server like any other. Creating an instance creates three or more
+//! children (workload, Services, budget, ...); one `Created` event naming them all says the same as one
+//! event per child, at a fraction of the cost. Each change is still logged on its own.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
@@ -107,7 +107,6 @@ mod tests {
     fn one_event_per_reason_naming_every_child() {
         assert!(Changes::default().events().is_empty());
         let mut changes = Changes::default();
-        changes.created("ConfigMap cache-servers".into());
         changes.created("Deployment cache with 1 replicas".into());
         changes.created("Service cache".into());
         changes.updated("Service cache-headless".into());
@@ -117,8 +116,7 @@ mod tests {
             [
                 (
                     "Created".to_owned(),
-                    "Created ConfigMap cache-servers, Deployment cache with 1 replicas, Service cache"
-                        .to_owned()
+                    "Created Deployment cache with 1 replicas, Service cache".to_owned()
                 ),
                 (
                     "Updated".to_owned(),

@@ -33,7 +33,7 @@ where
 
 /// Child `name` of `instance` as last seen (the cache, or this operator's own newer write), refusing one
 /// that another owner controls.
-fn cached<K>(
+pub fn cached<K>(
     instance: &Instance<'_>,
     name: &str,
     source: &Source<'_, K>,

@@ -45,7 +45,7 @@ pub enum Error {
         source: kube::Error,
     },
 
-    #[error("failed to add or remove the finalizer: {0}")]
+    #[error("failed to remove the finalizer an earlier build of the operator added: {0}")]
     Finalizer(#[source] kube::Error),
 
     #[error("the Memcached object is malformed: {0}")]
@@ -113,19 +113,6 @@ impl Error {
                 ),
             }),
             _ => None,
-        }
-    }
-}
-
-/// Flattens the finalizer helper's error into ours.
-impl From<kube::runtime::finalizer::Error<Error>> for Error {
-    fn from(e: kube::runtime::finalizer::Error<Error>) -> Self {
-        use kube::runtime::finalizer::Error as F;
-        match e {
-            F::ApplyFailed(e) | F::CleanupFailed(e) => e,
-            F::AddFinalizer(e) | F::RemoveFinalizer(e) => Self::Finalizer(e),
-            F::UnnamedObject => Self::Malformed("it has no name".into()),
-            F::InvalidFinalizer => Self::Malformed("its finalizer cannot be addressed".into()),
         }
     }
 }

@@ -10,7 +10,7 @@ pub mod compact;
 pub mod connectivity;
 mod error;
 mod events;
-mod finalizer;
+mod legacy_finalizer;
 pub mod pace;
 mod pod_index;
 mod pool;
@@ -33,7 +33,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 
 pub use backoff::Backoff;
 pub use compact::{Cache, Compact, Compactable};
@@ -68,6 +68,10 @@ pub struct Settings {
     /// Least time between two status writes of one instance that only move counts and conditions (see
     /// `pace`); zero writes every change at once.
     pub status_pace: Duration,
+    /// Longest a new instance's first status is held while its pods come up, counted from when this
+    /// process created its children (see `pace`): it is written as soon as the instance is `Available` or
+    /// `Degraded`, else when this has passed. Zero writes it at once.
+    pub first_status_within: Duration,
 }
 
 impl Default for Settings {
@@ -79,6 +83,7 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             side_step_timeout: Duration::from_secs(5),
             status_pace: Duration::from_secs(1),
+            first_status_within: Duration::from_secs(30),
         }
     }
 }
@@ -127,7 +132,8 @@ pub struct Context {
     /// The answers to this operator's latest writes, until the caches catch up (read-your-writes); shared
     /// with the watches, which end an answer when they see the object deleted.
     pub written: Arc<Written>,
-    /// When each instance's status was last written, to pace the writes that can wait.
+    /// When each instance's status was last written, to pace the writes that can wait, and when its
+    /// children were created, to hold its first status.
     pub pace: pace::Pace,
 }
 
@@ -148,7 +154,7 @@ impl Context {
             },
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
-        let pace = pace::Pace::new(settings.status_pace);
+        let pace = pace::Pace::new(settings.status_pace, settings.first_status_within);
         Self {
             client,
             settings,
@@ -161,5 +167,21 @@ impl Context {
             written: Arc::default(),
             pace,
         }
+    }
+
+    /// Drops what this process keeps in memory about `mc`, which was just deleted: its retry backoff, its
+    /// status pacing, and the answer to the operator's latest write of it. No reconcile follows a deletion
+    /// (there is no finalizer to remove), so without this an instance that failed before it was deleted
+    /// would keep its failure count for the life of the process. Called by the watch that sees it go.
+    pub fn forget(&self, mc: &Memcached) {
+        let (Some(namespace), Some(name)) = (
+            mc.metadata.namespace.as_deref(),
+            mc.metadata.name.as_deref(),
+        ) else {
+            return;
+        };
+        self.backoff.reset(&ObjectRef::from_obj(mc));
+        self.pace.forget(namespace, name);
+        self.written.observe_deleted(mc, &());
     }
 }

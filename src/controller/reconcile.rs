@@ -1,5 +1,9 @@
-//! Reconcile: finalizer → validate → plan the pool (slots, drain) → build → apply (only what differs) →
-//! status (only when it differs).
+//! Reconcile: the legacy finalizer's removal (older instances only) → validate → plan the pool (slots,
+//! drain) → build → apply (only what differs) → status (only when it differs).
+//!
+//! A deleted instance needs nothing from the operator: its children carry its controller owner reference,
+//! so garbage collection removes them, and the watch that sees it go drops what the operator kept about it
+//! in memory (see `Context::forget`).
 
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
 use std::fmt::Debug;
@@ -21,7 +25,7 @@ use tracing::{debug, info, warn};
 use super::changes::Changes;
 use super::children::{self, Source};
 use super::compact::{Cache, Compactable};
-use super::finalizer::{self, Phase};
+use super::legacy_finalizer;
 use super::pool;
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
@@ -63,8 +67,9 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     result
 }
 
-/// The finalizer's part (see [`finalizer`]), then apply or cleanup. The instance is read as this operator
-/// last wrote it when the cache has not caught up with that write yet.
+/// The legacy finalizer's removal (see [`legacy_finalizer`]), then apply, unless the instance is being
+/// deleted. The instance is read as this operator last wrote it when the cache has not caught up with that
+/// write yet.
 async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action, Error> {
     let Some(namespace) = mc.namespace() else {
         return Err(Error::Malformed("it has no namespace".into()));
@@ -75,40 +80,51 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
         .fresher(&namespace, &name, &(), Some(mc.clone()))
         .object
         .unwrap_or(mc);
-    let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
-    let gone = || {
-        // Deleted while this reconcile ran (or another replica removed the finalizer just before, as
-        // after a leader hand-over): the work is done.
-        debug!(memcached = %name, %namespace, "already deleted; nothing left to do");
-        Ok(Action::await_change())
-    };
-    match finalizer::phase(&mc) {
-        Phase::Gone => gone(),
-        Phase::Apply => apply(&mc, ctx).await,
-        Phase::AddThenApply => match finalizer::send(&api, &mc, finalizer::add_patch(&mc)).await? {
-            Some(patched) => {
-                let patched = Arc::new(patched);
-                ctx.written.remember(patched.clone(), &());
-                apply(&patched, ctx).await
-            }
-            None => gone(),
-        },
-        Phase::Cleanup => {
-            let action = cleanup(&mc, ctx).await?;
-            let Some(patch) = finalizer::remove_patch(&mc) else {
-                return Ok(action);
+    let deleting = mc.metadata.deletion_timestamp.is_some();
+    let mc = match legacy_finalizer::remove_patch(&mc) {
+        None => mc,
+        Some(patch) => {
+            let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
+            let Some(patched) = legacy_finalizer::remove(&api, &mc, patch).await? else {
+                // Deleted meanwhile (or another replica removed the finalizer of a deleted instance just
+                // before, as after a leader hand-over): the work is done.
+                debug!(memcached = %name, %namespace, "already deleted; nothing left to do");
+                return Ok(Action::await_change());
             };
-            match finalizer::send(&api, &mc, patch).await? {
-                Some(_) => Ok(action),
-                None => gone(),
+            info!(memcached = %name, %namespace, "removed the finalizer an earlier build of the operator added");
+            if deleting {
+                return Ok(Action::await_change());
             }
+            // Reconciled as stored now, and kept (read-your-writes): a reconcile that runs before the
+            // watch brings the patch back must not send it again.
+            let mut patched = patched;
+            super::watches::trim_instance(&mut patched);
+            let patched = Arc::new(patched);
+            ctx.written.remember(patched.clone(), &());
+            patched
         }
+    };
+    if deleting {
+        // Held by someone else's finalizer: its children go by garbage collection once it is gone, and
+        // nothing written now would outlive it.
+        debug!(memcached = %name, %namespace, "being deleted; nothing to do");
+        return Ok(Action::await_change());
     }
+    apply(&mc, ctx).await
 }
 
 /// Retry policy for failed reconciles: per-object exponential backoff with jitter.
+///
+/// A failure counted for an instance that is gone from the cache is dropped again: no reconcile (and so no
+/// reset) follows a deletion, and the watch that saw the deletion may have forgotten the instance just
+/// before this failure was counted. Counting first and looking second leaves no window where both miss it.
 pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Action {
-    Action::requeue(ctx.backoff.next_delay(&ObjectRef::from_obj(mc.as_ref())))
+    let key = ObjectRef::from_obj(mc.as_ref());
+    let delay = ctx.backoff.next_delay(&key);
+    if ctx.stores.memcacheds.get(&key).is_none() {
+        ctx.backoff.reset(&key);
+    }
+    Action::requeue(delay)
 }
 
 async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
@@ -212,7 +228,8 @@ struct Children {
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
 /// PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ServiceMonitor), removes the optional
 /// ones that are no longer wanted, and records what changed in `changes`. The server list goes before
-/// the workload, so a scale-down is published before any server is removed.
+/// the workload, so a scale-down is published before any server is removed; it exists only once there was
+/// a server to publish.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
@@ -241,18 +258,24 @@ async fn apply_children(
     }
     pool::apply_marks(ctx, instance, &plan.marks).await?;
 
+    // The server list is created with the first published server, in the one write that fills it; from
+    // then on it is kept current, an empty list included.
     let list = servers::config_map(instance, &plan.servers);
     let name = list.name_any();
-    let applied = children::ensure(
-        instance,
-        list,
-        &scope.source(&stores.config_maps, &()),
-        Api::namespaced(client.clone(), ns),
-    )
-    .await?;
-    // The list changes with every server that comes and goes: only its creation is worth an event.
-    if applied.changed && applied.previous.is_none() {
-        changes.created(format!("ConfigMap {name}"));
+    let source = scope.source(&stores.config_maps, &());
+    if servers::publishes(&plan.servers) || children::cached(instance, &name, &source)?.is_some() {
+        let api = Api::namespaced(client.clone(), ns);
+        let applied = children::ensure(instance, list, &source, api).await?;
+        // Not an event: it comes with the first ready server, not with the instance's creation, and the
+        // list changes with every server that comes and goes. One event per instance says "Created".
+        if applied.changed && applied.previous.is_none() {
+            info!(
+                memcached = %instance.name,
+                namespace = %instance.namespace,
+                config_map = %name,
+                "created the server list with the first ready server"
+            );
+        }
     }
     for step in &plan.steps {
         if let Step::Draining { from, to } = step {
@@ -566,33 +589,6 @@ async fn patch_status(
     super::watches::trim_instance(&mut written);
     ctx.written.remember(Arc::new(written), &());
     Ok(())
-}
-
-/// Deletion: record it, mark the status, let the finalizer go. Every step is best-effort and time-bounded,
-/// so deletion never waits on a failing side step; the children go by garbage collection.
-async fn cleanup(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
-    let name = mc.name_any();
-    info!(memcached = %name, namespace = ?mc.namespace(), "finalizing");
-    let event = warning(
-        "Deleting",
-        "Delete",
-        format!("Deleting Memcached {name}; what it created is removed by garbage collection"),
-    );
-    publish(ctx, &mc.object_ref(&()), event).await;
-
-    let new = status::finalizing(mc.status.as_ref(), mc.metadata.generation, &(ctx.clock)());
-    if mc.status.as_ref() != Some(&new) {
-        match tokio::time::timeout(ctx.settings.side_step_timeout, patch_status(mc, ctx, &new))
-            .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                warn!(%error, "could not mark the Memcached as finalizing; continuing")
-            }
-            Err(_) => warn!("timed out marking the Memcached as finalizing; continuing"),
-        }
-    }
-    Ok(Action::await_change())
 }
 
 pub(super) fn normal(reason: &str, action: &str, note: String) -> Event {

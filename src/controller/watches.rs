@@ -132,22 +132,7 @@ pub async fn run(
     // waiter), so the end of its initial list is observed on the stream instead.
     let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_stream = retrying(
-        &metrics,
-        "memcacheds",
-        watcher(
-            api::<Memcached>(&client, ns),
-            from_cache(watcher::Config::default()),
-        ),
-    )
-    .modify(trim_instance)
-    .reflect(mc_writer)
-    .inspect_ok(move |event| {
-        if matches!(event, watcher::Event::InitDone) {
-            mc_listed_tx.send_replace(true);
-        }
-    })
-    .applied_objects();
+    let mc_api = api::<Memcached>(&client, ns);
 
     let (deployments, deployment_stream) = cached(
         &metrics,
@@ -315,6 +300,25 @@ pub async fn run(
     );
     ctx.written = written;
     let ctx = Arc::new(ctx);
+    // Built once the context exists: a deletion it sees makes the context forget the instance (no
+    // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this
+    // is dropped by the error policy.
+    let forget = ctx.clone();
+    let mc_stream = retrying(
+        &ctx.metrics,
+        "memcacheds",
+        watcher(mc_api, from_cache(watcher::Config::default())),
+    )
+    .modify(trim_instance)
+    .reflect(mc_writer)
+    .inspect_ok(move |event| match event {
+        watcher::Event::InitDone => {
+            mc_listed_tx.send_replace(true);
+        }
+        watcher::Event::Delete(mc) => forget.forget(mc),
+        _ => {}
+    })
+    .applied_objects();
 
     info!(
         namespace = ns.unwrap_or("<all>"),

@@ -8,7 +8,8 @@
 //!   only once the replacement is ready.
 //!
 //! A slot enters the published list once its first pod is ready. The list is rendered into the ConfigMap
-//! `<name>-servers` deterministically, so it is written only when its content changes.
+//! `<name>-servers` deterministically, so it is written only when its content changes; the ConfigMap is
+//! created with the first published server, and kept current from then on (an empty list included).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -217,6 +218,13 @@ pub fn ready_addresses(servers: &[Server]) -> Vec<String> {
         .filter(|s| s.ready)
         .filter_map(|s| s.address.clone())
         .collect()
+}
+
+/// Whether `servers` have anything to publish: a slot with an address, which it gets once its first pod
+/// is ready. Until then the ConfigMap `<name>-servers` is not created: created empty it would have to be
+/// written again with the first server, and a client that mounts it waits for it either way.
+pub fn publishes(servers: &[Server]) -> bool {
+    servers.iter().any(|s| s.address.is_some())
 }
 
 /// The ConfigMap `<name>-servers` with the published servers (those with an address), in slot order:

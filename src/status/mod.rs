@@ -23,9 +23,6 @@ pub const PROGRESSING: &str = "Progressing";
 /// Condition type: pods cannot start or the spec cannot be realised.
 pub const DEGRADED: &str = "Degraded";
 
-/// Reason on `Degraded` while the instance is being deleted.
-pub const FINALIZING: &str = "Finalizing";
-
 /// Something wrong, as a condition reason (CamelCase) and a message for people.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Problem {
@@ -60,7 +57,7 @@ pub struct Observed<'a> {
     pub servers: Vec<Server>,
     /// The scale-down being drained, if any.
     pub drain: Option<Drain>,
-    /// A problem only the operator can see (invalid spec, rejected apply, deletion under way).
+    /// A problem only the operator can see (invalid spec, rejected apply, a Secret it cannot use).
     pub problem: Option<Problem>,
 }
 
@@ -266,29 +263,6 @@ fn condition(
         observed_generation: generation,
         last_transition_time,
     }
-}
-
-/// Marks the instance as being deleted: `Degraded=True` with reason `Finalizing`, the rest kept.
-pub fn finalizing(
-    previous: Option<&MemcachedStatus>,
-    generation: Option<i64>,
-    now: &Time,
-) -> MemcachedStatus {
-    let mut status = previous.cloned().unwrap_or_default();
-    let previous_conditions = status.conditions.clone();
-    let degraded = condition(
-        DEGRADED,
-        true,
-        FINALIZING,
-        "the Memcached is being deleted; what it created is removed by garbage collection"
-            .to_owned(),
-        generation,
-        &previous_conditions,
-        now,
-    );
-    status.conditions.retain(|c| c.type_ != DEGRADED);
-    status.conditions.push(degraded);
-    status
 }
 
 /// The condition of `type_` in `status`, if any.

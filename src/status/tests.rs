@@ -375,30 +375,6 @@ fn transition_time_moves_only_when_status_changes() {
 }
 
 #[test]
-fn finalizing_sets_degraded_and_keeps_the_rest() {
-    let ready = ready_deployment(1);
-    let before = compute(&observed(1, Some(&ready), vec![]), None, &at(10));
-    let after = finalizing(Some(&before), Some(1), &at(20));
-    expect(
-        &after,
-        [
-            ("True", "AllReplicasReady"),
-            ("False", "Complete"),
-            ("True", FINALIZING),
-        ],
-    );
-    assert_eq!(
-        find(Some(&after), DEGRADED).unwrap().last_transition_time,
-        at(20)
-    );
-    assert_eq!(
-        find(Some(&after), AVAILABLE).unwrap().last_transition_time,
-        at(10)
-    );
-    assert_eq!(finalizing(Some(&after), Some(1), &at(30)), after);
-}
-
-#[test]
 fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
     let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
     let (a, b) = (pod("cache-a", ready.clone()), pod("cache-b", ready));

@@ -376,11 +376,13 @@ pub async fn run_at(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>,
     }
 }
 
-/// The reconciler's settings in the scenarios: the defaults, but every status change written at once
-/// (pacing has scenarios of its own in `tests/convergence.rs`).
+/// The reconciler's settings in the scenarios: the defaults, but every status change written at once, a
+/// new instance's first status included (pacing and the first status's wait have scenarios of their own
+/// in `tests/convergence.rs`).
 pub fn settings() -> Settings {
     Settings {
         status_pace: Duration::ZERO,
+        first_status_within: Duration::ZERO,
         ..Settings::default()
     }
 }
@@ -447,6 +449,11 @@ pub fn memcached(size: i32) -> Memcached {
     mc.metadata.uid = Some("uid-1".into());
     mc.metadata.generation = Some(1);
     mc.metadata.resource_version = Some("1".into());
+    mc
+}
+
+/// `mc` as an earlier build of the operator left it: carrying the finalizer it added.
+pub fn with_legacy_finalizer(mut mc: Memcached) -> Memcached {
     mc.metadata.finalizers = Some(vec![FINALIZER.into()]);
     mc
 }
@@ -520,16 +527,18 @@ pub fn with_spec(size: i32, spec: Value) -> Memcached {
 pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
     let seen = create_as(cluster, memcached(size), DEPLOYMENTS).await;
     (
+        seen[0].body.clone(),
         seen[1].body.clone(),
-        seen[2].body.clone(),
         seen.last().unwrap().body.clone(),
     )
 }
 
 /// The happy create path of `mc`, whose workload is applied at `workload` (a Deployment or StatefulSet
-/// path): server list, workload, Services, budget (size > 1), one `Created` event naming them all, status.
-/// The server list, Services and budget go into the caches; the workload is left to the caller, which
-/// knows its kind. Returns every request seen.
+/// path): workload, Services, budget (size > 1), one `Created` event naming them all, status (written at
+/// once with the scenarios' [`settings`]). No server list: no pod is ready yet, so there is nothing to
+/// publish. The headless Service and the budget go into the caches; the workload and the client Service
+/// are left to the caller (which knows the workload's kind, and whether the Service is to be found).
+/// Returns every request seen.
 pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> Vec<Seen> {
     let size = mc.spec.size;
     let mut script = created_children(workload, size);
@@ -540,7 +549,7 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
         Action::requeue(Duration::from_secs(300))
     );
     let seen = run.seen;
-    let kind = seen[1].body["kind"].as_str().unwrap_or_default().to_owned();
+    let kind = seen[0].body["kind"].as_str().unwrap_or_default().to_owned();
     let event = &seen[seen.len() - 2].body;
     assert_eq!(event["reason"], "Created");
     assert_eq!(event["type"], "Normal");
@@ -553,23 +562,21 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
     assert_eq!(
         event["note"],
         format!(
-            "Created ConfigMap cache-servers, {kind} cache with {size} replicas, Service cache, \
-             Service cache-headless{budget}"
+            "Created {kind} cache with {size} replicas, Service cache, Service cache-headless{budget}"
         )
     );
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
+    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
     if size > 1 {
-        cluster.pdb(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+        cluster.pdb(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
     }
     seen
 }
 
-/// The applies (and the one Created event naming them) that create an instance's children: server list, workload
-/// (at the path `workload`), Services, and the budget when `size` > 1.
+/// The applies (and the one Created event naming them) that create an instance's children: workload
+/// (at the path `workload`), Services, and the budget when `size` > 1. No server list before a server
+/// is ready.
 pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![
-        expect(Method::PATCH, CONFIG_MAPS).apply(),
         expect(Method::PATCH, workload).apply(),
         expect(Method::PATCH, SERVICES).apply(),
         expect(Method::PATCH, HEADLESS).apply(),
@@ -579,4 +586,11 @@ pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     }
     script.push(event());
     script
+}
+
+/// A ready pod of the instance at `ip`: a server to publish.
+pub fn ready_pod_at(name: &str, ip: &str) -> Pod {
+    let mut pod = ready_pod(name);
+    pod.status.as_mut().unwrap().pod_ip = Some(ip.into());
+    pod
 }

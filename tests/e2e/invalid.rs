@@ -116,7 +116,7 @@ pub fn step_degraded(env: &E2e) {
 
     kubectl_ok(&["delete", MC, BAD_IMAGE_NAME, "-n", ns, "--wait=false"]);
     env.wait(
-        &format!("Memcached {BAD_IMAGE_NAME} to be deleted (finalizer removed)"),
+        &format!("Memcached {BAD_IMAGE_NAME} to be deleted"),
         secs(60),
         || gone(MC, ns, BAD_IMAGE_NAME),
     );

@@ -69,7 +69,10 @@ fn lifecycle() {
         || holder_contains(&first.identity),
     );
 
-    env.step(4, "tutorial sample memcached-sample (size 1) gets a Deployment, Service, finalizer and status");
+    env.step(
+        4,
+        "tutorial sample memcached-sample (size 1) gets a Deployment, Service, server list and status, no finalizer",
+    );
     step_sample(&env, &first);
 
     env.step(
@@ -98,7 +101,7 @@ fn lifecycle() {
 
     env.step(
         11,
-        "deleting memcached-sample runs the finalizer and removes its children",
+        "deleting memcached-sample: gone at once (no finalizer), its children garbage-collected",
     );
     step_delete(&env);
 

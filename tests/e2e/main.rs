@@ -19,14 +19,15 @@
 //!     Deployment; wait for the CRD
 //!  2. operator: check the ServiceAccount's RBAC, write a token kubeconfig, start the operator (leader election on)
 //!  3. endpoints and lease: `/healthz`, `/readyz`, `/metrics`; the leader Lease names the operator
-//!  4. sample: the tutorial's Memcached produces a correct Deployment, Service, finalizer, status, columns, events
+//!  4. sample: the tutorial's Memcached produces a correct Deployment, Service, server list (created with the
+//!     first ready server, never empty), status, columns, one Created event, and no finalizer
 //!  5. leader election: a second operator stays standby, then takes over after the first gets SIGTERM
 //!  6. scale to 3 through the scale subresource
 //!  7. drift: hand edits of the Deployment are reverted
 //!  8. deleted Deployment and Service are recreated
 //!  9. invalid specs are rejected at admission
 //! 10. an unpullable image makes the instance Degraded
-//! 11. deleting the Memcached runs the finalizer and garbage-collects its children
+//! 11. deleting the Memcached: gone at once (no finalizer), its children garbage-collected
 //! 12. production sample (`config/samples/cache_v1alpha1_memcached_full.yaml`): 3 pods with the exporter sidecar
 //!     are admitted under `restricted` and become ready (no ReplicaFailure); the Deployment (rollout strategy,
 //!     memcached flags, preStop, grace period, anti-affinity, resources, sidecar), client and headless Services,

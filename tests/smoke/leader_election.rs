@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 
 use crate::checks::{assert_no_unexpected_requests, of, only_lease_requests, sample};
 use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, LEASE, STATUS};
+use crate::fake_api::paths::{DEPLOYMENT, EVENTS, LEASE};
 use crate::harness::{IDENTITY, WAIT, http_get, is_ok, start_run, stop_and_check_release};
 
 /// Another replica's Lease, renewed now: held for `seconds` from now.
@@ -108,7 +108,7 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
         let requests = fake.requests();
         async move {
             !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
-                && !of(&requests, &Method::PATCH, STATUS).is_empty()
+                && !of(&requests, &Method::POST, EVENTS).is_empty()
         }
     })
     .await;

@@ -1,5 +1,5 @@
-//! A first run that leads, reconciles and shuts down cleanly; and restarts against instances already
-//! settled, which write nothing.
+//! A first run that leads, reconciles and shuts down cleanly; restarts against instances already
+//! settled, which write nothing; and instances an earlier build left with its finalizer.
 
 use std::time::{Duration, Instant};
 
@@ -12,13 +12,13 @@ use crate::checks::{
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
-    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, LEASE, LEASES,
-    MEMCACHEDS, MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS, SERVER_LIST, SERVICE,
-    SERVICE_MONITORS, SERVICES, STATEFULSETS, STATUS,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, INSTANCE,
+    JSON_PATCH, LEASE, LEASES, MEMCACHEDS, MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS,
+    SERVER_LIST, SERVICE, SERVICE_MONITORS, SERVICES, STATEFULSETS, STATUS,
 };
-use crate::fake_api::world::World;
+use crate::fake_api::world::{LEGACY_FINALIZER, World, memcached, with_legacy_finalizer};
 use crate::harness::{
-    IDENTITY, TOKEN, WAIT, http_get, is_ok, run_once, start_run, stop_and_check_release,
+    IDENTITY, TOKEN, WAIT, http_get, is_ok, run_once, settled, start_run, stop_and_check_release,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,14 +33,14 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
         .await;
 
-    // Leader election, then one reconcile: the children applied, one event naming them, status.
+    // Leader election, then one reconcile: the children applied, and one event naming them.
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
         let holder = fake.lease_holder();
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;
     op.wait_until(
-        "the Deployment, Services and PDB applies, the Created event and a status patch",
+        "the Deployment, Services and PDB applies and the Created event",
         WAIT,
         || {
             let requests = fake.requests();
@@ -50,7 +50,6 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
                     && !of(&requests, &Method::PATCH, HEADLESS).is_empty()
                     && !of(&requests, &Method::PATCH, PDB).is_empty()
                     && !of(&requests, &Method::POST, EVENTS).is_empty()
-                    && !of(&requests, &Method::PATCH, STATUS).is_empty()
             }
         },
     )
@@ -60,6 +59,8 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         is_ok(&probes, "/readyz")
     })
     .await;
+    // Whatever the reconciles triggered by the initial lists would send.
+    settled(&fake, Duration::from_millis(1500)).await;
 
     let requests = fake.requests();
 
@@ -137,11 +138,9 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     let pdbs = of(&requests, &Method::PATCH, PDB);
     assert_eq!(pdbs.len(), 1, "a budget for 2 pods: {pdbs:#?}");
     assert_applied(pdbs[0], "PodDisruptionBudget");
-    // The published server list: no server is ready yet, so it lists none.
+    // No server is ready yet: nothing to publish, so no server list yet.
     let lists = of(&requests, &Method::PATCH, SERVER_LIST);
-    assert_eq!(lists.len(), 1, "{lists:#?}");
-    assert_applied(lists[0], "ConfigMap");
-    assert_eq!(lists[0].body["data"]["servers"], "", "{}", lists[0].body);
+    assert!(lists.is_empty(), "{lists:#?}");
     // A Deployment instance has no StatefulSet.
     assert!(
         requests
@@ -168,35 +167,17 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     assert_eq!(body["reportingInstance"], IDENTITY, "{body}");
     assert_eq!(
         body["note"],
-        "Created ConfigMap cache-servers, Deployment cache with 2 replicas, Service cache, \
-         Service cache-headless, PodDisruptionBudget cache",
+        "Created Deployment cache with 2 replicas, Service cache, Service cache-headless, \
+         PodDisruptionBudget cache",
         "{body}"
     );
 
-    // Status: server-side applied through the subresource, with the three conditions and the selector.
-    let statuses = of(&requests, &Method::PATCH, STATUS);
-    assert_eq!(statuses.len(), 1, "{statuses:#?}");
-    let status = &statuses[0];
-    assert_eq!(
-        status.content_type.as_deref(),
-        Some(APPLY),
-        "{}",
-        status.line()
-    );
-    assert_eq!(status.param("fieldManager"), Some("memcached-operator"));
-    assert_eq!(status.param("force"), Some("true"));
-    let body = &status.body["status"];
-    let mut types = conditions(body);
-    types.sort();
-    assert_eq!(types, ["Available", "Degraded", "Progressing"], "{body}");
-    assert_eq!(body["selector"], SELECTOR, "{body}");
-    assert_eq!(body["observedGeneration"], 1, "{body}");
-
-    // The finalizer is already there: the instance itself is never written, only its status.
+    // The instance is never written: no finalizer, and no status while no pod is ready and nothing is
+    // wrong (the first status waits for something settled to say).
     assert!(
-        requests.iter().all(|r| r.method == Method::GET
-            || !r.path.starts_with(MEMCACHEDS)
-            || r.path == STATUS),
+        requests
+            .iter()
+            .all(|r| r.method == Method::GET || !r.path.starts_with(MEMCACHEDS)),
         "{}",
         fake.log()
     );
@@ -281,11 +262,15 @@ async fn restart_against_a_settled_instance_writes_nothing() {
     let service = stored(&applied(SERVICE), "uid-service");
     let headless = stored(&applied(HEADLESS), "uid-headless");
     let pdb = stored(&applied(PDB), "uid-pdb");
-    let server_list = stored(&applied(SERVER_LIST), "uid-servers");
+    assert!(
+        of(&first, &Method::PATCH, SERVER_LIST).is_empty()
+            && of(&first, &Method::PATCH, STATUS).is_empty(),
+        "no server list and no status before a server is ready:\n{}",
+        lines(&first)
+    );
     let mut world = World {
         deployments: vec![deployment],
         services: vec![service, headless],
-        config_maps: vec![server_list],
         pdbs: vec![pdb],
         pods: vec![
             ready_pod("cache-7d4b9c8f6d-a1b2c", "127.0.0.1"),
@@ -294,40 +279,54 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         ..World::default()
     };
 
-    // 2. The children exist and the pods are ready: the server list now publishes both servers (one
-    //    apply; the list is worth an event only when created), and the status is written; nothing else. (More than once is possible: the
-    //    fake's watches send no events, so the caches never see what was written.)
+    // 2. The children exist and the pods are ready: the server list is created with both servers, and the
+    //    first status is written; nothing else (the list is not worth an event). (More than once is
+    //    possible: the fake's watches send no events, so the caches never see what was written.)
     let second = run_once(world.clone(), "settle-2").await;
     let written = writes(&second);
-    let statuses = written
-        .iter()
-        .filter(|r| r.is(&Method::PATCH, STATUS))
-        .count();
     let lists: Vec<_> = written
         .iter()
         .filter(|r| r.is(&Method::PATCH, SERVER_LIST))
         .collect();
+    let statuses: Vec<_> = written
+        .iter()
+        .filter(|r| r.is(&Method::PATCH, STATUS))
+        .collect();
     assert!(
-        statuses >= 1
+        !statuses.is_empty()
             && !lists.is_empty()
-            && written.iter().all(|r| r.is(&Method::PATCH, STATUS)
-                || r.is(&Method::PATCH, SERVER_LIST)
-                || r.is(&Method::POST, EVENTS)),
+            && written
+                .iter()
+                .all(|r| r.is(&Method::PATCH, STATUS) || r.is(&Method::PATCH, SERVER_LIST)),
         "{written:#?}\n{}",
         lines(&second)
     );
+    assert_applied(lists[0], "ConfigMap");
     let published = &lists[lists.len() - 1].body;
     assert_eq!(
         published["data"]["servers"], "127.0.0.1:11211\n127.0.0.2:11211\n",
         "{published}"
     );
     world.config_maps = vec![stored(published, "uid-servers")];
-    let status = written
-        .iter()
-        .rev()
-        .find(|r| r.is(&Method::PATCH, STATUS))
-        .map(|r| r.body["status"].clone())
-        .unwrap_or_default();
+    // Status: server-side applied through the subresource, with the three conditions and the selector.
+    let first_status = statuses[0];
+    assert_eq!(
+        first_status.content_type.as_deref(),
+        Some(APPLY),
+        "{}",
+        first_status.line()
+    );
+    assert_eq!(
+        first_status.param("fieldManager"),
+        Some("memcached-operator")
+    );
+    assert_eq!(first_status.param("force"), Some("true"));
+    let status = statuses[statuses.len() - 1].body["status"].clone();
+    let mut types = conditions(&status);
+    types.sort();
+    assert_eq!(types, ["Available", "Degraded", "Progressing"], "{status}");
+    assert_eq!(status["selector"], SELECTOR, "{status}");
+    assert_eq!(status["observedGeneration"], 1, "{status}");
     assert_eq!(status["readyReplicas"], 2, "{status}");
     assert_eq!(
         status["nodes"],
@@ -363,6 +362,45 @@ async fn restart_against_a_settled_instance_writes_nothing() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_of_an_earlier_build_loses_its_finalizer_and_is_reconciled() {
+    let world = World {
+        memcacheds: vec![with_legacy_finalizer(memcached())],
+        ..World::default()
+    };
+    let requests = run_once(world, "legacy").await;
+    let patches = of(&requests, &Method::PATCH, INSTANCE);
+    assert_eq!(patches.len(), 1, "{}", lines(&requests));
+    assert_eq!(patches[0].content_type.as_deref(), Some(JSON_PATCH));
+    assert_eq!(
+        patches[0].body,
+        json!([{"op": "test", "path": "/metadata/finalizers/0", "value": LEGACY_FINALIZER},
+               {"op": "remove", "path": "/metadata/finalizers/0"}])
+    );
+    // The same reconcile goes on: the children follow the patch.
+    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    assert_eq!(deployments.len(), 1, "{}", lines(&requests));
+    assert!(deployments[0].seq > patches[0].seq, "{}", lines(&requests));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_instance_of_an_earlier_build_only_loses_its_finalizer() {
+    let mut instance = with_legacy_finalizer(memcached());
+    instance["metadata"]["deletionTimestamp"] = json!("2024-01-02T00:00:00Z");
+    let world = World {
+        memcacheds: vec![instance],
+        ..World::default()
+    };
+    let requests = run_once(world, "legacy-deleted").await;
+    let written = writes(&requests);
+    assert_eq!(written.len(), 1, "{}", lines(&requests));
+    assert!(
+        written[0].is(&Method::PATCH, INSTANCE),
+        "{}",
+        written[0].line()
+    );
+}
+
 pub fn stored(applied: &Value, uid: &str) -> Value {
     let mut obj = applied.clone();
     obj["metadata"]["uid"] = json!(uid);
@@ -373,11 +411,16 @@ pub fn stored(applied: &Value, uid: &str) -> Value {
 }
 
 pub fn ready_pod(name: &str, ip: &str) -> Value {
+    ready_pod_of("cache", name, ip)
+}
+
+/// A ready pod of `instance` at `ip`.
+pub fn ready_pod_of(instance: &str, name: &str, ip: &str) -> Value {
     json!({
         "apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default", "uid": format!("uid-{name}"),
             "resourceVersion": "5", "labels": {
-            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": "cache",
+            "app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": instance,
             "app.kubernetes.io/managed-by": "memcached-operator"}},
         "spec": {"containers": [{"name": "memcached", "image": "memcached:1.6-alpine"}]},
         "status": {"phase": "Running", "podIP": ip,

@@ -5,7 +5,7 @@ use serde_json::json;
 
 use crate::checks::{assert_no_unexpected_requests, lines, of, writes};
 use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, SECRETS, STATUS};
+use crate::fake_api::paths::{DEPLOYMENT, EVENTS, SECRETS};
 use crate::fake_api::world::{World, memcached};
 use std::time::Duration;
 
@@ -29,13 +29,17 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
     };
     let fake = Fake::start_with(world, None).await;
     let (_scratch, mut op, _metrics, _probes) = start_run(&fake, "secret");
-    op.wait_until("the Deployment is applied", WAIT, || {
-        let requests = fake.requests();
-        async move {
-            !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
-                && !of(&requests, &Method::PATCH, STATUS).is_empty()
-        }
-    })
+    op.wait_until(
+        "the Deployment is applied and the creation recorded",
+        WAIT,
+        || {
+            let requests = fake.requests();
+            async move {
+                !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
+                    && !of(&requests, &Method::POST, EVENTS).is_empty()
+            }
+        },
+    )
     .await;
     settled(&fake, Duration::from_secs(1)).await;
     stop_and_check_release(&mut op, &fake).await;

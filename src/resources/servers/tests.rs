@@ -270,6 +270,33 @@ fn an_empty_list_renders_empty_values() {
 }
 
 #[test]
+fn there_is_something_to_publish_once_a_slot_has_an_address() {
+    assert!(!publishes(&[]), "no slot");
+    let waiting = Server {
+        slot: 0,
+        pod: Some("a".into()),
+        address: None,
+        ready: false,
+    };
+    assert!(
+        !publishes(std::slice::from_ref(&waiting)),
+        "a pod that is not ready yet"
+    );
+    assert!(publishes(&[
+        waiting,
+        server(1, "b", "10.0.0.2:11211", true)
+    ]));
+    let replaced = Server {
+        ready: false,
+        ..server(0, "a", "10.0.0.1:11211", false)
+    };
+    assert!(
+        publishes(&[replaced]),
+        "a slot whose pod is being replaced keeps its address"
+    );
+}
+
+#[test]
 fn members_read_readiness_termination_and_the_drain_mark() {
     let pod: Pod = serde_json::from_value(serde_json::json!({
         "metadata": {"name": "p", "creationTimestamp": "2023-11-14T22:13:20Z",

@@ -3,7 +3,8 @@
 //!
 //! It serves lists of the watched kinds ([`world::World`]), watches held open (delivering the events of
 //! objects added with [`Fake::add_memcached`] after the watched version), server-side
-//! applies echoed back, events, the status subresource, and a small but faithful Lease store (create,
+//! applies echoed back, JSON patches of instances (kept), events, the status subresource, and a small but
+//! faithful Lease store (create,
 //! get, apply and strategic-merge patches where `null` removes a field). Lists can be made slow. What the
 //! operator writes is not reflected in its caches. A request to any path the fake does not serve gets a
 //! 404. The fake can go away and come back on the same address ([`Fake::outage`], [`Fake::back`]), as a
@@ -36,8 +37,9 @@ use serde_json::{Value, json};
 
 use crate::fake_api::answers::{child_name, merge_spec, not_found, status};
 use crate::fake_api::paths::{
-    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, LEASE, LEASES, MEMCACHEDS, MONITORING,
-    NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS, STRATEGIC,
+    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENTS, EVENTS, JSON_PATCH, LEASE, LEASES, MEMCACHEDS,
+    MONITORING, NETWORK_POLICIES, PDBS, PODS, SECRETS, SERVICE_MONITORS, SERVICES, STATEFULSETS,
+    STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
 use crate::fake_api::world::{World, metadata_only};
@@ -296,6 +298,11 @@ impl Fake {
                 return Answer::Json(StatusCode::OK, obj);
             }
         }
+        if *m == Method::PATCH
+            && let Some(name) = child_name(path, MEMCACHEDS)
+        {
+            return patch_memcached(state, name, req);
+        }
         if *m == Method::PATCH && child_name(path, EVENTS).is_some() {
             // A repeated event, folded into a series by the recorder.
             let mut obj = req.body.clone();
@@ -355,6 +362,39 @@ impl Fake {
             ),
         }
     }
+}
+
+/// A JSON patch of instance `name` (the removal of an earlier build's finalizer): applied to the stored
+/// instance, all operations or none (a failed `test` is a 422, as on an API server), which is kept and
+/// returned with a new resource version.
+fn patch_memcached(state: &mut FakeState, name: &str, req: &Req) -> Answer {
+    if req.content_type.as_deref() != Some(JSON_PATCH) {
+        return status(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "UnsupportedMediaType",
+            req.content_type.as_deref().unwrap_or_default(),
+        );
+    }
+    let rv = state.next_rv();
+    let Some(stored) = state
+        .world
+        .memcacheds
+        .iter_mut()
+        .find(|mc| mc["metadata"]["name"] == name)
+    else {
+        return not_found("memcacheds.cache.example.com", name);
+    };
+    let patch: json_patch::Patch = match serde_json::from_value(req.body.clone()) {
+        Ok(patch) => patch,
+        Err(e) => return status(StatusCode::BAD_REQUEST, "BadRequest", &e.to_string()),
+    };
+    let mut patched = stored.clone();
+    if let Err(e) = json_patch::patch(&mut patched, &patch.0) {
+        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", &e.to_string());
+    }
+    patched["metadata"]["resourceVersion"] = json!(rv);
+    *stored = patched.clone();
+    Answer::Json(StatusCode::OK, patched)
 }
 
 pub async fn handle(

@@ -20,6 +20,7 @@ pub const PDB: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/c
 pub const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
 pub const SERVICE: &str = "/api/v1/namespaces/default/services/cache";
 pub const SERVER_LIST: &str = "/api/v1/namespaces/default/configmaps/cache-servers";
+pub const INSTANCE: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
 pub const STATUS: &str =
     "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
 
@@ -30,3 +31,4 @@ pub const LEASE: &str =
 
 pub const APPLY: &str = "application/apply-patch+yaml";
 pub const STRATEGIC: &str = "application/strategic-merge-patch+json";
+pub const JSON_PATCH: &str = "application/json-patch+json";

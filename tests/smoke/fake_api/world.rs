@@ -54,16 +54,24 @@ pub fn memcached() -> Value {
     memcached_named("cache", "uid-1")
 }
 
-/// An existing instance: 2 memcached pods on port 11211, with the operator's finalizer.
+/// An existing instance: 2 memcached pods on port 11211.
 pub fn memcached_named(name: &str, uid: &str) -> Value {
     json!({
         "apiVersion": "cache.example.com/v1alpha1",
         "kind": "Memcached",
         "metadata": {
             "name": name, "namespace": "default", "uid": uid, "generation": 1,
-            "resourceVersion": "1", "creationTimestamp": "2024-01-01T00:00:00Z",
-            "finalizers": ["cache.example.com/finalizer"]
+            "resourceVersion": "1", "creationTimestamp": "2024-01-01T00:00:00Z"
         },
         "spec": {"size": 2, "containerPort": 11211}
     })
+}
+
+/// The finalizer earlier builds of the operator put on every instance.
+pub const LEGACY_FINALIZER: &str = "cache.example.com/finalizer";
+
+/// `mc` as an earlier build of the operator left it: carrying its finalizer.
+pub fn with_legacy_finalizer(mut mc: Value) -> Value {
+    mc["metadata"]["finalizers"] = json!([LEGACY_FINALIZER]);
+    mc
 }

@@ -8,7 +8,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use crate::resources::DEFAULT_IMAGE;
 
 /// Default of `--concurrency`.
-pub const DEFAULT_CONCURRENCY: u16 = 64;
+pub const DEFAULT_CONCURRENCY: u16 = 32;
 
 /// Runs Memcached on Kubernetes through the Memcached custom resource (cache.example.com/v1alpha1).
 #[derive(Debug, Parser)]
@@ -79,10 +79,11 @@ pub struct RunArgs {
 
     /// Most instances reconciled at the same time.
     // A reconcile spends nearly all its time waiting for the API server, so the default is set by how many
-    // round trips may be in flight, not by cores: on `make bench` (300 instances, 5 ms per request) 64
-    // has every instance's children within about 0.5 s instead of 7.8 s with 4, at less CPU, and more
-    // gains little (0.4 s with 128) for about 6 MiB more memory. It stays well below the API server's
-    // default in-flight limits (400 reads, 200 writes).
+    // round trips may be in flight, not by cores. Each reconcile in flight holds a connection with its
+    // buffers and the objects it builds and compares, so memory follows too: on `make bench` (300
+    // instances, 5 ms per request) 32 has every instance's children within about 0.35 s at a peak of
+    // about 25 MiB, where 64 takes 0.25 s and 29 MiB, 16 takes 0.85 s and 22 MiB, and 4 took 7.8 s. It
+    // stays well below the API server's default in-flight limits (400 reads, 200 writes).
     #[arg(long, env = "CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,
 

@@ -460,18 +460,23 @@ async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
     assert_eq!(run.seen[3].body["type"], "Warning");
 }
 
-#[tokio::test]
-async fn error_policy_backs_off_per_object_and_resets_on_success() {
-    let mut cluster = Cluster::new();
+/// A context over `cluster`'s caches whose client is never answered: for what happens without requests.
+fn offline_context(cluster: &Cluster) -> Arc<Context> {
     let (service, _handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Arc::new(Context::new(
+    Arc::new(Context::new(
         Client::new(service, NS),
         Settings::default(),
         cluster.stores.clone(),
         Arc::new(Metrics::default()),
         None,
         Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
-    ));
+    ))
+}
+
+#[tokio::test]
+async fn error_policy_backs_off_per_object_and_resets_on_success() {
+    let mut cluster = Cluster::new();
+    let ctx = offline_context(&cluster);
     let mc = Arc::new(memcached(1));
     let mut other = memcached(1);
     other.metadata.name = Some("other".into());
@@ -505,15 +510,7 @@ async fn error_policy_backs_off_per_object_and_resets_on_success() {
 #[tokio::test]
 async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     let mut cluster = Cluster::new();
-    let (service, _handle) = mock::pair::<Request<Body>, Response<Body>>();
-    let ctx = Arc::new(Context::new(
-        Client::new(service, NS),
-        Settings::default(),
-        cluster.stores.clone(),
-        Arc::new(Metrics::default()),
-        None,
-        Arc::new(|| Time(Timestamp::from_second(NOW).unwrap())),
-    ));
+    let ctx = offline_context(&cluster);
     let mc = memcached(1);
     let key = kube::runtime::reflector::ObjectRef::from_obj(&mc);
     let err = Error::Malformed("test".into());

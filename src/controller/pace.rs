@@ -359,6 +359,22 @@ mod tests {
         }
     }
 
+    /// [`progressing`] with other `Available`, `Progressing` and `Degraded` (status, reason).
+    fn with_conditions(
+        available: (&str, &str),
+        progressing_: (&str, &str),
+        degraded_: (&str, &str),
+    ) -> MemcachedStatus {
+        MemcachedStatus {
+            conditions: vec![
+                condition(AVAILABLE, available.0, available.1),
+                condition(PROGRESSING, progressing_.0, progressing_.1),
+                degraded(degraded_.0, degraded_.1),
+            ],
+            ..progressing()
+        }
+    }
+
     const SECOND: Duration = Duration::from_secs(1);
     const WITHIN: Duration = Duration::from_secs(30);
 
@@ -384,37 +400,30 @@ mod tests {
         let pace = Pace::new(SECOND, WITHIN);
         let created = Instant::now();
         pace.wrote_at("ns", "a", created);
-        let available = MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, "True", "AllReplicasReady"),
-                condition(PROGRESSING, "False", "Complete"),
-                degraded("False", "AsExpected"),
-            ],
-            ..progressing()
-        };
+        let available = with_conditions(
+            ("True", "AllReplicasReady"),
+            ("False", "Complete"),
+            ("False", "AsExpected"),
+        );
         assert_eq!(pace.hold_at("ns", "a", None, &available, created), None);
         let scaled_to_zero = MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, "True", "ScaledToZero"),
-                condition(PROGRESSING, "False", "Complete"),
-                degraded("False", "AsExpected"),
-            ],
             replicas: 0,
-            ..progressing()
+            ..with_conditions(
+                ("True", "ScaledToZero"),
+                ("False", "Complete"),
+                ("False", "AsExpected"),
+            )
         };
         assert_eq!(
             pace.hold_at("ns", "a", None, &scaled_to_zero, created),
             None,
             "available without any server, and without waiting for the gap either"
         );
-        let failing = MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, "False", "ReplicasNotReady"),
-                condition(PROGRESSING, "True", "ScalingUp"),
-                degraded("True", "ImagePullFailed"),
-            ],
-            ..progressing()
-        };
+        let failing = with_conditions(
+            ("False", "ReplicasNotReady"),
+            ("True", "ScalingUp"),
+            ("True", "ImagePullFailed"),
+        );
         assert_eq!(pace.hold_at("ns", "a", None, &failing, created), None);
         assert!(settled(&available) && settled(&scaled_to_zero) && settled(&failing));
         assert!(!settled(&progressing()) && !settled(&MemcachedStatus::default()));

@@ -205,68 +205,6 @@ async fn unchanged_instance_makes_no_request_at_all() {
     assert!(run3.result.is_ok() && run3.seen.is_empty());
 }
 
-/// A reconcile that finds a child as it left it does not compare it again (the cached copy remembers);
-/// a hand edit is a new copy, compared and put back as ever.
-#[tokio::test]
-async fn a_child_edited_after_reconciles_found_it_up_to_date_is_put_back() {
-    let mut cluster = Cluster::new();
-    let (deployment, service, _) = create(&mut cluster, 2).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
-    cluster.pod(ready_pod("cache-7d9f-b"));
-    cluster.pod(ready_pod("cache-7d9f-a"));
-    let run1 = run(
-        &mut cluster,
-        memcached(2),
-        vec![expect(Method::PATCH, STATUS).apply()],
-    )
-    .await;
-    let mut mc = memcached(2);
-    mc.status = Some(serde_json::from_value(run1.seen[0].body["status"].clone()).unwrap());
-    for _ in 0..3 {
-        let settled_run = run(&mut cluster, mc.clone(), vec![]).await;
-        assert!(settled_run.result.is_ok() && settled_run.seen.is_empty());
-    }
-
-    let mut edited = settled(&deployment);
-    edited.spec.as_mut().unwrap().replicas = Some(5);
-    cluster.deployment(edited);
-    let put_back = run(
-        &mut cluster,
-        mc.clone(),
-        vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    put_back.result.unwrap();
-    assert_eq!(put_back.seen[0].body["spec"]["replicas"], 2);
-    assert_eq!(
-        put_back.seen[1].body["note"],
-        "Scaled Deployment cache from 5 to 2 replicas"
-    );
-
-    // A spec change is a new desired object: compared again, and applied.
-    let mut bigger = mc;
-    bigger.spec.size = 3;
-    bigger.metadata.generation = Some(2);
-    cluster.deployment(settled(&deployment));
-    let scaled = run(
-        &mut cluster,
-        bigger,
-        vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            event(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
-    )
-    .await;
-    scaled.result.unwrap();
-    assert_eq!(scaled.seen[0].body["spec"]["replicas"], 3);
-}
-
 #[tokio::test]
 async fn scaling_applies_the_deployment_and_adds_a_budget() {
     let mut cluster = Cluster::new();

@@ -4,12 +4,11 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::compact::{Cache, Compact, Compactable};
+use super::compact::{Cache, Compactable};
 use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
@@ -55,51 +54,18 @@ where
     else {
         return Ok(None);
     };
-    ours::<K>(instance, name, live.owner_references(), dt)?;
-    Ok(Some(live))
-}
-
-/// Refuses a child that another owner controls.
-fn ours<K: Resource>(
-    instance: &Instance<'_>,
-    name: &str,
-    owners: &[OwnerReference],
-    dt: &K::DynamicType,
-) -> Result<(), Error> {
-    match owners
+    if let Some(owner) = live
+        .owner_references()
         .iter()
         .find(|o| o.controller == Some(true) && o.uid != instance.uid())
     {
-        Some(owner) => Err(Error::ForeignOwner {
+        return Err(Error::ForeignOwner {
             kind: K::kind(dt).into_owned(),
             name: name.to_owned(),
             owner_uid: owner.uid.clone(),
-        }),
-        None => Ok(()),
+        });
     }
-}
-
-/// The cached copy of child `name` when it is known to be up to date with the desired object of
-/// `fingerprint` already: the same copy was found so by an earlier reconcile, and no write of the
-/// operator's own is pending for it (else the cache may lag behind that write, see [`Written`]).
-fn known_up_to_date<K>(
-    instance: &Instance<'_>,
-    name: &str,
-    source: &Source<'_, K>,
-    fingerprint: u64,
-) -> Option<Arc<Compact<K>>>
-where
-    K: Compactable,
-    K::DynamicType: Clone + Eq + std::hash::Hash,
-{
-    let compact = source
-        .store
-        .get_compact(instance.namespace, name, source.dt)?;
-    (compact.verified_for(fingerprint)
-        && !source
-            .written
-            .holds::<K>(instance.namespace, name, source.dt))
-    .then_some(compact)
+    Ok(Some(live))
 }
 
 /// Makes the child `desired` exist as desired. Reads the live object from `store`; sends a server-side
@@ -117,29 +83,10 @@ where
     let dt = source.dt;
     let name = desired.name_any();
     let desired = drift::stamp(desired);
-    let fingerprint = drift::fingerprint(&desired);
-    // Most reconciles find most children as they left them: the copy they checked then needs no second
-    // comparison (nor, for its owner, a second look: owner references are part of the desired object).
-    if let Some(compact) = known_up_to_date(instance, &name, source, fingerprint) {
-        let current = compact.decode().map_err(|error| {
-            Error::Malformed(format!("the cached {} {name}: {error}", K::kind(dt)))
-        })?;
-        return Ok(Applied {
-            current: Arc::new(current),
-            previous: None,
-            changed: false,
-        });
-    }
     let live = cached(instance, &name, source)?;
     if let Some(live) = &live
         && drift::is_up_to_date(live.as_ref(), &desired)
     {
-        // Remembered on the cached copy when that is what was compared (not a newer answer of ours).
-        if let Some(compact) = source.store.get_compact(instance.namespace, &name, dt)
-            && compact.meta().resource_version == live.meta().resource_version
-        {
-            compact.mark_verified(fingerprint);
-        }
         return Ok(Applied {
             current: live.clone(),
             previous: None,

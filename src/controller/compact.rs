@@ -15,7 +15,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -66,10 +65,6 @@ pub struct Compact<K> {
     /// A JSON object of every top-level field but `metadata`, the unread ones and (for typed kinds)
     /// `apiVersion` and `kind`.
     body: Box<str>,
-    /// Fingerprint of the desired object this very copy was last found up to date with (0: none yet).
-    /// A cached copy never changes (a new version is a new copy), so a reconcile that wants the same
-    /// object again needs neither to decode it nor to compare it (see `children::ensure`).
-    verified: AtomicU64,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -78,7 +73,6 @@ impl<K> Clone for Compact<K> {
         Self {
             metadata: self.metadata.clone(),
             body: self.body.clone(),
-            verified: AtomicU64::new(self.verified.load(Ordering::Relaxed)),
             kind: PhantomData,
         }
     }
@@ -131,18 +125,6 @@ impl<K: Compactable> Compact<K> {
     }
 }
 
-impl<K> Compact<K> {
-    /// Whether this copy was found up to date with the desired object of `fingerprint` (never for 0).
-    pub fn verified_for(&self, fingerprint: u64) -> bool {
-        fingerprint != 0 && self.verified.load(Ordering::Relaxed) == fingerprint
-    }
-
-    /// Records that this copy is up to date with the desired object of `fingerprint`.
-    pub fn mark_verified(&self, fingerprint: u64) {
-        self.verified.store(fingerprint, Ordering::Relaxed);
-    }
-}
-
 /// The compact object of `metadata` and the other kept `fields`: the metadata the cache reads stays in
 /// the struct, the rest goes into the text under `metadata`.
 fn split<K: Compactable>(
@@ -169,7 +151,6 @@ fn split<K: Compactable>(
     Ok(Compact {
         metadata: kept,
         body: Value::Object(fields).to_string().into_boxed_str(),
-        verified: AtomicU64::new(0),
         kind: PhantomData,
     })
 }
@@ -279,20 +260,11 @@ where
         name: &str,
         dt: &K::DynamicType,
     ) -> Result<Option<Arc<K>>, serde_json::Error> {
-        self.get_compact(namespace, name, dt)
+        let key = ObjectRef::new_with(name, dt.clone()).within(namespace);
+        self.store
+            .get(&key)
             .map(|compact| compact.decode().map(Arc::new))
             .transpose()
-    }
-
-    /// Object `name` in `namespace` as cached, not decoded.
-    pub fn get_compact(
-        &self,
-        namespace: &str,
-        name: &str,
-        dt: &K::DynamicType,
-    ) -> Option<Arc<Compact<K>>> {
-        self.store
-            .get(&ObjectRef::new_with(name, dt.clone()).within(namespace))
     }
 
     /// Every cached object that decodes.
@@ -380,19 +352,6 @@ mod tests {
             decoded.metadata.labels.unwrap()["app.kubernetes.io/instance"],
             "cache"
         );
-    }
-
-    #[test]
-    fn a_copy_remembers_the_desired_object_it_was_found_up_to_date_with() {
-        let compact: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
-        assert!(!compact.verified_for(7) && !compact.verified_for(0));
-        compact.mark_verified(7);
-        assert!(compact.verified_for(7) && !compact.verified_for(8));
-        assert!(compact.clone().verified_for(7), "the same copy");
-        compact.mark_verified(0);
-        assert!(!compact.verified_for(0), "0 never counts");
-        let fresh: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
-        assert!(!fresh.verified_for(7), "a new copy starts unverified");
     }
 
     #[test]

@@ -185,17 +185,6 @@ impl Written {
         self.lock().retain(|_, entry| entry.at.elapsed() < TRUST);
     }
 
-    /// Whether an answer to a write of object `name` (or its deletion) is kept: then the cache may lag
-    /// behind it, and [`Written::fresher`] decides which copy counts.
-    pub fn holds<K: Resource>(&self, namespace: &str, name: &str, dt: &K::DynamicType) -> bool {
-        let key = Key {
-            kind: K::kind(dt).into_owned(),
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-        };
-        self.lock().contains_key(&key)
-    }
-
     /// How many answers are kept.
     pub fn len(&self) -> usize {
         self.lock().len()

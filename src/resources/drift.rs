@@ -25,19 +25,6 @@ pub fn stamp<K: Resource + Serialize>(mut obj: K) -> K {
     obj
 }
 
-/// A short fingerprint of a stamped object's desired hash (never 0; 0 when it carries none): what a cached
-/// copy remembers it was found up to date with.
-pub fn fingerprint<K: Resource>(stamped: &K) -> u64 {
-    stamped
-        .meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(DESIRED_HASH_ANNOTATION))
-        .and_then(|hash| hash.get(..16))
-        .and_then(|hex| u64::from_str_radix(hex, 16).ok())
-        .map_or(0, |n| n.max(1))
-}
-
 /// Whether `live` already holds everything in `desired` (a stamped object), i.e. whether applying
 /// `desired` would change nothing. A ConfigMap's `data` must match exactly: a key someone added to the
 /// published server list is drift too.
@@ -193,20 +180,6 @@ mod tests {
         live.metadata.annotations = a.metadata.annotations.clone();
         assert!(!is_up_to_date(&live, &b));
         assert!(is_up_to_date(&b, &b));
-    }
-
-    #[test]
-    fn the_fingerprint_follows_the_desired_hash() {
-        let mut a = ConfigMap::default();
-        assert_eq!(fingerprint(&a), 0, "not stamped");
-        a.metadata.name = Some("a".into());
-        let mut b = a.clone();
-        b.data = Some([("k".to_owned(), "v".to_owned())].into());
-        let again = stamp(a.clone());
-        let (a, b) = (stamp(a), stamp(b));
-        assert_ne!(fingerprint(&a), 0);
-        assert_ne!(fingerprint(&a), fingerprint(&b));
-        assert_eq!(fingerprint(&a), fingerprint(&again));
     }
 
     #[test]

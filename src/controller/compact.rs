@@ -29,6 +29,8 @@ use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+use crate::resources::servers::DELETION_COST_ANNOTATION;
+
 /// A kind the caches keep compact, and which of its top-level fields they never need.
 pub trait Compactable: Resource + Clone + Serialize + DeserializeOwned + 'static {
     /// Top-level fields (besides `apiVersion`, `kind` and `metadata`) left out of the cached copy.
@@ -37,6 +39,8 @@ pub trait Compactable: Resource + Clone + Serialize + DeserializeOwned + 'static
     const TYPE_IN_BODY: bool = false;
     /// Whether labels and annotations stay in the struct (read on every event) instead of the text.
     const LABELS_IN_META: bool = false;
+    /// Drops from the metadata kept in the struct what the operator never reads of this kind.
+    fn trim(_metadata: &mut ObjectMeta) {}
 }
 
 impl Compactable for Deployment {}
@@ -51,10 +55,22 @@ impl Compactable for DynamicObject {
     const TYPE_IN_BODY: bool = true;
 }
 /// A pod's spec is the largest part of it and is never read: slots, status and stats read its metadata
-/// and status.
+/// and status. Of its annotations only the drained pod-deletion cost is read (it tells whether a drained
+/// pod is marked yet).
 impl Compactable for Pod {
     const UNREAD: &'static [&'static str] = &["spec"];
     const LABELS_IN_META: bool = true;
+
+    fn trim(metadata: &mut ObjectMeta) {
+        metadata.annotations = metadata
+            .annotations
+            .take()
+            .map(|mut annotations| {
+                annotations.retain(|key, _| key == DELETION_COST_ANNOTATION);
+                annotations
+            })
+            .filter(|annotations| !annotations.is_empty());
+    }
 }
 
 /// One cached object: the metadata its cache reads, and the rest of it as compact JSON text.
@@ -118,11 +134,6 @@ impl<K: Compactable> Compact<K> {
         fields.retain(|key, _| kept::<K>(key));
         split::<K>(metadata, fields).map_err(serde::ser::Error::custom)
     }
-
-    /// Length of the JSON text kept beside the metadata.
-    pub fn body_len(&self) -> usize {
-        self.body.len()
-    }
 }
 
 /// The compact object of `metadata` and the other kept `fields`: the metadata the cache reads stays in
@@ -145,6 +156,7 @@ fn split<K: Compactable>(
         kept.labels = rest.labels.take();
         kept.annotations = rest.annotations.take();
     }
+    K::trim(&mut kept);
     if rest != ObjectMeta::default() {
         fields.insert("metadata".to_owned(), serde_json::to_value(rest)?);
     }
@@ -276,15 +288,6 @@ where
             .collect()
     }
 
-    /// How many objects are cached.
-    pub fn len(&self) -> usize {
-        self.store.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.store.is_empty()
-    }
-
     /// Resolves once the cache holds its initial list (see [`Store::wait_until_ready`]).
     pub async fn wait_until_ready(
         &self,
@@ -322,7 +325,7 @@ mod tests {
         );
         let encoded = Compact::encode(&whole).unwrap();
         assert_eq!(encoded.decode().unwrap(), whole);
-        assert_eq!(encoded.body_len(), compact.body_len());
+        assert_eq!(encoded.body, compact.body);
     }
 
     #[test]
@@ -373,6 +376,32 @@ mod tests {
     }
 
     #[test]
+    fn of_a_pods_annotations_only_the_drain_mark_is_kept() {
+        let marked: Compact<Pod> = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"a": "b", DELETION_COST_ANNOTATION: "-1000"}}
+        }))
+        .unwrap();
+        assert_eq!(
+            marked.meta().annotations,
+            Some([(DELETION_COST_ANNOTATION.to_owned(), "-1000".to_owned())].into()),
+            "the drain mark stays, nothing else"
+        );
+        let pod: Compact<Pod> = serde_json::from_value(json!({
+            "metadata": {"name": "p", "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
+            "spec": {"containers": [{"name": "memcached"}]},
+            "status": {"phase": "Running"}
+        }))
+        .unwrap();
+        let pod = pod.decode().unwrap();
+        assert!(
+            pod.spec.is_none()
+                && pod.metadata.annotations.is_none()
+                && pod.metadata.managed_fields.is_none()
+        );
+        assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
     fn a_watch_event_with_its_object_first_is_read_too() {
         // serde buffers the object of an adjacently tagged enum whose tag comes second.
         let event = json!({"object": deployment(), "type": "ADDED"}).to_string();
@@ -412,7 +441,7 @@ mod tests {
     #[test]
     fn a_compact_deployment_is_several_times_smaller_than_the_struct() {
         let compact: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
-        let body = compact.body_len();
+        let body = compact.body.len();
         assert!(
             body * 4 < std::mem::size_of::<Deployment>(),
             "{body} bytes of text against a {}-byte struct",

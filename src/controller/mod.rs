@@ -42,7 +42,7 @@ pub use events::Publisher;
 pub use pod_index::PodIndex;
 pub use reconcile::{error_policy, reconcile};
 pub use secrets::SecretHashes;
-pub use watches::{RunOptions, pod_owner, run, trim_pod};
+pub use watches::{RunOptions, pod_owner, run};
 pub use written::Written;
 
 use crate::api::Memcached;

@@ -46,7 +46,7 @@ use super::{
 };
 use crate::api::Memcached;
 use crate::metrics::Metrics;
-use crate::resources::{labels, secrets, servers, service_monitor};
+use crate::resources::{labels, secrets, service_monitor};
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -81,32 +81,11 @@ where
     }
 }
 
-/// Removes what the operator never reads from a cached object.
-pub fn trim_meta<K: Resource>(obj: &mut K) {
-    obj.meta_mut().managed_fields = None;
-}
-
 /// Keeps of an instance everything but its annotations, which the operator never reads, and which
 /// hold the whole object again when it was created with `kubectl apply` (`last-applied-configuration`).
 pub fn trim_instance(mc: &mut Memcached) {
     mc.metadata.managed_fields = None;
     mc.metadata.annotations = None;
-}
-
-/// Keeps of a pod's metadata only what status computation and slot assignment read: identity, labels,
-/// deletion, and the drained pod-deletion cost (which tells whether a drained pod is marked yet). Its spec
-/// is not cached at all (see [`Compactable`]).
-pub fn trim_pod(pod: &mut Compact<Pod>) {
-    let metadata = pod.meta_mut();
-    metadata.managed_fields = None;
-    metadata.annotations = metadata
-        .annotations
-        .take()
-        .map(|mut annotations| {
-            annotations.retain(|key, _| key == servers::DELETION_COST_ANNOTATION);
-            annotations
-        })
-        .filter(|annotations| !annotations.is_empty());
 }
 
 /// Runs the controller until `shutdown` resolves; in-flight reconciles finish first.
@@ -139,7 +118,6 @@ pub async fn run(
         "deployments",
         api::<Compact<Deployment>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -148,7 +126,6 @@ pub async fn run(
         "statefulsets",
         api::<Compact<StatefulSet>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -157,7 +134,6 @@ pub async fn run(
         "services",
         api::<Compact<Service>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -166,7 +142,6 @@ pub async fn run(
         "configmaps",
         api::<Compact<ConfigMap>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -178,7 +153,6 @@ pub async fn run(
             "pods",
             api::<Compact<Pod>>(&client, ns),
             children.clone(),
-            trim_pod,
             (),
             move |event| index.observe(event),
         )
@@ -188,7 +162,6 @@ pub async fn run(
         "poddisruptionbudgets",
         api::<Compact<PodDisruptionBudget>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -197,7 +170,6 @@ pub async fn run(
         "networkpolicies",
         api::<Compact<NetworkPolicy>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -208,7 +180,6 @@ pub async fn run(
         "horizontalpodautoscalers",
         api::<Compact<HorizontalPodAutoscaler>>(&client, ns),
         children.clone(),
-        trim_meta,
         (),
         forgets_deleted(&written, &()),
     );
@@ -241,7 +212,6 @@ pub async fn run(
             "servicemonitors",
             api,
             children,
-            trim_meta,
             service_monitor.clone(),
             forgets_deleted(&written, &service_monitor),
         );
@@ -369,15 +339,14 @@ pub async fn run(
     info!("controller stopped");
 }
 
-/// A trimmed, compact, cached watch of `K` (the watch of `api`): its cache, and the stream of touched
-/// objects (deletions included, so a deleted child triggers its owner and is recreated). `observe` sees
-/// every event (trimmed) just before the cache does.
+/// A compact, cached watch of `K` (the watch of `api`; what is kept is [`Compactable`]'s to say): its
+/// cache, and the stream of touched objects (deletions included, so a deleted child triggers its owner and
+/// is recreated). `observe` sees every event just before the cache does.
 fn cached<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
     api: Api<Compact<K>>,
     config: watcher::Config,
-    trim: fn(&mut Compact<K>),
     dyntype: K::DynamicType,
     observe: impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
 ) -> (
@@ -388,7 +357,7 @@ where
     K: Compactable + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    let (store, stream) = reflected(metrics, resource, api, config, trim, dyntype, observe);
+    let (store, stream) = reflected(metrics, resource, api, config, |_| {}, dyntype, observe);
     (Cache::new(store), stream)
 }
 
@@ -665,39 +634,5 @@ mod tests {
         assert!(mc.metadata.annotations.is_none() && mc.metadata.managed_fields.is_none());
         assert_eq!(mc.metadata.labels.unwrap()["team"], "a");
         assert_eq!(mc.spec.size, 2);
-    }
-
-    #[test]
-    fn pods_are_trimmed_to_what_status_reads() {
-        let mut marked: Compact<Pod> = serde_json::from_value(json!({
-            "metadata": {"name": "p", "annotations": {"a": "b", servers::DELETION_COST_ANNOTATION: "-1000"}}
-        }))
-        .unwrap();
-        trim_pod(&mut marked);
-        assert_eq!(
-            marked.meta().annotations,
-            Some(
-                [(
-                    servers::DELETION_COST_ANNOTATION.to_owned(),
-                    "-1000".to_owned()
-                )]
-                .into()
-            ),
-            "the drain mark stays, nothing else"
-        );
-        let mut pod: Compact<Pod> = serde_json::from_value(json!({
-            "metadata": {"name": "p", "annotations": {"a": "b"}, "managedFields": [{"manager": "kubelet"}]},
-            "spec": {"containers": [{"name": "memcached"}]},
-            "status": {"phase": "Running"}
-        }))
-        .unwrap();
-        trim_pod(&mut pod);
-        let pod = pod.decode().unwrap();
-        assert!(
-            pod.spec.is_none()
-                && pod.metadata.annotations.is_none()
-                && pod.metadata.managed_fields.is_none()
-        );
-        assert_eq!(pod.status.unwrap().phase.as_deref(), Some("Running"));
     }
 }

@@ -99,10 +99,11 @@ pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) 
     })
 }
 
-/// Plans the pool: the drain, the slots, and the marks a Deployment's drained pods need.
-pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>) -> Pool {
+/// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, and the marks a
+/// Deployment's drained pods need.
+pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<Pod>]) -> Pool {
     let spec = instance.spec;
-    let members: Vec<Member> = pods(ctx, mc).iter().filter_map(|p| Member::of(p)).collect();
+    let members: Vec<Member> = pods.iter().filter_map(|p| Member::of(p)).collect();
     let previous = mc.status.as_ref();
     let previous_servers = previous.map(|s| s.servers.as_slice()).unwrap_or_default();
     let published_before = i32::try_from(previous_servers.len())

@@ -11,7 +11,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Service};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
@@ -165,7 +165,11 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
     changes.publish(ctx, &mc.object_ref(&()), &instance).await;
     match applied {
         Ok(applied) => {
-            let published = Some((applied.servers, applied.drain));
+            let published = Some(Published {
+                servers: applied.servers,
+                drain: applied.drain,
+                pods: applied.pods,
+            });
             let held = report(
                 mc,
                 ctx,
@@ -219,6 +223,8 @@ struct Children {
     workload: WorkloadStatus,
     servers: Vec<Server>,
     drain: Option<Drain>,
+    /// The instance's pods as the plan read them (decoded once per reconcile).
+    pods: Vec<Arc<Pod>>,
     /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
     problem: Option<Problem>,
     /// How long until a drain is due.
@@ -240,7 +246,8 @@ async fn apply_children(
     let reference = mc.object_ref(&());
     let stores = &ctx.stores;
     let (client, ns) = (&ctx.client, instance.namespace);
-    let plan = pool::plan(ctx, mc, instance);
+    let pods = pool::pods(ctx, mc);
+    let plan = pool::plan(ctx, mc, instance, &pods);
     let scope = Scope { ctx, instance };
     for step in &plan.steps {
         if let Step::Cancelled { from, to, size } = step {
@@ -395,6 +402,7 @@ async fn apply_children(
         workload,
         servers: plan.servers,
         drain: plan.drain,
+        pods,
         problem,
         wait: plan.wait,
     })
@@ -507,22 +515,36 @@ pub(super) async fn record(
     publish(ctx, reference, event).await;
 }
 
+/// The pool as one reconcile settled it, for its status.
+struct Published {
+    servers: Vec<Server>,
+    drain: Option<Drain>,
+    pods: Vec<Arc<Pod>>,
+}
+
 /// Computes the status from what exists and writes it if it changed, unless the change can wait (see
 /// [`super::pace`]): then it returns how long until it may be written.
-/// `published` holds the server slots and drain this reconcile settled on; without it (nothing was
-/// applied) the stored ones are kept.
+/// `published` holds the server slots and drain this reconcile settled on, and the pods it read; without
+/// it (nothing was applied) the stored slots and drain are kept, and the pods are read here.
 async fn report(
     mc: &Memcached,
     ctx: &Context,
     workload: Option<WorkloadStatus>,
-    published: Option<(Vec<Server>, Option<Drain>)>,
+    published: Option<Published>,
     problem: Option<Problem>,
     selector: Option<String>,
 ) -> Result<Option<Duration>, Error> {
-    let pods = pool::pods(ctx, mc);
-    let (servers, drain) = published.unwrap_or_else(|| {
+    let Published {
+        servers,
+        drain,
+        pods,
+    } = published.unwrap_or_else(|| {
         let stored = mc.status.clone().unwrap_or_default();
-        (stored.servers, stored.drain)
+        Published {
+            servers: stored.servers,
+            drain: stored.drain,
+            pods: pool::pods(ctx, mc),
+        }
     });
     let observed = Observed {
         generation: mc.metadata.generation,

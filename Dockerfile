@@ -23,15 +23,18 @@ RUN echo "$(uname -m)-unknown-linux-musl" > /rust-target \
 WORKDIR /workspace
 
 # Dependencies first: this layer is rebuilt only when the manifests or Cargo.lock change. Placeholder
-# sources stand in for the operator's and for the workspace's release tooling (xtask), which cargo must
-# find to read the workspace but which the image does not build.
+# sources stand in for the operator's and for the other workspace members (xtask, the release tooling, and
+# bench, the scale benchmark), which cargo must find to read the workspace but which the image does not
+# build.
 COPY Cargo.toml Cargo.lock ./
 COPY xtask/Cargo.toml ./xtask/
-RUN mkdir -p src xtask/src \
+COPY bench/Cargo.toml ./bench/
+RUN mkdir -p src xtask/src bench/src \
     && echo '' > src/lib.rs \
     && echo 'fn main() {}' > src/main.rs \
-    && echo '' > xtask/src/lib.rs \
-    && echo 'fn main() {}' > xtask/src/main.rs \
+    && for member in xtask bench; do \
+         echo '' > "$member/src/lib.rs" && echo 'fn main() {}' > "$member/src/main.rs"; \
+       done \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \
     && rm -rf src
 

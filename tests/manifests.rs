@@ -676,3 +676,77 @@ fn the_workload_cannot_change_on_a_live_instance() {
         }
     }
 }
+
+/// The image's dependency layer, replayed: the manifests its `COPY` lines bring and the placeholder
+/// sources its first `RUN` writes must make a workspace cargo can load. A workspace member the Dockerfile
+/// does not copy fails the image build before anything compiles.
+#[test]
+fn image_dependency_layer_reads_the_workspace() {
+    let dockerfile = read("Dockerfile");
+    let lines: Vec<&str> = dockerfile.lines().collect();
+    let start = lines
+        .iter()
+        .position(|l| l.starts_with("COPY Cargo.toml Cargo.lock"))
+        .expect("the Dockerfile copies the workspace manifests first");
+    let dir = std::env::temp_dir().join(format!("image-layer-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut index = start;
+    while let Some(copy) = lines[index].strip_prefix("COPY ") {
+        let mut parts: Vec<&str> = copy.split_whitespace().collect();
+        let target = parts.pop().unwrap();
+        for source in parts {
+            let to = if target.ends_with('/') {
+                dir.join(target)
+                    .join(std::path::Path::new(source).file_name().unwrap())
+            } else {
+                dir.join(target)
+            };
+            std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+            std::fs::copy(repo(source), &to).unwrap();
+        }
+        index += 1;
+    }
+    // The first RUN after the COPY lines, joined, up to its first cargo command.
+    let mut run = String::new();
+    for line in &lines[index..] {
+        let line = line.trim_start_matches("RUN ");
+        run.push_str(line.trim_end_matches('\\'));
+        if !line.ends_with('\\') {
+            break;
+        }
+    }
+    let placeholders = run
+        .split("&& cargo ")
+        .next()
+        .unwrap()
+        .trim()
+        .trim_end_matches("&&");
+    let status = Command::new("sh")
+        .args(["-c", placeholders])
+        .current_dir(&dir)
+        .status()
+        .unwrap();
+    assert!(
+        status.success(),
+        "the placeholder step failed: {placeholders}"
+    );
+    let out = Command::new(env!("CARGO"))
+        .args([
+            "metadata",
+            "--no-deps",
+            "--offline",
+            "--format-version",
+            "1",
+        ])
+        .arg("--manifest-path")
+        .arg(dir.join("Cargo.toml"))
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        out.status.success(),
+        "cargo cannot read the workspace the Dockerfile's dependency layer copies:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -81,9 +81,9 @@ pub struct RunArgs {
     // A reconcile spends nearly all its time waiting for the API server, so the default is set by how many
     // round trips may be in flight, not by cores: on `make bench` (300 instances, 5 ms per request) 64
     // has every instance's children within about 0.25 s (7.8 s with 4). Each reconcile in flight holds a
-    // connection and the objects it builds and compares, so fewer save memory, but at more CPU: 32 peaks
-    // 3.5 MiB lower, takes 0.35 s and 20 % more CPU (a third more at 3000 instances, as instances wait
-    // longer and are reconciled more often meanwhile). It stays well below the API server's default
+    // connection and the objects it builds and compares, so fewer save memory, but at a cost: 32 peaks
+    // 2 MiB lower at 300 instances for about the same CPU, but takes 4.9 s instead of 3 s for the children
+    // of 3000; 16 peaks 4 MiB lower for 60 % more CPU. It stays well below the API server's default
     // in-flight limits (400 reads, 200 writes).
     #[arg(long, env = "CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,

@@ -17,8 +17,14 @@ RUN apt-get update \
 
 # x86_64-unknown-linux-musl on amd64 builders; aarch64-unknown-linux-musl on arm64
 # builders, so the binary always matches the platform of the final image.
+# jemalloc (the binary's allocator) fixes its page size when it is built and refuses to start on a kernel
+# with larger pages. arm64 kernels run with 4, 16 or 64 KiB pages, so the arm64 binary is built for 64 KiB,
+# which works on all three; amd64 pages are always 4 KiB.
 RUN echo "$(uname -m)-unknown-linux-musl" > /rust-target \
-    && rustup target add "$(cat /rust-target)"
+    && rustup target add "$(cat /rust-target)" \
+    && if [ "$(uname -m)" = aarch64 ]; then \
+         printf '[env]\nJEMALLOC_SYS_WITH_LG_PAGE = "16"\n' >> "$CARGO_HOME/config.toml"; \
+       fi
 
 WORKDIR /workspace
 

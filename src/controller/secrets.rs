@@ -4,12 +4,14 @@
 //! operator neither caches every Secret's content nor needs a read per reconcile: a Secret is read once per
 //! resourceVersion, and only the SHA-256 of each value is kept.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::Api;
+use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, ResourceExt};
 
 use super::{Context, Error};
 use crate::resources::secrets::{self, SecretRef};
@@ -29,16 +31,59 @@ pub struct SecretHashes {
 
 impl SecretHashes {
     fn get(&self, namespace: &str, name: &str, version: &str) -> Option<KeyHashes> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
+        self.lock()
             .get(&(namespace.to_owned(), name.to_owned()))
             .filter(|(v, _)| v == version)
             .map(|(_, hashes)| hashes.clone())
     }
 
     fn put(&self, namespace: &str, name: &str, version: String, hashes: KeyHashes) {
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.insert((namespace.to_owned(), name.to_owned()), (version, hashes));
+        self.lock()
+            .insert((namespace.to_owned(), name.to_owned()), (version, hashes));
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
+        self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether hashes of `namespace/name` are kept (any version).
+    #[cfg(test)]
+    fn holds(&self, namespace: &str, name: &str) -> bool {
+        self.lock()
+            .contains_key(&(namespace.to_owned(), name.to_owned()))
+    }
+
+    /// The observer of the Secret watch: a Secret seen deleted takes its hashes with it, and a relist (after
+    /// a watch expired, or the API server came back) keeps only the Secrets it lists, since one deleted
+    /// meanwhile sends no deletion. Without it the hashes of every Secret ever read would stay for the life
+    /// of the process.
+    pub fn observer(&self) -> impl Fn(&watcher::Event<PartialObjectMeta<Secret>>) + Send + 'static {
+        let hashes = self.clone();
+        // The Secrets of the relist in progress, if one is.
+        let relisted: Mutex<Option<HashSet<(String, String)>>> = Mutex::default();
+        move |event| {
+            let key = |secret: &PartialObjectMeta<Secret>| {
+                (secret.namespace().unwrap_or_default(), secret.name_any())
+            };
+            let mut relisted = relisted.lock().unwrap_or_else(|e| e.into_inner());
+            match event {
+                watcher::Event::Delete(secret) => {
+                    hashes.lock().remove(&key(secret));
+                }
+                watcher::Event::Init => *relisted = Some(HashSet::new()),
+                watcher::Event::InitApply(secret) => {
+                    if let Some(listed) = relisted.as_mut() {
+                        listed.insert(key(secret));
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(listed) = relisted.take() {
+                        hashes.lock().retain(|key, _| listed.contains(key));
+                    }
+                }
+                watcher::Event::Apply(_) => {}
+            }
+        }
     }
 }
 
@@ -104,4 +149,64 @@ async fn key_hashes(
     ctx.secret_hashes
         .put(namespace, name, version, hashes.clone());
     Ok(Some(hashes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret(namespace: &str, name: &str) -> PartialObjectMeta<Secret> {
+        let mut secret = PartialObjectMeta::<Secret>::default();
+        secret.metadata.name = Some(name.into());
+        secret.metadata.namespace = Some(namespace.into());
+        secret
+    }
+
+    fn hashes_of(names: &[(&str, &str)]) -> SecretHashes {
+        let hashes = SecretHashes::default();
+        for (namespace, name) in names {
+            hashes.put(namespace, name, "1".into(), KeyHashes::new());
+        }
+        hashes
+    }
+
+    #[test]
+    fn a_deleted_secret_takes_its_hashes_with_it() {
+        let hashes = hashes_of(&[("ns", "auth"), ("ns", "tls"), ("other", "auth")]);
+        let observe = hashes.observer();
+        observe(&watcher::Event::Delete(secret("ns", "auth")));
+        assert!(!hashes.holds("ns", "auth"));
+        assert!(hashes.holds("ns", "tls"), "another Secret stays");
+        assert!(
+            hashes.holds("other", "auth"),
+            "the same name elsewhere stays"
+        );
+        observe(&watcher::Event::Apply(secret("ns", "tls")));
+        assert!(
+            hashes.holds("ns", "tls"),
+            "a change is found by its version"
+        );
+    }
+
+    #[test]
+    fn a_relist_keeps_only_the_secrets_it_lists() {
+        let hashes = hashes_of(&[("ns", "auth"), ("ns", "gone")]);
+        let observe = hashes.observer();
+        observe(&watcher::Event::Init);
+        observe(&watcher::Event::InitApply(secret("ns", "auth")));
+        assert!(
+            hashes.holds("ns", "gone"),
+            "nothing goes before the list is complete"
+        );
+        observe(&watcher::Event::InitDone);
+        assert!(hashes.holds("ns", "auth"));
+        assert!(
+            !hashes.holds("ns", "gone"),
+            "deleted while the watch was down"
+        );
+        // Hashes read after the relist are not dropped by a later, unrelated InitDone without an Init.
+        hashes.put("ns", "new", "1".into(), KeyHashes::new());
+        observe(&watcher::Event::InitDone);
+        assert!(hashes.holds("ns", "new"));
+    }
 }

@@ -42,7 +42,8 @@ use super::compact::{Cache, Compact, Compactable};
 use super::connectivity::Connectivity;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{
-    Context, Error, PodIndex, Settings, Stores, Written, error_policy, reconcile, system_clock,
+    Context, Error, PodIndex, SecretHashes, Settings, Stores, Written, error_policy, reconcile,
+    system_clock,
 };
 use crate::api::Memcached;
 use crate::metrics::Metrics;
@@ -102,6 +103,7 @@ pub async fn run(
     // Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
     // end them when they see the object deleted.
     let written = Arc::new(Written::default());
+    let secret_hashes = SecretHashes::default();
     // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
     // begins, or it would wait for them.
     let shutdown = shutdown.boxed().shared();
@@ -191,8 +193,9 @@ pub async fn run(
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
-        // The operator never writes Secrets: nothing of theirs is kept in `written`.
-        |_| {},
+        // The operator never writes Secrets: nothing of theirs is kept in `written`; what is kept is the
+        // hashes of their values, which end with them.
+        secret_hashes.observer(),
     );
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
@@ -269,6 +272,7 @@ pub async fn run(
         system_clock(),
     );
     ctx.written = written;
+    ctx.secret_hashes = secret_hashes;
     let ctx = Arc::new(ctx);
     // Built once the context exists: a deletion it sees makes the context forget the instance (no
     // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this

@@ -7,10 +7,11 @@ use clap::Parser;
 use memcached_operator::cli::{Cli, Command, LogFormat, RunArgs};
 use memcached_operator::{manager, manifests};
 
-/// jemalloc, for every build. The release image links musl statically, and musl's own allocator made the
-/// operator 2.5 to 3.5 times as costly in CPU as the same code on glibc (`make bench`: 1.25–1.44 s instead of
-/// 0.47–0.59 s at 300 instances, 18.4 s instead of 5.0–5.4 s at 3000). One allocator everywhere also means
-/// the benchmark, built for glibc, measures the allocator the image runs.
+/// jemalloc, for every build. The release image links musl statically, and musl's own allocator made it two
+/// to three times as costly in CPU as with jemalloc (`make bench` on musl builds: 1.0–1.5 s instead of
+/// 0.47–0.72 s at 300 instances; 15.8 s instead of 4.6–5.0 s at 3000, whose children took 9.5 s instead of
+/// 3.2–3.6 s). One allocator everywhere also means the benchmark, built for glibc, measures the allocator
+/// the image runs.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -18,7 +19,7 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's options, read before `main` (its `malloc_conf`, under the crate's `_rjem_` prefix; the
 /// `_RJEM_MALLOC_CONF` environment variable still overrides them). One arena instead of four per CPU: the
 /// operator's allocations come from a few runtime threads, and every further arena keeps its own freed pages,
-/// which showed as 2 MiB more peak RSS at 300 instances for no CPU gained.
+/// which showed as 2 MiB more peak RSS at 300 instances for about the same CPU.
 #[cfg(not(target_env = "msvc"))]
 #[unsafe(export_name = "_rjem_malloc_conf")]
 static JEMALLOC_OPTIONS: Option<&'static std::ffi::c_char> =

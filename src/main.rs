@@ -7,11 +7,11 @@ use clap::Parser;
 use memcached_operator::cli::{Cli, Command, LogFormat, RunArgs};
 use memcached_operator::{manager, manifests};
 
-/// jemalloc, for every build. The release image links musl statically, and musl's own allocator made it two
-/// to three times as costly in CPU as with jemalloc (`make bench` on musl builds: 1.0–1.5 s instead of
-/// 0.47–0.72 s at 300 instances; 15.8 s instead of 4.6–5.0 s at 3000, whose children took 9.5 s instead of
-/// 3.2–3.6 s). One allocator everywhere also means the benchmark, built for glibc, measures the allocator
-/// the image runs.
+/// jemalloc, for every build. The release image links musl statically, and musl's own allocator made it three
+/// to five times as costly in CPU as with jemalloc (`make bench` on musl builds optimised for speed: 1.0–2.7 s
+/// instead of 0.40–0.41 s at 300 instances; 16–20 s instead of 3.9–4.0 s at 3000, whose children took
+/// 9.5–12 s instead of 2.9–3.0 s). One allocator everywhere also means the benchmark, built for glibc,
+/// measures the allocator the image runs.
 #[cfg(not(target_env = "msvc"))]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;

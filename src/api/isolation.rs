@@ -149,6 +149,6 @@ impl MemcachedSpec {
     }
     /// Autoscaling settings, if an autoscaler is wanted.
     pub fn autoscaling(&self) -> Option<&AutoscalingConfig> {
-        self.autoscaling.as_ref().filter(|a| a.enabled)
+        self.autoscaling.as_deref().filter(|a| a.enabled)
     }
 }

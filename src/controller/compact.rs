@@ -10,11 +10,19 @@
 //! one object per child, several per instance, for as long as the operator runs, while a reconcile reads
 //! only one instance's children, once: the decoding a read costs (microseconds) is paid where it is
 //! needed, the memory saved is every instance's, all the time.
+//!
+//! The text is kept LZ4-packed against a dictionary of its kind: the text of the first object of that
+//! kind this process cached. Objects of one kind written by one operator share nearly all of their text
+//! (keys, labels, the pod template, probes), so what is left of each is mostly its names and versions: a
+//! 2.8 kB Deployment packs into under 200 bytes, where LZ4 alone leaves 1.6 kB and deflate 1.1 kB (the
+//! `make bench` objects). Packing and unpacking take microseconds.
 
+use std::any::TypeId;
 use std::borrow::Cow;
+use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex};
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -75,12 +83,13 @@ impl Compactable for Pod {
 
 /// One cached object: the metadata its cache reads, and the rest of it as compact JSON text.
 pub struct Compact<K> {
-    /// Name, namespace, uid, resourceVersion and owner references (and for [`Compactable::LABELS_IN_META`]
-    /// kinds labels and annotations); the rest of the metadata is in `body`.
+    /// Name, namespace, resourceVersion and owner references (and for [`Compactable::LABELS_IN_META`]
+    /// kinds labels and annotations); the rest of the metadata is in `body`. The uid is in the text: a
+    /// cache reads no child's uid, and a reflector keys its objects by name.
     metadata: ObjectMeta,
     /// A JSON object of every top-level field but `metadata`, the unread ones and (for typed kinds)
-    /// `apiVersion` and `kind`.
-    body: Box<str>,
+    /// `apiVersion` and `kind`, packed.
+    body: Packed,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -103,16 +112,67 @@ impl<K> fmt::Debug for Compact<K> {
     }
 }
 
+/// JSON text, LZ4-packed (its length first) against the dictionary it names. Each packed text holds its
+/// own reference to its dictionary, so it unpacks whatever dictionary later texts of its kind get.
+#[derive(Clone)]
+struct Packed {
+    dictionary: Arc<[u8]>,
+    bytes: Box<[u8]>,
+}
+
+/// The longest dictionary: the texts the caches keep are a few kB; a larger first object is only
+/// partly useful as one.
+const MAX_DICTIONARY: usize = 16 * 1024;
+
+/// Per kind (the compact type), the dictionary its texts are packed against.
+static DICTIONARIES: LazyLock<Mutex<HashMap<TypeId, Arc<[u8]>>>> = LazyLock::new(Default::default);
+
+impl Packed {
+    /// Packs `text`, an object of kind `K`, against its kind's dictionary; the first text of a kind
+    /// becomes the dictionary.
+    fn pack<K: 'static>(text: &[u8]) -> Self {
+        let dictionary = DICTIONARIES
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(TypeId::of::<K>())
+            .or_insert_with(|| Arc::from(&text[..text.len().min(MAX_DICTIONARY)]))
+            .clone();
+        let bytes = lz4_flex::block::compress_prepend_size_with_dict(text, &dictionary);
+        Self {
+            dictionary,
+            bytes: bytes.into_boxed_slice(),
+        }
+    }
+
+    /// The text. Fails only on bytes that `pack` did not produce.
+    fn unpack(&self) -> Result<Vec<u8>, lz4_flex::block::DecompressError> {
+        lz4_flex::block::decompress_size_prepended_with_dict(&self.bytes, &self.dictionary)
+    }
+}
+
+impl fmt::Debug for Packed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.unpack() {
+            Ok(text) => write!(f, "{}", String::from_utf8_lossy(&text)),
+            Err(error) => write!(
+                f,
+                "<{} bytes that do not unpack: {error}>",
+                self.bytes.len()
+            ),
+        }
+    }
+}
+
 impl<K: Compactable> Compact<K> {
     /// The object as its own type (without `managedFields`). Fails only on text that did not come from an
     /// object of this kind.
     pub fn decode(&self) -> Result<K, serde_json::Error> {
-        let mut object: K = serde_json::from_str(&self.body)?;
+        let text = self.body.unpack().map_err(serde::de::Error::custom)?;
+        let mut object: K = serde_json::from_slice(&text)?;
         let kept = self.metadata.clone();
         let meta = object.meta_mut();
         meta.name = kept.name;
         meta.namespace = kept.namespace;
-        meta.uid = kept.uid;
         meta.resource_version = kept.resource_version;
         meta.owner_references = kept.owner_references;
         if K::LABELS_IN_META {
@@ -147,7 +207,6 @@ fn split<K: Compactable>(
     let mut kept = ObjectMeta {
         name: rest.name.take(),
         namespace: rest.namespace.take(),
-        uid: rest.uid.take(),
         resource_version: rest.resource_version.take(),
         owner_references: rest.owner_references.take(),
         ..ObjectMeta::default()
@@ -162,7 +221,7 @@ fn split<K: Compactable>(
     }
     Ok(Compact {
         metadata: kept,
-        body: Value::Object(fields).to_string().into_boxed_str(),
+        body: Packed::pack::<Compact<K>>(&serde_json::to_vec(&Value::Object(fields))?),
         kind: PhantomData,
     })
 }
@@ -301,6 +360,10 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn text<K>(compact: &Compact<K>) -> String {
+        String::from_utf8(compact.body.unpack().unwrap()).unwrap()
+    }
+
     fn deployment() -> Value {
         json!({
             "apiVersion": "apps/v1", "kind": "Deployment",
@@ -318,14 +381,14 @@ mod tests {
         let whole: Deployment = serde_json::from_value(deployment()).unwrap();
         assert_eq!(compact.decode().unwrap(), whole);
         assert_eq!(compact.meta().name.as_deref(), Some("cache"));
+        let body = text(&compact);
         assert!(
-            !compact.body.contains("apiVersion") && !compact.body.contains("\"name\":\"cache\""),
-            "type and metadata are not kept twice: {}",
-            compact.body
+            !body.contains("apiVersion") && !body.contains("\"name\":\"cache\""),
+            "type and metadata are not kept twice: {body}"
         );
         let encoded = Compact::encode(&whole).unwrap();
         assert_eq!(encoded.decode().unwrap(), whole);
-        assert_eq!(encoded.body, compact.body);
+        assert_eq!(text(&encoded), body);
     }
 
     #[test]
@@ -343,7 +406,7 @@ mod tests {
         );
         assert_eq!(meta.owner_references.as_ref().map(Vec::len), Some(1));
         assert!(meta.labels.is_none() && meta.annotations.is_none());
-        assert!(!compact.body.contains("manager"), "{}", compact.body);
+        assert!(!text(&compact).contains("manager"), "{compact:?}");
         let decoded = compact.decode().unwrap();
         assert!(decoded.metadata.managed_fields.is_none());
         assert_eq!(
@@ -441,11 +504,46 @@ mod tests {
     #[test]
     fn a_compact_deployment_is_several_times_smaller_than_the_struct() {
         let compact: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
-        let body = compact.body.len();
+        let body = text(&compact).len();
         assert!(
             body * 4 < std::mem::size_of::<Deployment>(),
             "{body} bytes of text against a {}-byte struct",
             std::mem::size_of::<Deployment>()
         );
+    }
+
+    #[test]
+    fn objects_of_a_kind_pack_against_the_first_ones_text() {
+        let first: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
+        let mut other = deployment();
+        other["metadata"]["name"] = json!("other");
+        other["spec"]["replicas"] = json!(3);
+        other["status"]["readyReplicas"] = json!(3);
+        let other: Compact<Deployment> = serde_json::from_value(other).unwrap();
+        assert!(Arc::ptr_eq(&first.body.dictionary, &other.body.dictionary));
+        let (packed, body) = (other.body.bytes.len(), text(&other).len());
+        assert!(
+            packed * 3 < body,
+            "{body} bytes of text packed into {packed}"
+        );
+        assert_eq!(other.decode().unwrap().spec.unwrap().replicas, Some(3));
+        assert_eq!(first.decode().unwrap().spec.unwrap().replicas, Some(2));
+    }
+
+    #[test]
+    fn each_kind_has_its_own_dictionary_and_a_text_unlike_it_still_round_trips() {
+        let deployment: Compact<Deployment> = serde_json::from_value(deployment()).unwrap();
+        let service = json!({"metadata": {"name": "cache", "namespace": "ns"},
+                             "spec": {"ports": [{"port": 11211}], "clusterIP": "None"}});
+        let service: Compact<Service> = serde_json::from_value(service).unwrap();
+        assert!(!Arc::ptr_eq(
+            &deployment.body.dictionary,
+            &service.body.dictionary
+        ));
+        let odd =
+            json!({"metadata": {"name": "odd"}, "spec": {"paused": true, "minReadySeconds": 7}});
+        let odd: Compact<Deployment> = serde_json::from_value(odd).unwrap();
+        let spec = odd.decode().unwrap().spec.unwrap();
+        assert_eq!((spec.paused, spec.min_ready_seconds), (Some(true), Some(7)));
     }
 }

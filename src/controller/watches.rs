@@ -101,7 +101,7 @@ pub async fn run(
 ) {
     let ns = options.namespace.as_deref();
     // Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
-    // end them when they see the object deleted.
+    // end them when their caches hold that version, or see the object deleted.
     let written = Arc::new(Written::default());
     let secret_hashes = SecretHashes::default();
     // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
@@ -121,7 +121,7 @@ pub async fn run(
         api::<Compact<Deployment>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     let (statefulsets, statefulset_stream) = cached(
         &metrics,
@@ -129,7 +129,7 @@ pub async fn run(
         api::<Compact<StatefulSet>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     let (services, service_stream) = cached(
         &metrics,
@@ -137,7 +137,7 @@ pub async fn run(
         api::<Compact<Service>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     let (config_maps, config_map_stream) = cached(
         &metrics,
@@ -145,7 +145,7 @@ pub async fn run(
         api::<Compact<ConfigMap>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     let pod_index = PodIndex::default();
     let (pods, pod_stream) = {
@@ -156,7 +156,7 @@ pub async fn run(
             api::<Compact<Pod>>(&client, ns),
             children.clone(),
             (),
-            move |event| index.observe(event),
+            (move |event: &_| index.observe(event), |_: &_| {}),
         )
     };
     let (pdbs, pdb_stream) = cached(
@@ -165,7 +165,7 @@ pub async fn run(
         api::<Compact<PodDisruptionBudget>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     let (network_policies, network_policy_stream) = cached(
         &metrics,
@@ -173,7 +173,7 @@ pub async fn run(
         api::<Compact<NetworkPolicy>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
     // that finds nothing to do in the caches and sends nothing.
@@ -183,7 +183,7 @@ pub async fn run(
         api::<Compact<HorizontalPodAutoscaler>>(&client, ns),
         children.clone(),
         (),
-        forgets_deleted(&written, &()),
+        forgets_seen(&written, &()),
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = reflected(
@@ -195,7 +195,7 @@ pub async fn run(
         (),
         // The operator never writes Secrets: nothing of theirs is kept in `written`; what is kept is the
         // hashes of their values, which end with them.
-        secret_hashes.observer(),
+        (secret_hashes.observer(), |_: &_| {}),
     );
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
@@ -216,7 +216,7 @@ pub async fn run(
             api,
             children,
             service_monitor.clone(),
-            forgets_deleted(&written, &service_monitor),
+            forgets_seen(&written, &service_monitor),
         );
         (Some(store), Some(stream))
     } else {
@@ -278,6 +278,7 @@ pub async fn run(
     // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this
     // is dropped by the error policy.
     let forget = ctx.clone();
+    let written = ctx.written.clone();
     let mc_stream = retrying(
         &ctx.metrics,
         "memcacheds",
@@ -290,6 +291,8 @@ pub async fn run(
             mc_listed_tx.send_replace(true);
         }
         watcher::Event::Delete(mc) => forget.forget(mc),
+        // The cache holds it now: a status or finalizer write it has caught up with need not be kept.
+        watcher::Event::Apply(mc) => written.observe_cached(mc, &()),
         _ => {}
     })
     .applied_objects();
@@ -345,14 +348,17 @@ pub async fn run(
 
 /// A compact, cached watch of `K` (the watch of `api`; what is kept is [`Compactable`]'s to say): its
 /// cache, and the stream of touched objects (deletions included, so a deleted child triggers its owner and
-/// is recreated). `observe` sees every event just before the cache does.
+/// is recreated). `observe` sees every event just before the cache does, `settled` just after.
 fn cached<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
     api: Api<Compact<K>>,
     config: watcher::Config,
     dyntype: K::DynamicType,
-    observe: impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
+    (observe, settled): (
+        impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
+        impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
+    ),
 ) -> (
     Cache<K>,
     impl futures::Stream<Item = Result<Compact<K>, watcher::Error>> + Send + 'static,
@@ -361,12 +367,20 @@ where
     K: Compactable + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    let (store, stream) = reflected(metrics, resource, api, config, |_| {}, dyntype, observe);
+    let (store, stream) = reflected(
+        metrics,
+        resource,
+        api,
+        config,
+        |_| {},
+        dyntype,
+        (observe, settled),
+    );
     (Cache::new(store), stream)
 }
 
 /// A trimmed, cached watch of `K` as it is (the Secrets' metadata): its store, and the stream of touched
-/// objects. `observe` sees every event (trimmed) just before the cache does.
+/// objects. `observe` sees every event (trimmed) just before the cache does, `settled` just after.
 fn reflected<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
@@ -374,7 +388,10 @@ fn reflected<K>(
     config: watcher::Config,
     trim: fn(&mut K),
     dyntype: K::DynamicType,
-    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
+    (observe, settled): (
+        impl Fn(&watcher::Event<K>) + Send + 'static,
+        impl Fn(&watcher::Event<K>) + Send + 'static,
+    ),
 ) -> (
     reflector::Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -389,25 +406,39 @@ where
         .modify(trim)
         .inspect_ok(observe)
         .reflect(writer)
+        .inspect_ok(settled)
         .touched_objects();
     (store, stream)
 }
 
-/// The observer of a child watch: a deletion ends what `written` kept of the object (read-your-writes).
-fn forgets_deleted<K>(
+/// The observers of a child watch (before and after its cache sees an event) that end what `written` kept
+/// of an object (read-your-writes): a deletion ends it before the cache drops the object; a version the
+/// cache holds ends a kept answer it has caught up with, once the cache can stand in for it.
+fn forgets_seen<K>(
     written: &Arc<Written>,
     dt: &K::DynamicType,
-) -> impl Fn(&watcher::Event<K>) + Send + 'static
+) -> (
+    impl Fn(&watcher::Event<K>) + Send + 'static,
+    impl Fn(&watcher::Event<K>) + Send + 'static,
+)
 where
     K: Resource + 'static,
     K::DynamicType: Clone + Send + 'static,
 {
-    let (written, dt) = (written.clone(), dt.clone());
-    move |event| {
-        if let watcher::Event::Delete(object) = event {
-            written.observe_deleted(object, &dt);
-        }
-    }
+    let (deleted, dt_deleted) = (written.clone(), dt.clone());
+    let (cached, dt) = (written.clone(), dt.clone());
+    (
+        move |event: &watcher::Event<K>| {
+            if let watcher::Event::Delete(object) = event {
+                deleted.observe_deleted(object, &dt_deleted);
+            }
+        },
+        move |event: &watcher::Event<K>| {
+            if let watcher::Event::Apply(object) = event {
+                cached.observe_cached(object, &dt);
+            }
+        },
+    )
 }
 
 /// Keeps of a Secret only its identity and version. Annotations go too: `kubectl apply` stores the whole

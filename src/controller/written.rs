@@ -4,7 +4,7 @@
 //! before (or not at all, right after creating it). At scale that costs a repeated apply of every child
 //! and a second status write, each time another watch event triggers the instance before the cache has
 //! seen the operator's own write. Every write answers with the object as stored; that answer is kept here
-//! and preferred over an older cached copy.
+//! and preferred over an older cached copy, until the watch brings that version into the cache.
 //!
 //! Which copy is newer is told by `resourceVersion`. Kubernetes API servers use etcd revisions, which
 //! grow with every write; where both versions are integers the larger one wins. A version that is not an
@@ -113,20 +113,10 @@ impl Written {
                 from_write: false,
             };
         };
-        let cache_caught_up = match (&cached, &entry.object) {
-            // After a deletion the cache has caught up once the object is gone, or back in a newer version.
-            (None, None) => true,
-            (Some(c), None) => c
-                .meta()
-                .resource_version
-                .as_deref()
-                .is_some_and(|v| older(&entry.version, v)),
-            (Some(c), Some(_)) => c
-                .meta()
-                .resource_version
-                .as_deref()
-                .is_some_and(|v| !older(v, &entry.version)),
-            (None, Some(_)) => false,
+        let cache_caught_up = match &cached {
+            Some(c) => entry.caught_up_with(c.meta().resource_version.as_deref()),
+            // After a deletion the cache has caught up once the object is gone.
+            None => entry.object.is_none(),
         };
         if cache_caught_up || entry.at.elapsed() >= TRUST {
             entries.remove(&key);
@@ -171,6 +161,26 @@ impl Written {
         }
     }
 
+    /// Follows an object the cache now holds (called once the watch's event is in the cache): a kept
+    /// answer the cache has caught up with is dropped at once. Without this, answers stayed until the
+    /// instance's next reconcile read them or [`TRUST`] passed: during a burst of creations, a full decoded
+    /// copy of every child written in the last seconds (about 15 MB at 3000 instances, `make bench`).
+    pub fn observe_cached<K: Resource>(&self, object: &K, dt: &K::DynamicType) {
+        let mut entries = self.lock();
+        if entries.is_empty() {
+            return;
+        }
+        let Some(key) = key_of(object, dt) else {
+            return;
+        };
+        if entries
+            .get(&key)
+            .is_some_and(|entry| entry.caught_up_with(object.meta().resource_version.as_deref()))
+        {
+            entries.remove(&key);
+        }
+    }
+
     /// Drops every kept answer older than [`TRUST`], which bounds the memory this takes. Goes through the
     /// entries at most once a second: it is called by every reconcile, and a burst of creations keeps
     /// thousands of answers for a moment.
@@ -196,6 +206,17 @@ impl Written {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Entry>> {
         self.entries.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Entry {
+    /// Whether a cache showing the object at `version` has caught up with this entry: with a write once it
+    /// shows that version or a newer one; with a deletion once it shows a newer one (created again).
+    fn caught_up_with(&self, version: Option<&str>) -> bool {
+        version.is_some_and(|v| match self.object {
+            Some(_) => !older(v, &self.version),
+            None => older(&self.version, v),
+        })
     }
 }
 

@@ -116,15 +116,15 @@ mod tests {
     #[test]
     fn every_setting_renders_its_flag() {
         let spec = MemcachedSpec {
-            memcached: Some(MemcachedConfig {
+            memcached: Some(Box::new(MemcachedConfig {
                 max_memory_mb: Some(1024),
                 max_connections: Some(4096),
                 threads: Some(8),
                 max_item_size: Some("2m".into()),
                 verbosity: Some(2),
                 extra_args: vec!["-o".into(), "lru_crawler".into()],
-            }),
-            security: Some(Security {
+            })),
+            security: Some(Box::new(Security {
                 tls: Some(TlsConfig {
                     secret_name: "tls".into(),
                     client_auth: true,
@@ -134,7 +134,7 @@ mod tests {
                     key: None,
                 }),
                 network_policy: None,
-            }),
+            })),
             ..MemcachedSpec::default()
         };
         assert_eq!(

@@ -122,7 +122,7 @@ mod tests {
 
     fn spec(config: AutoscalingConfig) -> MemcachedSpec {
         MemcachedSpec {
-            autoscaling: Some(config),
+            autoscaling: Some(Box::new(config)),
             ..MemcachedSpec::default()
         }
     }
@@ -249,14 +249,14 @@ mod tests {
     #[test]
     fn a_custom_exporter_must_request_what_is_targeted() {
         let with_exporter = |resources: ResourceRequirements| MemcachedSpec {
-            monitoring: Some(Monitoring {
+            monitoring: Some(Box::new(Monitoring {
                 exporter: Some(ExporterConfig {
                     enabled: true,
                     resources: Some(resources),
                     ..ExporterConfig::default()
                 }),
                 service_monitor: None,
-            }),
+            })),
             ..spec(cpu(70))
         };
         let quantities = |key: &str| Some([(key.to_owned(), Quantity("64Mi".into()))].into());

@@ -142,16 +142,18 @@ mod tests {
     fn spec(config: NetworkPolicyConfig, exporter: bool) -> MemcachedSpec {
         MemcachedSpec {
             container_port: 11311,
-            security: Some(Security {
+            security: Some(Box::new(Security {
                 network_policy: Some(config),
                 ..Security::default()
-            }),
-            monitoring: exporter.then(|| Monitoring {
-                exporter: Some(ExporterConfig {
-                    enabled: true,
-                    ..ExporterConfig::default()
-                }),
-                service_monitor: None,
+            })),
+            monitoring: exporter.then(|| {
+                Box::new(Monitoring {
+                    exporter: Some(ExporterConfig {
+                        enabled: true,
+                        ..ExporterConfig::default()
+                    }),
+                    service_monitor: None,
+                })
             }),
             ..MemcachedSpec::default()
         }

@@ -48,10 +48,10 @@ mod tests {
             "cache",
             MemcachedSpec {
                 size,
-                high_availability: Some(HighAvailability {
+                high_availability: Some(Box::new(HighAvailability {
                     pod_disruption_budget: config,
                     ..HighAvailability::default()
-                }),
+                })),
                 ..MemcachedSpec::default()
             },
         );

@@ -104,7 +104,12 @@ fn pod_spec(instance: &Instance<'_>) -> PodSpec {
 /// The spec's affinity, plus the anti-affinity of `highAvailability.antiAffinity` unless the spec brings
 /// its own podAntiAffinity.
 fn affinity(instance: &Instance<'_>) -> Option<Affinity> {
-    let mut affinity = instance.spec.affinity.clone().unwrap_or_default();
+    let mut affinity = instance
+        .spec
+        .affinity
+        .as_deref()
+        .cloned()
+        .unwrap_or_default();
     if affinity.pod_anti_affinity.is_none() {
         let term = PodAffinityTerm {
             label_selector: Some(LabelSelector {

@@ -105,7 +105,7 @@ mod tests {
 
     fn spec(client_auth: bool) -> MemcachedSpec {
         MemcachedSpec {
-            security: Some(Security {
+            security: Some(Box::new(Security {
                 tls: Some(TlsConfig {
                     secret_name: "tls".into(),
                     client_auth,
@@ -115,7 +115,7 @@ mod tests {
                     key: None,
                 }),
                 network_policy: None,
-            }),
+            })),
             ..MemcachedSpec::default()
         }
     }

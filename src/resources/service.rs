@@ -113,13 +113,13 @@ mod tests {
                 annotations: [("lb".to_owned(), "internal".to_owned())].into(),
                 port: Some(11311),
             }),
-            monitoring: Some(Monitoring {
+            monitoring: Some(Box::new(Monitoring {
                 exporter: Some(ExporterConfig {
                     enabled: true,
                     ..ExporterConfig::default()
                 }),
                 service_monitor: None,
-            }),
+            })),
             ..MemcachedSpec::default()
         });
         assert_eq!(svc.metadata.annotations.unwrap()["lb"], "internal");

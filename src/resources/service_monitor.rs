@@ -54,7 +54,7 @@ mod tests {
         let mc = memcached(
             "cache",
             MemcachedSpec {
-                monitoring: Some(Monitoring {
+                monitoring: Some(Box::new(Monitoring {
                     exporter: Some(ExporterConfig {
                         enabled: true,
                         ..ExporterConfig::default()
@@ -64,7 +64,7 @@ mod tests {
                         interval: Some("15s".into()),
                         labels: [("release".to_owned(), "prom".to_owned())].into(),
                     }),
-                }),
+                })),
                 ..MemcachedSpec::default()
             },
         );

@@ -145,21 +145,21 @@ mod tests {
 
     fn with_memcached(config: MemcachedConfig) -> MemcachedSpec {
         MemcachedSpec {
-            memcached: Some(config),
+            memcached: Some(Box::new(config)),
             ..MemcachedSpec::default()
         }
     }
 
     fn with_memory_limit(limit: &str, max_memory_mb: i32) -> MemcachedSpec {
         MemcachedSpec {
-            memcached: Some(MemcachedConfig {
+            memcached: Some(Box::new(MemcachedConfig {
                 max_memory_mb: Some(max_memory_mb),
                 ..MemcachedConfig::default()
-            }),
-            resources: Some(ResourceRequirements {
+            })),
+            resources: Some(Box::new(ResourceRequirements {
                 limits: Some([("memory".to_owned(), Quantity(limit.to_owned()))].into()),
                 ..ResourceRequirements::default()
-            }),
+            })),
             ..MemcachedSpec::default()
         }
     }
@@ -226,11 +226,11 @@ mod tests {
     #[test]
     fn grace_period_must_outlast_the_pre_stop_delay() {
         let spec = MemcachedSpec {
-            high_availability: Some(HighAvailability {
+            high_availability: Some(Box::new(HighAvailability {
                 pre_stop_delay_seconds: Some(30),
                 termination_grace_period_seconds: Some(30),
                 ..HighAvailability::default()
-            }),
+            })),
             ..MemcachedSpec::default()
         };
         assert!(message(&spec).contains("terminationGracePeriodSeconds (30)"));
@@ -239,14 +239,14 @@ mod tests {
     #[test]
     fn budget_takes_one_bound() {
         let spec = MemcachedSpec {
-            high_availability: Some(HighAvailability {
+            high_availability: Some(Box::new(HighAvailability {
                 pod_disruption_budget: Some(PodDisruptionBudgetConfig {
                     enabled: Some(true),
                     max_unavailable: Some(IntOrString::Int(1)),
                     min_available: Some(IntOrString::Int(1)),
                 }),
                 ..HighAvailability::default()
-            }),
+            })),
             ..MemcachedSpec::default()
         };
         assert!(message(&spec).contains("both maxUnavailable and minAvailable"));
@@ -255,13 +255,13 @@ mod tests {
     #[test]
     fn service_monitor_needs_the_exporter() {
         let mut spec = MemcachedSpec {
-            monitoring: Some(Monitoring {
+            monitoring: Some(Box::new(Monitoring {
                 exporter: None,
                 service_monitor: Some(ServiceMonitorConfig {
                     enabled: true,
                     ..ServiceMonitorConfig::default()
                 }),
-            }),
+            })),
             ..MemcachedSpec::default()
         };
         assert!(message(&spec).contains("needs spec.monitoring.exporter.enabled"));

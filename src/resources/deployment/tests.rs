@@ -33,11 +33,11 @@ fn container<'a>(d: &'a Deployment, name: &str) -> &'a Container {
 fn everything() -> MemcachedSpec {
     MemcachedSpec {
         size: 3,
-        memcached: Some(MemcachedConfig {
+        memcached: Some(Box::new(MemcachedConfig {
             max_memory_mb: Some(256),
             ..MemcachedConfig::default()
-        }),
-        security: Some(Security {
+        })),
+        security: Some(Box::new(Security {
             tls: Some(TlsConfig {
                 secret_name: "cache-tls".into(),
                 client_auth: true,
@@ -47,14 +47,14 @@ fn everything() -> MemcachedSpec {
                 key: Some("users".into()),
             }),
             network_policy: None,
-        }),
-        monitoring: Some(Monitoring {
+        })),
+        monitoring: Some(Box::new(Monitoring {
             exporter: Some(ExporterConfig {
                 enabled: true,
                 ..ExporterConfig::default()
             }),
             service_monitor: None,
-        }),
+        })),
         ..MemcachedSpec::default()
     }
 }
@@ -198,11 +198,11 @@ fn termination_is_graceful() {
     );
 
     let d = build(MemcachedSpec {
-        high_availability: Some(HighAvailability {
+        high_availability: Some(Box::new(HighAvailability {
             pre_stop_delay_seconds: Some(0),
             termination_grace_period_seconds: Some(5),
             ..HighAvailability::default()
-        }),
+        })),
         ..MemcachedSpec::default()
     });
     assert_eq!(pod(&d).termination_grace_period_seconds, Some(5));
@@ -213,10 +213,10 @@ fn termination_is_graceful() {
 fn anti_affinity_modes() {
     let with = |mode| {
         build(MemcachedSpec {
-            high_availability: Some(HighAvailability {
+            high_availability: Some(Box::new(HighAvailability {
                 anti_affinity: Some(mode),
                 ..HighAvailability::default()
-            }),
+            })),
             ..MemcachedSpec::default()
         })
     };
@@ -280,10 +280,10 @@ fn scheduling_fields_pass_through_and_user_affinity_is_kept() {
             operator: Some("Exists".into()),
             ..Toleration::default()
         }]),
-        affinity: Some(Affinity {
+        affinity: Some(Box::new(Affinity {
             node_affinity: Some(node_affinity.clone()),
             ..Affinity::default()
-        }),
+        })),
         priority_class_name: Some("high".into()),
         ..MemcachedSpec::default()
     });
@@ -382,11 +382,11 @@ fn resources_are_derived_from_item_memory_and_overridable() {
     assert_eq!(r.requests.unwrap()["memory"], Quantity("288Mi".into()));
 
     let d = build(MemcachedSpec {
-        resources: Some(ResourceRequirements {
+        resources: Some(Box::new(ResourceRequirements {
             requests: Some([("cpu".to_owned(), Quantity("2".into()))].into()),
             limits: Some([("memory".to_owned(), Quantity("1Gi".into()))].into()),
             ..ResourceRequirements::default()
-        }),
+        })),
         ..MemcachedSpec::default()
     });
     let r = container(&d, "memcached").resources.clone().unwrap();

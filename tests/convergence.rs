@@ -192,7 +192,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     let written = memcached_operator::controller::Written::default();
     let applied = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}});
-    written.remember(Arc::new(settled(&applied)), &());
+    written.remember(Arc::new(Compact::encode(&settled(&applied)).unwrap()), &());
     written.observe_deleted(&deleted, &());
     assert_eq!(written.len(), 1);
 }

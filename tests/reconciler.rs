@@ -523,7 +523,8 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     ctx.pace.wrote(NS, NAME);
     let mut written = mc.clone();
     written.metadata.resource_version = Some("5".into());
-    ctx.written.remember(Arc::new(written), &());
+    ctx.written
+        .remember(Arc::new(Compact::encode(&written).unwrap()), &());
     assert_eq!(ctx.backoff.failures(&key), 3);
     assert_eq!(ctx.written.len(), 1);
 

@@ -8,17 +8,42 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::compact::{Cache, Compactable};
+use super::compact::{Cache, Compact, Compactable};
 use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
 /// A child after [`ensure`]: what it looks like now and, when it was applied, what it looked like before.
-pub struct Applied<K> {
-    pub current: Arc<K>,
+pub struct Applied<K: Resource> {
+    current: Current<K>,
     /// `None` when the child did not exist (or was not cached yet).
     pub previous: Option<Arc<K>>,
     /// Whether an apply request was sent.
     pub changed: bool,
+}
+
+/// The child as it is now: the live object that needed no apply, or the answer to the apply, decoded only
+/// when read (most callers never read it).
+enum Current<K: Resource> {
+    Live(Arc<K>),
+    Answer {
+        answer: Arc<Compact<K>>,
+        kind: String,
+    },
+}
+
+impl<K: Compactable> Applied<K> {
+    /// The child as it is now.
+    pub fn current(&self) -> Result<Arc<K>, Error> {
+        match &self.current {
+            Current::Live(live) => Ok(live.clone()),
+            Current::Answer { answer, kind } => answer.decode().map(Arc::new).map_err(|error| {
+                Error::Malformed(format!(
+                    "the API server's answer to applying {kind} {}: {error}",
+                    answer.meta().name.as_deref().unwrap_or_default()
+                ))
+            }),
+        }
+    }
 }
 
 /// Where a child is read from and its writes are remembered.
@@ -69,12 +94,13 @@ where
 }
 
 /// Makes the child `desired` exist as desired. Reads the live object from `store`; sends a server-side
-/// apply only when the live object is missing, drifted, or stamped by a different desired object.
+/// apply only when the live object is missing, drifted, or stamped by a different desired object. The
+/// answer is read compact, as the cache would keep it.
 pub async fn ensure<K>(
     instance: &Instance<'_>,
     desired: K,
     source: &Source<'_, K>,
-    api: Api<K>,
+    api: Api<Compact<K>>,
 ) -> Result<Applied<K>, Error>
 where
     K: Compactable + Debug + Send + Sync,
@@ -88,13 +114,13 @@ where
         && drift::is_up_to_date(live.as_ref(), &desired)
     {
         return Ok(Applied {
-            current: live.clone(),
+            current: Current::Live(live.clone()),
             previous: None,
             changed: false,
         });
     }
     let params = PatchParams::apply(labels::MANAGER_NAME).force();
-    let mut applied = api
+    let applied = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await
         .map_err(|source| Error::Apply {
@@ -102,11 +128,13 @@ where
             name: name.clone(),
             source,
         })?;
-    applied.meta_mut().managed_fields = None;
     let applied = Arc::new(applied);
     source.written.remember(applied.clone(), dt);
     Ok(Applied {
-        current: applied,
+        current: Current::Answer {
+            answer: applied,
+            kind: K::kind(dt).into_owned(),
+        },
         previous: live,
         changed: true,
     })
@@ -118,7 +146,7 @@ pub async fn remove<K>(
     instance: &Instance<'_>,
     name: &str,
     source: &Source<'_, K>,
-    api: Api<K>,
+    api: Api<Compact<K>>,
 ) -> Result<bool, Error>
 where
     K: Compactable + Debug + Send + Sync,

@@ -37,6 +37,7 @@ use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
+use crate::api::Memcached;
 use crate::resources::servers::DELETION_COST_ANNOTATION;
 
 /// A kind the caches keep compact, and which of its top-level fields they never need.
@@ -49,6 +50,8 @@ pub trait Compactable: Resource + Clone + Serialize + DeserializeOwned + 'static
     const LABELS_IN_META: bool = false;
     /// Drops from the metadata kept in the struct what the operator never reads of this kind.
     fn trim(_metadata: &mut ObjectMeta) {}
+    /// Drops from the rest of the metadata (kept in the text) what the operator never reads of this kind.
+    fn trim_rest(_metadata: &mut ObjectMeta) {}
 }
 
 impl Compactable for Deployment {}
@@ -58,6 +61,14 @@ impl Compactable for ConfigMap {}
 impl Compactable for PodDisruptionBudget {}
 impl Compactable for NetworkPolicy {}
 impl Compactable for HorizontalPodAutoscaler {}
+/// Instances are kept compact only as answers to this operator's own writes (read-your-writes); the
+/// controller's cache holds them whole. Their annotations go, as in that cache (`kubectl apply` keeps a copy
+/// of the whole object in one).
+impl Compactable for Memcached {
+    fn trim_rest(metadata: &mut ObjectMeta) {
+        metadata.annotations = None;
+    }
+}
 /// A dynamic object knows its type only from its content.
 impl Compactable for DynamicObject {
     const TYPE_IN_BODY: bool = true;
@@ -216,6 +227,7 @@ fn split<K: Compactable>(
         kept.annotations = rest.annotations.take();
     }
     K::trim(&mut kept);
+    K::trim_rest(&mut rest);
     if rest != ObjectMeta::default() {
         fields.insert("metadata".to_owned(), serde_json::to_value(rest)?);
     }

@@ -24,7 +24,7 @@ use tracing::{debug, info, warn};
 
 use super::changes::Changes;
 use super::children::{self, Source};
-use super::compact::{Cache, Compactable};
+use super::compact::{Cache, Compact, Compactable};
 use super::legacy_finalizer;
 use super::pool;
 use super::secrets::{self, Resolved};
@@ -99,9 +99,10 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
             // watch brings the patch back must not send it again.
             let mut patched = patched;
             super::watches::trim_instance(&mut patched);
-            let patched = Arc::new(patched);
-            ctx.written.remember(patched.clone(), &());
-            patched
+            if let Ok(kept) = Compact::encode(&patched) {
+                ctx.written.remember(Arc::new(kept), &());
+            }
+            Arc::new(patched)
         }
     };
     if deleting {
@@ -333,7 +334,7 @@ async fn apply_children(
         }
     }
 
-    let services: Api<Service> = Api::namespaced(client.clone(), ns);
+    let services: Api<Compact<Service>> = Api::namespaced(client.clone(), ns);
     for desired in [service::service(instance), service::headless(instance)] {
         let name = desired.name_any();
         let desired = Some(desired);
@@ -347,7 +348,7 @@ async fn apply_children(
         )
         .await?;
     }
-    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    let pdbs: Api<Compact<PodDisruptionBudget>> = Api::namespaced(client.clone(), ns);
     sync_child(
         &scope,
         instance.name,
@@ -357,7 +358,7 @@ async fn apply_children(
         changes,
     )
     .await?;
-    let network_policies: Api<NetworkPolicy> = Api::namespaced(client.clone(), ns);
+    let network_policies: Api<Compact<NetworkPolicy>> = Api::namespaced(client.clone(), ns);
     sync_child(
         &scope,
         instance.name,
@@ -367,7 +368,7 @@ async fn apply_children(
         changes,
     )
     .await?;
-    let autoscalers: Api<HorizontalPodAutoscaler> = Api::namespaced(client.clone(), ns);
+    let autoscalers: Api<Compact<HorizontalPodAutoscaler>> = Api::namespaced(client.clone(), ns);
     sync_child(
         &scope,
         instance.name,
@@ -442,7 +443,7 @@ where
             Some(_) => changes.updated(format!("{kind} {name}")),
         }
     }
-    Ok(applied.current)
+    applied.current()
 }
 
 /// The instance being reconciled, and where its children are read from.
@@ -472,7 +473,7 @@ async fn sync_child<K>(
     name: &str,
     desired: Option<K>,
     source: &Source<'_, K>,
-    api: Api<K>,
+    api: Api<Compact<K>>,
     changes: &mut Changes,
 ) -> Result<(), Error>
 where
@@ -588,7 +589,8 @@ async fn patch_status(
     status: &MemcachedStatus,
 ) -> Result<(), Error> {
     let name = mc.name_any();
-    let api: Api<Memcached> =
+    // The answer is kept compact (read-your-writes); nothing else reads it.
+    let api: Api<Compact<Memcached>> =
         Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
     let status = MemcachedStatus {
         stats: None,
@@ -607,8 +609,6 @@ async fn patch_status(
         )
         .await
         .map_err(|source| Error::Status { name, source })?;
-    let mut written = written;
-    super::watches::trim_instance(&mut written);
     ctx.written.remember(Arc::new(written), &());
     Ok(())
 }

@@ -179,7 +179,10 @@ impl<K: Compactable> Compact<K> {
     /// object of this kind.
     pub fn decode(&self) -> Result<K, serde_json::Error> {
         let text = self.body.unpack().map_err(serde::de::Error::custom)?;
-        let mut object: K = serde_json::from_slice(&text)?;
+        // Read as a `str`, as kube reads its answers: `from_slice` would build every kind's deserializer a
+        // second time for another reader (400 kB more code).
+        let text = std::str::from_utf8(&text).map_err(serde::de::Error::custom)?;
+        let mut object: K = serde_json::from_str(text)?;
         let kept = self.metadata.clone();
         let meta = object.meta_mut();
         meta.name = kept.name;

@@ -8,7 +8,8 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::compact::{Cache, Compact, Compactable};
+use super::cache::Cache;
+use super::compact::{Compact, Compactable};
 use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
@@ -70,7 +71,7 @@ where
     let dt = source.dt;
     let in_cache = source
         .store
-        .get(instance.namespace, name, dt)
+        .get(instance.namespace, name)
         .map_err(|error| Error::Malformed(format!("the cached {} {name}: {error}", K::kind(dt))))?;
     let Some(live) = source
         .written

@@ -1,8 +1,8 @@
-//! Cached objects in compact form: the metadata the caches themselves read on every event as a struct
-//! (identity and version for the reflector and read-your-writes, owner references for the owner mapping,
-//! and for pods the labels and annotations the pod index and the trim read) and everything else as the
-//! JSON text the API server sent, decoded only when a reconcile reads the object. `managedFields` are
-//! not kept at all: the operator never reads them.
+//! Watched objects in compact form: the metadata read on every event as a struct (identity and version
+//! for the watch and read-your-writes, owner references for the owner mapping, and for pods the labels
+//! and annotations the pod index and the trim read) and everything else as the JSON text the API server
+//! sent, packed, decoded only when a reconcile reads the object. `managedFields` are not kept at all: the
+//! operator never reads them. The caches keep the struct packed too (see [`cache`](super::cache)).
 //!
 //! A k8s-openapi struct is sized for every field its kind could have: a `Deployment` takes 2.4 kB before
 //! any of its content (each container 2.1 kB more, a pod 2.2 kB even with its spec dropped), plus a heap
@@ -12,7 +12,7 @@
 //! needed, the memory saved is every instance's, all the time.
 //!
 //! The text is kept LZ4-packed against a dictionary of its kind: the text of the first object of that
-//! kind this process cached. Objects of one kind written by one operator share nearly all of their text
+//! kind this process packed. Objects of one kind written by one operator share nearly all of their text
 //! (keys, labels, the pod template, probes), so what is left of each is mostly its names and versions: a
 //! 2.8 kB Deployment packs into under 200 bytes, where LZ4 alone leaves 1.6 kB and deflate 1.1 kB (the
 //! `make bench` objects). Packing and unpacking take microseconds.
@@ -32,7 +32,6 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::DynamicObject;
-use kube::runtime::reflector::{ObjectRef, Store};
 use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
@@ -178,22 +177,7 @@ impl<K: Compactable> Compact<K> {
     /// The object as its own type (without `managedFields`). Fails only on text that did not come from an
     /// object of this kind.
     pub fn decode(&self) -> Result<K, serde_json::Error> {
-        let text = self.body.unpack().map_err(serde::de::Error::custom)?;
-        // Read as a `str`, as kube reads its answers: `from_slice` would build every kind's deserializer a
-        // second time for another reader (400 kB more code).
-        let text = std::str::from_utf8(&text).map_err(serde::de::Error::custom)?;
-        let mut object: K = serde_json::from_str(text)?;
-        let kept = self.metadata.clone();
-        let meta = object.meta_mut();
-        meta.name = kept.name;
-        meta.namespace = kept.namespace;
-        meta.resource_version = kept.resource_version;
-        meta.owner_references = kept.owner_references;
-        if K::LABELS_IN_META {
-            meta.labels = kept.labels;
-            meta.annotations = kept.annotations;
-        }
-        Ok(object)
+        decode(self.metadata.clone(), &self.body)
     }
 
     /// The compact copy of `object` (what the watch would have cached of it).
@@ -208,6 +192,30 @@ impl<K: Compactable> Compact<K> {
         fields.retain(|key, _| kept::<K>(key));
         split::<K>(metadata, fields).map_err(serde::ser::Error::custom)
     }
+}
+
+/// The object of the metadata a compact object `kept` in its struct and its packed `body`.
+fn decode<K: Compactable>(kept: ObjectMeta, body: &Packed) -> Result<K, serde_json::Error> {
+    let mut object: K = unpacked(body)?;
+    let meta = object.meta_mut();
+    meta.name = kept.name;
+    meta.namespace = kept.namespace;
+    meta.resource_version = kept.resource_version;
+    meta.owner_references = kept.owner_references;
+    if K::LABELS_IN_META {
+        meta.labels = kept.labels;
+        meta.annotations = kept.annotations;
+    }
+    Ok(object)
+}
+
+/// The value of a packed JSON text.
+fn unpacked<T: DeserializeOwned>(packed: &Packed) -> Result<T, serde_json::Error> {
+    let text = packed.unpack().map_err(serde::de::Error::custom)?;
+    // Read as a `str`, as kube reads its answers: `from_slice` would build every kind's deserializer a
+    // second time for another reader (400 kB more code).
+    let text = std::str::from_utf8(&text).map_err(serde::de::Error::custom)?;
+    serde_json::from_str(text)
 }
 
 /// The compact object of `metadata` and the other kept `fields`: the metadata the cache reads stays in
@@ -311,62 +319,27 @@ impl<'de, K: Compactable> Deserialize<'de> for Compact<K> {
     }
 }
 
-/// A reflector store of compact objects, read as whole ones.
-pub struct Cache<K: Resource + 'static>
-where
-    K::DynamicType: Eq + std::hash::Hash,
-{
-    store: Store<Compact<K>>,
+/// A compact object as a cache keeps it: everything packed, the metadata kept in its struct too (against
+/// a dictionary of its own), so that nothing of the 360-byte `ObjectMeta` stays in memory.
+pub(super) struct Stored {
+    metadata: Packed,
+    body: Packed,
 }
 
-impl<K: Resource + 'static> Clone for Cache<K>
-where
-    K::DynamicType: Clone + Eq + std::hash::Hash,
-{
-    fn clone(&self) -> Self {
-        Self {
-            store: self.store.clone(),
-        }
-    }
-}
+/// Marks the dictionary of the metadata of kind `K` (see [`Stored`]).
+struct MetadataOf<K>(PhantomData<fn() -> K>);
 
-impl<K> Cache<K>
-where
-    K: Compactable,
-    K::DynamicType: Clone + Eq + std::hash::Hash,
-{
-    pub fn new(store: Store<Compact<K>>) -> Self {
-        Self { store }
+impl Stored {
+    pub(super) fn new<K: Compactable>(compact: &Compact<K>) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            metadata: Packed::pack::<MetadataOf<K>>(&serde_json::to_vec(&compact.metadata)?),
+            body: compact.body.clone(),
+        })
     }
 
-    /// Object `name` in `namespace`, decoded; `Ok(None)` when the cache has none.
-    pub fn get(
-        &self,
-        namespace: &str,
-        name: &str,
-        dt: &K::DynamicType,
-    ) -> Result<Option<Arc<K>>, serde_json::Error> {
-        let key = ObjectRef::new_with(name, dt.clone()).within(namespace);
-        self.store
-            .get(&key)
-            .map(|compact| compact.decode().map(Arc::new))
-            .transpose()
-    }
-
-    /// Every cached object that decodes.
-    pub fn state(&self) -> Vec<Arc<K>> {
-        self.store
-            .state()
-            .iter()
-            .filter_map(|compact| compact.decode().ok().map(Arc::new))
-            .collect()
-    }
-
-    /// Resolves once the cache holds its initial list (see [`Store::wait_until_ready`]).
-    pub async fn wait_until_ready(
-        &self,
-    ) -> Result<(), kube::runtime::reflector::store::WriterDropped> {
-        self.store.wait_until_ready().await
+    /// The object as its own type. Fails only on text that did not come from an object of kind `K`.
+    pub(super) fn decode<K: Compactable>(&self) -> Result<K, serde_json::Error> {
+        decode(unpacked(&self.metadata)?, &self.body)
     }
 }
 

@@ -4,6 +4,7 @@
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
 
 mod backoff;
+pub mod cache;
 mod changes;
 mod children;
 pub mod compact;
@@ -36,7 +37,8 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 
 pub use backoff::Backoff;
-pub use compact::{Cache, Compact, Compactable};
+pub use cache::{Cache, CacheWriter, cache};
+pub use compact::{Compact, Compactable};
 pub use error::Error;
 pub use events::Publisher;
 pub use pod_index::PodIndex;
@@ -88,8 +90,8 @@ impl Default for Settings {
     }
 }
 
-/// Caches the reconciler reads instead of calling the API server. Children and pods are kept compact
-/// (see [`compact`]); the instances whole, as the controller hands them to `reconcile`.
+/// Caches the reconciler reads instead of calling the API server. Children and pods are kept packed
+/// (see [`cache`]); the instances whole, as the controller hands them to `reconcile`.
 #[derive(Clone)]
 pub struct Stores {
     pub memcacheds: Store<Memcached>,

@@ -14,7 +14,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt};
 
-use super::compact::{Cache, Compact};
+use super::cache::Cache;
+use super::compact::Compact;
 use crate::resources::labels;
 
 /// A pod as the pod watch delivers it.
@@ -101,7 +102,7 @@ impl PodIndex {
         };
         names
             .iter()
-            .filter_map(|pod| store.get(namespace, pod, &()).ok().flatten())
+            .filter_map(|pod| store.get(namespace, pod).ok().flatten())
             .collect()
     }
 }
@@ -126,7 +127,6 @@ fn instance_of(pod: &Cached) -> Option<Instance> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use kube::runtime::reflector;
     use serde_json::json;
 
     fn pod(name: &str, instance: &str, app: &str) -> Cached {
@@ -139,13 +139,13 @@ mod tests {
 
     /// Feeds `events` to the index and the store alike, as the watch does.
     fn feed(events: Vec<watcher::Event<Cached>>) -> (PodIndex, Cache<Pod>) {
-        let (store, mut writer) = reflector::store::<Cached>();
+        let (store, mut writer) = crate::controller::cache::cache::<Pod>();
         let index = PodIndex::default();
         for event in events {
             index.observe(&event);
             writer.apply_watcher_event(&event);
         }
-        (index, Cache::new(store))
+        (index, store)
     }
 
     fn names(index: &PodIndex, store: &Cache<Pod>, instance: &str) -> Vec<String> {

@@ -12,7 +12,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
-use super::compact::{Cache, Compactable};
+use super::cache::Cache;
+use super::compact::Compactable;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
 use crate::resources::scaling::{self, Step};
@@ -49,7 +50,7 @@ pub fn pods(ctx: &Context, mc: &Memcached) -> Vec<Arc<Pod>> {
 /// reconcile's own read of it reports that).
 fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) -> Option<Arc<K>> {
     let namespace = mc.namespace().unwrap_or_default();
-    store.get(&namespace, &mc.name_any(), &()).ok().flatten()
+    store.get(&namespace, &mc.name_any()).ok().flatten()
 }
 
 /// The cached workload the instance runs: of the kind `spec.workload` names, or else of the other kind

@@ -22,9 +22,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, info, warn};
 
+use super::cache::Cache;
 use super::changes::Changes;
 use super::children::{self, Source};
-use super::compact::{Cache, Compact, Compactable};
+use super::compact::{Compact, Compactable};
 use super::legacy_finalizer;
 use super::pool;
 use super::secrets::{self, Resolved};

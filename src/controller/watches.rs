@@ -38,7 +38,8 @@ use std::fmt::Debug;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::compact::{Cache, Compact, Compactable};
+use super::cache::{Cache, cache};
+use super::compact::{Compact, Compactable};
 use super::connectivity::Connectivity;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
 use super::{
@@ -120,7 +121,6 @@ pub async fn run(
         "deployments",
         api::<Compact<Deployment>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     let (statefulsets, statefulset_stream) = cached(
@@ -128,7 +128,6 @@ pub async fn run(
         "statefulsets",
         api::<Compact<StatefulSet>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     let (services, service_stream) = cached(
@@ -136,7 +135,6 @@ pub async fn run(
         "services",
         api::<Compact<Service>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     let (config_maps, config_map_stream) = cached(
@@ -144,7 +142,6 @@ pub async fn run(
         "configmaps",
         api::<Compact<ConfigMap>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     let pod_index = PodIndex::default();
@@ -155,7 +152,6 @@ pub async fn run(
             "pods",
             api::<Compact<Pod>>(&client, ns),
             children.clone(),
-            (),
             (move |event: &_| index.observe(event), |_: &_| {}),
         )
     };
@@ -164,7 +160,6 @@ pub async fn run(
         "poddisruptionbudgets",
         api::<Compact<PodDisruptionBudget>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     let (network_policies, network_policy_stream) = cached(
@@ -172,7 +167,6 @@ pub async fn run(
         "networkpolicies",
         api::<Compact<NetworkPolicy>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
@@ -182,7 +176,6 @@ pub async fn run(
         "horizontalpodautoscalers",
         api::<Compact<HorizontalPodAutoscaler>>(&client, ns),
         children.clone(),
-        (),
         forgets_seen(&written, &()),
     );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
@@ -215,7 +208,6 @@ pub async fn run(
             "servicemonitors",
             api,
             children,
-            service_monitor.clone(),
             forgets_seen(&written, &service_monitor),
         );
         (Some(store), Some(stream))
@@ -354,7 +346,6 @@ fn cached<K>(
     resource: &'static str,
     api: Api<Compact<K>>,
     config: watcher::Config,
-    dyntype: K::DynamicType,
     (observe, settled): (
         impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
         impl Fn(&watcher::Event<Compact<K>>) + Send + 'static,
@@ -367,16 +358,13 @@ where
     K: Compactable + Send + Sync,
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
-    let (store, stream) = reflected(
-        metrics,
-        resource,
-        api,
-        config,
-        |_| {},
-        dyntype,
-        (observe, settled),
-    );
-    (Cache::new(store), stream)
+    let (cache, mut writer) = cache::<K>();
+    let stream = retrying(metrics, resource, watcher(api, config))
+        .inspect_ok(observe)
+        .inspect_ok(move |event| writer.apply_watcher_event(event))
+        .inspect_ok(settled)
+        .touched_objects();
+    (cache, stream)
 }
 
 /// A trimmed, cached watch of `K` as it is (the Secrets' metadata): its store, and the stream of touched
@@ -544,7 +532,11 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
             stores.pdbs.wait_until_ready().boxed(),
             stores.network_policies.wait_until_ready().boxed(),
             stores.autoscalers.wait_until_ready().boxed(),
-            stores.secrets.wait_until_ready().boxed(),
+            stores
+                .secrets
+                .wait_until_ready()
+                .map(|ready| ready.map_err(|_| super::cache::WriterDropped))
+                .boxed(),
         ];
         if let Some(store) = &stores.service_monitors {
             waits.push(store.wait_until_ready().boxed());

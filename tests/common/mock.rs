@@ -23,8 +23,8 @@ pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::{
-    Cache, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings, Stores,
-    error_policy, reconcile,
+    Cache, CacheWriter, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings,
+    Stores, cache, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};
@@ -223,16 +223,16 @@ pub fn compact<K: Compactable>(object: &K) -> Compact<K> {
 pub struct Cluster {
     pub stores: Stores,
     pub memcacheds: Writer<Memcached>,
-    pub deployments: Writer<Compact<Deployment>>,
-    pub statefulsets: Writer<Compact<StatefulSet>>,
-    pub config_maps: Writer<Compact<ConfigMap>>,
-    pub services: Writer<Compact<Service>>,
-    pub pods: Writer<Compact<Pod>>,
-    pub pdbs: Writer<Compact<PodDisruptionBudget>>,
+    pub deployments: CacheWriter<Deployment>,
+    pub statefulsets: CacheWriter<StatefulSet>,
+    pub config_maps: CacheWriter<ConfigMap>,
+    pub services: CacheWriter<Service>,
+    pub pods: CacheWriter<Pod>,
+    pub pdbs: CacheWriter<PodDisruptionBudget>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
-    pub service_monitors: Option<Writer<Compact<DynamicObject>>>,
-    pub network_policies: Writer<Compact<NetworkPolicy>>,
-    pub autoscalers: Writer<Compact<HorizontalPodAutoscaler>>,
+    pub service_monitors: Option<CacheWriter<DynamicObject>>,
+    pub network_policies: CacheWriter<NetworkPolicy>,
+    pub autoscalers: CacheWriter<HorizontalPodAutoscaler>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
 }
@@ -248,30 +248,35 @@ impl Cluster {
             writer.apply_watcher_event(&watcher::Event::InitDone);
             (reader, writer)
         }
+        fn synced_cache<K: Compactable>() -> (Cache<K>, CacheWriter<K>) {
+            let (reader, mut writer) = cache();
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+            (reader, writer)
+        }
         let (memcacheds_r, memcacheds) = synced();
-        let (deployments_r, deployments) = synced();
-        let (statefulsets_r, statefulsets) = synced();
-        let (config_maps_r, config_maps) = synced();
-        let (services_r, services) = synced();
-        let (pods_r, pods) = synced();
-        let (pdbs_r, pdbs) = synced();
+        let (deployments_r, deployments) = synced_cache();
+        let (statefulsets_r, statefulsets) = synced_cache();
+        let (config_maps_r, config_maps) = synced_cache();
+        let (services_r, services) = synced_cache();
+        let (pods_r, pods) = synced_cache();
+        let (pdbs_r, pdbs) = synced_cache();
         let (secrets_r, secrets) = synced();
-        let (network_policies_r, network_policies) = synced();
-        let (autoscalers_r, autoscalers) = synced();
+        let (network_policies_r, network_policies) = synced_cache();
+        let (autoscalers_r, autoscalers) = synced_cache();
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
-                deployments: Cache::new(deployments_r),
-                statefulsets: Cache::new(statefulsets_r),
-                config_maps: Cache::new(config_maps_r),
-                services: Cache::new(services_r),
-                pods: Cache::new(pods_r),
+                deployments: deployments_r,
+                statefulsets: statefulsets_r,
+                config_maps: config_maps_r,
+                services: services_r,
+                pods: pods_r,
                 pod_index: PodIndex::default(),
-                pdbs: Cache::new(pdbs_r),
+                pdbs: pdbs_r,
                 secrets: secrets_r,
                 service_monitors: None,
-                network_policies: Cache::new(network_policies_r),
-                autoscalers: Cache::new(autoscalers_r),
+                network_policies: network_policies_r,
+                autoscalers: autoscalers_r,
             },
             memcacheds,
             deployments,
@@ -290,10 +295,9 @@ impl Cluster {
     /// A cluster that serves the ServiceMonitor API.
     pub fn with_service_monitors() -> Self {
         let mut cluster = Self::new();
-        let mut writer =
-            Writer::new(memcached_operator::resources::service_monitor::api_resource());
+        let (reader, mut writer) = cache();
         writer.apply_watcher_event(&watcher::Event::InitDone);
-        cluster.stores.service_monitors = Some(Cache::new(writer.as_reader()));
+        cluster.stores.service_monitors = Some(reader);
         cluster.service_monitors = Some(writer);
         cluster
     }

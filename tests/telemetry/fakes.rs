@@ -19,7 +19,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use memcached_operator::api::Memcached;
-use memcached_operator::controller::{Cache, Compact, PodIndex, Publisher};
+use memcached_operator::controller::{Cache, CacheWriter, Compact, PodIndex, Publisher, cache};
 use memcached_operator::telemetry::metrics::OperandMetrics;
 use memcached_operator::telemetry::{Collector, IndexedPods, Network, Settings, Sources};
 use rcgen::{
@@ -338,7 +338,7 @@ fn answer(
 
 pub struct Caches {
     pub memcacheds: Writer<Memcached>,
-    pub pods: Writer<Compact<Pod>>,
+    pub pods: CacheWriter<Pod>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
     pod_index: PodIndex,
     stores: (
@@ -351,7 +351,7 @@ pub struct Caches {
 impl Caches {
     pub fn new() -> Self {
         let (m, mut memcacheds) = reflector::store();
-        let (p, mut pods) = reflector::store();
+        let (p, mut pods) = cache();
         let (s, mut secrets) = reflector::store();
         memcacheds.apply_watcher_event(&watcher::Event::InitDone);
         pods.apply_watcher_event(&watcher::Event::InitDone);
@@ -361,7 +361,7 @@ impl Caches {
             pods,
             secrets,
             pod_index: PodIndex::default(),
-            stores: (m, Cache::new(p), s),
+            stores: (m, p, s),
         }
     }
 

@@ -82,8 +82,8 @@ pub struct RunArgs {
     // round trips may be in flight, not by cores: on `make bench` (300 instances, 5 ms per request) 64
     // has every instance's children within about 0.25 s (7.8 s with 4). Each reconcile in flight holds a
     // connection and the objects it builds and compares, so fewer save memory, but at a cost: 32 peaks
-    // 2 MiB lower at 300 instances for about the same CPU, but takes 4.9 s instead of 3 s for the children
-    // of 3000; 16 peaks 4 MiB lower for 60 % more CPU. It stays well below the API server's default
+    // 1.8 MiB lower at 300 instances (the image's build) for 20-35 % more CPU, and took 4.9 s instead of
+    // 3 s for the children of 3000; 16 took 60 % more CPU. It stays well below the API server's default
     // in-flight limits (400 reads, 200 writes).
     #[arg(long, env = "CONCURRENCY", default_value_t = DEFAULT_CONCURRENCY, value_parser = clap::value_parser!(u16).range(1..))]
     pub concurrency: u16,

@@ -94,8 +94,8 @@ impl Compactable for Pod {
 /// One cached object: the metadata its cache reads, and the rest of it as compact JSON text.
 pub struct Compact<K> {
     /// Name, namespace, resourceVersion and owner references (and for [`Compactable::LABELS_IN_META`]
-    /// kinds labels and annotations); the rest of the metadata is in `body`. The uid is in the text: a
-    /// cache reads no child's uid, and a reflector keys its objects by name.
+    /// kinds labels and annotations); the rest of the metadata is in `body`. The uid is in the text: nothing
+    /// reads a child's uid on its events.
     metadata: ObjectMeta,
     /// A JSON object of every top-level field but `metadata`, the unread ones and (for typed kinds)
     /// `apiVersion` and `kind`, packed.

@@ -188,7 +188,7 @@ pub async fn run(
         (),
         // The operator never writes Secrets: nothing of theirs is kept in `written`; what is kept is the
         // hashes of their values, which end with them.
-        (secret_hashes.observer(), |_: &_| {}),
+        secret_hashes.observer(),
     );
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
@@ -368,7 +368,7 @@ where
 }
 
 /// A trimmed, cached watch of `K` as it is (the Secrets' metadata): its store, and the stream of touched
-/// objects. `observe` sees every event (trimmed) just before the cache does, `settled` just after.
+/// objects. `observe` sees every event (trimmed) just before the cache does.
 fn reflected<K>(
     metrics: &Arc<Metrics>,
     resource: &'static str,
@@ -376,10 +376,7 @@ fn reflected<K>(
     config: watcher::Config,
     trim: fn(&mut K),
     dyntype: K::DynamicType,
-    (observe, settled): (
-        impl Fn(&watcher::Event<K>) + Send + 'static,
-        impl Fn(&watcher::Event<K>) + Send + 'static,
-    ),
+    observe: impl Fn(&watcher::Event<K>) + Send + 'static,
 ) -> (
     reflector::Store<K>,
     impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
@@ -394,7 +391,6 @@ where
         .modify(trim)
         .inspect_ok(observe)
         .reflect(writer)
-        .inspect_ok(settled)
         .touched_objects();
     (store, stream)
 }

@@ -173,8 +173,9 @@ impl Written {
 
     /// Follows an object the cache now holds (called once the watch's event is in the cache): a kept
     /// answer the cache has caught up with is dropped at once. Without this, answers stayed until the
-    /// instance's next reconcile read them or [`TRUST`] passed: during a burst of creations, a full decoded
-    /// copy of every child written in the last seconds (about 15 MB at 3000 instances, `make bench`).
+    /// instance's next reconcile read them or [`TRUST`] passed: during a burst of creations, every child
+    /// written in the last seconds (14 MB of decoded objects at 3000 instances, in a `make bench` run slowed
+    /// down by a heap profiler).
     pub fn observe_cached<K: Resource>(&self, object: &K, dt: &K::DynamicType) {
         let mut entries = self.lock();
         if entries.is_empty() {

@@ -4,8 +4,9 @@
 //! A reflector store would hold each object as a [`Compact`] behind an `Arc`, with its metadata in a
 //! 360-byte `ObjectMeta` and a key that copies its name, namespace, version and uid: 1.5-3.5 kB per
 //! object, where the text itself packs into 0.1-0.2 kB. Here an object takes its packed metadata and
-//! text and its place in the map: about 0.23 kB (`make bench`'s objects). The watch streams still carry [`Compact`] objects, with the metadata the
-//! owner mapping and the pod index read; only what stays is packed.
+//! text and its place in the map: about 0.23 kB (`make bench`'s objects). The watch streams still carry
+//! [`Compact`] objects, with the metadata the owner mapping and the pod index read; only what stays is
+//! packed.
 //!
 //! [`compact`]: super::compact
 

@@ -61,8 +61,8 @@ impl Compactable for PodDisruptionBudget {}
 impl Compactable for NetworkPolicy {}
 impl Compactable for HorizontalPodAutoscaler {}
 /// Instances are kept compact only as answers to this operator's own writes (read-your-writes); the
-/// controller's cache holds them whole. Their annotations go, as in that cache (`kubectl apply` keeps a copy
-/// of the whole object in one).
+/// controller's cache holds them whole, trimmed by the same rule (`watches::trim_instance`): their
+/// annotations go (`kubectl apply` keeps a copy of the whole object in one).
 impl Compactable for Memcached {
     fn trim_rest(metadata: &mut ObjectMeta) {
         metadata.annotations = None;

@@ -87,7 +87,8 @@ where
 /// hold the whole object again when it was created with `kubectl apply` (`last-applied-configuration`).
 pub fn trim_instance(mc: &mut Memcached) {
     mc.metadata.managed_fields = None;
-    mc.metadata.annotations = None;
+    // The same rule as for the compact answers to this operator's own writes.
+    <Memcached as Compactable>::trim_rest(&mut mc.metadata);
 }
 
 /// Runs the controller until `shutdown` resolves; in-flight reconciles finish first.

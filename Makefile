@@ -99,7 +99,8 @@ e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at.
 
 # Scale benchmark (make bench): instances created at once, the fake API server's answer time per request,
 # and the length of the settled window in which writes are counted. ARGS passes more flags, e.g.
-# make bench ARGS="--runs 3 --json" or ARGS="--operator-arg=--concurrency=16" (cargo run -p bench -- --help).
+# make bench ARGS="--runs 3 --json" or ARGS="--operator-arg=--concurrency=16", or ARGS=--plain-http for a fake
+# served over plain HTTP instead of TLS with HTTP/2 and HTTP/1.1 offered by ALPN (cargo run -p bench -- --help).
 N ?= 300
 LATENCY_MS ?= 5
 SETTLE_SECONDS ?= 60

@@ -16,6 +16,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use http::Version;
+
 use crate::observe::{Outcome, Sent};
 use crate::telemetry::metrics::OperandMetrics;
 
@@ -41,6 +43,11 @@ struct RequestLabels {
     code: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ProtocolLabels {
+    protocol: &'static str,
+}
+
 /// The operator's metrics and the registry they are exported from.
 pub struct Metrics {
     registry: Registry,
@@ -50,6 +57,7 @@ pub struct Metrics {
     instances: Gauge,
     leader: Gauge,
     requests: Family<RequestLabels, Counter>,
+    responses: Family<ProtocolLabels, Counter>,
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
     operand_registry: Registry,
@@ -95,6 +103,13 @@ impl Default for Metrics {
             "Kubernetes API requests by verb and HTTP status code (\"error\" when no response arrived)",
             requests.clone(),
         );
+        let responses = Family::<ProtocolLabels, Counter>::default();
+        registry.register(
+            "kube_responses",
+            "Kubernetes API answers by HTTP version (HTTP/2 where the API server offers it over TLS: all \
+             requests share one connection; HTTP/1.1: one connection per request in flight)",
+            responses.clone(),
+        );
         let api_available = Gauge::default();
         registry.register(
             "api_available",
@@ -125,6 +140,7 @@ impl Default for Metrics {
             instances,
             leader,
             requests,
+            responses,
             api_available,
             watch_errors,
         }
@@ -198,6 +214,19 @@ impl Metrics {
             .get_or_create(&RequestLabels { verb, code })
             .inc();
     }
+
+    fn count_response(&self, version: Version) {
+        let protocol = match version {
+            Version::HTTP_2 => "HTTP/2",
+            Version::HTTP_11 => "HTTP/1.1",
+            Version::HTTP_10 => "HTTP/1.0",
+            Version::HTTP_3 => "HTTP/3",
+            _ => "other",
+        };
+        self.responses
+            .get_or_create(&ProtocolLabels { protocol })
+            .inc();
+    }
 }
 
 /// Records the reconcile duration on drop, so early returns are timed too.
@@ -212,11 +241,15 @@ impl Drop for ReconcileTimer<'_> {
     }
 }
 
-/// The metrics count every API request by verb and status (`error` when no answer arrived).
+/// The metrics count every API request by verb and status (`error` when no answer arrived), and every
+/// answer by the HTTP version it came over.
 impl crate::observe::Observer for Arc<Metrics> {
     fn observe(&self, sent: &Sent, outcome: Outcome<'_>, _now: Instant) {
         let code = match outcome {
-            Outcome::Answered(status) => status.as_u16().to_string(),
+            Outcome::Answered(status, version) => {
+                self.count_response(version);
+                status.as_u16().to_string()
+            }
             Outcome::Failed(_) => "error".to_owned(),
         };
         self.count_request(sent.verb, code);
@@ -243,6 +276,15 @@ mod tests {
             .body(())
             .unwrap();
         svc.ready().await.unwrap().call(req).await.unwrap();
+        let over_http2 = tower::service_fn(|_req: Request<()>| async {
+            let response = Response::builder().version(Version::HTTP_2).body(());
+            Ok::<_, tower::BoxError>(response.unwrap())
+        });
+        let mut svc = ObserveLayer::new(metrics.clone()).layer(over_http2);
+        for _ in 0..2 {
+            let req = Request::builder().uri("/y").body(()).unwrap();
+            svc.ready().await.unwrap().call(req).await.unwrap();
+        }
         metrics.reconciled(None);
         metrics.reconciled(Some("apply"));
         metrics.set_leader(true);
@@ -263,6 +305,9 @@ mod tests {
             "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"} 0",
             "memcached_operator_stats_reads_total{result=\"timeout\"} 1",
             "memcached_operator_kube_requests_total{verb=\"patch\",code=\"409\"} 1",
+            "memcached_operator_kube_requests_total{verb=\"get\",code=\"200\"} 2",
+            "memcached_operator_kube_responses_total{protocol=\"HTTP/1.1\"} 1",
+            "memcached_operator_kube_responses_total{protocol=\"HTTP/2\"} 2",
             "memcached_operator_reconcile_total{result=\"success\"} 1",
             "memcached_operator_reconcile_total{result=\"error\"} 1",
             "memcached_operator_reconcile_errors_total{kind=\"apply\"} 1",

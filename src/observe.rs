@@ -8,7 +8,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::Instant;
 
 use futures::future::BoxFuture;
-use http::{Method, Request, Response, StatusCode};
+use http::{Method, Request, Response, StatusCode, Version};
 
 /// What an observer learns about a request before it is sent.
 #[derive(Clone, Debug)]
@@ -23,8 +23,9 @@ pub struct Sent {
 /// How a request ended.
 #[derive(Clone, Copy, Debug)]
 pub enum Outcome<'a> {
-    /// The API server answered with this status.
-    Answered(StatusCode),
+    /// The API server answered with this status, over this HTTP version (HTTP/2 over TLS where the server
+    /// offers it: see [`crate::manager::transport`]).
+    Answered(StatusCode, Version),
     /// No answer arrived (connection refused or reset, timeout, TLS failure, ...).
     Failed(&'a (dyn StdError + Send + Sync)),
 }
@@ -122,7 +123,7 @@ where
         Box::pin(async move {
             let result = future.await;
             let outcome = match &result {
-                Ok(response) => Outcome::Answered(response.status()),
+                Ok(response) => Outcome::Answered(response.status(), response.version()),
                 Err(error) => Outcome::Failed(error.as_ref()),
             };
             observer.observe(&sent, outcome, Instant::now());
@@ -173,7 +174,7 @@ mod tests {
     impl Observer for Seen {
         fn observe(&self, sent: &Sent, outcome: Outcome<'_>, _now: Instant) {
             let outcome = match outcome {
-                Outcome::Answered(status) => status.as_u16().to_string(),
+                Outcome::Answered(status, version) => format!("{} {version:?}", status.as_u16()),
                 Outcome::Failed(error) => error_chain(error),
             };
             self.0
@@ -188,7 +189,8 @@ mod tests {
         let seen = Seen::default();
         let mut answered =
             ObserveLayer::new(seen.clone()).layer(tower::service_fn(|_req: Request<()>| async {
-                Ok::<_, BoxError>(Response::builder().status(409).body(()).unwrap())
+                let response = Response::builder().status(409).version(Version::HTTP_2);
+                Ok::<_, BoxError>(response.body(()).unwrap())
             }));
         let patch = Request::builder()
             .method(Method::PATCH)
@@ -211,7 +213,7 @@ mod tests {
         assert_eq!(
             *seen.0.lock().unwrap(),
             [
-                "patch 409",
+                "patch 409 HTTP/2.0",
                 "watch client error (Connect): connection refused"
             ]
         );

@@ -267,12 +267,11 @@ impl Fake {
         self.store.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Serves HTTP on `listener` until the process ends.
-    pub fn serve(self: &Arc<Self>, listener: tokio::net::TcpListener) {
-        let router = axum::Router::new()
+    /// The fake's HTTP routes: every request is answered by it ([`crate::endpoint`] serves them).
+    pub fn router(self: &Arc<Self>) -> axum::Router {
+        axum::Router::new()
             .fallback(handle)
-            .with_state(self.clone());
-        tokio::spawn(async move { axum::serve(listener, router).await });
+            .with_state(self.clone())
     }
 
     /// The watch lines of `plural` after resource version `after`, as one chunk, and the last version in

@@ -7,11 +7,17 @@
 //! ("children") and then until every instance reports `Available=True`; after a short grace period for
 //! trailing writes, it counts the writes of a settled window. The requests of the convergence are those
 //! from t0 to the start of the settled window.
+//!
+//! The fake is served over TLS offering HTTP/2 and HTTP/1.1 by ALPN, as a real API server is, or with
+//! `--plain-http` over plain HTTP ([`endpoint`], [`tls`]); either way the report counts the operator's
+//! connections by protocol.
 
+pub mod endpoint;
 pub mod fake;
 pub mod kubelet;
 pub mod patch;
 pub mod process;
+pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -21,6 +27,7 @@ use serde::Serialize;
 use serde_json::json;
 use tokio::sync::mpsc;
 
+use crate::endpoint::{Connections, Endpoint};
 use crate::fake::Fake;
 use crate::process::Operator;
 
@@ -50,6 +57,8 @@ pub struct Options {
     pub settle: Duration,
     /// The run fails when the instances are not all Available by then.
     pub timeout: Duration,
+    /// Serve the fake over TLS (HTTP/2 and HTTP/1.1 by ALPN), as a real API server; else plain HTTP.
+    pub tls: bool,
 }
 
 /// What a run measured. Times are seconds from the creation of the instances.
@@ -84,22 +93,19 @@ pub struct Report {
     /// Writes (any non-GET) during the settled window, and its length.
     pub settled_writes: usize,
     pub settle_seconds: u64,
+    /// The operator's connections to the fake over the whole run, by protocol: over TLS, whether its
+    /// requests shared HTTP/2 connections or held an HTTP/1.1 connection each.
+    pub connections: Connections,
 }
 
 /// Runs the benchmark once.
 pub async fn run(options: &Options) -> Result<Report, String> {
     let (kubelet_tx, kubelet_rx) = mpsc::unbounded_channel();
     let fake = Fake::new(options.latency, kubelet_tx);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .map_err(|e| format!("cannot listen: {e}"))?;
-    let addr = listener
-        .local_addr()
-        .map_err(|e| format!("no address: {e}"))?;
-    fake.serve(listener);
+    let endpoint = Endpoint::serve(&fake, options.tls).await?;
     tokio::spawn(kubelet::run(fake.clone(), kubelet_rx, options.pod_start));
 
-    let mut operator = Operator::start(options, addr)?;
+    let mut operator = Operator::start(options, &endpoint)?;
     operator.wait_ready(Duration::from_secs(60)).await?;
     // The watches open right after the initial lists that make the operator ready: let them, so that the
     // requests counted from t0 are those the instances cost.
@@ -157,6 +163,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let cpu_total = operator.cpu_seconds()?;
     let fake_cpu = process::own_cpu_seconds().unwrap_or_default() - fake_cpu_start;
     let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
+    let connections = endpoint.connections();
     operator.stop();
 
     let store = fake.store();
@@ -199,6 +206,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         fake_cpu_seconds: fake_cpu,
         settled_writes,
         settle_seconds: options.settle.as_secs(),
+        connections,
     })
 }
 
@@ -206,8 +214,14 @@ impl Report {
     /// The report as a table, for people.
     pub fn table(&self) -> String {
         let n = self.instances.max(1) as f64;
+        let transport = if self.connections.tls {
+            "TLS"
+        } else {
+            "plain HTTP"
+        };
         let mut out = format!(
-            "memcached-operator scale benchmark: {} instances, {} ms per request, pods ready after {} ms\n\n",
+            "memcached-operator scale benchmark: {} instances, {} ms per request, pods ready after {} ms, \
+             {transport}\n\n",
             self.instances, self.latency_ms, self.pod_start_ms
         );
         let rows = [
@@ -241,6 +255,7 @@ impl Report {
                 "writes when settled",
                 format!("{} in {} s", self.settled_writes, self.settle_seconds),
             ),
+            ("API server connections", self.connections.describe()),
         ];
         for (name, value) in rows {
             out.push_str(&format!("{name:<28} {value}\n"));

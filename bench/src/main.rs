@@ -45,6 +45,13 @@ struct Cli {
     /// Print the reports as JSON (a list, one per run) instead of tables.
     #[arg(long)]
     json: bool,
+    /// Serve the fake API server over plain HTTP instead of TLS. Over TLS (the default) it offers HTTP/2
+    /// and HTTP/1.1 by ALPN as a real API server does, with a CA made at start in the operator's
+    /// kubeconfig; over plain HTTP a Kubernetes client speaks HTTP/1.1, one connection per request in
+    /// flight, as the figures before the operator spoke HTTP/2 were measured. Either way the report counts
+    /// the operator's connections by protocol.
+    #[arg(long)]
+    plain_http: bool,
 }
 
 fn main() -> ExitCode {
@@ -68,6 +75,7 @@ fn main() -> ExitCode {
         pod_start: Duration::from_millis(cli.pod_start_ms),
         settle: Duration::from_secs(cli.settle_seconds),
         timeout: Duration::from_secs(cli.timeout_seconds),
+        tls: !cli.plain_http,
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -79,10 +87,15 @@ fn main() -> ExitCode {
     let mut reports = Vec::new();
     for run in 1..=cli.runs {
         eprintln!(
-            "run {run} of {}: {} instances against {}",
+            "run {run} of {}: {} instances against {}{}",
             cli.runs,
             cli.instances,
-            options.operator.display()
+            options.operator.display(),
+            if cli.plain_http {
+                ", over plain HTTP"
+            } else {
+                ", over TLS"
+            }
         );
         match runtime.block_on(bench::run(&options)) {
             Ok(report) => {
@@ -116,7 +129,7 @@ type Figure = (&'static str, fn(&Report) -> f64, &'static str);
 
 /// Minimum and maximum of the headline figures over the runs.
 fn ranges(reports: &[Report]) -> String {
-    let figures: [Figure; 7] = [
+    let figures: [Figure; 8] = [
         ("all children exist", |r| r.children_seconds, "s"),
         ("all Available", |r| r.available_seconds, "s"),
         ("requests per instance", |r| r.requests_per_instance, ""),
@@ -124,6 +137,11 @@ fn ranges(reports: &[Report]) -> String {
         ("CPU, whole run", |r| r.cpu_total_seconds, "s"),
         ("peak RSS", |r| r.peak_rss_mib, "MiB"),
         ("writes when settled", |r| r.settled_writes as f64, ""),
+        (
+            "API server connections",
+            |r| (r.connections.http2 + r.connections.http1) as f64,
+            "",
+        ),
     ];
     let mut out = format!("ranges over {} runs (min – max):\n", reports.len());
     for (name, figure, unit) in figures {
@@ -185,5 +203,11 @@ mod tests {
             [("TOKIO_WORKER_THREADS".into(), "1".into())]
         );
         assert!(Cli::try_parse_from(["bench", "--operator-env", "=1"]).is_err());
+        assert!(!cli.plain_http, "TLS unless asked, as a real API server");
+        assert!(
+            Cli::try_parse_from(["bench", "--plain-http"])
+                .unwrap()
+                .plain_http
+        );
     }
 }

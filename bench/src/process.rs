@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Options;
+use crate::endpoint::Endpoint;
 
 pub struct Operator {
     child: Child,
@@ -19,9 +20,10 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts `binary` against the API server at `api`, in every namespace and without leader election
-    /// (a single replica), with only warnings logged (to a file in a scratch directory).
-    pub fn start(options: &Options, api: SocketAddr) -> Result<Self, String> {
+    /// Starts `binary` against the fake API server at `api` (plain HTTP or TLS), in every namespace and
+    /// without leader election (a single replica), with only warnings logged (to a file in a scratch
+    /// directory).
+    pub fn start(options: &Options, api: &Endpoint) -> Result<Self, String> {
         let binary = &options.operator;
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -33,9 +35,10 @@ impl Operator {
             .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         let kubeconfig = dir.join("kubeconfig.yaml");
         let yaml = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n    server: http://{api}\n\
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{}\
              users:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: bench\n  context:\n    \
-             cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n"
+             cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n",
+            api.kubeconfig_cluster()
         );
         std::fs::write(&kubeconfig, yaml)
             .map_err(|e| format!("cannot write the kubeconfig: {e}"))?;

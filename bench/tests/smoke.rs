@@ -1,5 +1,7 @@
-//! The benchmark works end to end at a small N: the operator converges against the fake and every figure
-//! is reported. No timing is asserted; `make bench` is for measuring.
+//! The benchmark works end to end at a small N, over TLS and over plain HTTP (`--plain-http`): the operator
+//! converges against the fake and every figure is reported. No timing is asserted; `make bench` is for
+//! measuring. Nor is the protocol asserted over TLS: the smoke tests (`tests/smoke/http2.rs`) check
+//! which one the operator speaks; here the connections are only counted.
 //!
 //! It runs the debug operator binary, which `cargo test --workspace` builds for the operator's own
 //! integration tests (a release build would take minutes): `cargo test -p bench` alone needs
@@ -26,9 +28,9 @@ fn debug_operator() -> PathBuf {
     binary
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_small_run_converges_and_reports_every_figure() {
-    let options = Options {
+/// 5 instances, pods ready after 0.2 s, 2 s of settled window: a few seconds in all.
+fn small_run(tls: bool) -> Options {
+    Options {
         operator: debug_operator(),
         operator_args: vec![],
         operator_env: vec![],
@@ -37,8 +39,13 @@ async fn a_small_run_converges_and_reports_every_figure() {
         pod_start: Duration::from_millis(200),
         settle: Duration::from_secs(2),
         timeout: Duration::from_secs(60),
-    };
-    let report = bench::run(&options).await.unwrap();
+        tls,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_run_converges_and_reports_every_figure() {
+    let report = bench::run(&small_run(false)).await.unwrap();
 
     assert_eq!(report.instances, 5);
     assert!(report.children_seconds > 0.0);
@@ -72,4 +79,36 @@ async fn a_small_run_converges_and_reports_every_figure() {
     assert_eq!(report.settle_seconds, 2);
     let table = report.table();
     assert!(table.contains("all Available") && table.contains("writes when settled"));
+    // Over plain HTTP, every connection is HTTP/1.1, and there was at least the one of the lists.
+    assert!(!report.connections.tls && report.connections.http2 == 0);
+    assert!(report.connections.http1 >= 1, "{:?}", report.connections);
+    assert!(table.contains("HTTP/1.1 (plain HTTP)"), "{table}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_run_over_tls_converges_and_counts_the_connections_by_protocol() {
+    let report = bench::run(&small_run(true)).await.unwrap();
+
+    assert!(report.available_seconds >= report.children_seconds);
+    assert!(
+        report.requests.contains_key("apply deployments"),
+        "{:?}",
+        report.requests
+    );
+    assert!(report.refused.is_empty(), "refused: {:?}", report.refused);
+    let connections = report.connections;
+    assert!(connections.tls, "{connections:?}");
+    assert!(
+        connections.http2 + connections.http1 >= 1,
+        "the operator's connections were counted: {connections:?}"
+    );
+    let table = report.table();
+    assert!(
+        table.contains("(TLS)") && table.contains("TLS\n"),
+        "{table}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["connections"]["tls"], true, "{json}");
+    assert!(json["connections"]["http2"].is_u64(), "{json}");
+    assert!(json["connections"]["http1"].is_u64(), "{json}");
 }

@@ -122,10 +122,10 @@ impl std::fmt::Debug for Connectivity {
 impl Observer for Arc<Connectivity> {
     fn observe(&self, _sent: &Sent, outcome: Outcome<'_>, now: Instant) {
         match outcome {
-            Outcome::Answered(status) if status.is_server_error() => {
+            Outcome::Answered(status, _) if status.is_server_error() => {
                 self.failed(now, &format!("HTTP {status}"));
             }
-            Outcome::Answered(_) => self.answered(now),
+            Outcome::Answered(..) => self.answered(now),
             Outcome::Failed(error) => self.failed(now, &error_chain(error)),
         }
     }

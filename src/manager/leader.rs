@@ -50,7 +50,7 @@ impl Observer for Renewals {
     fn observe(&self, sent: &Sent, outcome: Outcome<'_>, _now: Instant) {
         let written = sent.verb != "get"
             && sent.verb != "watch"
-            && matches!(outcome, Outcome::Answered(status) if status.is_success());
+            && matches!(outcome, Outcome::Answered(status, _) if status.is_success());
         if written {
             let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
             if last.is_none_or(|at| at < sent.at) {
@@ -186,7 +186,7 @@ impl Election {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use http::Method;
+    use http::{Method, Version};
 
     fn sent(verb: &'static str, at: Instant) -> Sent {
         let method = if verb == "get" {
@@ -201,7 +201,7 @@ mod tests {
     fn renewals_are_successful_lease_writes_timed_when_sent() {
         let renewals = Renewals::default();
         let t0 = Instant::now();
-        let ok = Outcome::Answered(StatusCode::OK);
+        let ok = Outcome::Answered(StatusCode::OK, Version::HTTP_2);
         renewals.observe(&sent("get", t0), ok, t0);
         assert_eq!(renewals.last(), None, "a read renews nothing");
 
@@ -210,7 +210,7 @@ mod tests {
         renewals.observe(&sent("patch", t1), Outcome::Failed(&refused), t1);
         renewals.observe(
             &sent("patch", t1),
-            Outcome::Answered(StatusCode::CONFLICT),
+            Outcome::Answered(StatusCode::CONFLICT, Version::HTTP_2),
             t1,
         );
         assert_eq!(renewals.last(), None, "failed writes renew nothing");

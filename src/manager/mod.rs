@@ -14,6 +14,7 @@
 
 pub mod http;
 pub mod leader;
+pub mod transport;
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -21,7 +22,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use anyhow::{Context as _, anyhow};
-use kube::client::ClientBuilder;
 use kube::client::retry::RetryPolicy;
 use kube::{Client, Config};
 use tokio_util::sync::CancellationToken;
@@ -168,7 +168,7 @@ async fn config() -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// A kube client whose every request is counted in the metrics and feeds `observer`; a 429/503/504 answer
+/// A kube client (over HTTP/2 where the API server offers it: see [`transport`]) whose every request is counted in the metrics and feeds `observer`; a 429/503/504 answer
 /// is retried at most 3 times within a few seconds (honouring `Retry-After`), and the whole request ends
 /// after [`REQUEST_TIMEOUT`] without an answer. Retries are counted as the requests they are.
 fn client(
@@ -178,7 +178,7 @@ fn client(
 ) -> anyhow::Result<Client> {
     let retry = RetryPolicy::new(Duration::from_millis(200), Duration::from_secs(2), 3, true)
         .context("invalid retry policy")?;
-    let client = ClientBuilder::try_from(config)
+    let client = transport::builder(config)
         .context("cannot build the Kubernetes client")?
         .with_layer(&ObserveLayer::new(observer))
         .with_layer(&ObserveLayer::new(metrics))

@@ -26,6 +26,31 @@ pub fn metrics_with_operator_families(port: u16) -> Result<(), String> {
     }
 }
 
+/// The operator's answers from the API server by HTTP version, from
+/// `memcached_operator_kube_responses_total{protocol}`: e.g. `[("HTTP/2", 412.0)]`.
+pub fn api_answers_by_protocol(port: u16) -> Result<Vec<(String, f64)>, String> {
+    const FAMILY: &str = "memcached_operator_kube_responses_total{protocol=\"";
+    let (code, body) = http_get(port, "/metrics")?;
+    if code != 200 {
+        return Err(format!("HTTP {code}: {}", truncate(&body, 500)));
+    }
+    let answers: Vec<(String, f64)> = body
+        .lines()
+        .filter_map(|line| {
+            let rest = line.strip_prefix(FAMILY)?;
+            let (protocol, value) = rest.split_once("\"} ")?;
+            Some((protocol.to_owned(), value.trim().parse().ok()?))
+        })
+        .collect();
+    if answers.is_empty() {
+        return Err(format!(
+            "no {FAMILY}...}} sample in: {}",
+            truncate(&body, 1500)
+        ));
+    }
+    Ok(answers)
+}
+
 /// Two distinct free TCP ports on 127.0.0.1 (bound together, then released).
 pub fn two_free_ports() -> (u16, u16) {
     let bind = || {

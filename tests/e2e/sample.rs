@@ -10,7 +10,7 @@ use crate::checks::{
 };
 use crate::env::{E2e, OpInfo};
 use crate::events::{list_events, summarize_events};
-use crate::http::metrics_with_operator_families;
+use crate::http::{api_answers_by_protocol, metrics_with_operator_families};
 use crate::kubectl::{
     apply_yaml_ok, compact, get_opt, get_required, gone, kubectl_json, kubectl_ok, secs, str_at,
     try_kubectl_json, uid_of,
@@ -160,6 +160,52 @@ spec:
         ),
         secs(60),
         || metrics_with_operator_families(op.metrics_port),
+    );
+    check_api_protocol(env, op);
+}
+
+/// Over TLS the operator negotiates HTTP/2 (one connection for every request and watch) where the API
+/// server offers it, as kube-apiserver does by default; over plain HTTP, or through a kubeconfig's
+/// `proxy-url`, it speaks HTTP/1.1. The protocol seen is printed either way.
+fn check_api_protocol(env: &E2e, op: &OpInfo) {
+    let view = |path: &str| {
+        kubectl_ok(&[
+            "config",
+            "view",
+            "--minify",
+            "-o",
+            &format!("jsonpath={{.clusters[0].cluster.{path}}}"),
+        ])
+    };
+    let server = view("server");
+    let proxy = view("proxy-url");
+    let expected = if server.trim().starts_with("https://") && proxy.trim().is_empty() {
+        "HTTP/2"
+    } else {
+        "HTTP/1.1"
+    };
+    env.wait(
+        &format!(
+            "the operator's answers from {} to come over {expected} only",
+            server.trim()
+        ),
+        secs(30),
+        || {
+            let answers = api_answers_by_protocol(op.metrics_port)?;
+            eprintln!("    answers from the API server by protocol: {answers:?}");
+            let only_expected = answers
+                .iter()
+                .all(|(protocol, n)| protocol == expected || *n == 0.0);
+            let some = answers.iter().any(|(p, n)| p == expected && *n > 0.0);
+            if only_expected && some {
+                Ok(())
+            } else {
+                Err(format!(
+                    "answers by protocol: {answers:?}; over TLS an API server that offers no HTTP/2 \
+                     (a proxy or load balancer in front of it?) is answered over HTTP/1.1"
+                ))
+            }
+        },
     );
 }
 

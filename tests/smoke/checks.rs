@@ -4,7 +4,9 @@ use axum::http::Method;
 use serde_json::Value;
 
 use crate::fake_api::Fake;
-use crate::fake_api::paths::{APPLY, LEASE, LEASES, MONITORING};
+use crate::fake_api::paths::{
+    APPLY, DEPLOYMENT, EVENTS, HEADLESS, LEASE, LEASES, MONITORING, PDB, SERVICE,
+};
 use crate::fake_api::request::Req;
 
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=memcached-operator";
@@ -48,6 +50,16 @@ pub fn assert_applied(req: &Req, kind: &str) {
     assert_eq!(owner["kind"], "Memcached", "{body}");
     assert_eq!(owner["name"], "cache", "{body}");
     assert_eq!(owner["uid"], "uid-1", "{body}");
+}
+
+/// Whether the first reconcile of the default instance is done: its Deployment, both Services and its
+/// PodDisruptionBudget applied, and the `Created` event sent.
+pub fn children_applied(requests: &[Req]) -> bool {
+    !of(requests, &Method::PATCH, DEPLOYMENT).is_empty()
+        && !of(requests, &Method::PATCH, SERVICE).is_empty()
+        && !of(requests, &Method::PATCH, HEADLESS).is_empty()
+        && !of(requests, &Method::PATCH, PDB).is_empty()
+        && !of(requests, &Method::POST, EVENTS).is_empty()
 }
 
 /// Whether only the Lease was ever asked for: a standby starts no watch and writes nothing else.

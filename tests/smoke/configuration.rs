@@ -30,7 +30,7 @@ async fn run_fails_fast_on_bad_configuration() {
     // The endpoints are disabled through the environment so nothing binds the default ports.
     let fake = Fake::start(None).await;
     let scratch = Scratch::new("no-namespace");
-    let kubeconfig = scratch.kubeconfig(fake.addr);
+    let kubeconfig = scratch.kubeconfig(&fake);
     let mut op = Operator::spawn(
         &scratch,
         Some(fake.clone()),

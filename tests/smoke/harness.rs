@@ -3,7 +3,6 @@
 //! most scenarios use.
 
 use std::fs::File;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::Arc;
@@ -41,16 +40,21 @@ impl Scratch {
         Self(dir)
     }
 
-    /// A kubeconfig for the fake, with a bearer token.
-    pub fn kubeconfig(&self, server: SocketAddr) -> PathBuf {
+    /// A kubeconfig for the fake, with a bearer token; over TLS, it trusts the fake's CA.
+    pub fn kubeconfig(&self, fake: &Fake) -> PathBuf {
         let path = self.0.join("kubeconfig.yaml");
+        let server = fake.url();
+        let ca = match &fake.certificate_authority_data {
+            Some(data) => format!("\n    certificate-authority-data: {data}"),
+            None => String::new(),
+        };
         let yaml = format!(
             "apiVersion: v1
 kind: Config
 clusters:
 - name: fake
   cluster:
-    server: http://{server}
+    server: {server}{ca}
 users:
 - name: smoke
   user:
@@ -254,7 +258,7 @@ pub fn start_with(
     args: &[&str],
 ) -> (Scratch, Operator, String, String) {
     let scratch = Scratch::new(name);
-    let kubeconfig = scratch.kubeconfig(fake.addr);
+    let kubeconfig = scratch.kubeconfig(fake);
     let metrics = free_addr();
     let probes = free_addr();
     let mut all = vec![

@@ -1,5 +1,6 @@
 //! Smoke tests of `memcached-operator run` as a user runs it: the real binary, a kubeconfig, and an API
-//! server, here a fake one served in-process over plain HTTP on 127.0.0.1.
+//! server, here a fake one served in-process on 127.0.0.1, over plain HTTP or, as a real API server is,
+//! over TLS with HTTP/2 and HTTP/1.1 offered by ALPN ([`http2`]).
 //!
 //! The fake answers what a real API server would for existing `Memcached` objects (`default/cache` by
 //! default): lists of the watched kinds, watches held open (with the events of instances added during a
@@ -23,7 +24,7 @@
 //! - [`checks`]: assertions on recorded requests and metrics;
 //! - [`common`]: the helpers the integration tests share; here, the real memcached of [`telemetry`];
 //! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
-//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`telemetry`]. A new scenario goes in the group it belongs to, or
+//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`http2`], [`telemetry`]. A new scenario goes in the group it belongs to, or
 //!   in a new module listed here.
 
 mod checks;
@@ -34,6 +35,7 @@ mod harness;
 
 mod caches;
 mod configuration;
+mod http2;
 mod leader_election;
 mod outage;
 mod reconcile;

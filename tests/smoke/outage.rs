@@ -16,11 +16,11 @@ use crate::fake_api::world::memcached_named;
 use crate::harness::{IDENTITY, Operator, Scratch, WAIT, http_get, is_ok, start_run, start_with};
 
 /// The promise: watches resume and new work is reconciled within this long of the server answering.
-const RESUME: Duration = Duration::from_secs(5);
+pub const RESUME: Duration = Duration::from_secs(5);
 
 /// The operator without leader election (as in the reported outage), logging at info level so that
 /// warning noise shows, once it has reconciled the first instance and is ready.
-async fn started(fake: &Arc<Fake>, name: &str) -> (Scratch, Operator, String, String) {
+pub async fn started(fake: &Arc<Fake>, name: &str) -> (Scratch, Operator, String, String) {
     let (scratch, mut op, metrics, probes) = start_with(fake, name, &[]);
     op.wait_until("the first instance reconciled", WAIT, || {
         let applied = deployment_applied(fake, "cache");
@@ -71,7 +71,7 @@ async fn outage_of(fake: &Fake, op: &mut Operator, metrics: &str, probes: &str, 
 }
 
 /// Waits for the operator to apply `instance`'s Deployment and returns how long after `since` it did.
-async fn applied_within(
+pub async fn applied_within(
     fake: &Fake,
     op: &mut Operator,
     instance: &str,

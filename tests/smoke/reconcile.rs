@@ -7,8 +7,8 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 use crate::checks::{
-    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, conditions, lines, of,
-    sample, writes,
+    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, children_applied, conditions,
+    lines, of, sample, writes,
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
@@ -43,14 +43,8 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         "the Deployment, Services and PDB applies and the Created event",
         WAIT,
         || {
-            let requests = fake.requests();
-            async move {
-                !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
-                    && !of(&requests, &Method::PATCH, SERVICE).is_empty()
-                    && !of(&requests, &Method::PATCH, HEADLESS).is_empty()
-                    && !of(&requests, &Method::PATCH, PDB).is_empty()
-                    && !of(&requests, &Method::POST, EVENTS).is_empty()
-            }
+            let applied = children_applied(&fake.requests());
+            async move { applied }
         },
     )
     .await;
@@ -216,6 +210,8 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     for metric in [
         "memcached_operator_reconcile_total{result=\"success\"}",
         "memcached_operator_kube_requests_total{verb=\"patch\",code=\"200\"}",
+        // A plain http:// server is spoken to over HTTP/1.1 (HTTP/2 is negotiated over TLS only).
+        "memcached_operator_kube_responses_total{protocol=\"HTTP/1.1\"}",
     ] {
         assert!(
             sample(&text, metric).is_some_and(|n| n >= 1.0),

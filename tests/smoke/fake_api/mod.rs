@@ -10,27 +10,37 @@
 //! 404. The fake can go away and come back on the same address ([`Fake::outage`], [`Fake::back`]), as a
 //! restarted API server that expires the old resource versions (410) or as a network blip that does not.
 //!
+//! It speaks plain HTTP, or with [`Fake::start_tls`] TLS offering HTTP/2 and HTTP/1.1 by ALPN as a real
+//! API server does ([`tls`], the scale benchmark's): the kubeconfig then trusts a CA made for the test,
+//! the connections are counted by protocol, every request records the HTTP version it came in with, and
+//! [`Fake::restart`] drops every connection at once, and [`Fake::vanish`] silences them (a node gone
+//! without a reset).
+//!
 //! - [`door`]: the relay in front of the HTTP server that makes the outages;
 //! - [`paths`]: the API paths the fake serves;
 //! - [`request`]: one recorded request ([`request::Req`]) and query decoding;
 //! - [`world`]: the objects the fake lists;
-//! - [`answers`]: what each request gets.
+//! - [`answers`]: what each request gets;
+//! - [`tls`]: the TLS server (HTTP/2 and HTTP/1.1 by ALPN) and its certificates, shared with the scale
+//!   benchmark.
 
 pub mod answers;
 pub mod door;
 pub mod paths;
 pub mod request;
+#[path = "../../../bench/src/tls.rs"]
+pub mod tls;
 pub mod world;
 
 use std::fmt::Write as _;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, Method, StatusCode, Uri, header};
+use axum::http::{HeaderMap, Method, StatusCode, Uri, Version, header};
 use axum::response::Response;
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -42,6 +52,7 @@ use crate::fake_api::paths::{
     STRATEGIC,
 };
 use crate::fake_api::request::{Req, parse_query};
+use crate::fake_api::tls::{Certificates, Connections, TlsServer};
 use crate::fake_api::world::{World, metadata_only};
 
 pub struct FakeState {
@@ -91,6 +102,10 @@ pub struct Fake {
     pub addr: SocketAddr,
     pub door: door::Door,
     pub state: Mutex<FakeState>,
+    /// Over TLS: the kubeconfig's `certificate-authority-data`.
+    pub certificate_authority_data: Option<String>,
+    /// Over TLS: the server behind the door (set once the fake it serves exists).
+    tls_server: OnceLock<TlsServer>,
 }
 
 /// How to answer a request.
@@ -112,6 +127,20 @@ impl Fake {
     }
 
     pub async fn start_with(world: World, lease: Option<Value>) -> Arc<Self> {
+        Self::serve(world, lease, None).await
+    }
+
+    /// [`Fake::start_with`] over TLS, offering HTTP/2 and HTTP/1.1 by ALPN, with a certificate from a CA
+    /// made now, which [`crate::harness::Scratch::kubeconfig`] writes into the kubeconfig.
+    pub async fn start_tls(world: World, lease: Option<Value>) -> Arc<Self> {
+        Self::serve(world, lease, Some(Certificates::generate().unwrap())).await
+    }
+
+    async fn serve(
+        world: World,
+        lease: Option<Value>,
+        certificates: Option<Certificates>,
+    ) -> Arc<Self> {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let door = door::Door::open_for(listener.local_addr().unwrap()).await;
         let fake = Arc::new(Fake {
@@ -125,10 +154,66 @@ impl Fake {
                 lease,
                 resource_version: 100,
             }),
+            certificate_authority_data: certificates
+                .as_ref()
+                .map(Certificates::certificate_authority_data),
+            tls_server: OnceLock::new(),
         });
         let router = Router::new().fallback(handle).with_state(fake.clone());
-        tokio::spawn(async move { axum::serve(listener, router).await });
+        match certificates {
+            Some(certificates) => {
+                let server = TlsServer::serve(listener, &certificates, router);
+                assert!(fake.tls_server.set(server).is_ok(), "served once");
+            }
+            None => {
+                tokio::spawn(async move { axum::serve(listener, router).await });
+            }
+        }
         fake
+    }
+
+    /// The URL a kubeconfig names: `https://` over TLS, `http://` otherwise.
+    pub fn url(&self) -> String {
+        let scheme = match self.certificate_authority_data {
+            Some(_) => "https",
+            None => "http",
+        };
+        format!("{scheme}://{}", self.addr)
+    }
+
+    fn tls_server(&self) -> &TlsServer {
+        self.tls_server
+            .get()
+            .expect("the fake is served over TLS (Fake::start_tls)")
+    }
+
+    /// The connections accepted so far over TLS, by the protocol each negotiated.
+    pub fn connections(&self) -> Connections {
+        self.tls_server().connections()
+    }
+
+    /// The API server restarts at once (over TLS): every open connection is dropped without a goodbye,
+    /// new ones are accepted straight away, and the resource versions handed out before have expired
+    /// (watches from them are answered 410 `Expired`).
+    pub fn restart(&self) {
+        self.expire_versions();
+        self.tls_server().drop_connections();
+    }
+
+    /// The API server behind the open connections vanishes without a goodbye (over TLS), as a
+    /// control-plane node that loses power, or whose flow a load balancer drops: every open connection
+    /// stays open but goes silent (no answer, no PONG, no reset, no GOAWAY), while new connections reach
+    /// another server of the same cluster. That one serves the same objects from the same store, so the
+    /// resource versions handed out before are still valid (watches from them resume, no 410).
+    pub fn vanish(&self) {
+        self.tls_server().freeze_connections();
+    }
+
+    /// What a restarted API server forgets: every resource version handed out so far.
+    fn expire_versions(&self) {
+        let mut state = self.state.lock().unwrap();
+        state.resource_version += 1000;
+        state.expired_below = state.resource_version;
     }
 
     /// The API server goes away: connections are refused, and open ones (watches) are cut.
@@ -141,9 +226,7 @@ impl Fake {
     /// list again.
     pub fn back(&self, restarted: bool) {
         if restarted {
-            let mut state = self.state.lock().unwrap();
-            state.resource_version += 1000;
-            state.expired_below = state.resource_version;
+            self.expire_versions();
         }
         self.door.open();
     }
@@ -401,6 +484,7 @@ pub async fn handle(
     State(fake): State<Arc<Fake>>,
     method: Method,
     uri: Uri,
+    version: Version,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -422,6 +506,7 @@ pub async fn handle(
         let mut req = Req {
             seq: state.requests.len(),
             at: Instant::now(),
+            version,
             method,
             path: uri.path().to_owned(),
             query: parse_query(&raw_query),

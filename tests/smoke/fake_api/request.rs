@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use axum::http::Method;
+use axum::http::{Method, Version};
 use serde_json::Value;
 
 /// One request the operator made, and the status it was answered with.
@@ -11,6 +11,8 @@ pub struct Req {
     pub seq: usize,
     /// When it arrived.
     pub at: Instant,
+    /// The HTTP version it came in with: HTTP/2 only over TLS, on a connection that negotiated `h2`.
+    pub version: Version,
     pub method: Method,
     pub path: String,
     pub raw_query: String,

@@ -1,0 +1,242 @@
+//! The operator over TLS, as it reaches a real API server: the fake offers HTTP/2 and HTTP/1.1 by ALPN
+//! ([`Fake::start_tls`]). The operator must negotiate HTTP/2, so that every request and watch of one kube
+//! client shares one connection instead of holding a connection each, and must come back on a new
+//! connection, with its watches, when the API server drops them all, or when the connection goes silent
+//! without a reset (found by the transport's HTTP/2 keep-alive pings).
+//!
+//! Each test checks the operator's work first (reconciles, recovery), over whichever protocol it spoke,
+//! and the protocol last, so that a failure says which of the two went wrong.
+
+use std::time::{Duration, Instant};
+
+use axum::http::{Method, Version};
+use memcached_operator::manager::transport::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
+
+use crate::checks::{assert_applied, assert_no_unexpected_requests, children_applied, of, sample};
+use crate::fake_api::Fake;
+use crate::fake_api::paths::{DEPLOYMENT, DEPLOYMENTS, MEMCACHEDS};
+use crate::fake_api::request::Req;
+use crate::fake_api::tls::Connections;
+use crate::fake_api::world::{World, memcached_named};
+use crate::harness::{IDENTITY, WAIT, http_get, is_ok, settled, start_run, stop_and_check_release};
+use crate::outage::{RESUME, applied_within, started};
+
+/// How long after the keep-alive closed a silent connection the new instance may take to be reconciled:
+/// the watch's retry backoff, a new connection, the resumed watch and the reconcile.
+const AFTER_KEEP_ALIVE: Duration = Duration::from_secs(15);
+
+/// The operator's kube clients: its own and, with leader election, the Lease's. Each may hold one
+/// HTTP/2 connection.
+const CLIENTS: usize = 2;
+
+/// Every request came in over HTTP/2, and every connection negotiated it: one or two of them (`new`
+/// of them since `before`), none over HTTP/1.1.
+fn assert_http2_only(fake: &Fake, before: Connections) {
+    let connections = fake.connections();
+    let not_http2: Vec<String> = fake
+        .requests()
+        .iter()
+        .filter(|r| r.version != Version::HTTP_2)
+        .map(|r| format!("{} ({:?})", r.line(), r.version))
+        .collect();
+    assert!(
+        not_http2.is_empty(),
+        "every request over HTTP/2; the operator's connections: {connections}; not over HTTP/2:\n{}",
+        not_http2.join("\n")
+    );
+    assert_eq!(connections.http1, before.http1, "{connections}");
+    let new = connections.http2 - before.http2;
+    assert!(
+        (1..=CLIENTS).contains(&new),
+        "one HTTP/2 connection per kube client: {new} new ones (before: {before}; now: {connections})"
+    );
+}
+
+/// Whether, since `since`, the Memcacheds were listed again and then watched from that list.
+fn watching_again(requests: &[Req], since: Instant) -> bool {
+    let after = || {
+        requests
+            .iter()
+            .filter(move |r| r.at >= since && r.path == MEMCACHEDS)
+    };
+    after()
+        .find(|r| !r.is_watch())
+        .is_some_and(|list| after().any(|r| r.is_watch() && r.seq > list.seq))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_operator_speaks_http2_on_one_connection() {
+    let fake = Fake::start_tls(World::default(), None).await;
+    let (_scratch, mut op, metrics, probes) = start_run(&fake, "http2");
+    op.wait_until("the Lease is held by smoke-1", WAIT, || {
+        let holder = fake.lease_holder();
+        async move { holder.as_deref() == Some(IDENTITY) }
+    })
+    .await;
+    op.wait_until(
+        "the Deployment, Services and PDB applies and the Created event",
+        WAIT,
+        || {
+            let applied = children_applied(&fake.requests());
+            async move { applied }
+        },
+    )
+    .await;
+    op.wait_until("/readyz answers 200 as the leader", WAIT, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+    settled(&fake, Duration::from_millis(1500)).await;
+    // The operator's own count of its answers by protocol says the same as the fake's.
+    let (code, text) = http_get(&metrics, "/metrics")
+        .await
+        .expect("/metrics answers");
+    assert_eq!(code, 200, "{text}");
+    let over = |protocol: &str| {
+        sample(
+            &text,
+            &format!("memcached_operator_kube_responses_total{{protocol=\"{protocol}\"}}"),
+        )
+    };
+    assert!(over("HTTP/2").is_some_and(|n| n >= 1.0), "{text}");
+    assert_eq!(over("HTTP/1.1"), None, "{text}");
+    stop_and_check_release(&mut op, &fake).await;
+    assert_no_unexpected_requests(&fake);
+    let requests = fake.requests();
+    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    assert_eq!(deployments.len(), 1, "{deployments:#?}");
+    assert_applied(deployments[0], "Deployment");
+
+    // The watches, the reconcile, the Lease and its release at shutdown: all on HTTP/2.
+    assert_http2_only(&fake, Connections::default());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_the_operator_recovers_when_the_api_server_drops_every_connection() {
+    let fake = Fake::start_tls(World::default(), None).await;
+    let (_scratch, mut op, _metrics, probes) = started(&fake, "http2-restart").await;
+    let before = fake.connections();
+
+    // Every request and watch shared the dropped connections: they all fail at once.
+    let restarted_at = Instant::now();
+    fake.restart();
+    // Created right after the restart: the resumed watch gets a 410, re-lists and finds it.
+    fake.add_memcached(memcached_named("fresh", "uid-2"));
+
+    let took = applied_within(&fake, &mut op, "fresh", restarted_at).await;
+    assert!(
+        took < RESUME,
+        "the new instance was reconciled {took:?} after the connections were dropped"
+    );
+    op.wait_until("/readyz answers 200 after the restart", RESUME, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+    op.wait_until(
+        "the Memcached watch re-listed after its 410 and open again",
+        RESUME,
+        || {
+            let watching = watching_again(&fake.requests(), restarted_at);
+            async move { watching }
+        },
+    )
+    .await;
+
+    // It came back on HTTP/2: one new connection per client, none over HTTP/1.1.
+    assert_http2_only(&fake, before);
+}
+
+/// The node behind the operator's one HTTP/2 connection vanishes without a reset: every watch and request
+/// on it hangs, and a new instance is only seen once the keep-alive pings have found the connection dead
+/// (no PONG within [`KEEP_ALIVE_TIMEOUT`] of a ping sent [`KEEP_ALIVE_INTERVAL`] after the last frame),
+/// closed it and the watches have resumed on a new one. Without the pings nothing would end the watches:
+/// kube sets no read timeout (only a 295 s write timeout, and writes to a silent peer still succeed), and
+/// a request's own timeout (65 s) ends that request alone, not the connection, nor a watch once started.
+/// The new instance would never be reconciled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
+    let fake = Fake::start_tls(World::default(), None).await;
+    let (_scratch, mut op, _metrics, probes) = started(&fake, "http2-vanish").await;
+    // Quiet first, so that the operator had read every answer before the freeze.
+    settled(&fake, Duration::from_millis(1500)).await;
+    let before = fake.connections();
+
+    // The watches and everything else shared the connection that goes silent: nothing fails, nothing
+    // arrives. Only the pings can tell.
+    let vanished_at = Instant::now();
+    fake.vanish();
+    // The last request answered for sure (the fake answers at once; a second is ample) before the
+    // freeze: the operator read its answer later, so the pings cannot have found the connection dead
+    // before `quiet_since + KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT`.
+    let quiet_since = fake
+        .requests()
+        .iter()
+        .rev()
+        .map(|r| r.at)
+        .find(|&at| at + Duration::from_secs(1) <= vanished_at)
+        .expect("the start-up requests");
+    // Watches deliver events only when they start: this one waits for the resumed Memcached watch.
+    fake.add_memcached(memcached_named("fresh", "uid-2"));
+
+    let found_by = KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT;
+    let deadline = found_by + AFTER_KEEP_ALIVE;
+    op.wait_until(
+        "the Deployment of fresh, over a new connection",
+        deadline,
+        || {
+            let applied = !of(
+                &fake.requests(),
+                &Method::PATCH,
+                &format!("{DEPLOYMENTS}/fresh"),
+            )
+            .is_empty();
+            async move { applied }
+        },
+    )
+    .await;
+    let took = vanished_at.elapsed();
+    let requests = fake.requests();
+    let first_after = requests
+        .iter()
+        .find(|r| r.at >= vanished_at)
+        .expect("requests after the freeze");
+    eprintln!(
+        "fresh: Deployment applied {took:?} after the connection went silent; the first request on a \
+         new connection came {:?} after it, {:?} after the last answered request",
+        first_after.at - vanished_at,
+        first_after.at - quiet_since,
+    );
+    // Nothing got through before the keep-alive gave up on the silent connection: the first request
+    // the fake saw afterwards came on the new one, no earlier than the pings allow.
+    assert!(
+        first_after.at >= quiet_since + found_by,
+        "a request came {:?} after the operator went quiet, before a ping could have failed: {}",
+        first_after.at - quiet_since,
+        first_after.line()
+    );
+    assert!(
+        took <= deadline,
+        "the new instance was reconciled {took:?} after the connection went silent"
+    );
+    op.wait_until("/readyz answers 200 on the new connection", RESUME, || {
+        is_ok(&probes, "/readyz")
+    })
+    .await;
+
+    // The new server serves the same store: the Memcached watch resumed from its resource version,
+    // without a re-list.
+    let after: Vec<&Req> = requests.iter().filter(|r| r.at >= vanished_at).collect();
+    assert!(
+        after
+            .iter()
+            .any(|r| r.path == MEMCACHEDS && r.is_watch() && r.param("resourceVersion").is_some()),
+        "the Memcached watch resumed"
+    );
+    assert!(
+        !after.iter().any(|r| r.path == MEMCACHEDS && !r.is_watch()),
+        "a watch from a valid resource version resumes without a list"
+    );
+
+    // On a new HTTP/2 connection, none over HTTP/1.1.
+    assert_http2_only(&fake, before);
+}

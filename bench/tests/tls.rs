@@ -62,6 +62,33 @@ async fn connect(
         .unwrap()
 }
 
+/// An HTTP/2 client on a new TLS connection to the server at `addr` (as `127.0.0.1`, negotiating `h2`),
+/// and the task that drives the connection.
+async fn http2_client(
+    addr: SocketAddr,
+    certificates: &Certificates,
+) -> (
+    hyper::client::conn::http2::SendRequest<Body>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+) {
+    let tls = connect(addr, certificates, "127.0.0.1", &[b"h2"]).await;
+    let (sender, connection) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .unwrap();
+    (sender, tokio::spawn(connection))
+}
+
+/// What the server answers to a GET on `sender`'s connection: the HTTP version it was served over.
+async fn served_over(sender: &mut hyper::client::conn::http2::SendRequest<Body>) -> String {
+    let response = sender
+        .send_request(get("https://127.0.0.1/"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    text(response).await
+}
+
 /// The body of `response`, as text.
 async fn text(response: hyper::Response<hyper::body::Incoming>) -> String {
     let bytes = axum::body::to_bytes(Body::new(response.into_body()), 1024)
@@ -117,17 +144,8 @@ async fn a_client_that_negotiates_http1_or_nothing_speaks_http1_and_localhost_is
 #[tokio::test]
 async fn dropping_the_connections_ends_every_open_one_and_new_ones_are_still_served() {
     let (certificates, server, addr) = server().await;
-    let tls = connect(addr, &certificates, "127.0.0.1", &[b"h2"]).await;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .unwrap();
-    let connection = tokio::spawn(connection);
-    let response = sender
-        .send_request(get("https://127.0.0.1/"))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), 200);
+    let (mut sender, connection) = http2_client(addr, &certificates).await;
+    assert_eq!(served_over(&mut sender).await, "HTTP/2.0");
 
     server.drop_connections();
     // The client's side of the connection ends (how it reports an abrupt end is the client's business).
@@ -142,34 +160,16 @@ async fn dropping_the_connections_ends_every_open_one_and_new_ones_are_still_ser
             .is_err()
     );
 
-    let tls = connect(addr, &certificates, "127.0.0.1", &[b"h2"]).await;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .unwrap();
-    tokio::spawn(connection);
-    let response = sender
-        .send_request(get("https://127.0.0.1/"))
-        .await
-        .unwrap();
-    assert_eq!(text(response).await, "HTTP/2.0");
+    let (mut sender, _connection) = http2_client(addr, &certificates).await;
+    assert_eq!(served_over(&mut sender).await, "HTTP/2.0");
     assert_eq!(server.connections().http2, 2);
 }
 
 #[tokio::test]
 async fn a_frozen_connection_stays_open_but_answers_nothing_while_new_ones_are_served() {
     let (certificates, server, addr) = server().await;
-    let tls = connect(addr, &certificates, "127.0.0.1", &[b"h2"]).await;
-    let (mut sender, connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .unwrap();
-    let connection = tokio::spawn(connection);
-    let response = sender
-        .send_request(get("https://127.0.0.1/"))
-        .await
-        .unwrap();
-    assert_eq!(text(response).await, "HTTP/2.0");
+    let (mut sender, connection) = http2_client(addr, &certificates).await;
+    assert_eq!(served_over(&mut sender).await, "HTTP/2.0");
 
     server.freeze_connections();
     // The request goes out on the open connection, and no answer comes back.
@@ -183,14 +183,8 @@ async fn a_frozen_connection_stays_open_but_answers_nothing_while_new_ones_are_s
     assert!(!connection.is_finished(), "the frozen connection ended");
 
     // A new connection is served as before.
-    let tls = connect(addr, &certificates, "127.0.0.1", &[b"h2"]).await;
-    let (mut fresh, fresh_connection) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
-            .await
-            .unwrap();
-    tokio::spawn(fresh_connection);
-    let response = fresh.send_request(get("https://127.0.0.1/")).await.unwrap();
-    assert_eq!(text(response).await, "HTTP/2.0");
+    let (mut fresh, _fresh_connection) = http2_client(addr, &certificates).await;
+    assert_eq!(served_over(&mut fresh).await, "HTTP/2.0");
     assert_eq!(server.connections(), Connections { http2: 2, http1: 0 });
     assert!(!connection.is_finished(), "the frozen connection ended");
 

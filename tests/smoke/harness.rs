@@ -12,7 +12,7 @@ use axum::http::Method;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::checks::{assert_no_unexpected_requests, sample};
+use crate::checks::{assert_no_unexpected_requests, children_applied, sample};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{LEASE, STRATEGIC};
 use crate::fake_api::request::Req;
@@ -336,6 +336,29 @@ pub async fn stop_and_check_release(op: &mut Operator, fake: &Fake) {
     let stderr = op.stderr();
     assert!(stderr.contains("leader lease released"), "{stderr}");
     assert!(stderr.contains("shut down cleanly"), "{stderr}");
+}
+
+/// Waits until `op` holds the Lease, has applied the sample instance's children with their `Created`
+/// event, and reports ready as the leader.
+pub async fn leads_and_creates_the_children(op: &mut Operator, fake: &Fake, probes: &str) {
+    op.wait_until("the Lease is held by smoke-1", WAIT, || {
+        let holder = fake.lease_holder();
+        async move { holder.as_deref() == Some(IDENTITY) }
+    })
+    .await;
+    op.wait_until(
+        "the Deployment, Services and PDB applies and the Created event",
+        WAIT,
+        || {
+            let applied = children_applied(&fake.requests());
+            async move { applied }
+        },
+    )
+    .await;
+    op.wait_until("/readyz answers 200 as the leader", WAIT, || {
+        is_ok(probes, "/readyz")
+    })
+    .await;
 }
 
 /// Runs the operator against `world` until it leads, its caches are synced and it has finished as many

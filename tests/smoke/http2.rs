@@ -12,13 +12,15 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, Version};
 use memcached_operator::manager::transport::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
 
-use crate::checks::{assert_applied, assert_no_unexpected_requests, children_applied, of, sample};
+use crate::checks::{assert_applied, assert_no_unexpected_requests, of, sample};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{DEPLOYMENT, DEPLOYMENTS, MEMCACHEDS};
 use crate::fake_api::request::Req;
 use crate::fake_api::tls::Connections;
 use crate::fake_api::world::{World, memcached_named};
-use crate::harness::{IDENTITY, WAIT, http_get, is_ok, settled, start_run, stop_and_check_release};
+use crate::harness::{
+    http_get, is_ok, leads_and_creates_the_children, settled, start_run, stop_and_check_release,
+};
 use crate::outage::{RESUME, applied_within, started};
 
 /// How long after the keep-alive closed a silent connection the new instance may take to be reconciled:
@@ -68,24 +70,7 @@ fn watching_again(requests: &[Req], since: Instant) -> bool {
 async fn over_tls_the_operator_speaks_http2_on_one_connection() {
     let fake = Fake::start_tls(World::default(), None).await;
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "http2");
-    op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
-        async move { holder.as_deref() == Some(IDENTITY) }
-    })
-    .await;
-    op.wait_until(
-        "the Deployment, Services and PDB applies and the Created event",
-        WAIT,
-        || {
-            let applied = children_applied(&fake.requests());
-            async move { applied }
-        },
-    )
-    .await;
-    op.wait_until("/readyz answers 200 as the leader", WAIT, || {
-        is_ok(&probes, "/readyz")
-    })
-    .await;
+    leads_and_creates_the_children(&mut op, &fake, &probes).await;
     settled(&fake, Duration::from_millis(1500)).await;
     // The operator's own count of its answers by protocol says the same as the fake's.
     let (code, text) = http_get(&metrics, "/metrics")

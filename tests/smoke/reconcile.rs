@@ -7,8 +7,8 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 use crate::checks::{
-    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, children_applied, conditions,
-    lines, of, sample, writes,
+    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, conditions, lines, of,
+    sample, writes,
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
@@ -18,7 +18,8 @@ use crate::fake_api::paths::{
 };
 use crate::fake_api::world::{LEGACY_FINALIZER, World, memcached, with_legacy_finalizer};
 use crate::harness::{
-    IDENTITY, TOKEN, WAIT, http_get, is_ok, run_once, settled, start_run, stop_and_check_release,
+    IDENTITY, TOKEN, WAIT, http_get, is_ok, leads_and_creates_the_children, run_once, settled,
+    start_run, stop_and_check_release,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -33,26 +34,9 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
         .await;
 
-    // Leader election, then one reconcile: the children applied, and one event naming them.
-    op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
-        async move { holder.as_deref() == Some(IDENTITY) }
-    })
-    .await;
-    op.wait_until(
-        "the Deployment, Services and PDB applies and the Created event",
-        WAIT,
-        || {
-            let applied = children_applied(&fake.requests());
-            async move { applied }
-        },
-    )
-    .await;
-    // Readiness now means "leader with synced caches".
-    op.wait_until("/readyz answers 200 as the leader", WAIT, || {
-        is_ok(&probes, "/readyz")
-    })
-    .await;
+    // Leader election, then one reconcile: the children applied, and one event naming them; readiness
+    // now means "leader with synced caches".
+    leads_and_creates_the_children(&mut op, &fake, &probes).await;
     // Whatever the reconciles triggered by the initial lists would send.
     settled(&fake, Duration::from_millis(1500)).await;
 

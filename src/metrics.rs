@@ -9,14 +9,13 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use http::Version;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
-
-use http::Version;
 
 use crate::observe::{Outcome, Sent};
 use crate::telemetry::metrics::OperandMetrics;

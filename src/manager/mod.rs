@@ -168,9 +168,10 @@ async fn config() -> anyhow::Result<Config> {
     Ok(config)
 }
 
-/// A kube client (over HTTP/2 where the API server offers it: see [`transport`]) whose every request is counted in the metrics and feeds `observer`; a 429/503/504 answer
-/// is retried at most 3 times within a few seconds (honouring `Retry-After`), and the whole request ends
-/// after [`REQUEST_TIMEOUT`] without an answer. Retries are counted as the requests they are.
+/// A kube client (over HTTP/2 where the API server offers it: see [`transport`]) whose every request is
+/// counted in the metrics and feeds `observer`; a 429/503/504 answer is retried at most 3 times within a
+/// few seconds (honouring `Retry-After`), and the whole request ends after [`REQUEST_TIMEOUT`] without an
+/// answer. Retries are counted as the requests they are.
 fn client(
     config: Config,
     metrics: Arc<Metrics>,

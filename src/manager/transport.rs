@@ -2,8 +2,8 @@
 //!
 //! kube's own client stack speaks HTTP/1.1 only (its TLS connector offers `http/1.1` alone), so every
 //! request in flight needs a connection of its own: with 64 reconciles in flight, some 75 TCP and TLS
-//! connections of about 80 KB each, more memory than the 300 instances they serve (`make bench` with
-//! `--tls`). Over HTTP/2 every request and watch of a client shares one connection.
+//! connections of about 80 KB each, more memory than the 300 instances they serve (`make bench`, whose
+//! fake API server offers both). Over HTTP/2 every request and watch of a client shares one connection.
 //!
 //! [`builder`] assembles the stack kube's `ClientBuilder::try_from` builds, from the same parts kube
 //! exports ([`ConfigExt`]): its TLS settings (certificate authority, client certificate, the in-cluster
@@ -17,7 +17,8 @@
 //!
 //! kube's request tracing (debug spans named `HTTP`) is left out: the operator's own layer
 //! ([`crate::observe`]) counts and reports every request. A kubeconfig with a `proxy-url` keeps kube's
-//! own stack, which answers it as it did before (this build enables none of kube's proxy features).
+//! own stack, as before: this build enables none of kube's proxy features, so kube refuses it with an
+//! error that names the missing feature.
 
 use std::time::Duration;
 

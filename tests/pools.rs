@@ -111,7 +111,7 @@ async fn statefulset_mode_applies_the_pool_shape_and_then_nothing() {
     assert_eq!(spec.replicas, Some(3));
     assert_eq!(spec.service_name.as_deref(), Some("cache-headless"));
     assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
-    assert_eq!(spec.min_ready_seconds, Some(0));
+    assert_eq!(spec.min_ready_seconds, None, "no warmup: not sent");
     assert!(
         cluster.stores.deployments.state().is_empty(),
         "no Deployment in StatefulSet mode"

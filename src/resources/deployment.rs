@@ -24,7 +24,8 @@ pub fn deployment(instance: &Instance<'_>, replicas: i32, secret_hash: Option<&s
         metadata: instance.child_meta(),
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
-            min_ready_seconds: Some(instance.spec.warmup_seconds()),
+            // Left out when 0, as the API server leaves it out of what it returns.
+            min_ready_seconds: Some(instance.spec.warmup_seconds()).filter(|s| *s > 0),
             selector: LabelSelector {
                 match_labels: Some(labels::selector_labels(instance.name)),
                 ..LabelSelector::default()

@@ -56,6 +56,9 @@ fn annotations(meta: &mut ObjectMeta) -> &mut std::collections::BTreeMap<String,
 
 /// `desired ⊆ live`: objects by key (extra live keys, e.g. server defaults, are fine), lists element-wise
 /// with equal length (an extra list item is drift the operator must not ignore), scalars by equality.
+/// A desired zero value (`0`, `false`, `""`, `{}`, `[]`, `null`) matches an absent live field: the API
+/// server does not return zero-valued `omitempty` fields (a Deployment applied with `minReadySeconds: 0`
+/// comes back without it), so comparing them with what was sent would re-apply the object forever.
 /// Resource quantities (values under `requests` and `limits`) compare by amount, because the API server
 /// stores them in canonical form (`1024Mi` comes back as `1Gi`).
 pub fn contains(live: &Value, desired: &Value) -> bool {
@@ -90,13 +93,16 @@ fn contains_in(live: &Value, desired: &Value, quantities: bool) -> bool {
     }
 }
 
-/// Empty objects and lists may be dropped by the server; they are not drift.
+/// Zero values, which the server drops from `omitempty` fields: absent from the live object, they are not
+/// drift. (A field whose zero value the server keeps, such as a pointer, comes back and is compared.)
 fn is_empty(value: &Value) -> bool {
     match value {
         Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
         Value::Object(map) => map.is_empty(),
         Value::Array(items) => items.is_empty(),
-        _ => false,
     }
 }
 
@@ -152,6 +158,27 @@ mod tests {
     #[test]
     fn empty_desired_values_match_absent_live_ones() {
         assert!(contains(&json!({}), &json!({"emptyDir": {}, "list": []})));
+    }
+
+    #[test]
+    fn zero_values_the_server_drops_match_absent_live_ones() {
+        // What a v1.28 API server returns for a Deployment applied with `minReadySeconds: 0`.
+        let desired =
+            json!({"spec": {"minReadySeconds": 0, "paused": false, "hostname": "", "replicas": 1}});
+        assert!(contains(&json!({"spec": {"replicas": 1}}), &desired));
+        // A zero value that is present must still be equal, and a non-zero one must be present.
+        assert!(!contains(
+            &json!({"spec": {"minReadySeconds": 5, "replicas": 1}}),
+            &desired
+        ));
+        assert!(!contains(
+            &json!({"spec": {}}),
+            &json!({"spec": {"minReadySeconds": 5}})
+        ));
+        assert!(!contains(
+            &json!({"spec": {"paused": true, "replicas": 1}}),
+            &desired
+        ));
     }
 
     #[test]

@@ -172,7 +172,8 @@ fn warmup_is_min_ready_seconds_and_replicas_come_from_the_drain() {
             .spec
             .unwrap()
             .min_ready_seconds,
-        Some(0)
+        None,
+        "no warmup: left out, as the API server leaves a zero minReadySeconds out"
     );
     // While a scale-down drains, the reconciler asks for more replicas than spec.size.
     let mc = memcached("cache", spec);

@@ -33,7 +33,7 @@ use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, autoscaler, deployment, labels, network_policy, pdb, servers, service,
+    Instance, autoscaler, deployment, labels, network_policy, pdb, rollout, servers, service,
     service_monitor, statefulset,
 };
 use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
@@ -229,7 +229,7 @@ struct Children {
     pods: Vec<Arc<Pod>>,
     /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
     problem: Option<Problem>,
-    /// How long until a drain is due.
+    /// How long until a drain is due, or a paced rollout may replace the next server.
     wait: Option<Duration>,
 }
 
@@ -297,6 +297,8 @@ async fn apply_children(
         }
     }
 
+    // How long until a StatefulSet rollout may move on to the next server.
+    let mut rollout_wait = None;
     let workload = match instance.spec.workload {
         Workload::Deployment => {
             let desired = deployment::deployment(instance, plan.replicas, secret_hash);
@@ -312,7 +314,19 @@ async fn apply_children(
             WorkloadStatus::from(applied.as_ref())
         }
         Workload::StatefulSet => {
-            let desired = statefulset::statefulset(instance, plan.replicas, secret_hash);
+            let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
+            let source = scope.source(&stores.statefulsets, &());
+            let live = children::cached(instance, instance.name, &source)?;
+            let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
+            let pace = rollout::pace(
+                &desired,
+                live.as_deref(),
+                &pods,
+                instance.spec.warmup_seconds(),
+                &(ctx.clock)(),
+            );
+            statefulset::set_partition(&mut desired, pace.partition);
+            rollout_wait = pace.wait;
             let applied = ensure_workload(
                 &scope,
                 desired,
@@ -406,7 +420,7 @@ async fn apply_children(
         drain: plan.drain,
         pods,
         problem,
-        wait: plan.wait,
+        wait: [plan.wait, rollout_wait].into_iter().flatten().min(),
     })
 }
 

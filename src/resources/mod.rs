@@ -11,6 +11,7 @@ pub mod network_policy;
 pub mod pdb;
 pub mod pod;
 pub mod quantity;
+pub mod rollout;
 pub mod scaling;
 pub mod secrets;
 pub mod servers;

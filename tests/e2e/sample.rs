@@ -109,10 +109,18 @@ spec:
         .unwrap_or_default()
         .split_whitespace()
         .collect();
+    // The columns are the CRD's printer columns (kubectl upper-cases them), after NAME.
+    let expected: Vec<String> = std::iter::once("NAME".to_owned())
+        .chain(printer_columns().iter().map(|c| c.to_uppercase()))
+        .collect();
     assert_eq!(
-        header,
-        ["NAME", "SIZE", "READY", "AVAILABLE", "AGE"],
+        header, expected,
         "`kubectl get mc` header is wrong; full output:\n{table}"
+    );
+    assert_eq!(
+        header.get(1..4),
+        Some(&["SIZE", "READY", "AVAILABLE"][..]),
+        "the tutorial's columns come first"
     );
     let row: Vec<&str> = lines
         .find(|l| l.split_whitespace().next() == Some(SAMPLE))
@@ -124,7 +132,7 @@ spec:
         Some(&["1", "1", "True"][..]),
         "`kubectl get mc` row for {SAMPLE} should show SIZE 1, READY 1, AVAILABLE True:\n{table}"
     );
-    eprintln!("    ok: `kubectl get mc` shows NAME SIZE READY AVAILABLE AGE");
+    eprintln!("    ok: `kubectl get mc` shows {}", header.join(" "));
 
     env.wait(
         &format!(
@@ -167,6 +175,19 @@ spec:
 /// Over TLS the operator negotiates HTTP/2 (one connection for every request and watch) where the API
 /// server offers it, as kube-apiserver does by default; over plain HTTP, or through a kubeconfig's
 /// `proxy-url`, it speaks HTTP/1.1. The protocol seen is printed either way.
+/// The names of the CRD's printer columns, in order.
+fn printer_columns() -> Vec<String> {
+    memcached_operator::manifests::crd()
+        .spec
+        .versions
+        .first()
+        .and_then(|v| v.additional_printer_columns.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| c.name)
+        .collect()
+}
+
 fn check_api_protocol(env: &E2e, op: &OpInfo) {
     let view = |path: &str| {
         kubectl_ok(&[

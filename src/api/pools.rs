@@ -64,9 +64,9 @@ impl Scaling {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Rollout {
-    /// Seconds a new server must have been ready before the next server is replaced (the workload's
-    /// `minReadySeconds`), so that it fills up before another one starts cold. Servers are replaced one at
-    /// a time. Default 0.
+    /// Seconds a new server must have been ready before the next server is replaced, so that it fills up
+    /// before another one starts cold. Servers are replaced one at a time. A Deployment's
+    /// `minReadySeconds`; a StatefulSet's rollout is paced by the operator (its partition). Default 0.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 3600))]
     pub warmup_seconds: Option<i32>,

@@ -1,0 +1,76 @@
+//! etcd, kube-controller-manager and kube-scheduler command lines.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::pki::Pki;
+
+/// Controllers that would fight the stand-in kubelet or need a cloud: node lifecycle would taint and
+/// evict the nodes because they post no heartbeats (the kubelet does not renew Leases), node IPAM needs
+/// a pod CIDR, routes and load balancers need a cloud provider, and attach/detach needs real volumes.
+/// Everything the operator relies on stays on: deployments, replica sets, stateful sets, the garbage
+/// collector, namespaces, disruption (PodDisruptionBudget status), the horizontal pod autoscaler (its
+/// scale writes), endpoints/endpoint slices, and the service-account and token controllers.
+pub const CONTROLLERS: &str = "*,\
+-node-ipam-controller,\
+-node-lifecycle-controller,\
+-cloud-node-lifecycle-controller,\
+-node-route-controller,\
+-service-lb-controller,\
+-persistentvolume-attach-detach-controller";
+
+pub fn etcd(binary: &Path, data_dir: &Path, client_port: u16, peer_port: u16) -> Command {
+    let mut cmd = Command::new(binary);
+    cmd.args([
+        format!("--data-dir={}", data_dir.display()),
+        format!("--listen-client-urls=http://127.0.0.1:{client_port}"),
+        format!("--advertise-client-urls=http://127.0.0.1:{client_port}"),
+        format!("--listen-peer-urls=http://127.0.0.1:{peer_port}"),
+        format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer_port}"),
+        format!("--initial-cluster=default=http://127.0.0.1:{peer_port}"),
+        // Less memory and disk for a cluster that lives minutes (the defaults suit months).
+        "--snapshot-count=5000".to_owned(),
+    ]);
+    cmd
+}
+
+pub fn controller_manager(binary: &Path, kubeconfig: &Path, pki: &Pki, port: u16) -> Command {
+    let kc = kubeconfig.display();
+    let mut cmd = Command::new(binary);
+    cmd.args([
+        format!("--kubeconfig={kc}"),
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+        "--leader-elect=false".to_owned(),
+        // The token controller signs ServiceAccount token Secrets, and publishes the CA to every namespace.
+        format!(
+            "--service-account-private-key-file={}",
+            pki.service_account_key.display()
+        ),
+        format!("--root-ca-file={}", pki.ca_cert.display()),
+        // Each controller acts under its own identity (system:serviceaccount:kube-system:<controller>), as
+        // in a real cluster: RBAC applies to it, and the audit log tells the controllers apart.
+        "--use-service-account-credentials=true".to_owned(),
+        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        format!("--controllers={CONTROLLERS}"),
+        "--profiling=false".to_owned(),
+    ]);
+    cmd
+}
+
+pub fn scheduler(binary: &Path, kubeconfig: &Path, port: u16) -> Command {
+    let kc = kubeconfig.display();
+    let mut cmd = Command::new(binary);
+    cmd.args([
+        format!("--kubeconfig={kc}"),
+        format!("--authentication-kubeconfig={kc}"),
+        format!("--authorization-kubeconfig={kc}"),
+        "--bind-address=127.0.0.1".to_owned(),
+        format!("--secure-port={port}"),
+        "--leader-elect=false".to_owned(),
+        "--profiling=false".to_owned(),
+    ]);
+    cmd
+}

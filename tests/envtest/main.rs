@@ -1,0 +1,267 @@
+//! The operator binary against a real control plane (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler from `$KUBEBUILDER_ASSETS`) with the stand-in kubelet of the `envtest` crate.
+//!
+//! ```text
+//! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets/bin cargo test --test envtest -- --nocapture
+//! ```
+//!
+//! Without `KUBEBUILDER_ASSETS` (or with a directory lacking a binary) every scenario passes after
+//! printing `envtest: skipped <scenario>: <reason>` to stderr (past the harness's capture), so skips are
+//! visible and countable: `grep -c '^envtest: skipped'`.
+//!
+//! # The shared setup
+//!
+//! One control plane per test binary ([`envtest::SharedEnv`]), started by the first scenario that asks
+//! and shared by all: it takes ~7 s to start on 2 cores, and scenarios do not need one each. The
+//! operator's CRD and RBAC (`config/default` minus the Deployment) are installed once, and the operator
+//! runs under a token of its own ServiceAccount (`memcached-operator-system/memcached-operator-controller-manager`),
+//! so the RBAC of `config/rbac` is exercised for real.
+//!
+//! Each scenario calls [`Scenario::start`]`("name")`, which gives it:
+//! - a namespace of its own (`<name>-<n>`), with its `default` ServiceAccount ready;
+//! - an operator process of its own, `memcached-operator run --namespace <ns>` (no leader election),
+//!   its metrics and health endpoints on free ports, its log in the control plane's directory; it is
+//!   stopped when the `Scenario` is dropped, and its log's end printed if the scenario failed;
+//! - [`Scenario::step`] to print timed progress, [`Scenario::apply_file`] to apply a manifest, [`wait_for`]
+//!   to poll with a timeout, [`Scenario::operator_requests`] to count the operator's requests from the
+//!   audit log.
+//!
+//! A new scenario is a file next to this one (`mod <name>;` below) with `#[tokio::test]` functions that
+//! begin with `let Some(s) = Scenario::start("<name>").await else { return };`.
+//!
+//! Scenarios run in parallel (each test on its own thread), so one must not change what others rely on:
+//! cluster-scoped objects, the API server itself. A scenario that restarts the API server or needs every
+//! request to itself starts an [`envtest::Env`] of its own instead.
+//!
+//! The operator's requests are counted by user and namespace: parallel scenarios share the operator's
+//! ServiceAccount, so cluster-scoped requests (discovery, the CRD) of another scenario's operator can
+//! mix into a count; namespaced ones cannot.
+//!
+//! Knobs: `ENVTEST_KEEP=1` keeps the control plane's directory (logs, audit log, etcd data);
+//! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists).
+
+mod convergence;
+
+use std::future::Future;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use envtest::kubelet::DEBIAN_MEMCACHED;
+use envtest::{
+    AuditEvent, EnvOptions, KubeletOptions, Mark, Operator, OperatorCredentials, RequestCounts,
+    SharedEnv,
+};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
+use kube::{Api, Client};
+use serde_json::Value;
+
+/// The operator binary Cargo built for these tests.
+pub const OPERATOR_BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
+/// The repository, for `config/`.
+pub const REPO_ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The field manager of what the scenarios apply.
+pub const FIELD_MANAGER: &str = "envtest-scenario";
+
+/// The shared environment's options: the kubelet runs a real memcached per pod where Debian's is
+/// installed (so the operator's statistics collector reads real servers), unless `ENVTEST_MEMCACHED=0`.
+fn options() -> EnvOptions {
+    let memcached = Path::new(DEBIAN_MEMCACHED);
+    let wanted = std::env::var("ENVTEST_MEMCACHED").map_or(true, |v| v != "0");
+    EnvOptions {
+        kubelet: KubeletOptions {
+            memcached: (wanted && memcached.is_file()).then(|| memcached.to_owned()),
+            ..KubeletOptions::default()
+        },
+        ..EnvOptions::default()
+    }
+}
+
+/// One scenario's namespace and operator on the shared control plane.
+pub struct Scenario {
+    pub name: String,
+    pub env: &'static SharedEnv,
+    /// An admin client.
+    pub client: Client,
+    pub namespace: String,
+    pub credentials: &'static OperatorCredentials,
+    pub operator: Operator,
+    /// The audit log's end just before the operator started.
+    pub operator_mark: Mark,
+    started: Instant,
+}
+
+impl Scenario {
+    /// The shared environment, a namespace and an operator for scenario `name`; `None` (after printing the
+    /// skip line) without assets. Panics if the environment cannot start.
+    pub async fn start(name: &str) -> Option<Scenario> {
+        let started = Instant::now();
+        let env = match SharedEnv::get(options).await {
+            Ok(Some(env)) => env,
+            Ok(None) => {
+                envtest::skip(name);
+                return None;
+            }
+            Err(e) => panic!("{e:#}"),
+        };
+        let plane = env.control_plane();
+        announce_environment(env);
+        let credentials = env
+            .operator_credentials(&Path::new(REPO_ROOT).join("config"))
+            .await
+            .unwrap_or_else(|e| panic!("installing the operator's CRD and RBAC: {e:#}"));
+        let client = env.client();
+        let namespace = unique_namespace(name);
+        envtest::create_namespace(&client, &namespace, &[])
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let operator_mark = plane.audit().mark().expect("audit log mark");
+        let log = plane.dir().join(format!("operator-{namespace}.log"));
+        let mut operator = Operator::start(
+            Path::new(OPERATOR_BIN),
+            &credentials.kubeconfig,
+            &["--namespace", &namespace, "--log-level", "info"],
+            &log,
+        )
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        operator
+            .wait_ready(Duration::from_secs(60))
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let scenario = Scenario {
+            name: name.to_owned(),
+            env,
+            client,
+            namespace,
+            credentials,
+            operator,
+            operator_mark,
+            started,
+        };
+        scenario.step(&format!(
+            "namespace {} and operator (pid {}) ready",
+            scenario.namespace,
+            scenario.operator.pid()
+        ));
+        Some(scenario)
+    }
+
+    /// Prints `[name +t] what`, t since the scenario started.
+    pub fn step(&self, what: &str) {
+        eprintln!(
+            "[{} +{:.2}s] {what}",
+            self.name,
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+
+    /// Applies (server-side) the first document of the YAML file at `path` (relative to the repository)
+    /// into the scenario's namespace; returns the object as the server has it.
+    pub async fn apply_file(&self, path: &str) -> DynamicObject {
+        let text = std::fs::read_to_string(Path::new(REPO_ROOT).join(path))
+            .unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+        let doc: Value = serde_saphyr::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"));
+        let mut object: DynamicObject =
+            serde_json::from_value(doc).unwrap_or_else(|e| panic!("{path}: {e}"));
+        object.metadata.namespace = Some(self.namespace.clone());
+        let types = object.types.clone().expect("apiVersion and kind");
+        let (group, version) = types
+            .api_version
+            .split_once('/')
+            .unwrap_or(("", &types.api_version));
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &types.kind));
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), &self.namespace, &resource);
+        let name = object.metadata.name.clone().expect("metadata.name");
+        api.patch(
+            &name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&object),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying {path}: {e}"))
+    }
+
+    /// The operator's requests since it started: its ServiceAccount's, in this namespace or cluster-scoped.
+    pub fn operator_requests(&self) -> RequestCounts {
+        self.operator_requests_since(&self.operator_mark)
+    }
+
+    /// The operator's requests since `mark` (see [`Scenario::operator_requests`]).
+    pub fn operator_requests_since(&self, mark: &Mark) -> RequestCounts {
+        let audit = self.env.control_plane().audit();
+        let events = audit.read_since(mark).expect("audit log");
+        envtest::audit::count(events.iter().filter(|e: &&AuditEvent| {
+            e.user == self.credentials.user
+                && (e.namespace == self.namespace || e.namespace.is_empty())
+        }))
+    }
+}
+
+impl Drop for Scenario {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "[{}] FAILED; the end of the operator's log ({}):\n{}",
+                self.name,
+                self.operator.log().display(),
+                self.operator.log_tail(60)
+            );
+        }
+        self.operator.stop();
+    }
+}
+
+/// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout` with `what` and the
+/// last value `describe`d.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    let started = Instant::now();
+    loop {
+        let last = match check().await {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
+        if started.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Prints the environment's start-up once per binary.
+fn announce_environment(env: &SharedEnv) {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let plane = env.control_plane();
+        let milestones: Vec<String> = plane
+            .timings()
+            .iter()
+            .map(|(what, at)| format!("{what} {:.2}s", at.as_secs_f64()))
+            .collect();
+        eprintln!(
+            "envtest: control plane up in {:.2}s ({}); kube-scheduler {}; memcached per pod: {}; dir {}",
+            env.env().started_in().as_secs_f64(),
+            milestones.join(", "),
+            if plane.has_scheduler() { "yes" } else { "no" },
+            options().kubelet.memcached.as_deref().map_or("no".into(), |p: &Path| p.display().to_string()),
+            plane.dir().display()
+        );
+    });
+}
+
+/// `<name>-<n>`, unique in this process (the control plane is new for every process).
+fn unique_namespace(name: &str) -> String {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    let base: String = name
+        .to_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .take(50)
+        .collect();
+    format!("{base}-{n}")
+}

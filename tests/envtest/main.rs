@@ -12,7 +12,7 @@
 //! # The shared setup
 //!
 //! One control plane per test binary ([`envtest::SharedEnv`]), started by the first scenario that asks
-//! and shared by all: it takes ~7 s to start on 2 cores, and scenarios do not need one each. The
+//! and shared by all: it takes about 4 s to start on 2 cores, and scenarios do not need one each. The
 //! operator's CRD and RBAC (`config/default` minus the Deployment) are installed once, and the operator
 //! runs under a token of its own ServiceAccount (`memcached-operator-system/memcached-operator-controller-manager`),
 //! so the RBAC of `config/rbac` is exercised for real.

@@ -17,21 +17,25 @@
 //! runs under a token of its own ServiceAccount (`memcached-operator-system/memcached-operator-controller-manager`),
 //! so the RBAC of `config/rbac` is exercised for real.
 //!
-//! Each scenario calls [`Scenario::start`]`("name")`, which gives it:
+//! Each scenario calls [`Scenario::start`]`("name")` (or [`Scenario::start_with`]`("name", &[extra
+//! operator args])`), which gives it:
 //! - a namespace of its own (`<name>-<n>`), with its `default` ServiceAccount ready;
-//! - an operator process of its own, `memcached-operator run --namespace <ns>` (no leader election),
-//!   its metrics and health endpoints on free ports, its log in the control plane's directory; it is
-//!   stopped when the `Scenario` is dropped, and its log's end printed if the scenario failed;
+//! - an operator process of its own, `memcached-operator run --namespace <ns> <extra args>` (no leader
+//!   election), its metrics and health endpoints on free ports, its log in the control plane's directory
+//!   (`operator-<ns>.log`); it is stopped when the `Scenario` is dropped, and its log's end printed if the
+//!   scenario failed; [`Scenario::restart_operator`] restarts it with the same arguments;
 //! - [`Scenario::step`] to print timed progress, [`Scenario::apply_file`] to apply a manifest, [`wait_for`]
-//!   to poll with a timeout, [`Scenario::operator_requests`] to count the operator's requests from the
-//!   audit log.
+//!   to poll with a timeout, [`Scenario::operator_requests`] and [`Scenario::operator_requests_since`] to
+//!   count the operator's requests from the audit log, [`Scenario::real_memcached`] to know whether pods
+//!   run a real memcached.
 //!
 //! A new scenario is a file next to this one (`mod <name>;` below) with `#[tokio::test]` functions that
 //! begin with `let Some(s) = Scenario::start("<name>").await else { return };`.
 //!
 //! Scenarios run in parallel (each test on its own thread), so one must not change what others rely on:
 //! cluster-scoped objects, the API server itself. A scenario that restarts the API server or needs every
-//! request to itself starts an [`envtest::Env`] of its own instead.
+//! request to itself calls [`Scenario::start_isolated`] instead: the same, on a control plane of its own
+//! (about 4 s more), stopped with the scenario.
 //!
 //! The operator's requests are counted by user and namespace: parallel scenarios share the operator's
 //! ServiceAccount, so cluster-scoped requests (discovery, the CRD) of another scenario's operator can
@@ -43,14 +47,14 @@
 mod convergence;
 
 use std::future::Future;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use envtest::kubelet::DEBIAN_MEMCACHED;
 use envtest::{
-    AuditEvent, EnvOptions, KubeletOptions, Mark, Operator, OperatorCredentials, RequestCounts,
-    SharedEnv,
+    AuditEvent, ControlPlane, Env, EnvOptions, KubeletOptions, Mark, Operator, OperatorCredentials,
+    RequestCounts, SharedEnv,
 };
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube::{Api, Client};
@@ -77,17 +81,43 @@ fn options() -> EnvOptions {
     }
 }
 
-/// One scenario's namespace and operator on the shared control plane.
+/// The control plane a scenario runs on: the binary's shared one, or its own.
+pub enum ScenarioEnv {
+    Shared(&'static SharedEnv),
+    /// For a scenario that must own the cluster ([`Scenario::start_isolated`]).
+    Own(Box<Env>),
+}
+
+impl ScenarioEnv {
+    pub fn control_plane(&self) -> &ControlPlane {
+        match self {
+            ScenarioEnv::Shared(shared) => shared.control_plane(),
+            ScenarioEnv::Own(env) => env.control_plane(),
+        }
+    }
+
+    /// An admin client.
+    pub fn client(&self) -> Client {
+        match self {
+            ScenarioEnv::Shared(shared) => shared.client(),
+            ScenarioEnv::Own(env) => env.client().clone(),
+        }
+    }
+}
+
+/// One scenario's namespace and operator.
 pub struct Scenario {
     pub name: String,
-    pub env: &'static SharedEnv,
+    pub env: ScenarioEnv,
     /// An admin client.
     pub client: Client,
     pub namespace: String,
-    pub credentials: &'static OperatorCredentials,
+    pub credentials: OperatorCredentials,
     pub operator: Operator,
-    /// The audit log's end just before the operator started.
+    /// The audit log's end just before the (first) operator started.
     pub operator_mark: Mark,
+    /// The operator's arguments after `run`, for [`Scenario::restart_operator`].
+    operator_args: Vec<String>,
     started: Instant,
 }
 
@@ -95,39 +125,85 @@ impl Scenario {
     /// The shared environment, a namespace and an operator for scenario `name`; `None` (after printing the
     /// skip line) without assets. Panics if the environment cannot start.
     pub async fn start(name: &str) -> Option<Scenario> {
+        Scenario::start_with(name, &[]).await
+    }
+
+    /// [`Scenario::start`] with extra arguments for `memcached-operator run` (after `--namespace <ns>`).
+    pub async fn start_with(name: &str, args: &[&str]) -> Option<Scenario> {
         let started = Instant::now();
-        let env = match SharedEnv::get(options).await {
-            Ok(Some(env)) => env,
+        let shared = match SharedEnv::get(options).await {
+            Ok(Some(shared)) => shared,
             Ok(None) => {
                 envtest::skip(name);
                 return None;
             }
             Err(e) => panic!("{e:#}"),
         };
-        let plane = env.control_plane();
-        announce_environment(env);
+        announce_environment(shared.control_plane(), shared.env().started_in(), "shared");
+        let credentials = shared
+            .operator_credentials(&config_dir())
+            .await
+            .unwrap_or_else(|e| panic!("installing the operator's CRD and RBAC: {e:#}"))
+            .clone();
+        Some(
+            Scenario::begin(
+                name,
+                ScenarioEnv::Shared(shared),
+                credentials,
+                args,
+                started,
+            )
+            .await,
+        )
+    }
+
+    /// Like [`Scenario::start_with`], on a control plane of the scenario's own (about 4 s more), for a
+    /// scenario that restarts the API server or must not share it. It stops with the scenario.
+    pub async fn start_isolated(name: &str, args: &[&str]) -> Option<Scenario> {
+        let started = Instant::now();
+        let Some(assets) = envtest::assets() else {
+            envtest::skip(name);
+            return None;
+        };
+        let env = Env::start(&assets, options())
+            .await
+            .unwrap_or_else(|e| panic!("envtest for {name}: {e:#}"));
+        announce_environment(env.control_plane(), env.started_in(), name);
         let credentials = env
-            .operator_credentials(&Path::new(REPO_ROOT).join("config"))
+            .install_operator_rbac(&config_dir())
             .await
             .unwrap_or_else(|e| panic!("installing the operator's CRD and RBAC: {e:#}"));
+        Some(
+            Scenario::begin(
+                name,
+                ScenarioEnv::Own(Box::new(env)),
+                credentials,
+                args,
+                started,
+            )
+            .await,
+        )
+    }
+
+    async fn begin(
+        name: &str,
+        env: ScenarioEnv,
+        credentials: OperatorCredentials,
+        args: &[&str],
+        started: Instant,
+    ) -> Scenario {
         let client = env.client();
         let namespace = unique_namespace(name);
         envtest::create_namespace(&client, &namespace, &[])
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
-        let operator_mark = plane.audit().mark().expect("audit log mark");
-        let log = plane.dir().join(format!("operator-{namespace}.log"));
-        let mut operator = Operator::start(
-            Path::new(OPERATOR_BIN),
-            &credentials.kubeconfig,
-            &["--namespace", &namespace, "--log-level", "info"],
-            &log,
-        )
-        .unwrap_or_else(|e| panic!("{e:#}"));
-        operator
-            .wait_ready(Duration::from_secs(60))
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let mut operator_args: Vec<String> = ["--namespace", &namespace, "--log-level", "info"]
+            .iter()
+            .map(|a| (*a).to_owned())
+            .collect();
+        operator_args.extend(args.iter().map(|a| (*a).to_owned()));
+        let operator_mark = env.control_plane().audit().mark().expect("audit log mark");
+        let operator = start_operator(&env, &credentials, &namespace, &operator_args).await;
         let scenario = Scenario {
             name: name.to_owned(),
             env,
@@ -136,6 +212,7 @@ impl Scenario {
             credentials,
             operator,
             operator_mark,
+            operator_args,
             started,
         };
         scenario.step(&format!(
@@ -143,7 +220,34 @@ impl Scenario {
             scenario.namespace,
             scenario.operator.pid()
         ));
-        Some(scenario)
+        scenario
+    }
+
+    pub fn control_plane(&self) -> &ControlPlane {
+        self.env.control_plane()
+    }
+
+    /// Whether the stand-in kubelet runs a real memcached for every pod.
+    pub fn real_memcached(&self) -> bool {
+        options().kubelet.memcached.is_some()
+    }
+
+    /// Stops the operator (SIGTERM) and starts it again with the same arguments, as a rollout of the
+    /// operator would; waits until it is ready. Its log continues in the same file.
+    pub async fn restart_operator(&mut self) {
+        let status = self.operator.stop();
+        self.step(&format!("operator stopped ({status:?}); starting it again"));
+        self.operator = start_operator(
+            &self.env,
+            &self.credentials,
+            &self.namespace,
+            &self.operator_args,
+        )
+        .await;
+        self.step(&format!(
+            "operator (pid {}) ready again",
+            self.operator.pid()
+        ));
     }
 
     /// Prints `[name +t] what`, t since the scenario started.
@@ -189,7 +293,7 @@ impl Scenario {
 
     /// The operator's requests since `mark` (see [`Scenario::operator_requests`]).
     pub fn operator_requests_since(&self, mark: &Mark) -> RequestCounts {
-        let audit = self.env.control_plane().audit();
+        let audit = self.control_plane().audit();
         let events = audit.read_since(mark).expect("audit log");
         envtest::audit::count(events.iter().filter(|e: &&AuditEvent| {
             e.user == self.credentials.user
@@ -232,25 +336,63 @@ where
     }
 }
 
-/// Prints the environment's start-up once per binary.
-fn announce_environment(env: &SharedEnv) {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let plane = env.control_plane();
+/// Prints a control plane's start-up: the shared one once per binary, an own one every time.
+fn announce_environment(plane: &ControlPlane, started_in: Duration, which: &str) {
+    static SHARED_ONCE: std::sync::Once = std::sync::Once::new();
+    let print = || {
         let milestones: Vec<String> = plane
             .timings()
             .iter()
             .map(|(what, at)| format!("{what} {:.2}s", at.as_secs_f64()))
             .collect();
+        let memcached = options().kubelet.memcached;
         eprintln!(
-            "envtest: control plane up in {:.2}s ({}); kube-scheduler {}; memcached per pod: {}; dir {}",
-            env.env().started_in().as_secs_f64(),
+            "envtest: {which} control plane up in {:.2}s ({}); kube-scheduler {}; memcached per pod: {}; dir {}",
+            started_in.as_secs_f64(),
             milestones.join(", "),
             if plane.has_scheduler() { "yes" } else { "no" },
-            options().kubelet.memcached.as_deref().map_or("no".into(), |p: &Path| p.display().to_string()),
+            memcached
+                .as_deref()
+                .map_or("no".into(), |p| p.display().to_string()),
             plane.dir().display()
         );
-    });
+    };
+    if which == "shared" {
+        SHARED_ONCE.call_once(print);
+    } else {
+        print();
+    }
+}
+
+/// Starts `memcached-operator run <args>` under the operator's ServiceAccount and waits until it is ready;
+/// its log is `operator-<namespace>.log` in the control plane's directory.
+async fn start_operator(
+    env: &ScenarioEnv,
+    credentials: &OperatorCredentials,
+    namespace: &str,
+    args: &[String],
+) -> Operator {
+    let log = env
+        .control_plane()
+        .dir()
+        .join(format!("operator-{namespace}.log"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut operator = Operator::start(
+        Path::new(OPERATOR_BIN),
+        &credentials.kubeconfig,
+        &args,
+        &log,
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    operator
+        .wait_ready(Duration::from_secs(60))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    operator
+}
+
+fn config_dir() -> PathBuf {
+    Path::new(REPO_ROOT).join("config")
 }
 
 /// `<name>-<n>`, unique in this process (the control plane is new for every process).

@@ -8,9 +8,10 @@
 //! steps `updateStrategy.rollingUpdate.partition` itself: the StatefulSet controller only replaces pods
 //! whose ordinal is at least the partition, highest first, so
 //! - a template change is applied with the partition at the highest ordinal: exactly one server goes;
-//! - from then on the partition is the highest ordinal whose server is not yet on the new revision, ready,
-//!   and ready for `warmupSeconds`: it moves down one ordinal once the server above it is warm;
-//! - once every server is warm it is 0, where it stays between rollouts.
+//! - from then on the partition is at the highest server still to be replaced once every server above
+//!   it (all replaced) is ready and has been ready for `warmupSeconds`, and one above it until then;
+//! - once every server runs the new revision it is 0, where it stays between rollouts (a new pool's
+//!   servers, all on the current revision, are never held back).
 //!
 //! Everything is read from the live StatefulSet (its `updateRevision`) and the pods (their
 //! `controller-revision-hash` label and `Ready` condition), never from memory, so the pace survives an
@@ -69,29 +70,39 @@ pub fn pace(
         };
     };
     let name = live.metadata.name.as_deref().unwrap_or_default();
-    for ordinal in (0..replicas).rev() {
+    let pod = |ordinal: i32| {
         let pod_name = format!("{name}-{ordinal}");
-        let pod = pods
-            .iter()
-            .find(|p| p.metadata.name.as_deref() == Some(pod_name.as_str()));
-        match pod.map(|p| warm_for(p, revision, warmup_seconds, now)) {
-            Some(Warmth::Warm) => continue,
-            Some(Warmth::WarmIn(left)) => {
-                return Pace {
-                    partition: ordinal,
-                    wait: Some(left),
-                };
-            }
-            // Not on the new revision, not ready, or missing: this is the server being replaced.
-            Some(Warmth::Cold) | None => {
-                return Pace {
-                    partition: ordinal,
-                    wait: None,
-                };
-            }
+        pods.iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pod_name.as_str()))
+            .copied()
+    };
+    // The highest server still to be replaced (not on the new revision, or missing); none: no rollout.
+    let Some(next) = (0..replicas)
+        .rev()
+        .find(|o| pod(*o).is_none_or(|p| !on_revision(p, revision)))
+    else {
+        return Pace::default();
+    };
+    // It may go once every server above it (all replaced) is warm; until then the partition holds it.
+    let mut wait = None;
+    for ordinal in next + 1..replicas {
+        match pod(ordinal).map(|p| warmth(p, warmup_seconds, now)) {
+            Some(Warmth::Warm) => {}
+            Some(Warmth::WarmIn(left)) => wait = wait.max(Some(left)),
+            Some(Warmth::Cold) | None => wait = wait.or(Some(Duration::ZERO)),
         }
     }
-    Pace::default()
+    match wait {
+        None => Pace {
+            partition: next,
+            wait: None,
+        },
+        Some(left) => Pace {
+            partition: next + 1,
+            // A server that is not ready yet wakes the reconciler when it is: no timer for it.
+            wait: Some(left).filter(|l| !l.is_zero()),
+        },
+    }
 }
 
 /// The partition `sts` applies now (0 when unset).
@@ -123,17 +134,20 @@ enum Warmth {
     Cold,
 }
 
-/// Whether `pod` runs `revision` and has been ready for `warmup_seconds`.
-fn warm_for(pod: &Pod, revision: &str, warmup_seconds: i32, now: &Time) -> Warmth {
-    let on_revision = pod
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(REVISION_LABEL))
-        .is_some_and(|r| r == revision);
-    if !on_revision || pod.metadata.deletion_timestamp.is_some() {
-        return Warmth::Cold;
-    }
+/// Whether `pod` runs `revision` (and is not on its way out).
+fn on_revision(pod: &Pod, revision: &str) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(REVISION_LABEL))
+            .is_some_and(|r| r == revision)
+}
+
+/// Whether `pod` has been ready for `warmup_seconds`, measured as the workload controllers measure
+/// `minReadySeconds`: from its `Ready` condition's transition time.
+fn warmth(pod: &Pod, warmup_seconds: i32, now: &Time) -> Warmth {
     let ready_since = pod
         .status
         .as_ref()
@@ -143,8 +157,7 @@ fn warm_for(pod: &Pod, revision: &str, warmup_seconds: i32, now: &Time) -> Warmt
     let Some(since) = ready_since else {
         return Warmth::Cold;
     };
-    let warm_at = since.0.as_second() + i64::from(warmup_seconds);
-    let left = warm_at - now.0.as_second();
+    let left = since.0.as_second() + i64::from(warmup_seconds) - now.0.as_second();
     if left <= 0 {
         Warmth::Warm
     } else {

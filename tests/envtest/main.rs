@@ -45,6 +45,15 @@
 //! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists).
 
 mod convergence;
+mod drain;
+mod drift;
+mod instances;
+mod outage;
+mod restart;
+mod rollouts;
+mod secrets;
+mod settled;
+mod telemetry;
 
 use std::future::Future;
 use std::path::{Path, PathBuf};

@@ -145,6 +145,21 @@ fn without_a_warmup_or_a_live_statefulset_the_controller_paces_itself() {
 }
 
 #[test]
+fn a_new_pool_warming_up_is_not_held_back() {
+    // Created a moment ago: every server on the one revision, none warm yet.
+    let live = live(3, 0, "x");
+    let pods = [
+        pod(0, "new", Some(99)),
+        pod(1, "new", Some(99)),
+        pod(2, "new", None),
+    ];
+    assert_eq!(
+        run(&desired(3, "x"), Some(&live), &pods, 100),
+        Pace::default()
+    );
+}
+
+#[test]
 fn a_settled_pool_stays_at_partition_zero() {
     let live = live(2, 0, "x");
     let pods = [pod(0, "new", Some(0)), pod(1, "new", Some(0))];

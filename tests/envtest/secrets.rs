@@ -1,0 +1,69 @@
+//! The Secrets an instance with TLS and auth needs, made at test time.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::Api;
+use kube::api::{Patch, PatchParams};
+
+use crate::{FIELD_MANAGER, Scenario};
+
+async fn apply(s: &Scenario, name: &str, type_: &str, data: BTreeMap<String, ByteString>) {
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: Some(s.namespace.clone()),
+            ..Default::default()
+        },
+        type_: Some(type_.to_owned()),
+        data: Some(data),
+        ..Default::default()
+    };
+    let mut value = serde_json::to_value(&secret).expect("a Secret serializes");
+    value["apiVersion"] = "v1".into();
+    value["kind"] = "Secret".into();
+    Api::<Secret>::namespaced(s.client.clone(), &s.namespace)
+        .patch(
+            name,
+            &PatchParams::apply(FIELD_MANAGER).force(),
+            &Patch::Apply(&value),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("applying Secret {name}: {e}"));
+}
+
+/// A `kubernetes.io/tls` Secret `name` with a server certificate for instance `instance`'s Services,
+/// signed by a CA made here (in `ca.crt`, for client certificates).
+pub async fn tls_secret(s: &Scenario, name: &str, instance: &str) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
+    let ns = &s.namespace;
+    let names = vec![
+        format!("{instance}.{ns}.svc"),
+        format!("*.{instance}-headless.{ns}.svc"),
+    ];
+    let key = KeyPair::generate().expect("server key");
+    let cert = CertificateParams::new(names)
+        .expect("server params")
+        .signed_by(&key, &ca)
+        .expect("server certificate");
+    let data = [
+        ("tls.crt", cert.pem()),
+        ("tls.key", key.serialize_pem()),
+        ("ca.crt", ca.pem()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
+    .collect();
+    apply(s, name, "kubernetes.io/tls", data).await;
+}
+
+/// An `Opaque` Secret `name` holding memcached's credentials file `content` under `key`.
+pub async fn auth_secret(s: &Scenario, name: &str, key: &str, content: &str) {
+    let data = [(key.to_owned(), ByteString(content.as_bytes().to_vec()))].into();
+    apply(s, name, "Opaque", data).await;
+}

@@ -1,4 +1,5 @@
-//! The control-plane binaries, found where Kubebuilder's envtest looks for them: `$KUBEBUILDER_ASSETS`.
+//! The control-plane binaries, found where Kubebuilder's envtest looks for them: `$KUBEBUILDER_ASSETS`, or,
+//! when that is unset, controller-runtime's default directory `/usr/local/kubebuilder/bin`.
 //!
 //! Absent binaries are not an error but a reason to skip: a machine without them cannot run these tests,
 //! and saying so (instead of failing, or passing silently) keeps the skip visible.
@@ -8,8 +9,13 @@ use std::path::{Path, PathBuf};
 /// The environment variable naming the directory of binaries, as in controller-runtime's envtest.
 pub const ASSETS_VAR: &str = "KUBEBUILDER_ASSETS";
 
-/// The skip reason when the variable is unset (the common case on a developer's machine).
-pub const MISSING_REASON: &str = "KUBEBUILDER_ASSETS is not set";
+/// Where controller-runtime's envtest looks when the variable is unset.
+pub const DEFAULT_DIR: &str = "/usr/local/kubebuilder/bin";
+
+/// The skip reason when the variable is unset and the default directory holds no control plane (the
+/// common case on a developer's machine).
+pub const MISSING_REASON: &str =
+    "KUBEBUILDER_ASSETS is not set and /usr/local/kubebuilder/bin holds no control plane";
 
 /// Paths of the binaries of one control plane.
 #[derive(Clone, Debug)]
@@ -22,17 +28,21 @@ pub struct Assets {
     pub kube_scheduler: Option<PathBuf>,
 }
 
-/// The binaries in `$KUBEBUILDER_ASSETS`, or `None` when it is unset or lacks a required binary
-/// ([`why_missing`] says which).
+/// The binaries in `$KUBEBUILDER_ASSETS` (or the default directory when it is unset), or `None` when
+/// a required binary is missing ([`why_missing`] says which).
 pub fn assets() -> Option<Assets> {
-    let dir = std::env::var_os(ASSETS_VAR).filter(|d| !d.is_empty())?;
-    Assets::in_dir(Path::new(&dir)).ok()
+    match std::env::var_os(ASSETS_VAR).filter(|d| !d.is_empty()) {
+        Some(dir) => Assets::in_dir(Path::new(&dir)).ok(),
+        None => Assets::in_dir(Path::new(DEFAULT_DIR)).ok(),
+    }
 }
 
 /// Why [`assets`] returned `None`, for the skip line; `None` when the assets are there.
 pub fn why_missing() -> Option<String> {
     match std::env::var_os(ASSETS_VAR).filter(|d| !d.is_empty()) {
-        None => Some(MISSING_REASON.to_owned()),
+        None => Assets::in_dir(Path::new(DEFAULT_DIR))
+            .err()
+            .map(|_| MISSING_REASON.to_owned()),
         Some(dir) => Assets::in_dir(Path::new(&dir)).err(),
     }
 }

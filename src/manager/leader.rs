@@ -1,7 +1,14 @@
 //! Leader election through a `coordination.k8s.io/v1` Lease (kube-lease-manager), with a 15 s lease as in
-//! controller-runtime. The leader renews when 10 s of it are left (every 5 s), so a standby takes over at most
-//! 15 s after the leader stops renewing or releases the lease (a standby looks again when the lease it saw
-//! would have expired; released, it is free then without the expiry margin).
+//! controller-runtime. The leader renews when 10 s of it are left (every 5 s); on a graceful stop it releases
+//! the Lease.
+//!
+//! A standby reads the Lease every [`RETRY_PERIOD`] (client-go's retry period), and competes for it at once
+//! when it finds it free: released by a leader that stopped, or expired. kube-lease-manager alone would look
+//! again only when the lease it last saw would have expired (up to 15 s after a release), and after failed
+//! reads during an API-server outage only after its own backoff (up to 30 s). The competing itself is
+//! kube-lease-manager's (a server-side apply of the holder that conflicts with another replica's): on a free
+//! Lease the standby's manager, which holds on to what it last saw, is replaced by a new one, which reads
+//! the Lease afresh and takes it.
 //!
 //! A leader that cannot renew (the API server is unreachable or slow) must stop acting before its lease can
 //! expire and another replica take over, as controller-runtime's renew deadline makes it: kube-lease-manager
@@ -10,15 +17,16 @@
 //! [`RENEW_DEADLINE`] old gives up leading.
 
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use http::StatusCode;
-use kube::Client;
-use kube_lease_manager::{LeaseManagerBuilder, LeaseManagerError};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::{Api, Client};
+use kube_lease_manager::{LeaseManager, LeaseManagerBuilder, LeaseManagerError};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::observe::{Observer, Outcome, Sent};
 
@@ -26,6 +34,11 @@ use crate::observe::{Observer, Outcome, Sent};
 pub const LEASE_DURATION_SECONDS: u64 = 15;
 /// Seconds before expiry at which the holder renews.
 pub const LEASE_GRACE_SECONDS: u64 = 10;
+/// How often a standby reads the Lease (client-go's `RetryPeriod`): a released Lease is taken over within
+/// this long, plus the few requests that take it.
+pub const RETRY_PERIOD: Duration = Duration::from_secs(2);
+/// Longest wait for one look at the Lease (a read, and a new manager's own read when the Lease is free).
+const LOOK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A leader whose last successful renewal is this old stops leading: 3 s before its lease could expire,
 /// which leaves room for clock skew between replicas and for one request in flight.
 pub const RENEW_DEADLINE: Duration = Duration::from_secs(LEASE_DURATION_SECONDS - 3);
@@ -76,11 +89,67 @@ pub fn retriable(error: &LeaseManagerError) -> bool {
     }
 }
 
+/// The Lease this replica competes for, and as whom.
+struct Candidate {
+    client: Client,
+    name: String,
+    namespace: String,
+    identity: String,
+}
+
+impl Candidate {
+    /// A lease manager for the Lease, which knows nothing of it yet: its first step reads it.
+    async fn manager(&self) -> Result<LeaseManager, LeaseManagerError> {
+        LeaseManagerBuilder::new(self.client.clone(), &self.name)
+            .with_namespace(&self.namespace)
+            .with_identity(&self.identity)
+            // The library's default, made of the identity instead of a random string, so that every manager
+            // of this replica applies the holder as the same field manager.
+            .with_field_manager(format!("kube-lease-manager-{}", self.identity))
+            .with_duration(LEASE_DURATION_SECONDS)
+            .with_grace(LEASE_GRACE_SECONDS)
+            .build()
+            .await
+    }
+
+    /// Reads the Lease: `None` when it does not exist.
+    async fn read(&self) -> kube::Result<Option<Lease>> {
+        Api::<Lease>::namespaced(self.client.clone(), &self.namespace)
+            .get_opt(&self.name)
+            .await
+    }
+}
+
+/// Whether `lease` may be taken at `now`: it does not exist, has no holder (released), or has expired by
+/// the local clock (as kube-lease-manager judges expiry too).
+pub fn free(lease: Option<&Lease>, now: SystemTime) -> bool {
+    let Some(spec) = lease.and_then(|l| l.spec.as_ref()) else {
+        return true;
+    };
+    if spec.holder_identity.as_deref().is_none_or(str::is_empty) {
+        return true;
+    }
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(renewed), Some(seconds)) => {
+            let renewed = SystemTime::from(renewed.0);
+            let seconds = u64::try_from(seconds).unwrap_or(0);
+            renewed + Duration::from_secs(seconds) < now
+        }
+        // A holder without a renewal time or duration: kube-lease-manager takes it for expired.
+        _ => true,
+    }
+}
+
 /// A running election.
 pub struct Election {
+    candidate: Candidate,
     leader: watch::Receiver<bool>,
     renewals: Renewals,
-    task: JoinHandle<Result<kube_lease_manager::LeaseManager, LeaseManagerError>>,
+    task: JoinHandle<Result<LeaseManager, LeaseManagerError>>,
+    /// The version of the Lease for which the manager was last replaced: a free Lease that the new manager
+    /// could not take (a conflict with another replica, a refused write) is left to that manager's own
+    /// retries rather than replaced again at every look.
+    replaced_for: Option<String>,
     /// Task behind [`Election::lost`]; it holds a receiver, which must be gone before the lease is released.
     monitor: Option<JoinHandle<()>>,
 }
@@ -95,24 +164,29 @@ impl Election {
         namespace: &str,
         identity: &str,
     ) -> Result<Self, LeaseManagerError> {
-        let manager = LeaseManagerBuilder::new(client, name)
-            .with_namespace(namespace)
-            .with_identity(identity)
-            .with_duration(LEASE_DURATION_SECONDS)
-            .with_grace(LEASE_GRACE_SECONDS)
-            .build()
-            .await?;
-        let (leader, task) = manager.watch().await;
+        let candidate = Candidate {
+            client,
+            name: name.to_owned(),
+            namespace: namespace.to_owned(),
+            identity: identity.to_owned(),
+        };
+        let (leader, task) = candidate.manager().await?.watch().await;
         Ok(Self {
+            candidate,
             leader,
             renewals,
             task,
+            replaced_for: None,
             monitor: None,
         })
     }
 
-    /// Waits until this replica leads (`true`) or `stop` is cancelled first (`false`).
+    /// Waits until this replica leads (`true`) or `stop` is cancelled first (`false`). Meanwhile the Lease
+    /// is read every [`RETRY_PERIOD`], and found free it is competed for at once.
     pub async fn acquired(&mut self, stop: &CancellationToken) -> bool {
+        let mut looks =
+            tokio::time::interval_at(tokio::time::Instant::now() + RETRY_PERIOD, RETRY_PERIOD);
+        looks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             if *self.leader.borrow_and_update() {
                 return true;
@@ -124,8 +198,65 @@ impl Election {
                     stop.cancelled().await;
                     return false;
                 },
+                _ = looks.tick() => {
+                    let look = tokio::time::timeout(LOOK_TIMEOUT, self.look());
+                    let manager = tokio::select! {
+                        () = stop.cancelled() => return false,
+                        looked = look => looked.ok().flatten(),
+                    };
+                    if let Some((manager, version)) = manager {
+                        self.replace(manager, version).await;
+                    }
+                }
             }
         }
+    }
+
+    /// Reads the Lease; when it is free (and was not already free at this version when the manager was
+    /// last replaced), a new manager to compete for it, and the Lease's version.
+    async fn look(&self) -> Option<(LeaseManager, String)> {
+        let lease = match self.candidate.read().await {
+            Ok(lease) => lease,
+            Err(error) => {
+                debug!(%error, "cannot read the leader lease; looking again later");
+                return None;
+            }
+        };
+        if !free(lease.as_ref(), SystemTime::now()) {
+            return None;
+        }
+        let version = lease
+            .as_ref()
+            .and_then(|l| l.metadata.resource_version.clone())
+            .unwrap_or_default();
+        if self.replaced_for.as_ref() == Some(&version) {
+            return None;
+        }
+        match self.candidate.manager().await {
+            Ok(manager) => Some((manager, version)),
+            Err(error) => {
+                debug!(%error, "cannot compete for the free leader lease yet; looking again later");
+                None
+            }
+        }
+    }
+
+    /// Replaces the standby's manager, which waits for the expiry of the lease it last saw, with `manager`,
+    /// which reads the Lease afresh and takes it if it is still free. The old one is stopped without
+    /// releasing anything (it holds nothing: this replica does not lead); a write of the Lease it had in
+    /// flight either took the Lease for this identity, which the new manager then finds, or did not.
+    async fn replace(&mut self, manager: LeaseManager, version: String) {
+        if *self.leader.borrow() {
+            // The old manager took the Lease meanwhile: it leads, and keeps renewing.
+            return;
+        }
+        debug!(version, "the leader lease is free; competing for it now");
+        self.task.abort();
+        let _ = (&mut self.task).await;
+        let (leader, task) = manager.watch().await;
+        self.leader = leader;
+        self.task = task;
+        self.replaced_for = Some(version);
     }
 
     /// A token cancelled when this replica stops leading: the Lease was taken over, or it could not be
@@ -237,6 +368,46 @@ mod tests {
         );
         assert!(!renewal_overdue(t0, t0 + Duration::from_secs(11)));
         assert!(renewal_overdue(t0, t0 + RENEW_DEADLINE));
+    }
+
+    #[test]
+    fn a_lease_is_free_when_missing_released_or_expired() {
+        let lease = |spec: serde_json::Value| -> Lease {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "l"}, "spec": spec}))
+                .unwrap()
+        };
+        let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let at = |secs_before: u64| {
+            let t = k8s_openapi::jiff::Timestamp::try_from(now - Duration::from_secs(secs_before))
+                .unwrap();
+            serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(t))
+                .unwrap()
+        };
+        let held = lease(
+            serde_json::json!({"holderIdentity": "a", "renewTime": at(5), "leaseDurationSeconds": 15}),
+        );
+        assert!(!free(Some(&held), now), "held and renewed 5 s ago");
+        let expired = lease(
+            serde_json::json!({"holderIdentity": "a", "renewTime": at(16), "leaseDurationSeconds": 15}),
+        );
+        assert!(free(Some(&expired), now));
+        // Released as kube-lease-manager releases (fields removed) and as client-go does (empty holder).
+        assert!(free(
+            Some(&lease(serde_json::json!({"leaseTransitions": 3}))),
+            now
+        ));
+        let emptied = lease(
+            serde_json::json!({"holderIdentity": "", "renewTime": at(0), "leaseDurationSeconds": 1}),
+        );
+        assert!(free(Some(&emptied), now));
+        assert!(free(None, now), "a missing Lease is created and taken");
+        assert!(
+            free(
+                Some(&lease(serde_json::json!({"holderIdentity": "a"}))),
+                now
+            ),
+            "no renewal time"
+        );
     }
 
     #[test]

@@ -19,6 +19,9 @@ use crate::fake_api::request::Req;
 use crate::fake_api::world::World;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
+/// Runs another build of the operator instead of [`BIN`], to see a scenario fail on an earlier one:
+/// `SMOKE_OPERATOR=/path/to/memcached-operator cargo test --test smoke <scenario>`.
+pub const OTHER_BUILD: &str = "SMOKE_OPERATOR";
 pub const TOKEN: &str = "smoke-token";
 pub const IDENTITY: &str = "smoke-1";
 
@@ -100,7 +103,8 @@ impl Operator {
     ) -> Self {
         let stdout = scratch.0.join("stdout.log");
         let stderr = scratch.0.join("stderr.log");
-        let child = Command::new(BIN)
+        let bin = std::env::var(OTHER_BUILD).unwrap_or_else(|_| BIN.to_owned());
+        let child = Command::new(&bin)
             .args(args)
             .env_clear()
             .env("RUST_BACKTRACE", "1")
@@ -109,7 +113,7 @@ impl Operator {
             .stdout(File::create(&stdout).unwrap())
             .stderr(File::create(&stderr).unwrap())
             .spawn()
-            .unwrap_or_else(|e| panic!("cannot start {BIN}: {e}"));
+            .unwrap_or_else(|e| panic!("cannot start {bin}: {e}"));
         Self {
             child,
             stdout,

@@ -1,9 +1,10 @@
 //! Leader election against another replica's Lease: a standby waits and takes over once the Lease
-//! expires, and stops on SIGTERM without touching it.
+//! expires, or within seconds once the other replica releases it, and stops on SIGTERM without touching
+//! it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::http::Method;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -13,7 +14,10 @@ use serde_json::{Value, json};
 use crate::checks::{assert_no_unexpected_requests, of, only_lease_requests, sample};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{DEPLOYMENT, EVENTS, LEASE};
-use crate::harness::{IDENTITY, WAIT, http_get, is_ok, start_run, stop_and_check_release};
+use crate::harness::{
+    IDENTITY, Operator, WAIT, http_get, is_ok, settled, start_run, stop_and_check_release,
+};
+use memcached_operator::manager::leader::RETRY_PERIOD;
 
 /// Another replica's Lease, renewed now: held for `seconds` from now.
 pub fn lease_held_by(holder: &str, seconds: u64, transitions: i32) -> Value {
@@ -124,6 +128,117 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
     })
     .await;
 
+    stop_and_check_release(&mut op, &fake).await;
+    assert_no_unexpected_requests(&fake);
+}
+
+/// The other replica releases its Lease as this operator and kube-lease-manager do on a graceful stop:
+/// holder, times and duration removed, the transition count kept. Returns when it was released.
+pub fn release(fake: &Fake) -> Instant {
+    let mut state = fake.state.lock().unwrap();
+    let rv = state.next_rv();
+    let lease = state.lease.as_mut().expect("a Lease to release");
+    for field in [
+        "holderIdentity",
+        "acquireTime",
+        "renewTime",
+        "leaseDurationSeconds",
+    ] {
+        lease["spec"].as_object_mut().unwrap().remove(field);
+    }
+    lease["metadata"]["resourceVersion"] = json!(rv);
+    Instant::now()
+}
+
+/// Waits until `op` reports itself as a standby: ready, and not leading.
+async fn is_standby(op: &mut Operator, metrics: &str, probes: &str) {
+    op.wait_until("/readyz answers 200 as a standby", WAIT, || {
+        is_ok(probes, "/readyz")
+    })
+    .await;
+    op.wait_until("/metrics reports a standby", WAIT, || async move {
+        http_get(metrics, "/metrics")
+            .await
+            .is_some_and(|(code, text)| {
+                code == 200 && sample(&text, "memcached_operator_leader") == Some(0.0)
+            })
+    })
+    .await;
+}
+
+/// A graceful hand-over: the leader releases the Lease when it stops, and the standby takes it at its next
+/// look, within [`RETRY_PERIOD`], instead of when the lease it last saw would have expired (up to a whole
+/// lease duration later: 30 s here). The bound is what the standby's reads guarantee, with a wide margin
+/// for a loaded machine; the expiry it must not wait for is three times further away.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standby_takes_over_a_released_lease_at_its_next_look() {
+    const LEASE_SECONDS: u64 = 30;
+    let bound = RETRY_PERIOD + Duration::from_secs(8);
+    assert!(bound * 3 <= Duration::from_secs(LEASE_SECONDS));
+
+    let fake = Fake::start(Some(lease_held_by("other-replica", LEASE_SECONDS, 3))).await;
+    let stop_renewing = Arc::new(AtomicBool::new(false));
+    keep_renewing(&fake, &stop_renewing);
+    let (_scratch, mut op, metrics, probes) = start_run(&fake, "handover");
+    is_standby(&mut op, &metrics, &probes).await;
+
+    // Several looks at a Lease that is held and renewed: none of them touches it.
+    let standby_since = Instant::now();
+    tokio::time::sleep(RETRY_PERIOD * 2 + Duration::from_millis(500)).await;
+    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert!(
+        fake.requests().iter().all(|r| r.is(&Method::GET, LEASE)),
+        "a standby only reads a Lease that another replica holds:\n{}",
+        fake.log()
+    );
+    let looks = fake
+        .requests()
+        .iter()
+        .filter(|r| r.at >= standby_since)
+        .count();
+    let watched = standby_since.elapsed();
+    assert!(
+        looks as f64 <= watched.as_secs_f64() / RETRY_PERIOD.as_secs_f64() + 2.0,
+        "{looks} reads of the Lease in {watched:?}: a standby looks every {RETRY_PERIOD:?}"
+    );
+
+    // The other replica stops gracefully: no more renewals (the renewer's last one done), then the release.
+    stop_renewing.store(true, Ordering::Release);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let released_at = release(&fake);
+
+    op.wait_until(
+        "the released Lease is taken over by smoke-1, as its 4th transition",
+        Duration::from_secs(LEASE_SECONDS + 15),
+        || {
+            let lease = fake.lease().unwrap_or_default();
+            async move {
+                lease["spec"]["holderIdentity"] == IDENTITY
+                    && lease["spec"]["leaseTransitions"] == 4
+            }
+        },
+    )
+    .await;
+    let requests = fake.requests();
+    let first_write = requests
+        .iter()
+        .find(|r| r.at >= released_at && r.method != Method::GET)
+        .expect("the writes that took the Lease over");
+    let took = first_write.at - released_at;
+    eprintln!("the standby wrote the released Lease {took:?} after the release");
+    assert!(
+        took <= bound,
+        "the standby took the released Lease {took:?} after the release ({}), not within {bound:?}",
+        first_write.line()
+    );
+
+    op.wait_until("the takeover is followed by a reconcile", WAIT, || {
+        let requests = fake.requests();
+        async move { !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty() }
+    })
+    .await;
+    // The reconciles the start triggered are over: what follows SIGTERM is the release alone.
+    settled(&fake, Duration::from_millis(1500)).await;
     stop_and_check_release(&mut op, &fake).await;
     assert_no_unexpected_requests(&fake);
 }

@@ -11,6 +11,12 @@
 //! not answered. The API server is reported unavailable only after a failure with no answered request in
 //! the preceding [`Connectivity::FLAP_WINDOW`], so that one failed request among healthy ones (a watch
 //! reconnecting to one bad replica of several behind a load balancer) does not flip the state back and forth.
+//!
+//! The API server may also answer and still not serve what the operator needs: the `Memcached` kind,
+//! until its CRD is installed. The Memcached watch reports its 404s here ([`Connectivity::crd_missing`]):
+//! the operator names the missing CRD and how to install it in one warning, repeated at most every
+//! [`Connectivity::CRD_REPORT_EVERY`], and on `/readyz`, until a list succeeds
+//! ([`Connectivity::crd_served`]); it starts reconciling then, by itself.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -20,6 +26,11 @@ use tracing::{info, warn};
 
 use crate::metrics::Metrics;
 use crate::observe::{Observer, Outcome, Sent, error_chain};
+
+/// Why the operator cannot start while the Memcached CRD is not installed, and what to do: the warning
+/// and `/readyz`'s answer.
+pub const CRD_MISSING: &str = "the Memcached CRD (memcacheds.cache.example.com) is not installed; \
+    install it with `make install` or `kubectl apply --server-side -k config/crd`";
 
 /// The operator's view of the API server's availability.
 pub struct Connectivity {
@@ -35,11 +46,15 @@ struct State {
     last_answer: Option<Instant>,
     /// When the current outage began (`None` while available).
     unavailable_since: Option<Instant>,
+    /// While the Memcached CRD is missing: when that was last reported.
+    crd_reported: Option<Instant>,
 }
 
 impl Connectivity {
     /// A failure is an outage only if nothing was answered for this long before it.
     pub const FLAP_WINDOW: Duration = Duration::from_secs(1);
+    /// How often a missing Memcached CRD is reported again while it stays missing.
+    pub const CRD_REPORT_EVERY: Duration = Duration::from_secs(60);
 
     /// Starts out available: nothing has failed yet, and the start-up lists decide readiness anyway.
     pub fn new(metrics: Arc<Metrics>) -> Self {
@@ -48,6 +63,7 @@ impl Connectivity {
             state: Mutex::new(State {
                 last_answer: None,
                 unavailable_since: None,
+                crd_reported: None,
             }),
             recoveries: watch::Sender::new(0),
             metrics,
@@ -102,6 +118,38 @@ impl Connectivity {
                 "the API server does not answer; the operator keeps retrying, running pods are not touched"
             );
             self.metrics.set_api_available(false);
+        }
+    }
+
+    /// Whether the API server serves the Memcached kind, as far as the operator knows: not after a 404 to
+    /// its list, until a list succeeds.
+    pub fn serves_crd(&self) -> bool {
+        self.lock().crd_reported.is_none()
+    }
+
+    /// Records that the API server answered the Memcached list with 404 (at `now`): its CRD is not
+    /// installed. Reported when first seen, and again every [`Self::CRD_REPORT_EVERY`] while it lasts.
+    pub fn crd_missing(&self, now: Instant) {
+        let report = {
+            let mut state = self.lock();
+            let due = state
+                .crd_reported
+                .is_none_or(|at| now.saturating_duration_since(at) >= Self::CRD_REPORT_EVERY);
+            if due {
+                state.crd_reported = Some(now);
+            }
+            due
+        };
+        if report {
+            warn!("{CRD_MISSING}; the operator starts by itself once it is");
+        }
+    }
+
+    /// Records that the Memcached list succeeded: the CRD is installed.
+    pub fn crd_served(&self) {
+        let was_missing = self.lock().crd_reported.take().is_some();
+        if was_missing {
+            info!("the Memcached CRD is installed now; starting");
         }
     }
 
@@ -196,6 +244,44 @@ mod tests {
             !c.available(),
             "nothing answered for longer than the window"
         );
+    }
+
+    #[test]
+    fn a_missing_crd_is_reported_at_most_once_a_minute_until_it_is_served() {
+        let (_, c) = connectivity();
+        let t0 = Instant::now();
+        assert!(c.serves_crd());
+        c.crd_missing(t0);
+        assert!(!c.serves_crd());
+        let reported = || c.lock().crd_reported;
+        assert_eq!(reported(), Some(t0));
+        for s in 1..60 {
+            c.crd_missing(t0 + Duration::from_secs(s));
+        }
+        assert_eq!(reported(), Some(t0), "not again within a minute");
+        c.crd_missing(t0 + Duration::from_secs(60));
+        assert_eq!(
+            reported(),
+            Some(t0 + Duration::from_secs(60)),
+            "again after one"
+        );
+        assert!(c.available(), "a 404 is an answer: the server is there");
+
+        c.crd_served();
+        assert!(c.serves_crd());
+        c.crd_missing(t0 + Duration::from_secs(62));
+        assert_eq!(
+            reported(),
+            Some(t0 + Duration::from_secs(62)),
+            "missing again (the CRD was deleted): reported at once"
+        );
+    }
+
+    #[test]
+    fn the_crd_is_named_as_the_api_defines_it() {
+        use kube::CustomResourceExt;
+        let name = crate::api::Memcached::crd_name();
+        assert!(CRD_MISSING.contains(&format!("({name})")), "{CRD_MISSING}");
     }
 
     #[tokio::test]

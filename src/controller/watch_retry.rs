@@ -14,14 +14,20 @@
 //!   outage; while the server is down that is a handful of cheap failed connects per second in all;
 //! - an expired watch (410 `Gone` as a watch event) is re-listed at once and resets the curve: it is the
 //!   API server's normal way of saying "re-list", not a failure;
+//! - the curve starts over only when the watch makes progress (a listed object, the end of a list, an
+//!   event), not on the `Init` marker with which the watcher starts every list attempt, so a list that
+//!   keeps failing is retried on the curve, not every quarter second;
 //! - the first of a run of failures that the API server answered (403: missing RBAC; 404: an API that went
 //!   away) is a warning; failures without an answer (refused, reset, timed out) are logged at debug level,
 //!   since [`super::connectivity`] reports the outage once for all watches; expiries are debug-level too.
-//!   All of them are counted in `memcached_operator_watch_errors_total`.
+//!   All of them are counted in `memcached_operator_watch_errors_total`;
+//! - the Memcached watch ([`retrying_memcacheds`]) reads a 404 as what it means there, the CRD is not
+//!   installed, and reports it through [`Connectivity`] (one clear warning a minute, and `/readyz`) instead
+//!   of a warning about a failed watch.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::WatchStreamExt;
@@ -29,6 +35,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher::{self, ExponentialBackoff};
 use tracing::{debug, warn};
 
+use super::connectivity::Connectivity;
 use crate::metrics::Metrics;
 
 /// Delay before the first retry of a failed watch.
@@ -47,31 +54,68 @@ where
     K: Send,
     S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
 {
-    let expired = Arc::new(AtomicBool::new(false));
+    monitored(metrics, resource, stream, None)
+}
+
+/// [`retrying`] for the watch of the `Memcached` kind itself: a 404 means that its CRD is not installed,
+/// which `connectivity` reports, and a successful list that it is (again).
+pub fn retrying_memcacheds<K, S>(
+    metrics: &Arc<Metrics>,
+    connectivity: Arc<Connectivity>,
+    stream: S,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K, S>
+where
+    K: Send,
+    S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+{
+    monitored(metrics, "memcacheds", stream, Some(connectivity))
+}
+
+fn monitored<K, S>(
+    metrics: &Arc<Metrics>,
+    resource: &'static str,
+    stream: S,
+    crd: Option<Arc<Connectivity>>,
+) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + use<K, S>
+where
+    K: Send,
+    S: Stream<Item = watcher::Result<watcher::Event<K>>> + Send,
+{
+    let flags = Arc::new(Flags::default());
     let monitor = WatchMonitor {
         resource,
-        expired: expired.clone(),
+        flags: flags.clone(),
         failing: AtomicBool::new(false),
         metrics: metrics.clone(),
+        crd,
     };
     stream
         .inspect(move |result| monitor.observe(result))
-        .backoff(WatchBackoff::new(expired))
+        .backoff(WatchBackoff::new(flags))
         // Handled here, so the controller never sees them: it puts one backoff of its own (kube's
         // default curve) on the merged stream of all its watches, so any one watch's error would pause
         // every watch, for longer with each error, until an event arrives.
         .filter(|result| std::future::ready(result.is_ok()))
 }
 
+/// What a watch's monitor tells its backoff about the result just seen.
+#[derive(Debug, Default)]
+struct Flags {
+    /// The error about to be retried was an expiry.
+    expired: AtomicBool,
+    /// The last success was the `Init` marker of a list attempt, which is no progress.
+    started_listing: AtomicBool,
+}
+
 /// The retry delays of one watch: exponential with jitter, and none after an expiry.
 pub struct WatchBackoff {
     curve: ExponentialBackoff,
-    /// Set by the watch's monitor when the error about to be retried was an expiry.
-    expired: Arc<AtomicBool>,
+    /// Set by the watch's monitor.
+    flags: Arc<Flags>,
 }
 
 impl WatchBackoff {
-    fn new(expired: Arc<AtomicBool>) -> Self {
+    fn new(flags: Arc<Flags>) -> Self {
         let curve = backon::ExponentialBuilder::default()
             .with_min_delay(FIRST_RETRY)
             .with_max_delay(LONGEST_RETRY)
@@ -80,7 +124,7 @@ impl WatchBackoff {
             .without_max_times();
         Self {
             curve: curve.into(),
-            expired,
+            flags,
         }
     }
 }
@@ -89,7 +133,7 @@ impl Iterator for WatchBackoff {
     type Item = Duration;
 
     fn next(&mut self) -> Option<Duration> {
-        if self.expired.swap(false, Ordering::AcqRel) {
+        if self.flags.expired.swap(false, Ordering::AcqRel) {
             self.curve.reset();
             return Some(Duration::ZERO);
         }
@@ -98,33 +142,53 @@ impl Iterator for WatchBackoff {
 }
 
 impl Backoff for WatchBackoff {
+    /// Called on every successful item; the watcher's `Init`, which starts every list attempt, is none.
     fn reset(&mut self) {
-        self.curve.reset();
+        if !self.flags.started_listing.load(Ordering::Acquire) {
+            self.curve.reset();
+        }
     }
 }
 
 /// Watches one watch's results.
 struct WatchMonitor {
     resource: &'static str,
-    expired: Arc<AtomicBool>,
+    flags: Arc<Flags>,
     /// Whether the last result was a failure (so only the first of a run is a warning).
     failing: AtomicBool,
     metrics: Arc<Metrics>,
+    /// For the watch of the Memcached kind: where a missing CRD is reported.
+    crd: Option<Arc<Connectivity>>,
 }
 
 impl WatchMonitor {
     fn observe<K>(&self, result: &watcher::Result<watcher::Event<K>>) {
         let resource = self.resource;
         let error = match result {
+            Ok(watcher::Event::Init) => {
+                // Every list attempt starts with this, the failing ones too.
+                self.flags.started_listing.store(true, Ordering::Release);
+                return;
+            }
             Ok(_) => {
+                self.flags.started_listing.store(false, Ordering::Release);
                 self.failing.store(false, Ordering::Relaxed);
+                if let Some(crd) = &self.crd {
+                    crd.crd_served();
+                }
                 return;
             }
             Err(error) => error,
         };
+        if let Some(crd) = self.crd.as_ref().filter(|_| not_found(error)) {
+            self.metrics.watch_error(resource, "failed");
+            debug!(resource, %error, "the API server does not serve this kind; retrying");
+            crd.crd_missing(Instant::now());
+            return;
+        }
         if is_expiry(error) {
             // The watcher already went back to listing; the backoff lets it do so at once.
-            self.expired.store(true, Ordering::Release);
+            self.flags.expired.store(true, Ordering::Release);
             self.metrics.watch_error(resource, "expired");
             debug!(resource, %error, "watch expired; re-listing");
             return;
@@ -148,6 +212,17 @@ fn answered(error: &watcher::Error) -> bool {
         | watcher::Error::WatchStartFailed(e)
         | watcher::Error::WatchFailed(e) => matches!(e, kube::Error::Api(_)),
         watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => true,
+    }
+}
+
+/// Whether the API server answered 404: it does not serve the watched kind (or the namespace is gone).
+fn not_found(error: &watcher::Error) -> bool {
+    match error {
+        watcher::Error::InitialListFailed(kube::Error::Api(status))
+        | watcher::Error::WatchStartFailed(kube::Error::Api(status))
+        | watcher::Error::WatchFailed(kube::Error::Api(status)) => status.code == 404,
+        watcher::Error::WatchError(status) => status.code == 404,
+        _ => false,
     }
 }
 
@@ -176,7 +251,7 @@ mod tests {
 
     #[test]
     fn delays_stay_short_however_long_the_outage() {
-        let mut backoff = WatchBackoff::new(Arc::new(AtomicBool::new(false)));
+        let mut backoff = WatchBackoff::new(Arc::new(Flags::default()));
         let delays: Vec<Duration> = (0..50).map(|_| backoff.next().unwrap()).collect();
         assert!(
             delays[0] >= FIRST_RETRY && delays[0] < FIRST_RETRY * 2,
@@ -196,14 +271,17 @@ mod tests {
 
     #[test]
     fn an_expiry_is_retried_at_once_and_resets_the_curve() {
-        let expired = Arc::new(AtomicBool::new(false));
-        let mut backoff = WatchBackoff::new(expired.clone());
+        let flags = Arc::new(Flags::default());
+        let mut backoff = WatchBackoff::new(flags.clone());
         for _ in 0..10 {
             backoff.next();
         }
-        expired.store(true, Ordering::Release);
+        flags.expired.store(true, Ordering::Release);
         assert_eq!(backoff.next(), Some(Duration::ZERO));
-        assert!(!expired.load(Ordering::Acquire), "the flag is consumed");
+        assert!(
+            !flags.expired.load(Ordering::Acquire),
+            "the flag is consumed"
+        );
         assert!(
             backoff.next().unwrap() < FIRST_RETRY * 2,
             "back at the start"
@@ -242,6 +320,75 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    fn list_not_found() -> watcher::Error {
+        let mut status = Status::failure("404 page not found", "NotFound");
+        status.code = 404;
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(status)))
+    }
+
+    /// A list that keeps failing: the watcher starts each attempt with `Init`, then fails.
+    fn failing_lists(
+        n: usize,
+        error: fn() -> watcher::Error,
+    ) -> Vec<watcher::Result<watcher::Event<()>>> {
+        (0..n)
+            .flat_map(|_| [Ok(watcher::Event::Init), Err(error())])
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_list_that_keeps_failing_is_retried_on_the_curve() {
+        let metrics = Arc::new(Metrics::default());
+        let mut items = failing_lists(12, list_not_found);
+        items.push(Ok(watcher::Event::Init));
+        items.push(Ok(watcher::Event::InitDone));
+        let start = tokio::time::Instant::now();
+        let mut seen = Vec::new();
+        let mut stream = Box::pin(retrying(&metrics, "pods", stream::iter(items)));
+        while let Some(item) = stream.next().await {
+            seen.push((item.is_ok(), start.elapsed()));
+        }
+        let took = start.elapsed();
+        // 12 failures: at least the first delays of the curve, then the longest, not 12 quarter seconds.
+        assert!(
+            took >= FIRST_RETRY + LONGEST_RETRY * 8,
+            "12 failed lists retried within {took:?}: the curve started over at every list attempt"
+        );
+        assert_eq!(seen.len(), 14, "13 Inits and the end of the list: {seen:?}");
+        let text = metrics.encode();
+        assert!(
+            text.contains(
+                "memcached_operator_watch_errors_total{resource=\"pods\",reason=\"failed\"} 12"
+            ),
+            "{text}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_memcached_watch_reports_a_missing_crd_until_it_lists() {
+        let metrics = Arc::new(Metrics::default());
+        let connectivity = Arc::new(Connectivity::new(metrics.clone()));
+        let mut items = failing_lists(3, list_not_found);
+        items.push(Ok(watcher::Event::Init));
+        let mut stream = Box::pin(retrying_memcacheds(
+            &metrics,
+            connectivity.clone(),
+            stream::iter(items).chain(stream::iter([Ok(watcher::Event::InitDone)])),
+        ));
+        for _ in 0..4 {
+            assert!(matches!(
+                stream.next().await,
+                Some(Ok(watcher::Event::Init))
+            ));
+        }
+        assert!(!connectivity.serves_crd(), "three lists answered 404");
+        assert!(matches!(
+            stream.next().await,
+            Some(Ok(watcher::Event::InitDone))
+        ));
+        assert!(connectivity.serves_crd(), "listed at last");
     }
 
     #[test]

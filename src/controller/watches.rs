@@ -41,7 +41,7 @@ use tracing::{debug, info, warn};
 use super::cache::{Cache, cache};
 use super::compact::{Compact, Compactable};
 use super::connectivity::Connectivity;
-use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying};
+use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use super::{
     Context, Error, PodIndex, SecretHashes, Settings, Stores, Written, error_policy, reconcile,
     system_clock,
@@ -272,9 +272,10 @@ pub async fn run(
     // is dropped by the error policy.
     let forget = ctx.clone();
     let written = ctx.written.clone();
-    let mc_stream = retrying(
+    // A 404 here means that the CRD is not installed: reported through `connectivity` (and `/readyz`).
+    let mc_stream = retrying_memcacheds(
         &ctx.metrics,
-        "memcacheds",
+        connectivity.clone(),
         watcher(mc_api, from_cache(watcher::Config::default())),
     )
     .modify(trim_instance)

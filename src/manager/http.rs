@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::controller::connectivity::Connectivity;
+use crate::controller::connectivity::{CRD_MISSING, Connectivity};
 use crate::metrics::Metrics;
 
 /// What the probes report.
@@ -32,13 +32,17 @@ pub struct Health {
 impl Health {
     /// Ready: a standby replica (waiting for the Lease) is ready, since it is healthy and must not hold up
     /// a rollout of the operator; the replica that reconciles is ready once its caches are synced, and not
-    /// while the API server does not answer (it cannot watch then). Liveness stays true throughout: a
-    /// restart would not bring the API server back.
+    /// while the Memcached CRD is missing (the answer says so, and how to install it) or the API server
+    /// does not answer (it cannot watch then). Liveness stays true throughout: a restart would not install
+    /// the CRD or bring the API server back.
     pub fn ready(&self) -> Result<&'static str, &'static str> {
         if self.stopping.load(Ordering::Acquire) {
             return Err("shutting down");
         }
         let reconciling = !self.leader_election || self.leader.load(Ordering::Acquire);
+        if reconciling && self.connectivity.as_ref().is_some_and(|c| !c.serves_crd()) {
+            return Err(CRD_MISSING);
+        }
         let answers = self.connectivity.as_ref().is_none_or(|c| c.available());
         match (reconciling, self.synced.load(Ordering::Acquire), answers) {
             (false, _, _) => Ok("ok: standby, waiting for the leader lease"),
@@ -135,6 +139,10 @@ mod tests {
             Err("the API server does not answer; watches are retrying")
         );
         connectivity.answered(std::time::Instant::now());
+        assert_eq!(watching.ready(), Ok("ok"));
+        connectivity.crd_missing(std::time::Instant::now());
+        assert_eq!(watching.ready(), Err(CRD_MISSING), "says what is missing");
+        connectivity.crd_served();
         assert_eq!(watching.ready(), Ok("ok"));
 
         let single = Health::default();

@@ -14,7 +14,9 @@
 //! fill in any order or never, and a clean SIGTERM that releases the Lease.
 //!
 //! A request to any path the fake does not serve gets a 404 and fails the test. `SMOKE_DUMP=1 cargo
-//! test --test smoke -- --nocapture` prints each run's operator log and requests.
+//! test --test smoke -- --nocapture` prints each run's operator log and requests;
+//! `SMOKE_OPERATOR=/path/to/memcached-operator` runs another build (an earlier one, to see a scenario
+//! fail without the fix it checks).
 //!
 //! Where things are:
 //!
@@ -24,7 +26,7 @@
 //! - [`checks`]: assertions on recorded requests and metrics;
 //! - [`common`]: the helpers the integration tests share; here, the real memcached of [`telemetry`];
 //! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
-//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`http2`], [`telemetry`]. A new scenario goes in the group it belongs to, or
+//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`http2`], [`telemetry`], [`crd`]. A new scenario goes in the group it belongs to, or
 //!   in a new module listed here.
 
 mod checks;
@@ -35,6 +37,7 @@ mod harness;
 
 mod caches;
 mod configuration;
+mod crd;
 mod http2;
 mod leader_election;
 mod outage;

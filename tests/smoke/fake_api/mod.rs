@@ -5,7 +5,9 @@
 //! objects added with [`Fake::add_memcached`] after the watched version), server-side
 //! applies echoed back, JSON patches of instances (kept), events, the status subresource, and a small but
 //! faithful Lease store (create,
-//! get, apply and strategic-merge patches where `null` removes a field). Lists can be made slow. What the
+//! get, apply and strategic-merge patches where `null` removes a field). Lists can be made slow, and the
+//! `Memcached` CRD can be missing ([`FakeState::crd_missing`]: the API group answers `404 page not found`,
+//! as a real API server's does). What the
 //! operator writes is not reflected in its caches. A request to any path the fake does not serve gets a
 //! 404. The fake can go away and come back on the same address ([`Fake::outage`], [`Fake::back`]), as a
 //! restarted API server that expires the old resource versions (410) or as a network blip that does not.
@@ -66,6 +68,9 @@ pub struct FakeState {
     /// The Lease, once created.
     pub lease: Option<Value>,
     pub resource_version: u64,
+    /// The `Memcached` CRD is not installed: every request to its API group gets the plain-text 404 a
+    /// real API server gives for a path it does not serve.
+    pub crd_missing: bool,
 }
 
 impl FakeState {
@@ -117,6 +122,8 @@ pub enum Answer {
         events: Vec<Value>,
         end: bool,
     },
+    /// A plain-text answer, as the API server's own 404 for a path nothing serves.
+    Text(StatusCode, &'static str),
 }
 
 impl Fake {
@@ -153,6 +160,7 @@ impl Fake {
                 world,
                 lease,
                 resource_version: 100,
+                crd_missing: false,
             }),
             certificate_authority_data: certificates
                 .as_ref()
@@ -272,6 +280,9 @@ impl Fake {
     pub fn answer(state: &mut FakeState, req: &Req) -> Answer {
         let m = &req.method;
         let path = req.path.as_str();
+        if state.crd_missing && path.starts_with("/apis/cache.example.com/") {
+            return Answer::Text(StatusCode::NOT_FOUND, "404 page not found\n");
+        }
         if *m == Method::GET {
             let world = &state.world;
             let list = match path {
@@ -518,7 +529,7 @@ pub async fn handle(
         };
         let answer = Fake::answer(&mut state, &req);
         req.status = match &answer {
-            Answer::Json(code, _) => code.as_u16(),
+            Answer::Json(code, _) | Answer::Text(code, _) => code.as_u16(),
             Answer::Watch { .. } => 200,
         };
         let delay = state
@@ -532,6 +543,13 @@ pub async fn handle(
     };
     if let Some(delay) = delay {
         tokio::time::sleep(delay).await;
+    }
+    if let Answer::Text(code, text) = answer {
+        return Response::builder()
+            .status(code)
+            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(Body::from(text))
+            .unwrap();
     }
     let builder = Response::builder().header(header::CONTENT_TYPE, "application/json");
     match answer {
@@ -553,5 +571,6 @@ pub async fn handle(
             };
             builder.status(StatusCode::OK).body(body).unwrap()
         }
+        Answer::Text(..) => unreachable!("answered above"),
     }
 }

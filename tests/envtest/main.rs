@@ -48,6 +48,7 @@ mod convergence;
 mod drain;
 mod drift;
 mod instances;
+mod leader;
 mod outage;
 mod restart;
 mod rollouts;

@@ -60,7 +60,7 @@ async fn a_missing_crd_is_named_once_and_on_readyz_and_the_operator_starts_when_
 
     let log = s.control_plane().dir().join("operator-crd-missing.log");
     let ns = s.namespace.clone();
-    let mut operator = envtest::Operator::start(
+    let operator = envtest::Operator::start(
         Path::new(OPERATOR_BIN),
         &s.credentials.kubeconfig,
         &["--namespace", &ns],

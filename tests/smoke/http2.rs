@@ -24,16 +24,18 @@ use crate::harness::{
 use crate::outage::{RESUME, applied_within, started};
 
 /// How long after the keep-alive closed a silent connection the new instance may take to be reconciled:
-/// the watch's retry backoff, a new connection, the resumed watch and the reconcile.
-const AFTER_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// the watch's retry backoff (at most 3 s), a new connection, the resumed watch and the reconcile, with
+/// a wide margin for a loaded machine. Without the pings the watches would hang for good, so the
+/// margin does not weaken the test.
+const AFTER_KEEP_ALIVE: Duration = Duration::from_secs(30);
 
-/// The operator's kube clients: its own and, with leader election, the Lease's. Each may hold one
-/// HTTP/2 connection.
+/// The operator's kube clients: its own and, with leader election, the Lease's. Each holds one HTTP/2
+/// connection once started.
 const CLIENTS: usize = 2;
 
-/// Every request came in over HTTP/2, and every connection negotiated it: one or two of them (`new`
-/// of them since `before`), none over HTTP/1.1.
-fn assert_http2_only(fake: &Fake, before: Connections) {
+/// Every request came in over HTTP/2, and every connection since `before` negotiated it: none over
+/// HTTP/1.1, and at least one new one. Returns how many new ones.
+fn assert_http2_only(fake: &Fake, before: Connections) -> usize {
     let connections = fake.connections();
     let not_http2: Vec<String> = fake
         .requests()
@@ -49,8 +51,34 @@ fn assert_http2_only(fake: &Fake, before: Connections) {
     assert_eq!(connections.http1, before.http1, "{connections}");
     let new = connections.http2 - before.http2;
     assert!(
-        (1..=CLIENTS).contains(&new),
-        "one HTTP/2 connection per kube client: {new} new ones (before: {before}; now: {connections})"
+        new >= 1,
+        "a new HTTP/2 connection (before: {before}; now: {connections})"
+    );
+    new
+}
+
+/// [`assert_http2_only`] for a start: the operator's requests begin one at a time (the Lease, discovery),
+/// so each kube client opens one connection, which every later request and watch shares.
+fn assert_one_http2_connection_per_client(fake: &Fake) {
+    let new = assert_http2_only(fake, Connections::default());
+    assert!(
+        new <= CLIENTS,
+        "one HTTP/2 connection per kube client: {new} ({})",
+        fake.connections()
+    );
+}
+
+/// [`assert_http2_only`] after the connections broke: every watch then starts again at about the same
+/// time, and how many new connections that opens is a matter of timing, not a promise. The pool cannot
+/// know that a connection still negotiating its protocol (ALPN) will be HTTP/2 and shareable, so every
+/// request that starts meanwhile opens one of its own: one new connection on an idle machine, a few
+/// when TLS handshakes are slow. Once one is up, every later request shares it. What does not depend on
+/// timing is the protocol, which this checks.
+fn assert_back_on_http2(fake: &Fake, before: Connections) {
+    let new = assert_http2_only(fake, before);
+    eprintln!(
+        "{new} new HTTP/2 connection(s) after the old ones broke ({})",
+        fake.connections()
     );
 }
 
@@ -92,8 +120,9 @@ async fn over_tls_the_operator_speaks_http2_on_one_connection() {
     assert_eq!(deployments.len(), 1, "{deployments:#?}");
     assert_applied(deployments[0], "Deployment");
 
-    // The watches, the reconcile, the Lease and its release at shutdown: all on HTTP/2.
-    assert_http2_only(&fake, Connections::default());
+    // The watches, the reconcile, the Lease and its release at shutdown: all on HTTP/2, one connection
+    // per client.
+    assert_one_http2_connection_per_client(&fake);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -127,8 +156,8 @@ async fn over_http2_the_operator_recovers_when_the_api_server_drops_every_connec
     )
     .await;
 
-    // It came back on HTTP/2: one new connection per client, none over HTTP/1.1.
-    assert_http2_only(&fake, before);
+    // It came back on HTTP/2, none over HTTP/1.1.
+    assert_back_on_http2(&fake, before);
 }
 
 /// The node behind the operator's one HTTP/2 connection vanishes without a reset: every watch and request
@@ -223,5 +252,5 @@ async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
     );
 
     // On a new HTTP/2 connection, none over HTTP/1.1.
-    assert_http2_only(&fake, before);
+    assert_back_on_http2(&fake, before);
 }

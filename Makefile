@@ -101,6 +101,10 @@ e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at.
 # and the length of the settled window in which writes are counted. ARGS passes more flags, e.g.
 # make bench ARGS="--runs 3 --json" or ARGS="--operator-arg=--concurrency=16", or ARGS=--plain-http for a fake
 # served over plain HTTP instead of TLS with HTTP/2 and HTTP/1.1 offered by ALPN (cargo run -p bench -- --help).
+# ARGS=--real (or make bench-real) runs the same scenario against a real control plane from
+# $(KUBEBUILDER_ASSETS) (etcd, kube-apiserver, kube-controller-manager, kube-scheduler; the envtest crate's
+# stand-in kubelet), counting the operator's requests from the API server's audit log; add --restart-settled
+# to also count what a restarted operator writes over the settled instances.
 N ?= 300
 LATENCY_MS ?= 5
 SETTLE_SECONDS ?= 60
@@ -108,6 +112,11 @@ SETTLE_SECONDS ?= 60
 .PHONY: bench
 bench: ## Run the scale benchmark: the release binary against a fake API server holding N instances.
 	$(CARGO) run --quiet --release --package bench -- --instances $(N) --latency-ms $(LATENCY_MS) \
+		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
+
+.PHONY: bench-real
+bench-real: ## Run the scale benchmark against a real control plane (needs KUBEBUILDER_ASSETS).
+	$(CARGO) run --quiet --release --package bench -- --real --instances $(N) \
 		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
 
 ##@ Build

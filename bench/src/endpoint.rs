@@ -4,6 +4,7 @@
 //! HTTP, as the figures before the operator spoke HTTP/2 were measured.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -90,6 +91,17 @@ impl Endpoint {
             }
             None => format!("    server: http://{addr}\n"),
         }
+    }
+
+    /// Writes a kubeconfig for the fake to `path`: its `cluster:` entry, and a token the fake ignores.
+    pub fn write_kubeconfig(&self, path: &Path) -> Result<(), String> {
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{}\
+             users:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: bench\n  context:\n    \
+             cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n",
+            self.kubeconfig_cluster()
+        );
+        std::fs::write(path, yaml).map_err(|e| format!("cannot write the kubeconfig: {e}"))
     }
 
     /// The connections accepted so far.

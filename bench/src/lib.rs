@@ -11,12 +11,17 @@
 //! The fake is served over TLS offering HTTP/2 and HTTP/1.1 by ALPN, as a real API server is, or with
 //! `--plain-http` over plain HTTP ([`endpoint`], [`tls`]); either way the report counts the operator's
 //! connections by protocol.
+//!
+//! `--real` ([`real`]) runs the same scenario against a real control plane from `$KUBEBUILDER_ASSETS`
+//! (the workspace's `envtest`), counting the operator's requests from the API server's audit log, and
+//! reports in the same [`Report`].
 
 pub mod endpoint;
 pub mod fake;
 pub mod kubelet;
 pub mod patch;
 pub mod process;
+pub mod real;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -29,7 +34,7 @@ use tokio::sync::mpsc;
 
 use crate::endpoint::{Connections, Endpoint};
 use crate::fake::Fake;
-use crate::process::Operator;
+use crate::process::{Operator, Scratch};
 
 /// Writes that land within this long after the last instance became Available still count as converging
 /// (the last status patches and events of the last reconciles), not as writes of a settled operator.
@@ -64,11 +69,19 @@ pub struct Options {
 /// What a run measured. Times are seconds from the creation of the instances.
 #[derive(Clone, Debug, Serialize)]
 pub struct Report {
+    /// What the operator ran against: `fake API server`, or `real kube-apiserver v1.28.7`.
+    pub server: String,
     pub instances: usize,
-    pub latency_ms: u64,
+    /// The fake's answer time per request (none on a real server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub latency_ms: Option<u64>,
     pub pod_start_ms: u64,
     /// Until every instance had its workload and Services.
     pub children_seconds: f64,
+    /// On a real server: until every instance had a Ready pod, the floor that its controllers, scheduler
+    /// and kubelet set for `available_seconds`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pods_ready_seconds: Option<f64>,
     /// Until every instance's status had `Available=True`.
     pub available_seconds: f64,
     /// Requests from t0 to the settled window, by verb and resource.
@@ -87,15 +100,50 @@ pub struct Report {
     pub cpu_total_seconds: f64,
     /// Peak resident memory of the operator (VmHWM).
     pub peak_rss_mib: f64,
-    /// CPU of the benchmark process itself (fake API server and kubelet) from t0 to the end, which
-    /// competes with the operator for the same cores.
+    /// CPU of the benchmark process itself (the fake API server and kubelet; on a real server the
+    /// stand-in kubelet and the watches) from t0 to the end, which competes with the operator for the same
+    /// cores.
     pub fake_cpu_seconds: f64,
+    /// On a real server: the CPU of its processes from t0 to the end of the settled window, by process.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub control_plane_cpu_seconds: BTreeMap<String, f64>,
     /// Writes (any non-GET) during the settled window, and its length.
     pub settled_writes: usize,
+    /// Those writes by verb and resource.
+    pub settled_writes_by: BTreeMap<String, usize>,
     pub settle_seconds: u64,
     /// The operator's connections to the fake over the whole run, by protocol: over TLS, whether its
-    /// requests shared HTTP/2 connections or held an HTTP/1.1 connection each.
-    pub connections: Connections,
+    /// requests shared HTTP/2 connections or held an HTTP/1.1 connection each. Not counted on a real
+    /// server.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connections: Option<Connections>,
+    /// On a real server: the answers the operator got by protocol, from its own
+    /// `memcached_operator_kube_responses_total` at the end of the settled window.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub responses_by_protocol: Option<BTreeMap<String, u64>>,
+    /// `--restart-settled`: what a new operator did with the settled instances.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restart: Option<Restart>,
+}
+
+/// What a new operator did with settled instances (`--restart-settled`), from its start until the
+/// settled window's length after it was ready.
+#[derive(Clone, Debug, Serialize)]
+pub struct Restart {
+    /// From its start to its `/readyz` answering 200.
+    pub ready_seconds: f64,
+    /// The window counted: from its start to `settle_seconds` after it was ready.
+    pub window_seconds: f64,
+    /// Its requests in the window (start-up lists and watches included), by verb and resource.
+    pub requests: BTreeMap<String, usize>,
+    /// Of those, the writes.
+    pub writes: BTreeMap<String, usize>,
+    pub writes_total: usize,
+    /// Writes other than events: to the instances, their status and their children.
+    pub writes_to_children_or_status: usize,
+    /// Its CPU over the window.
+    pub cpu_seconds: f64,
+    pub peak_rss_mib: f64,
 }
 
 /// Runs the benchmark once.
@@ -105,7 +153,10 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let endpoint = Endpoint::serve(&fake, options.tls).await?;
     tokio::spawn(kubelet::run(fake.clone(), kubelet_rx, options.pod_start));
 
-    let mut operator = Operator::start(options, &endpoint)?;
+    let scratch = Scratch::new()?;
+    let kubeconfig = scratch.path().join("kubeconfig.yaml");
+    endpoint.write_kubeconfig(&kubeconfig)?;
+    let mut operator = Operator::start(options, &kubeconfig, false)?;
     operator.wait_ready(Duration::from_secs(60)).await?;
     // The watches open right after the initial lists that make the operator ready: let them, so that the
     // requests counted from t0 are those the instances cost.
@@ -184,15 +235,22 @@ pub async fn run(options: &Options) -> Result<Report, String> {
             ))
             .or_insert(0) += 1;
     }
-    let settled_writes = store.requests[settle_from..]
+    let mut settled_writes_by = BTreeMap::new();
+    for record in store.requests[settle_from..]
         .iter()
         .filter(|r| r.is_write())
-        .count();
+    {
+        *settled_writes_by
+            .entry(format!("{} {}", record.verb, record.resource))
+            .or_insert(0) += 1;
+    }
     Ok(Report {
+        server: "fake API server".to_owned(),
         instances: options.instances,
-        latency_ms: options.latency.as_millis() as u64,
+        latency_ms: Some(options.latency.as_millis() as u64),
         pod_start_ms: options.pod_start.as_millis() as u64,
         children_seconds: (children_at - t0).as_secs_f64(),
+        pods_ready_seconds: None,
         available_seconds: (available_at - t0).as_secs_f64(),
         requests_total: converging.len(),
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
@@ -204,9 +262,13 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         cpu_total_seconds: cpu_total,
         peak_rss_mib,
         fake_cpu_seconds: fake_cpu,
-        settled_writes,
+        control_plane_cpu_seconds: BTreeMap::new(),
+        settled_writes: settled_writes_by.values().sum(),
+        settled_writes_by,
         settle_seconds: options.settle.as_secs(),
-        connections,
+        connections: Some(connections),
+        responses_by_protocol: None,
+        restart: None,
     })
 }
 
@@ -214,22 +276,39 @@ impl Report {
     /// The report as a table, for people.
     pub fn table(&self) -> String {
         let n = self.instances.max(1) as f64;
-        let transport = if self.connections.tls {
-            "TLS"
-        } else {
-            "plain HTTP"
+        let mut out = match (self.latency_ms, &self.connections) {
+            (Some(latency), Some(connections)) => {
+                let transport = if connections.tls { "TLS" } else { "plain HTTP" };
+                format!(
+                    "memcached-operator scale benchmark: {} instances, {latency} ms per request, pods \
+                     ready after {} ms, {transport}\n\n",
+                    self.instances, self.pod_start_ms
+                )
+            }
+            _ => format!(
+                "memcached-operator scale benchmark: {} instances, {}, pods started {} ms after \
+                 binding, TLS\n\n",
+                self.instances, self.server, self.pod_start_ms
+            ),
         };
-        let mut out = format!(
-            "memcached-operator scale benchmark: {} instances, {} ms per request, pods ready after {} ms, \
-             {transport}\n\n",
-            self.instances, self.latency_ms, self.pod_start_ms
-        );
-        let rows = [
+        let mut rows = vec![
+            ("API server", self.server.clone()),
             (
                 "all children exist",
                 format!("{:.2} s", self.children_seconds),
             ),
-            ("all Available", format!("{:.2} s", self.available_seconds)),
+        ];
+        if let Some(pods) = self.pods_ready_seconds {
+            rows.push(("pods ready", format!("{pods:.2} s")));
+        }
+        rows.push(("all Available", format!("{:.2} s", self.available_seconds)));
+        if let Some(pods) = self.pods_ready_seconds.filter(|p| *p > 0.0) {
+            rows.push((
+                "Available / pods ready",
+                format!("{:.2}x", self.available_seconds / pods),
+            ));
+        }
+        rows.extend([
             (
                 "API requests to converge",
                 format!(
@@ -247,16 +326,44 @@ impl Report {
             ),
             ("CPU, whole run", format!("{:.2} s", self.cpu_total_seconds)),
             ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
-            (
+        ]);
+        if self.connections.is_some() {
+            rows.push((
                 "CPU of the fake API server",
                 format!("{:.2} s", self.fake_cpu_seconds),
-            ),
-            (
-                "writes when settled",
-                format!("{} in {} s", self.settled_writes, self.settle_seconds),
-            ),
-            ("API server connections", self.connections.describe()),
-        ];
+            ));
+        } else {
+            let total: f64 = self.control_plane_cpu_seconds.values().sum();
+            let each: Vec<String> = self
+                .control_plane_cpu_seconds
+                .iter()
+                .map(|(name, cpu)| format!("{name} {cpu:.1}"))
+                .collect();
+            rows.push((
+                "CPU of the control plane",
+                format!("{total:.2} s ({})", each.join(", ")),
+            ));
+            rows.push((
+                "CPU of kubelet and watches",
+                format!("{:.2} s", self.fake_cpu_seconds),
+            ));
+        }
+        rows.push((
+            "writes when settled",
+            format!("{} in {} s", self.settled_writes, self.settle_seconds),
+        ));
+        match (&self.connections, &self.responses_by_protocol) {
+            (Some(connections), _) => rows.push(("API server connections", connections.describe())),
+            (None, Some(responses)) => rows.push((
+                "API responses by protocol",
+                format!(
+                    "{} HTTP/2, {} HTTP/1.1 (the operator's metric; connections not counted)",
+                    responses.get("HTTP/2").copied().unwrap_or_default(),
+                    responses.get("HTTP/1.1").copied().unwrap_or_default()
+                ),
+            )),
+            (None, None) => rows.push(("API server connections", "not counted".to_owned())),
+        }
         for (name, value) in rows {
             out.push_str(&format!("{name:<28} {value}\n"));
         }
@@ -279,6 +386,47 @@ impl Report {
             for (what, count) in &self.refused {
                 out.push_str(&format!("  {what:<40} {count:>7}\n"));
             }
+        }
+        if !self.settled_writes_by.is_empty() {
+            out.push_str("writes when settled, by verb and resource:\n");
+            for (what, count) in &self.settled_writes_by {
+                out.push_str(&format!("  {what:<40} {count:>7}\n"));
+            }
+        }
+        if let Some(restart) = &self.restart {
+            out.push_str(&restart.table(self.instances));
+        }
+        out
+    }
+}
+
+impl Restart {
+    fn table(&self, instances: usize) -> String {
+        let mut out = format!(
+            "\na new operator over the {instances} settled instances (--restart-settled):\n"
+        );
+        let rows = [
+            ("ready after", format!("{:.2} s", self.ready_seconds)),
+            (
+                "window",
+                format!("{:.2} s from its start", self.window_seconds),
+            ),
+            (
+                "writes",
+                format!(
+                    "{} ({} to instances, status or children)",
+                    self.writes_total, self.writes_to_children_or_status
+                ),
+            ),
+            ("CPU", format!("{:.2} s", self.cpu_seconds)),
+            ("peak RSS", format!("{:.1} MiB", self.peak_rss_mib)),
+        ];
+        for (name, value) in rows {
+            out.push_str(&format!("{name:<28} {value}\n"));
+        }
+        out.push_str("its requests, by verb and resource:\n");
+        for (what, count) in &self.requests {
+            out.push_str(&format!("  {what:<40} {count:>7}\n"));
         }
         out
     }

@@ -1,23 +1,25 @@
 //! `cargo run --release -p bench` (`make bench`): the scale benchmark's command line. Builds the release
-//! operator binary unless `--operator` names one, runs the benchmark `--runs` times, and prints a table per
-//! run (and the ranges over the runs) or, with `--json`, the reports as JSON. Progress goes to stderr.
+//! operator binary unless `--operator` names one, runs the benchmark `--runs` times (against the fake, or
+//! with `--real` a control plane from `$KUBEBUILDER_ASSETS`), and prints a table per run (and the ranges
+//! over the runs) or, with `--json`, the reports as JSON. Progress goes to stderr.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use bench::real::{CREATES_IN_FLIGHT, RealOptions};
 use bench::{Options, Report};
 use clap::Parser;
 
-/// Runs the memcached-operator binary against an in-process fake API server holding N instances and
-/// reports how fast and how cheaply it converges.
+/// Runs the memcached-operator binary against an in-process fake API server (or, with --real, a real
+/// kube-apiserver) holding N instances and reports how fast and how cheaply it converges.
 #[derive(Debug, Parser)]
 #[command(name = "bench")]
 struct Cli {
     /// Instances created at once.
     #[arg(long, short = 'n', default_value_t = 300)]
     instances: usize,
-    /// The fake API server's answer time for every request, in milliseconds.
+    /// The fake API server's answer time for every request, in milliseconds (not with --real).
     #[arg(long, default_value_t = 5)]
     latency_ms: u64,
     /// From a pod's creation to its readiness, in milliseconds.
@@ -50,12 +52,41 @@ struct Cli {
     /// kubeconfig; over plain HTTP a Kubernetes client speaks HTTP/1.1, one connection per request in
     /// flight, as the figures before the operator spoke HTTP/2 were measured. Either way the report counts
     /// the operator's connections by protocol.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "real")]
     plain_http: bool,
+    /// Run against a real control plane instead of the fake: etcd, kube-apiserver,
+    /// kube-controller-manager and kube-scheduler from $KUBEBUILDER_ASSETS, with the stand-in kubelet of
+    /// the envtest crate (pods Ready after --pod-start-ms, no memcached), the operator's CRD and RBAC from
+    /// config/, and the operator under its own ServiceAccount. Requests are counted from the API server's
+    /// audit log.
+    #[arg(long)]
+    real: bool,
+    /// With --real: after the settled window, stop the operator, start a new one, and count its requests
+    /// and writes from its start until --settle-seconds after it is ready.
+    #[arg(long, requires = "real")]
+    restart_settled: bool,
+    /// With --real: instances created at once through the admin client.
+    #[arg(long, default_value_t = CREATES_IN_FLIGHT, requires = "real")]
+    creates_in_flight: usize,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before a release build of minutes: without the binaries, --real cannot run at all.
+    if cli.real
+        && let Err(error) = bench::real::assets()
+    {
+        eprintln!("error: {error}");
+        return ExitCode::FAILURE;
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap_or(Path::new("."));
+    let real = RealOptions {
+        config_dir: root.join("config"),
+        restart_settled: cli.restart_settled,
+        creates_in_flight: cli.creates_in_flight,
+    };
     let operator = match &cli.operator {
         Some(path) => path.clone(),
         None => match build_release() {
@@ -91,13 +122,20 @@ fn main() -> ExitCode {
             cli.runs,
             cli.instances,
             options.operator.display(),
-            if cli.plain_http {
+            if cli.real {
+                ", on a real control plane"
+            } else if cli.plain_http {
                 ", over plain HTTP"
             } else {
                 ", over TLS"
             }
         );
-        match runtime.block_on(bench::run(&options)) {
+        let result = if cli.real {
+            runtime.block_on(bench::real::run(&options, &real))
+        } else {
+            runtime.block_on(bench::run(&options))
+        };
+        match result {
             Ok(report) => {
                 if !cli.json {
                     println!("{}", report.table());
@@ -124,28 +162,41 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-/// A headline figure: its name, how to read it from a report, its unit.
-type Figure = (&'static str, fn(&Report) -> f64, &'static str);
+/// A headline figure: its name, how to read it from a report (if that run has it), its unit.
+type Figure = (&'static str, fn(&Report) -> Option<f64>, &'static str);
 
-/// Minimum and maximum of the headline figures over the runs.
+/// Minimum and maximum of the headline figures over the runs (those every run has).
 fn ranges(reports: &[Report]) -> String {
-    let figures: [Figure; 8] = [
-        ("all children exist", |r| r.children_seconds, "s"),
-        ("all Available", |r| r.available_seconds, "s"),
-        ("requests per instance", |r| r.requests_per_instance, ""),
-        ("CPU, converging", |r| r.cpu_converge_seconds, "s"),
-        ("CPU, whole run", |r| r.cpu_total_seconds, "s"),
-        ("peak RSS", |r| r.peak_rss_mib, "MiB"),
-        ("writes when settled", |r| r.settled_writes as f64, ""),
+    let figures: [Figure; 10] = [
+        ("all children exist", |r| Some(r.children_seconds), "s"),
+        ("pods ready", |r| r.pods_ready_seconds, "s"),
+        ("all Available", |r| Some(r.available_seconds), "s"),
+        (
+            "requests per instance",
+            |r| Some(r.requests_per_instance),
+            "",
+        ),
+        ("CPU, converging", |r| Some(r.cpu_converge_seconds), "s"),
+        ("CPU, whole run", |r| Some(r.cpu_total_seconds), "s"),
+        ("peak RSS", |r| Some(r.peak_rss_mib), "MiB"),
+        ("writes when settled", |r| Some(r.settled_writes as f64), ""),
         (
             "API server connections",
-            |r| (r.connections.http2 + r.connections.http1) as f64,
+            |r| r.connections.map(|c| (c.http2 + c.http1) as f64),
+            "",
+        ),
+        (
+            "writes after a restart",
+            |r| r.restart.as_ref().map(|r| r.writes_total as f64),
             "",
         ),
     ];
     let mut out = format!("ranges over {} runs (min – max):\n", reports.len());
     for (name, figure, unit) in figures {
-        let values = reports.iter().map(figure);
+        let Some(values) = reports.iter().map(figure).collect::<Option<Vec<f64>>>() else {
+            continue;
+        };
+        let values = values.into_iter();
         let min = values.clone().fold(f64::INFINITY, f64::min);
         let max = values.fold(f64::NEG_INFINITY, f64::max);
         out.push_str(&format!("{name:<28} {min:.2} – {max:.2} {unit}\n"));
@@ -209,5 +260,17 @@ mod tests {
                 .unwrap()
                 .plain_http
         );
+        assert!(!cli.real, "the fake unless asked");
+    }
+
+    #[test]
+    fn real_server_flags() {
+        let cli =
+            Cli::try_parse_from(["bench", "--real", "--restart-settled", "-n", "150"]).unwrap();
+        assert!(cli.real && cli.restart_settled);
+        assert_eq!(cli.creates_in_flight, CREATES_IN_FLIGHT);
+        assert!(Cli::try_parse_from(["bench", "--restart-settled"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--creates-in-flight", "8"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--real", "--plain-http"]).is_err());
     }
 }

@@ -1,60 +1,84 @@
-//! The operator process under measurement: started with a kubeconfig for the fake, probed on `/readyz`,
-//! and measured from `/proc` (CPU from `stat`, peak memory from `status`), as `top` would.
+//! The operator process under measurement: started with a kubeconfig (for the fake, or the operator's
+//! ServiceAccount on a real API server), probed on `/readyz`, and measured from `/proc` (CPU from `stat`,
+//! peak memory from `status`), as `top` would.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::Options;
-use crate::endpoint::Endpoint;
 
 pub struct Operator {
     child: Child,
     dir: PathBuf,
     health: SocketAddr,
+    metrics: Option<SocketAddr>,
     ticks_per_second: f64,
 }
 
+/// A scratch directory of this run (`memcached-bench-<pid>-<nanos>` under the temp dir), removed when
+/// dropped.
+pub struct Scratch(PathBuf);
+
+impl Scratch {
+    pub fn new() -> Result<Self, String> {
+        new_dir().map(Self)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+/// A new directory under the temp dir, unique to this process and moment.
+fn new_dir() -> Result<PathBuf, String> {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let dir = std::env::temp_dir().join(format!("memcached-bench-{}-{nanos}", std::process::id()));
+    std::fs::create_dir_all(&dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    Ok(dir)
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 impl Operator {
-    /// Starts `binary` against the fake API server at `api` (plain HTTP or TLS), in every namespace and
-    /// without leader election (a single replica), with only warnings logged (to a file in a scratch
-    /// directory).
-    pub fn start(options: &Options, api: &Endpoint) -> Result<Self, String> {
+    /// Starts `binary` with `KUBECONFIG=kubeconfig`, in every namespace and without leader election (a
+    /// single replica), with only warnings logged (to a file in a scratch directory of its own). Its
+    /// `/metrics` listens on a free loopback port when `metrics` is set ([`Operator::metrics`]), else
+    /// nowhere.
+    pub fn start(options: &Options, kubeconfig: &Path, metrics: bool) -> Result<Self, String> {
         let binary = &options.operator;
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or_default();
-        let dir =
-            std::env::temp_dir().join(format!("memcached-bench-{}-{nanos}", std::process::id()));
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
-        let kubeconfig = dir.join("kubeconfig.yaml");
-        let yaml = format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: bench\n  cluster:\n{}\
-             users:\n- name: bench\n  user:\n    token: bench\ncontexts:\n- name: bench\n  context:\n    \
-             cluster: bench\n    user: bench\n    namespace: default\ncurrent-context: bench\n",
-            api.kubeconfig_cluster()
-        );
-        std::fs::write(&kubeconfig, yaml)
-            .map_err(|e| format!("cannot write the kubeconfig: {e}"))?;
+        // Not a `Scratch`: the log stays when the run fails (only `stop` removes the directory).
+        let dir = new_dir()?;
         let health = free_port()?;
+        let metrics = metrics.then(free_port).transpose()?;
+        let metrics_arg = match metrics {
+            Some(addr) => format!("--metrics-bind-address={addr}"),
+            None => "--metrics-bind-address=0".to_owned(),
+        };
         let log = File::create(dir.join("operator.log"))
             .map_err(|e| format!("cannot create the operator's log: {e}"))?;
         let child = Command::new(binary)
             .arg("run")
-            .arg("--metrics-bind-address=0")
+            .arg(metrics_arg)
             .arg(format!("--health-probe-bind-address={health}"))
             .arg("--log-level=warn")
             .args(stats_off(&options.operator_args))
             .args(&options.operator_args)
             .env_clear()
             .envs(options.operator_env.iter().map(|(k, v)| (k, v)))
-            .env("KUBECONFIG", &kubeconfig)
+            .env("KUBECONFIG", kubeconfig)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -64,6 +88,7 @@ impl Operator {
             child,
             dir,
             health,
+            metrics,
             ticks_per_second: ticks_per_second(),
         })
     }
@@ -127,6 +152,43 @@ impl Operator {
         let _ = self.child.wait();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+
+    /// Stops the operator as a kubelet does: SIGTERM, then SIGKILL after `grace`; removes its scratch
+    /// directory. Whether it exited by itself.
+    pub async fn terminate(&mut self, grace: Duration) -> bool {
+        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
+            // SAFETY: kill(2) on our own child, which is not reaped yet (so the pid is still its own).
+            unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            }
+        }
+        let deadline = Instant::now() + grace;
+        let exited = loop {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                break true;
+            }
+            if Instant::now() > deadline {
+                break false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        self.stop();
+        exited
+    }
+
+    /// `GET /metrics`'s text, when started with metrics.
+    pub async fn metrics(&self) -> Result<String, String> {
+        let addr = self
+            .metrics
+            .ok_or("the operator was started without /metrics")?;
+        let (code, body) = http_get(addr, "/metrics")
+            .await
+            .ok_or_else(|| format!("no answer from http://{addr}/metrics"))?;
+        if code != 200 {
+            return Err(format!("http://{addr}/metrics answered {code}"));
+        }
+        Ok(body)
+    }
 }
 
 /// `--stats-interval=0` unless the operator arguments set the interval: the fake kubelet's pods run no
@@ -166,6 +228,45 @@ pub fn own_cpu_seconds() -> Option<f64> {
     cpu_ticks(&stat).map(|ticks| ticks as f64 / ticks_per_second())
 }
 
+/// CPU time so far of this process's children named in `names` (their `comm`, at most 15 characters),
+/// summed by name: the control plane's processes in a `--real` run.
+pub fn children_cpu_seconds(names: &[&str]) -> BTreeMap<String, f64> {
+    let me = std::process::id();
+    let per_second = ticks_per_second();
+    let mut out = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return out;
+    };
+    for entry in entries.flatten() {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let (Some(comm), Some(ppid), Some(ticks)) =
+            (command_name(&stat), parent_pid(&stat), cpu_ticks(&stat))
+        else {
+            continue;
+        };
+        if ppid == me && names.contains(&comm) {
+            *out.entry(comm.to_owned()).or_insert(0.0) += ticks as f64 / per_second;
+        }
+    }
+    out
+}
+
+/// The command name of a `/proc/<pid>/stat` line: between the first `(` and the last `)`.
+fn command_name(stat: &str) -> Option<&str> {
+    stat.get(stat.find('(')? + 1..stat.rfind(')')?)
+}
+
+/// The parent's pid: field 4 of `/proc/<pid>/stat`.
+fn parent_pid(stat: &str) -> Option<u32> {
+    stat[stat.rfind(')')? + 1..]
+        .split_whitespace()
+        .nth(4 - 3)?
+        .parse()
+        .ok()
+}
+
 fn ticks_per_second() -> f64 {
     Command::new("getconf")
         .arg("CLK_TCK")
@@ -183,16 +284,23 @@ fn free_port() -> Result<SocketAddr, String> {
 }
 
 async fn readyz(addr: SocketAddr) -> bool {
-    let Ok(mut stream) = tokio::net::TcpStream::connect(addr).await else {
-        return false;
-    };
-    let request = "GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n";
-    if stream.write_all(request.as_bytes()).await.is_err() {
-        return false;
-    }
+    http_get(addr, "/readyz")
+        .await
+        .is_some_and(|(code, _)| code == 200)
+}
+
+/// A plain HTTP/1.1 GET of `path` on `addr`, the connection closed after the answer: its status code and
+/// body (the body as sent: the operator's endpoints answer with a length, not in chunks).
+async fn http_get(addr: SocketAddr, path: &str) -> Option<(u16, String)> {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.ok()?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.ok()?;
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer).await;
-    answer.starts_with(b"HTTP/1.1 200") || answer.starts_with(b"HTTP/1.0 200")
+    let text = String::from_utf8_lossy(&answer);
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_owned()))
 }
 
 #[cfg(test)]
@@ -203,6 +311,8 @@ mod tests {
     fn cpu_times_are_read_after_a_command_name_with_spaces() {
         let stat = "42 (memcached op) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 1 2 3";
         assert_eq!(cpu_ticks(stat), Some(300));
+        assert_eq!(command_name(stat), Some("memcached op"));
+        assert_eq!(parent_pid(stat), Some(1));
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! measuring. Nor is the protocol asserted over TLS: the smoke tests (`tests/smoke/http2.rs`) check
 //! which one the operator speaks; here the connections are only counted.
 //!
+//! `--real` runs too where a control plane's binaries are (`$KUBEBUILDER_ASSETS`, as the envtest tier finds
+//! them), and is skipped with the envtest tier's skip line where they are not.
+//!
 //! It runs the debug operator binary, which `cargo test --workspace` builds for the operator's own
 //! integration tests (a release build would take minutes): `cargo test -p bench` alone needs
 //! `cargo build --bin memcached-operator` first.
@@ -80,8 +83,10 @@ async fn a_small_run_converges_and_reports_every_figure() {
     let table = report.table();
     assert!(table.contains("all Available") && table.contains("writes when settled"));
     // Over plain HTTP, every connection is HTTP/1.1, and there was at least the one of the lists.
-    assert!(!report.connections.tls && report.connections.http2 == 0);
-    assert!(report.connections.http1 >= 1, "{:?}", report.connections);
+    let connections = report.connections.expect("the fake counts connections");
+    assert!(!connections.tls && connections.http2 == 0);
+    assert!(connections.http1 >= 1, "{connections:?}");
+    assert!(table.contains("fake API server"), "{table}");
     assert!(table.contains("HTTP/1.1 (plain HTTP)"), "{table}");
 }
 
@@ -96,7 +101,7 @@ async fn a_small_run_over_tls_converges_and_counts_the_connections_by_protocol()
         report.requests
     );
     assert!(report.refused.is_empty(), "refused: {:?}", report.refused);
-    let connections = report.connections;
+    let connections = report.connections.expect("the fake counts connections");
     assert!(connections.tls, "{connections:?}");
     assert!(
         connections.http2 + connections.http1 >= 1,
@@ -111,4 +116,73 @@ async fn a_small_run_over_tls_converges_and_counts_the_connections_by_protocol()
     assert_eq!(json["connections"]["tls"], true, "{json}");
     assert!(json["connections"]["http2"].is_u64(), "{json}");
     assert!(json["connections"]["http1"].is_u64(), "{json}");
+}
+
+/// `--real` at 3 instances with `--restart-settled`: the operator converges on a real API server, its
+/// requests are counted from the audit log, and a restarted operator is measured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_real_run_converges_and_counts_from_the_audit_log() {
+    if envtest::assets().is_none() {
+        envtest::skip("bench --real");
+        return;
+    }
+    let options = Options {
+        instances: 3,
+        ..small_run(true)
+    };
+    let real = bench::real::RealOptions {
+        config_dir: PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../config"),
+        restart_settled: true,
+        creates_in_flight: bench::real::CREATES_IN_FLIGHT,
+    };
+    let report = bench::real::run(&options, &real).await.unwrap();
+
+    assert!(
+        report.server.starts_with("real kube-apiserver v"),
+        "{}",
+        report.server
+    );
+    let pods_ready = report
+        .pods_ready_seconds
+        .expect("the pods' readiness is timed");
+    assert!(report.available_seconds >= report.children_seconds);
+    assert!(pods_ready > 0.0 && pods_ready <= report.available_seconds + 1.0);
+    for needed in [
+        "patch deployments",
+        "patch services",
+        "patch memcacheds/status",
+    ] {
+        assert!(
+            report.requests.contains_key(needed),
+            "{needed} is missing from {:?}",
+            report.requests
+        );
+    }
+    assert_eq!(
+        report.requests_total,
+        report.requests.values().sum::<usize>()
+    );
+    assert!(report.connections.is_none(), "no connection counter there");
+    let responses = report
+        .responses_by_protocol
+        .as_ref()
+        .expect("the operator's metric");
+    assert!(responses.values().sum::<u64>() > 0, "{responses:?}");
+    assert!(
+        report
+            .control_plane_cpu_seconds
+            .contains_key("kube-apiserver")
+    );
+    let restart = report.restart.as_ref().expect("--restart-settled");
+    assert!(
+        restart.requests.keys().any(|k| k.starts_with("list ")),
+        "the new operator's start-up lists are counted: {:?}",
+        restart.requests
+    );
+    let table = report.table();
+    assert!(
+        table.contains("pods ready") && table.contains("Available / pods ready"),
+        "{table}"
+    );
+    assert!(table.contains("--restart-settled"), "{table}");
 }

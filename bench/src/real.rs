@@ -1,0 +1,745 @@
+//! `--real`: the same scenario against a real control plane instead of the fake. etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler from `$KUBEBUILDER_ASSETS` with the stand-in kubelet (the
+//! workspace's `envtest` crate; pods become Running and Ready as status only, no memcached runs), the
+//! operator's CRD and RBAC installed from `config/`, and the operator binary running under a token of its
+//! own ServiceAccount, measured from `/proc` as against the fake ([`crate::process`]).
+//!
+//! The phases are the fake's: the operator starts and syncs its caches; N `Memcached` objects of size 1 are
+//! created in namespace [`NAMESPACE`] through an admin client, [`CREATES_IN_FLIGHT`] at a time (t0 at the
+//! first create); the admin client's watches time the moments every instance has its workload and both
+//! Services, every instance's pod is Ready (the floor the control plane and the kubelet set), and every
+//! instance's status says `Available=True`; then, after the same grace, the settled window.
+//!
+//! Requests are counted from the API server's audit log ([`envtest::AuditLog`]), the operator's user only:
+//! the convergence from t0 to the settled window, and the writes of the window. A real server has no
+//! connection counter of ours, so the report reads the operator's own
+//! `memcached_operator_kube_responses_total{protocol}` from its `/metrics` instead.
+//!
+//! `--restart-settled` then stops the operator (SIGTERM), starts another, and counts its requests from its
+//! start until `--settle-seconds` after it is ready: a restart of a settled operator should write nothing.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt::Debug;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use envtest::kubelet::Capacity;
+use envtest::{AuditEvent, ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod, Service};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::process::{self, Operator, Scratch};
+use crate::{GRACE, Options, Report, Restart, WATCHES_OPEN};
+
+/// The namespace the instances are created in.
+pub const NAMESPACE: &str = "bench";
+
+/// Creates in flight at once, through the admin client.
+pub const CREATES_IN_FLIGHT: usize = 32;
+
+/// Pods per stand-in node, as a kubelet's default `maxPods`.
+pub const PODS_PER_NODE: u32 = 110;
+
+/// The processes of the control plane whose CPU the report shows (`comm`, at most 15 characters).
+const CONTROL_PLANE: [&str; 4] = [
+    "kube-apiserver",
+    "etcd",
+    "kube-controller",
+    "kube-scheduler",
+];
+
+/// Verbs that change something, as the audit log names them (server-side apply is a `patch`).
+const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
+
+/// What `--real` adds to [`Options`].
+#[derive(Clone, Debug)]
+pub struct RealOptions {
+    /// The operator's kustomizations (`config/`, with `default`), installed minus the Deployment.
+    pub config_dir: PathBuf,
+    /// After the settled window, restart the operator and count the new one's requests over a further
+    /// window.
+    pub restart_settled: bool,
+    pub creates_in_flight: usize,
+}
+
+/// The control plane's binaries, or an error saying what to set.
+pub fn assets() -> Result<envtest::Assets, String> {
+    envtest::assets().ok_or_else(|| {
+        let reason = envtest::assets::why_missing().unwrap_or_else(|| "no assets".to_owned());
+        format!(
+            "--real needs a Kubernetes control plane's binaries ({reason}): set {var} to a directory \
+             holding etcd, kube-apiserver, kube-controller-manager and kube-scheduler, as Kubebuilder's \
+             envtest does, e.g. `{var}=/opt/kubebuilder-assets/bin make bench ARGS=--real` \
+             (`setup-envtest use 1.28.x -p path` prints one)",
+            var = envtest::assets::ASSETS_VAR
+        )
+    })
+}
+
+/// The Service ClusterIP range the API server is started with: envtest's `10.0.0.0/24` holds 253
+/// addresses, and every instance's client Service takes one, so instances past the 253rd would never get
+/// their children ("failed to allocate a serviceIP: range is full").
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/16";
+
+/// Runs the scenario once against a control plane started for it, and stops the control plane.
+pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String> {
+    let mut assets = assets()?;
+    let scratch = Scratch::new()?;
+    assets.kube_apiserver = wide_service_range(&assets.kube_apiserver, scratch.path())?;
+    let started = Instant::now();
+    let env = Env::start(
+        &assets,
+        EnvOptions {
+            control_plane: ControlPlaneOptions::default(),
+            kubelet: KubeletOptions {
+                nodes: options.instances / 100 + 3,
+                capacity: Capacity {
+                    pods: PODS_PER_NODE,
+                    ..Capacity::default()
+                },
+                pod_start_delay: options.pod_start,
+                memcached: None,
+                ..KubeletOptions::default()
+            },
+        },
+    )
+    .await
+    .map_err(|e| format!("the control plane did not start: {e:#}"))?;
+    eprintln!(
+        "control plane up in {:.1} s ({} stand-in nodes); its directory: {}",
+        started.elapsed().as_secs_f64(),
+        env.kubelet().map_or(0, |k| k.nodes().len()),
+        env.control_plane().dir().display()
+    );
+    let report = measure(&env, options, real).await;
+    env.stop().await;
+    report
+}
+
+/// A script in `dir` that runs `apiserver` with the arguments it is given and then
+/// `--service-cluster-ip-range=`[`SERVICE_CLUSTER_IP_RANGE`] (the last of a repeated flag wins): envtest
+/// starts the API server with a fixed `/24`. `exec` keeps the process the control plane's child, with its
+/// parent-death signal and its name (`kube-apiserver`, which the CPU figures look for).
+fn wide_service_range(apiserver: &Path, dir: &Path) -> Result<PathBuf, String> {
+    use std::os::unix::fs::PermissionsExt;
+    let script = dir.join("kube-apiserver");
+    let quoted = apiserver.to_string_lossy().replace('\'', "'\\''");
+    let text = format!(
+        "#!/bin/sh\n# make bench ARGS=--real: room for more than 253 ClusterIP Services\n\
+         exec '{quoted}' \"$@\" --service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}\n"
+    );
+    std::fs::write(&script, text)
+        .and_then(|()| std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)))
+        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
+    Ok(script)
+}
+
+async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Report, String> {
+    let client = env.client().clone();
+    let audit = env.control_plane().audit();
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|e| format!("GET /version: {e}"))?
+        .git_version;
+    let credentials = env
+        .install_operator_rbac(&real.config_dir)
+        .await
+        .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
+    envtest::create_namespace(&client, NAMESPACE, &[])
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+
+    let warm_up = warm_up(&client).await?;
+    eprintln!(
+        "a dry-run create of a Memcached took {:.2} s (the API server's first write of a new resource)",
+        warm_up.as_secs_f64()
+    );
+
+    let names: Vec<String> = (0..options.instances)
+        .map(|i| format!("bench-{i:05}"))
+        .collect();
+    let progress = Arc::new(Mutex::new(Progress {
+        expected: names.iter().cloned().collect(),
+        ..Progress::default()
+    }));
+    let watches = Watches::start(&client, &progress).await?;
+
+    let mut operator = Operator::start(options, &credentials.kubeconfig, true)?;
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    tokio::time::sleep(WATCHES_OPEN).await;
+    let cpu_startup = operator.cpu_seconds()?;
+    eprintln!(
+        "operator ready as {}; creating {} instances in namespace {NAMESPACE}, {} at a time",
+        credentials.user, options.instances, real.creates_in_flight
+    );
+
+    let own_cpu_start = process::own_cpu_seconds().unwrap_or_default();
+    let plane_cpu_start = process::children_cpu_seconds(&CONTROL_PLANE);
+    let t0_mark = audit.mark().map_err(|e| format!("{e:#}"))?;
+    let t0 = Instant::now();
+    let first_created = create_instances(&client, &names, real.creates_in_flight).await?;
+    eprintln!(
+        "created {} instances in {:.2} s (the first answered after {:.2} s)",
+        options.instances,
+        t0.elapsed().as_secs_f64(),
+        (first_created - t0).as_secs_f64()
+    );
+
+    let deadline = t0 + options.timeout;
+    let available_at = loop {
+        if let Some(at) = lock(&progress).available_at {
+            break at;
+        }
+        operator.check_running()?;
+        env.control_plane()
+            .check_running()
+            .map_err(|e| format!("{e:#}"))?;
+        if Instant::now() > deadline {
+            let p = lock(&progress);
+            return Err(format!(
+                "after {:?}, {} of {} instances have their children, {} a Ready pod, and {} are \
+                 Available; the operator's log: {}",
+                options.timeout,
+                p.complete.len(),
+                options.instances,
+                p.pods_ready.len(),
+                p.available.len(),
+                operator.log_path().display()
+            ));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let cpu_converged = operator.cpu_seconds()?;
+    // Available follows the pods' readiness, so the pods' watch has seen it too, or is about to.
+    let pods_wait = Instant::now() + Duration::from_secs(10);
+    while lock(&progress).pods_ready_at.is_none() && Instant::now() < pods_wait {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(GRACE).await;
+    let settle_mark = audit.mark().map_err(|e| format!("{e:#}"))?;
+    tokio::time::sleep(options.settle).await;
+    let settle_end = audit.mark().map_err(|e| format!("{e:#}"))?;
+    operator.check_running()?;
+    let cpu_total = operator.cpu_seconds()?;
+    let own_cpu = process::own_cpu_seconds().unwrap_or_default() - own_cpu_start;
+    let plane_cpu = cpu_since(
+        &plane_cpu_start,
+        &process::children_cpu_seconds(&CONTROL_PLANE),
+    );
+    let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
+    let responses = responses_by_protocol(&operator.metrics().await?);
+
+    let restart = if real.restart_settled {
+        operator.terminate(Duration::from_secs(10)).await;
+        Some(restart(env, options, &credentials.kubeconfig, &credentials.user).await?)
+    } else {
+        operator.stop();
+        None
+    };
+
+    // In blocking mode a request's line is written before its answer; requests still in flight when the
+    // window closed are written a moment later.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let ours: Vec<AuditEvent> = audit
+        .read_since(&t0_mark)
+        .map_err(|e| format!("{e:#}"))?
+        .into_iter()
+        .filter(|e| e.user == credentials.user)
+        .collect();
+    let converging: Vec<&AuditEvent> = ours
+        .iter()
+        .filter(|e| e.received < settle_mark.at())
+        .collect();
+    let settled: Vec<&AuditEvent> = ours
+        .iter()
+        .filter(|e| e.received >= settle_mark.at() && e.received < settle_end.at())
+        .filter(|e| is_write(e))
+        .collect();
+    let requests = by_request(converging.iter().copied());
+    let mut refused = BTreeMap::new();
+    for e in converging.iter().filter(|e| e.code >= 400) {
+        *refused.entry(format!("{} {}", key(e), e.code)).or_insert(0) += 1;
+    }
+    let events = events_by_reason(&client).await?;
+    drop(watches);
+
+    let p = lock(&progress);
+    let since_t0 = |at: Option<Instant>| at.map(|at| (at - t0).as_secs_f64());
+    Ok(Report {
+        server: format!("real kube-apiserver {version}"),
+        instances: options.instances,
+        latency_ms: None,
+        pod_start_ms: options.pod_start.as_millis() as u64,
+        children_seconds: since_t0(p.children_at).unwrap_or((available_at - t0).as_secs_f64()),
+        pods_ready_seconds: since_t0(p.pods_ready_at),
+        available_seconds: (available_at - t0).as_secs_f64(),
+        requests_total: converging.len(),
+        requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
+        requests,
+        refused,
+        events,
+        cpu_startup_seconds: cpu_startup,
+        cpu_converge_seconds: cpu_converged - cpu_startup,
+        cpu_total_seconds: cpu_total,
+        peak_rss_mib,
+        fake_cpu_seconds: own_cpu,
+        control_plane_cpu_seconds: plane_cpu,
+        settled_writes: settled.len(),
+        settled_writes_by: by_request(settled.iter().copied()),
+        settle_seconds: options.settle.as_secs(),
+        connections: None,
+        responses_by_protocol: Some(responses),
+        restart,
+    })
+}
+
+/// Starts a second operator against the settled instances and counts its requests from its start until
+/// `options.settle` after it is ready.
+async fn restart(
+    env: &Env,
+    options: &Options,
+    kubeconfig: &Path,
+    user: &str,
+) -> Result<Restart, String> {
+    let audit = env.control_plane().audit();
+    eprintln!("restarting the operator over the settled instances");
+    let mark = audit.mark().map_err(|e| format!("{e:#}"))?;
+    let started = Instant::now();
+    let mut operator = Operator::start(options, kubeconfig, true)?;
+    operator.wait_ready(Duration::from_secs(60)).await?;
+    let ready = started.elapsed();
+    tokio::time::sleep(options.settle).await;
+    let end = audit.mark().map_err(|e| format!("{e:#}"))?;
+    let window = started.elapsed();
+    operator.check_running()?;
+    let cpu_seconds = operator.cpu_seconds()?;
+    let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
+    operator.stop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let events: Vec<AuditEvent> = audit
+        .read_since(&mark)
+        .map_err(|e| format!("{e:#}"))?
+        .into_iter()
+        .filter(|e| e.user == user && e.received < end.at())
+        .collect();
+    let writes: Vec<&AuditEvent> = events.iter().filter(|e| is_write(e)).collect();
+    Ok(Restart {
+        ready_seconds: ready.as_secs_f64(),
+        window_seconds: window.as_secs_f64(),
+        requests: by_request(events.iter()),
+        writes_total: writes.len(),
+        writes_to_children_or_status: writes.iter().filter(|e| e.resource != "events").count(),
+        writes: by_request(writes.iter().copied()),
+        cpu_seconds,
+        peak_rss_mib,
+    })
+}
+
+/// Creates the instances, `in_flight` at a time; when the first answer came.
+async fn create_instances(
+    client: &Client,
+    names: &[String],
+    in_flight: usize,
+) -> Result<Instant, String> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &memcached_resource());
+    futures::stream::iter(names)
+        .map(|name| {
+            let api = api.clone();
+            async move {
+                let object: DynamicObject = serde_json::from_value(json!({
+                    "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                    "metadata": {"name": name, "namespace": NAMESPACE},
+                    "spec": {"size": 1, "containerPort": 11211}
+                }))
+                .map_err(|e| e.to_string())?;
+                api.create(&PostParams::default(), &object)
+                    .await
+                    .map(|_| Instant::now())
+                    .map_err(|e| format!("cannot create Memcached {NAMESPACE}/{name}: {e}"))
+            }
+        })
+        .buffer_unordered(in_flight.max(1))
+        .try_collect::<Vec<Instant>>()
+        .await?
+        .into_iter()
+        .min()
+        .ok_or_else(|| "no instances to create".to_owned())
+}
+
+/// A server-side dry run of a create, before anything is measured: kube-apiserver makes the first write
+/// of a newly established custom resource wait about 2 s (its admission sets up for the new resource),
+/// which a cluster whose CRD is older never shows and which would otherwise fall between t0 and the first
+/// instance. Nothing is stored, so the operator sees nothing.
+async fn warm_up(client: &Client) -> Result<Duration, String> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), NAMESPACE, &memcached_resource());
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+        "metadata": {"name": "bench-warm-up", "namespace": NAMESPACE},
+        "spec": {"size": 1}
+    }))
+    .map_err(|e| e.to_string())?;
+    let started = Instant::now();
+    api.create(
+        &PostParams {
+            dry_run: true,
+            ..PostParams::default()
+        },
+        &object,
+    )
+    .await
+    .map_err(|e| format!("the dry-run create of a Memcached failed: {e}"))?;
+    Ok(started.elapsed())
+}
+
+fn memcached_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
+        "memcacheds",
+    )
+}
+
+/// When each instance got its children, a Ready pod, and `Available=True`, as the admin's watches see it.
+#[derive(Default)]
+struct Progress {
+    /// Instance names.
+    expected: HashSet<String>,
+    workloads: HashSet<String>,
+    services: HashMap<String, HashSet<String>>,
+    complete: HashSet<String>,
+    pods_ready: HashSet<String>,
+    available: HashSet<String>,
+    children_at: Option<Instant>,
+    pods_ready_at: Option<Instant>,
+    available_at: Option<Instant>,
+}
+
+impl Progress {
+    fn all(&self, set: &HashSet<String>) -> bool {
+        !self.expected.is_empty() && set.len() == self.expected.len()
+    }
+
+    fn child(&mut self, owner: Option<String>, service: Option<String>) {
+        let Some(owner) = owner.filter(|o| self.expected.contains(o)) else {
+            return;
+        };
+        match service {
+            Some(name) => {
+                self.services.entry(owner.clone()).or_default().insert(name);
+            }
+            None => {
+                self.workloads.insert(owner.clone());
+            }
+        }
+        let services = self.services.get(&owner).map_or(0, HashSet::len);
+        if self.workloads.contains(&owner) && services >= 2 {
+            self.complete.insert(owner);
+            if self.all(&self.complete) && self.children_at.is_none() {
+                self.children_at = Some(Instant::now());
+            }
+        }
+    }
+
+    fn workload<K: Resource>(&mut self, workload: &K) {
+        self.child(controller(workload), None);
+    }
+
+    fn service(&mut self, service: &Service) {
+        self.child(controller(service), Some(service.name_any()));
+    }
+
+    fn pod(&mut self, pod: &Pod) {
+        let Some(instance) = pod.labels().get("app.kubernetes.io/instance") else {
+            return;
+        };
+        let ready = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        if ready && self.expected.contains(instance) {
+            self.pods_ready.insert(instance.clone());
+            if self.all(&self.pods_ready) && self.pods_ready_at.is_none() {
+                self.pods_ready_at = Some(Instant::now());
+            }
+        }
+    }
+
+    fn memcached(&mut self, mc: &DynamicObject) {
+        let name = mc.name_any();
+        if !self.expected.contains(&name) {
+            return;
+        }
+        let available = mc.data["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| c["type"] == "Available" && c["status"] == "True");
+        if available {
+            self.available.insert(name);
+        } else {
+            self.available.remove(&name);
+        }
+        if self.all(&self.available) && self.available_at.is_none() {
+            self.available_at = Some(Instant::now());
+        }
+    }
+}
+
+/// The name of the `Memcached` that controls `object`.
+fn controller<K: Resource>(object: &K) -> Option<String> {
+    object
+        .meta()
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.controller == Some(true) && o.kind == "Memcached")
+        .map(|o| o.name.clone())
+}
+
+fn lock(progress: &Mutex<Progress>) -> MutexGuard<'_, Progress> {
+    progress.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The admin client's watches of the namespace, feeding [`Progress`].
+struct Watches(Vec<JoinHandle<()>>);
+
+impl Watches {
+    /// Starts the watches and waits until each has listed.
+    async fn start(client: &Client, progress: &Arc<Mutex<Progress>>) -> Result<Self, String> {
+        let mut tasks = Vec::new();
+        let mut synced = Vec::new();
+        let mut add = |task: JoinHandle<()>, listed: oneshot::Receiver<()>| {
+            tasks.push(task);
+            synced.push(listed);
+        };
+        let (tx, rx) = oneshot::channel();
+        add(
+            watch(
+                Api::<Deployment>::namespaced(client.clone(), NAMESPACE),
+                progress,
+                |p, o| p.workload(o),
+                tx,
+            ),
+            rx,
+        );
+        let (tx, rx) = oneshot::channel();
+        add(
+            watch(
+                Api::<StatefulSet>::namespaced(client.clone(), NAMESPACE),
+                progress,
+                |p, o| p.workload(o),
+                tx,
+            ),
+            rx,
+        );
+        let (tx, rx) = oneshot::channel();
+        add(
+            watch(
+                Api::<Service>::namespaced(client.clone(), NAMESPACE),
+                progress,
+                Progress::service,
+                tx,
+            ),
+            rx,
+        );
+        let (tx, rx) = oneshot::channel();
+        add(
+            watch(
+                Api::<Pod>::namespaced(client.clone(), NAMESPACE),
+                progress,
+                Progress::pod,
+                tx,
+            ),
+            rx,
+        );
+        let (tx, rx) = oneshot::channel();
+        add(
+            watch(
+                Api::<DynamicObject>::namespaced_with(
+                    client.clone(),
+                    NAMESPACE,
+                    &memcached_resource(),
+                ),
+                progress,
+                Progress::memcached,
+                tx,
+            ),
+            rx,
+        );
+        let watches = Watches(tasks);
+        let listed = futures::future::join_all(synced);
+        match tokio::time::timeout(Duration::from_secs(30), listed).await {
+            Ok(results) if results.iter().all(Result::is_ok) => Ok(watches),
+            _ => Err("the admin client's watches did not list within 30 s".to_owned()),
+        }
+    }
+}
+
+impl Drop for Watches {
+    fn drop(&mut self) {
+        for task in &self.0 {
+            task.abort();
+        }
+    }
+}
+
+/// Watches `api`, handing every object seen to `on`; `listed` fires once the initial list is in.
+fn watch<K>(
+    api: Api<K>,
+    progress: &Arc<Mutex<Progress>>,
+    on: fn(&mut Progress, &K),
+    listed: oneshot::Sender<()>,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+{
+    let progress = progress.clone();
+    tokio::spawn(async move {
+        let mut listed = Some(listed);
+        let mut events = watcher::watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Apply(object) | Event::InitApply(object)) => {
+                    on(&mut lock(&progress), &object);
+                }
+                Ok(Event::InitDone) => {
+                    if let Some(listed) = listed.take() {
+                        let _ = listed.send(());
+                    }
+                }
+                Ok(Event::Delete(_) | Event::Init) => {}
+                Err(e) => eprintln!("warning: the admin's watch: {e}"),
+            }
+        }
+    })
+}
+
+/// `verb resource[/subresource]`, as the audit log names them.
+fn key(e: &AuditEvent) -> String {
+    if e.subresource.is_empty() {
+        format!("{} {}", e.verb, e.resource)
+    } else {
+        format!("{} {}/{}", e.verb, e.resource, e.subresource)
+    }
+}
+
+fn is_write(e: &AuditEvent) -> bool {
+    WRITES.contains(&e.verb.as_str())
+}
+
+fn by_request<'a>(events: impl IntoIterator<Item = &'a AuditEvent>) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for e in events {
+        *counts.entry(key(e)).or_insert(0) += 1;
+    }
+    counts
+}
+
+/// The events about the instances in the namespace, by reason (a series counts once, as the fake counts
+/// them).
+async fn events_by_reason(client: &Client) -> Result<BTreeMap<String, usize>, String> {
+    let events: Api<CoreEvent> = Api::namespaced(client.clone(), NAMESPACE);
+    let list = events
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| format!("cannot list the events: {e}"))?;
+    let mut reasons = BTreeMap::new();
+    for event in list
+        .items
+        .iter()
+        .filter(|e| e.involved_object.kind.as_deref() == Some("Memcached"))
+    {
+        let reason = event.reason.clone().unwrap_or_else(|| "<none>".to_owned());
+        *reasons.entry(reason).or_insert(0) += 1;
+    }
+    Ok(reasons)
+}
+
+/// `memcached_operator_kube_responses_total` by protocol, from the operator's metrics text.
+pub fn responses_by_protocol(metrics: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("memcached_operator_kube_responses_total{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once('}') else {
+            continue;
+        };
+        let protocol = labels
+            .split(',')
+            .find_map(|l| l.strip_prefix("protocol="))
+            .map(|p| p.trim_matches('"').to_owned());
+        // An integer for a counter of whole answers, but the text format allows a float.
+        let value = value
+            .split_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .map(|v| v as u64);
+        if let (Some(protocol), Some(value)) = (protocol, value) {
+            *out.entry(protocol).or_insert(0) += value;
+        }
+    }
+    out
+}
+
+/// Per process name, the CPU seconds between two readings of [`process::children_cpu_seconds`].
+fn cpu_since(
+    before: &BTreeMap<String, f64>,
+    after: &BTreeMap<String, f64>,
+) -> BTreeMap<String, f64> {
+    after
+        .iter()
+        .map(|(name, now)| {
+            let then = before.get(name).copied().unwrap_or_default();
+            (name.clone(), now - then)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn responses_are_read_by_protocol_from_the_metrics_text() {
+        let text = "# HELP memcached_operator_kube_responses_total x\n\
+                    memcached_operator_kube_responses_total{protocol=\"HTTP/2\"} 1234\n\
+                    memcached_operator_kube_responses_total{protocol=\"HTTP/1.1\"} 0\n\
+                    memcached_operator_kube_requests_total{verb=\"get\",code=\"200\"} 9\n";
+        let counts = responses_by_protocol(text);
+        assert_eq!(counts["HTTP/2"], 1234);
+        assert_eq!(counts["HTTP/1.1"], 0);
+        assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn children_complete_with_the_workload_and_both_services() {
+        let mut p = Progress {
+            expected: ["a".to_owned()].into(),
+            ..Progress::default()
+        };
+        p.child(Some("a".into()), Some("a".into()));
+        p.child(Some("b".into()), None);
+        p.child(Some("a".into()), Some("a".into()));
+        assert!(p.children_at.is_none(), "one Service, no workload");
+        p.child(Some("a".into()), None);
+        assert!(p.children_at.is_none(), "one Service");
+        p.child(Some("a".into()), Some("a-headless".into()));
+        assert!(p.children_at.is_some());
+    }
+}

@@ -2,27 +2,36 @@
 //! loopback IP and container port, so that clients of the operator (its statistics collector, tests
 //! with a memcached client) talk to a real server.
 //!
-//! Only the pod's arguments that are safe on a shared machine are taken over: the memory limit (`-m`)
-//! and `-o modern`. TLS, SASL, connection limits and the like are left out; `-U 0` (no UDP) always.
+//! The pod's arguments that change what clients see are taken over: the memory limit (`-m`),
+//! `-o modern`, TLS (`-Z` and the `ssl_*` options) and ASCII authentication (`-Y`), their files from the
+//! pod's Secret volumes ([`super::volumes`]). Those that would strain a shared machine (connection
+//! limits, threads, item sizes, verbosity, other options) are left out; `-U 0` (no UDP) always.
 
 use std::net::Ipv4Addr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use k8s_openapi::api::core::v1::{Container, Pod};
 
+use super::volumes::Mounts;
 use crate::process::Process;
 
 /// The container the operator runs memcached in.
 pub const CONTAINER: &str = "memcached";
 
 /// How to run a pod's memcached.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ServerArgs {
     pub port: u16,
     pub memory_mb: u32,
     pub modern: bool,
+    /// `-Z`: TLS on.
+    pub tls: bool,
+    /// The `ssl_*` options of every `-o` (certificate, key, CA, verify mode), as the pod has them.
+    pub ssl_options: Vec<String>,
+    /// `-Y`: the auth file, as the pod has it.
+    pub auth_file: Option<String>,
 }
 
 /// The memcached settings of `pod`, or `None` when it has no container named `memcached`.
@@ -52,14 +61,33 @@ pub fn server_args(pod: &Pod) -> Option<ServerArgs> {
                     .filter(|v| !v.is_empty())
             })
     };
+    let options: Vec<&str> = words
+        .windows(2)
+        .filter(|w| w[0] == "-o" || w[0] == "--extended")
+        .flat_map(|w| w[1].split(','))
+        .chain(
+            words
+                .iter()
+                .filter_map(|w| w.strip_prefix("--extended="))
+                .flat_map(|o| o.split(',')),
+        )
+        .collect();
     Some(ServerArgs {
         port: container_port(container)
             .or_else(|| value("-p").and_then(|p| p.parse().ok()))
             .unwrap_or(11211),
         memory_mb: value("-m").and_then(|m| m.parse().ok()).unwrap_or(64),
-        modern: words
-            .windows(2)
-            .any(|w| w[0] == "-o" && w[1].split(',').any(|o| o == "modern")),
+        modern: options.contains(&"modern"),
+        tls: words.iter().any(|w| *w == "-Z" || *w == "--enable-ssl"),
+        ssl_options: options
+            .iter()
+            .filter(|o| o.starts_with("ssl_"))
+            .map(|o| (*o).to_owned())
+            .collect(),
+        auth_file: value("-Y")
+            .or_else(|| value("--auth-file="))
+            .or_else(|| value("--auth-file"))
+            .map(str::to_owned),
     })
 }
 
@@ -73,26 +101,95 @@ fn container_port(container: &Container) -> Option<u16> {
         .and_then(|p| u16::try_from(p.container_port).ok())
 }
 
-/// Starts `binary` for `args` on `ip`, logging to `log`.
+/// Whether memcached needs files from the pod's volumes (TLS or auth).
+pub fn needs_volumes(args: &ServerArgs) -> bool {
+    args.tls || !args.ssl_options.is_empty() || args.auth_file.is_some()
+}
+
+/// The command line for `args` on `ip`, with the pod's paths mapped to its volumes' files.
+pub fn command_line(ip: Ipv4Addr, args: &ServerArgs, mounts: &Mounts) -> Vec<String> {
+    let mut line: Vec<String> = vec![
+        "-U".into(),
+        "0".into(),
+        "-l".into(),
+        ip.to_string(),
+        "-p".into(),
+        args.port.to_string(),
+        "-m".into(),
+        args.memory_mb.to_string(),
+    ];
+    let options: Vec<String> = args
+        .modern
+        .then(|| "modern".to_owned())
+        .into_iter()
+        .chain(args.ssl_options.iter().map(|o| mounts.map(o)))
+        .collect();
+    if !options.is_empty() {
+        line.extend(["-o".to_owned(), options.join(",")]);
+    }
+    if args.tls {
+        line.push("-Z".to_owned());
+    }
+    if let Some(file) = &args.auth_file {
+        line.extend(["-Y".to_owned(), mounts.map(file)]);
+    }
+    line
+}
+
+/// Starts `binary` for `args` on `ip`, logging to `log`; paths under the pod's mounts are mapped to the
+/// files written for them (`mounts`).
 ///
 /// As root, memcached insists on `-u <user>`; it gets `-u root`, because switching to another user would
 /// clear the parent-death signal ([`crate::process`]) and the server would outlive a killed test binary.
-pub fn start(binary: &Path, ip: Ipv4Addr, args: &ServerArgs, log: &Path) -> Result<Process> {
+pub fn start(
+    binary: &Path,
+    ip: Ipv4Addr,
+    args: &ServerArgs,
+    mounts: &Mounts,
+    log: &Path,
+) -> Result<Process> {
     let mut cmd = Command::new(binary);
-    cmd.args(["-U", "0", "-l"])
-        .arg(ip.to_string())
-        .arg("-p")
-        .arg(args.port.to_string())
-        .arg("-m")
-        .arg(args.memory_mb.to_string());
-    if args.modern {
-        cmd.args(["-o", "modern"]);
+    let mut line = command_line(ip, args, mounts);
+    if let Some(i) = line.iter().position(|a| a == "-Y")
+        && let Some(file) = line.get_mut(i + 1)
+        && args.auth_file.as_deref() != Some(file.as_str())
+    {
+        *file = auth_file_with_final_newline(Path::new(file))?
+            .to_string_lossy()
+            .into_owned();
     }
+    cmd.args(line);
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         cmd.args(["-u", "root"]);
     }
     Process::start(&format!("memcached {ip}:{}", args.port), cmd, log)
+}
+
+/// The auth file to give memcached for `file` (one written from a Secret volume): `file` itself when it
+/// ends with a newline, else a copy that does, beside the volume's directory.
+///
+/// Debian 12's memcached (1.6.18) drops the last character of an auth file without a final newline
+/// (memcached/memcached#1170, fixed upstream since), so a Secret made with
+/// `--from-literal=auth-file=app:s3cret` would have it expect the password `s3cre`; the memcached of the
+/// operator's image (`memcached:1.6-alpine`) reads the file whole. The volume stays as the Secret has it.
+fn auth_file_with_final_newline(file: &Path) -> Result<PathBuf> {
+    let content = std::fs::read(file)
+        .with_context(|| format!("cannot read the auth file {}", file.display()))?;
+    if content.is_empty() || content.ends_with(b"\n") {
+        return Ok(file.to_owned());
+    }
+    let volume = file.parent().unwrap_or(file);
+    let name = format!(
+        "{}-{}.memcached",
+        volume.file_name().unwrap_or_default().to_string_lossy(),
+        file.file_name().unwrap_or_default().to_string_lossy()
+    );
+    let copy = volume.parent().unwrap_or(volume).join(name);
+    let mut whole = content;
+    whole.push(b'\n');
+    std::fs::write(&copy, whole).with_context(|| format!("cannot write {}", copy.display()))?;
+    Ok(copy)
 }
 
 #[cfg(test)]
@@ -115,8 +212,49 @@ mod tests {
             Some(ServerArgs {
                 port: 11311,
                 memory_mb: 128,
-                modern: true
+                modern: true,
+                ssl_options: vec!["ssl_chain_cert=x".to_owned()],
+                ..ServerArgs::default()
             })
+        );
+    }
+
+    #[test]
+    fn tls_and_auth_are_taken_over_with_their_files_in_the_pod_volumes() {
+        let pod: Pod = serde_json::from_value(json!({
+            "spec": {"containers": [
+                {"name": "memcached", "command": ["memcached"],
+                 "args": ["-p", "11211", "-m", "64", "-c", "4096", "-t", "8",
+                          "-o", "modern,ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key",
+                          "-Z", "-Y", "/etc/memcached/auth/auth-file", "-o", "lru_crawler,ssl_verify_mode=2"]},
+            ]},
+        }))
+        .unwrap();
+        let args = server_args(&pod).unwrap();
+        assert!(args.tls && needs_volumes(&args));
+        assert_eq!(
+            args.auth_file.as_deref(),
+            Some("/etc/memcached/auth/auth-file")
+        );
+        let mounts = Mounts::from_pairs(&[
+            ("/etc/memcached/tls", "/k/tls"),
+            ("/etc/memcached/auth", "/k/auth"),
+        ]);
+        assert_eq!(
+            command_line(Ipv4Addr::new(127, 1, 1, 2), &args, &mounts).join(" "),
+            "-U 0 -l 127.1.1.2 -p 11211 -m 64 \
+             -o modern,ssl_chain_cert=/k/tls/tls.crt,ssl_key=/k/tls/tls.key,ssl_verify_mode=2 \
+             -Z -Y /k/auth/auth-file"
+        );
+        let plain = ServerArgs {
+            port: 11211,
+            memory_mb: 64,
+            ..ServerArgs::default()
+        };
+        assert!(!needs_volumes(&plain));
+        assert_eq!(
+            command_line(Ipv4Addr::new(127, 1, 1, 2), &plain, &Mounts::default()).join(" "),
+            "-U 0 -l 127.1.1.2 -p 11211 -m 64"
         );
     }
 
@@ -130,11 +268,27 @@ mod tests {
             Some(ServerArgs {
                 port: 11211,
                 memory_mb: 64,
-                modern: false
+                ..ServerArgs::default()
             })
         );
         let other: Pod =
             serde_json::from_value(json!({"spec": {"containers": [{"name": "web"}]}})).unwrap();
         assert_eq!(server_args(&other), None);
+    }
+
+    #[test]
+    fn an_auth_file_without_a_final_newline_is_given_one_in_a_copy() {
+        let dir = std::env::temp_dir().join(format!("envtest-authfile-{}", std::process::id()));
+        let volume = dir.join("auth");
+        std::fs::create_dir_all(&volume).unwrap();
+        let file = volume.join("auth-file");
+        std::fs::write(&file, "app:s3cret").unwrap();
+        let given = auth_file_with_final_newline(&file).unwrap();
+        assert_eq!(given, dir.join("auth-auth-file.memcached"));
+        assert_eq!(std::fs::read_to_string(&given).unwrap(), "app:s3cret\n");
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "app:s3cret");
+        std::fs::write(&file, "app:s3cret\n").unwrap();
+        assert_eq!(auth_file_with_final_newline(&file).unwrap(), file);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

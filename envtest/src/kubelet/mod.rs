@@ -10,17 +10,28 @@
 //! - status through the status subresource by strategic-merge patch under the field manager
 //!   `stand-in-kubelet` ([`status`]): Running, a loopback pod IP, container statuses, and Ready only when
 //!   every readiness gate passes;
-//! - optionally a real memcached per pod ([`memcached`]) whose exit makes the pod not ready;
+//! - optionally a real memcached per pod ([`memcached`]) whose exit makes the pod not ready, with the
+//!   pod's TLS and auth settings and their files from its Secret volumes ([`volumes`]);
+//! - images: taken as pulled, except those of a registry under the reserved `.invalid` domain, which
+//!   no kubelet can pull: their containers wait with `ErrImagePull`, then `ImagePullBackOff`, and the
+//!   pod stays Pending and not ready ([`image`]);
 //! - deletion: the process is killed and the pod deleted for good.
 //!
-//! Not done: probes, restarts, resource limits, volumes, images, init containers' work, node heartbeats
-//! (the node lifecycle controller is off instead), pods on nodes that are not its own.
+//! Not done: probes, restarts, resource limits, volumes other than the Secret volumes of memcached,
+//! pulling images, init containers' work, node heartbeats (the node lifecycle controller is off
+//! instead), pods on nodes that are not its own, `kubectl exec`/`logs`/`port-forward` (no kubelet API),
+//! Service endpoints (pod IPs are loopback addresses, which the API server refuses in Endpoints and
+//! EndpointSlices, so the endpoint controllers list none; and no kube-proxy routes ClusterIPs anyway).
+//! Its Nodes carry the label [`node::STAND_IN_LABEL`], so that a client can tell it is talking to a
+//! cluster of stand-ins.
 
+pub mod image;
 pub mod ip;
 pub mod memcached;
 pub mod node;
 pub mod pod;
 pub mod status;
+pub mod volumes;
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;

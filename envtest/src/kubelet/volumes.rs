@@ -1,0 +1,264 @@
+//! Secret volumes of the container the stand-in runs as a process (`memcached`): each Secret volume it
+//! mounts is written, as a kubelet writes it, to a directory of the pod's own under the kubelet's
+//! directory (the Secret's keys, or its `items` at their paths, with `defaultMode` or the item's
+//! `mode`), and paths under the container's `mountPath` in its arguments are mapped there. So memcached
+//! loads the pod's real TLS certificate and auth file, and fails to start where they are wrong, as it
+//! would in a container.
+//!
+//! A Secret that cannot be read (missing and not `optional`) fails the mount; the pod waits for it, as a
+//! kubelet keeps a pod in `ContainerCreating` until its volumes mount. Other volume kinds are not
+//! written (the stand-in mounts nothing else), and `subPath` mounts are not supported.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+use k8s_openapi::api::core::v1::{Container, Pod, Secret, SecretVolumeSource};
+use kube::{Api, Client, ResourceExt};
+
+/// The mode of a Secret volume's files when the volume names none (the API's default, 0644).
+const DEFAULT_MODE: i32 = 0o644;
+
+/// The Secret volumes of one container, written out: `mountPath` → local directory.
+#[derive(Debug, Default)]
+pub struct Mounts {
+    mounts: Vec<(String, PathBuf)>,
+}
+
+impl Mounts {
+    /// `arg` with every path under a mount (`/etc/memcached/tls/tls.crt`, also inside
+    /// `ssl_key=/etc/...`) replaced by the file written for it.
+    pub fn map(&self, arg: &str) -> String {
+        let mut out = arg.to_owned();
+        for (mount_path, local) in &self.mounts {
+            let from = format!("{}/", mount_path.trim_end_matches('/'));
+            let to = format!("{}/", local.display());
+            out = replace_at_path_starts(&out, &from, &to);
+        }
+        out
+    }
+
+    /// Mounts from (mountPath, local directory) pairs.
+    pub fn from_pairs(pairs: &[(&str, &str)]) -> Mounts {
+        Mounts {
+            mounts: pairs
+                .iter()
+                .map(|(m, l)| ((*m).to_owned(), PathBuf::from(l)))
+                .collect(),
+        }
+    }
+}
+
+/// Replaces `from` where it begins a path: at the start of `text`, or after `=` or `,`.
+fn replace_at_path_starts(text: &str, from: &str, to: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    let mut at_start = true;
+    while !rest.is_empty() {
+        if at_start && rest.starts_with(from) {
+            out.push_str(to);
+            rest = &rest[from.len()..];
+            at_start = false;
+            continue;
+        }
+        let c = rest.chars().next().unwrap_or_default();
+        out.push(c);
+        at_start = c == '=' || c == ',';
+        rest = &rest[c.len_utf8()..];
+    }
+    out
+}
+
+/// Writes the Secret volumes that `container` of `pod` mounts under `dir` (one subdirectory per volume,
+/// replaced if it exists) and returns where each mount went.
+pub async fn mount(
+    client: &Client,
+    pod: &Pod,
+    container: &Container,
+    dir: &Path,
+) -> Result<Mounts> {
+    let namespace = pod.namespace().unwrap_or_default();
+    let volumes = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.volumes.as_deref())
+        .unwrap_or_default();
+    let api: Api<Secret> = Api::namespaced(client.clone(), &namespace);
+    let mut mounts = Mounts::default();
+    for volume_mount in container.volume_mounts.iter().flatten() {
+        let Some(source) = volumes
+            .iter()
+            .find(|v| v.name == volume_mount.name)
+            .and_then(|v| v.secret.as_ref())
+        else {
+            continue;
+        };
+        if volume_mount
+            .sub_path
+            .as_deref()
+            .is_some_and(|p| !p.is_empty())
+        {
+            bail!(
+                "volume {:?}: subPath mounts are not supported by the stand-in kubelet",
+                volume_mount.name
+            );
+        }
+        let name = source.secret_name.clone().unwrap_or_default();
+        let secret = api
+            .get_opt(&name)
+            .await
+            .with_context(|| format!("cannot read secret {namespace}/{name}"))?;
+        let secret = match secret {
+            Some(secret) => secret,
+            None if source.optional == Some(true) => Secret::default(),
+            None => bail!(
+                "MountVolume.SetUp failed for volume {:?} : secret {name:?} not found",
+                volume_mount.name
+            ),
+        };
+        let files =
+            files(source, &secret).with_context(|| format!("volume {:?}", volume_mount.name))?;
+        let local = dir.join(&volume_mount.name);
+        write(&local, &files)
+            .with_context(|| format!("cannot write volume {:?}", volume_mount.name))?;
+        mounts.mounts.push((volume_mount.mount_path.clone(), local));
+    }
+    Ok(mounts)
+}
+
+/// The files a Secret volume holds: relative path → (content, mode).
+fn files(source: &SecretVolumeSource, secret: &Secret) -> Result<BTreeMap<String, (Vec<u8>, u32)>> {
+    let mut data: BTreeMap<String, Vec<u8>> = secret
+        .data
+        .iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.0.clone()))
+        .collect();
+    for (k, v) in secret.string_data.iter().flatten() {
+        data.insert(k.clone(), v.clone().into_bytes());
+    }
+    let default_mode = source.default_mode.unwrap_or(DEFAULT_MODE);
+    let mode = |m: i32| u32::try_from(m).unwrap_or(0o644) & 0o777;
+    let mut files = BTreeMap::new();
+    match &source.items {
+        Some(items) if !items.is_empty() => {
+            for item in items {
+                let Some(content) = data.get(&item.key) else {
+                    if source.optional == Some(true) {
+                        continue;
+                    }
+                    bail!("key {:?} is not in the secret", item.key);
+                };
+                if item.path.starts_with('/') || item.path.split('/').any(|p| p == "..") {
+                    bail!("item path {:?} leaves the volume", item.path);
+                }
+                files.insert(
+                    item.path.clone(),
+                    (content.clone(), mode(item.mode.unwrap_or(default_mode))),
+                );
+            }
+        }
+        _ => {
+            for (key, content) in data {
+                files.insert(key, (content, mode(default_mode)));
+            }
+        }
+    }
+    Ok(files)
+}
+
+fn write(dir: &Path, files: &BTreeMap<String, (Vec<u8>, u32)>) -> Result<()> {
+    if dir.exists() {
+        fs::remove_dir_all(dir)?;
+    }
+    fs::create_dir_all(dir)?;
+    for (path, (content, mode)) in files {
+        let file = dir.join(path);
+        if let Some(parent) = file.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::write(&file, content)?;
+        fs::set_permissions(&file, fs::Permissions::from_mode(*mode))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn paths_under_a_mount_are_mapped_where_a_path_begins() {
+        let mounts = Mounts::from_pairs(&[
+            ("/etc/memcached/tls", "/k/p/tls"),
+            ("/etc/memcached/auth/", "/k/p/auth"),
+        ]);
+        assert_eq!(
+            mounts.map("modern,ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key"),
+            "modern,ssl_chain_cert=/k/p/tls/tls.crt,ssl_key=/k/p/tls/tls.key"
+        );
+        assert_eq!(
+            mounts.map("/etc/memcached/auth/auth-file"),
+            "/k/p/auth/auth-file"
+        );
+        assert_eq!(mounts.map("/etc/memcached/tlsx/a"), "/etc/memcached/tlsx/a");
+        assert_eq!(mounts.map("x/etc/memcached/tls/a"), "x/etc/memcached/tls/a");
+        assert_eq!(mounts.map("-m"), "-m");
+    }
+
+    #[test]
+    fn a_volume_holds_every_key_or_the_items_at_their_paths() {
+        let secret: Secret = serde_json::from_value(json!({
+            "data": {"tls.crt": "Y2VydA==", "tls.key": "a2V5"},
+            "stringData": {"ca.crt": "ca"},
+        }))
+        .unwrap();
+        let all: SecretVolumeSource =
+            serde_json::from_value(json!({"secretName": "s", "defaultMode": 0o400})).unwrap();
+        let files = files(&all, &secret).unwrap();
+        assert_eq!(
+            files.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["ca.crt", "tls.crt", "tls.key"]
+        );
+        assert_eq!(files["tls.crt"], (b"cert".to_vec(), 0o400));
+
+        let some: SecretVolumeSource = serde_json::from_value(json!({
+            "secretName": "s",
+            "items": [{"key": "tls.key", "path": "keys/server.key", "mode": 0o600}],
+        }))
+        .unwrap();
+        let files = super::files(&some, &secret).unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(files["keys/server.key"], (b"key".to_vec(), 0o600));
+
+        let missing: SecretVolumeSource = serde_json::from_value(json!({
+            "secretName": "s", "items": [{"key": "nope", "path": "x"}],
+        }))
+        .unwrap();
+        assert!(super::files(&missing, &secret).is_err());
+        let escaping: SecretVolumeSource = serde_json::from_value(json!({
+            "secretName": "s", "items": [{"key": "tls.key", "path": "../x"}],
+        }))
+        .unwrap();
+        assert!(super::files(&escaping, &secret).is_err());
+    }
+
+    #[test]
+    fn files_are_written_with_their_modes_replacing_an_earlier_volume() {
+        let dir = std::env::temp_dir().join(format!("envtest-volume-{}", std::process::id()));
+        fs::create_dir_all(dir.join("stale")).unwrap();
+        let files = BTreeMap::from([
+            ("a".to_owned(), (b"1".to_vec(), 0o600)),
+            ("d/b".to_owned(), (b"2".to_vec(), 0o644)),
+        ]);
+        write(&dir, &files).unwrap();
+        assert_eq!(fs::read(dir.join("d/b")).unwrap(), b"2");
+        let mode = fs::metadata(dir.join("a")).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        assert!(!dir.join("stale").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

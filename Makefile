@@ -88,14 +88,8 @@ test: ## Run the unit, integration and doc tests of the operator and xtask (no c
 	$(CARGO) test --workspace
 
 .PHONY: e2e
-e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at.
-	@if [ -z "$${KUBECONFIG:-}" ]; then \
-		echo "error: KUBECONFIG is not set." >&2; \
-		echo "The end-to-end tests create and delete objects in a real cluster. Point KUBECONFIG at a" >&2; \
-		echo "disposable test cluster (kind, minikube, ...), e.g.: make e2e KUBECONFIG=\$$HOME/.kube/config" >&2; \
-		exit 1; \
-	fi
-	MEMCACHED_E2E=1 $(CARGO) test --test e2e -- --nocapture --test-threads=1
+e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at, else against a local envtest control plane.
+	CARGO="$(CARGO)" hack/e2e.sh
 
 # Scale benchmark (make bench): instances created at once, the fake API server's answer time per request,
 # and the length of the settled window in which writes are counted. ARGS passes more flags, e.g.

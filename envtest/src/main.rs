@@ -1,4 +1,6 @@
-//! `envtest up`: a control plane and the stand-in kubelet for trying the operator by hand, until Ctrl+C.
+//! `envtest up`: a control plane and the stand-in kubelet for trying the operator by hand, until Ctrl+C
+//! or SIGTERM; `make e2e` (`hack/e2e.sh`) runs the end-to-end suite against it when `KUBECONFIG` is unset.
+//! It prints `export KUBECONFIG=<admin kubeconfig>` on stdout once everything is up; logs go to stderr.
 //!
 //! ```text
 //! KUBEBUILDER_ASSETS=/opt/kubebuilder-assets/bin cargo run -p envtest -- up --memcached

@@ -23,6 +23,7 @@ use crate::names::{
     OPERATOR_NS, PDB, POD_SECURITY_LEVEL, POLL, REPO_ROOT, SERVICE_ACCOUNT, SERVICE_MONITORS,
 };
 use crate::poll::{hold_for, wait_for};
+use crate::timings::Timings;
 
 /// One operator process started by the test.
 pub struct Operator {
@@ -59,6 +60,7 @@ pub struct E2e {
     /// `None` means this could not be determined, and then nothing is uninstalled.
     pub preexisting: Option<BTreeSet<String>>,
     pub operators: RefCell<Vec<Operator>>,
+    pub timings: RefCell<Timings>,
 }
 
 impl E2e {
@@ -71,8 +73,10 @@ impl E2e {
         let ns = format!("memcached-e2e-{pid}-{}", stamp % 1_000_000);
         let dir = std::env::temp_dir().join(format!("memcached-e2e-{pid}-{stamp}"));
         fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("cannot create {}: {e}", dir.display()));
+        let started = Instant::now();
         E2e {
-            started: Instant::now(),
+            started,
+            timings: RefCell::new(Timings::new(started)),
             ns,
             dir,
             keep: std::env::var("E2E_KEEP").is_ok_and(|v| v == "1"),
@@ -85,6 +89,7 @@ impl E2e {
     }
 
     pub fn step(&self, n: u32, title: &str) {
+        self.timings.borrow_mut().begin(n, title);
         eprintln!(
             "\n==> step {n}: {title}  [t+{}s]",
             self.started.elapsed().as_secs()
@@ -276,8 +281,9 @@ impl E2e {
                 true,
                 false,
             ),
+            // Leader election gets, creates and patches its Lease (never updates it).
             (
-                &["update", "leases.coordination.k8s.io", "-n", OPERATOR_NS],
+                &["patch", "leases.coordination.k8s.io", "-n", OPERATOR_NS],
                 true,
                 false,
             ),
@@ -766,6 +772,8 @@ impl Drop for E2e {
     /// namespace.
     fn drop(&mut self) {
         let failed = thread::panicking();
+        let failed_step = failed.then(|| self.timings.get_mut().current()).flatten();
+        self.timings.get_mut().begin(CLEANUP_STEP, "cleanup");
         eprintln!(
             "\n==> step {CLEANUP_STEP}: cleanup{}  [t+{}s]",
             if failed {
@@ -812,6 +820,7 @@ impl Drop for E2e {
             "    operator logs and manifests are in {}",
             self.dir.display()
         );
+        self.timings.get_mut().report(&self.dir, failed_step);
     }
 }
 

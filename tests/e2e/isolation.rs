@@ -1,8 +1,9 @@
 //! Step 19: the NetworkPolicy and HorizontalPodAutoscaler of `spec.security.networkPolicy` and
-//! `spec.autoscaling`: created as the spec says, put back after a deletion, the autoscaler scaling the
-//! Memcached through its scale subresource, both removed when disabled. Enforcement of the policy needs a
-//! network plugin that implements NetworkPolicy, which the suite does not assume (docs/operations.md
-//! shows how to verify it by hand).
+//! `spec.autoscaling`: created as the spec says (the policy also admitting the operator's pods, which
+//! read stats), put back after a deletion, the autoscaler scaling the Memcached through its scale
+//! subresource, both removed when disabled. Enforcement of the policy needs a network plugin that
+//! implements NetworkPolicy, which the suite does not assume (docs/operations.md shows how to verify it
+//! by hand).
 
 use serde_json::{Value, json};
 
@@ -12,7 +13,7 @@ use crate::checks::{
 use crate::env::{E2e, delete_instance};
 use crate::events::expect_event;
 use crate::kubectl::{apply_yaml_ok, get_required, gone, kubectl_ok, secs, uid_of};
-use crate::names::{API_VERSION, MC, METRICS_PORT, PORT};
+use crate::names::{API_VERSION, MANAGER_NAME, MC, METRICS_PORT, NAME_KEY, OPERATOR_NS, PORT};
 
 pub const ISOLATED: &str = "memcached-isolated";
 const NETWORK_POLICY: &str = "networkpolicies.networking.k8s.io";
@@ -179,13 +180,20 @@ fn check_network_policy(policy: &Value, mc_uid: &str) -> Result<(), String> {
             &json!(["Ingress"]),
         ),
     );
+    // The suite's operators read stats (`--stats-interval`) and say where they run (`POD_NAMESPACE`), so
+    // the operator's own pods are admitted to the memcached port after the listed clients, or its reads
+    // would time out where the policy is enforced.
+    let operator_pods = json!({
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": OPERATOR_NS}},
+        "podSelector": {"matchLabels": labels(&[(NAME_KEY, MANAGER_NAME)])},
+    });
     push_err(
         &mut problems,
         expect_eq(
             "spec.ingress",
             &spec["ingress"],
             &json!([
-                {"from": [{"podSelector": {"matchLabels": labels(&[CLIENT_LABEL])}}],
+                {"from": [{"podSelector": {"matchLabels": labels(&[CLIENT_LABEL])}}, operator_pods],
                  "ports": [{"port": PORT, "protocol": "TCP"}]},
                 {"from": [{"podSelector": {}}],
                  "ports": [{"port": METRICS_PORT, "protocol": "TCP"}]}

@@ -10,6 +10,15 @@
 //! CRDs and RBAC and impersonate service accounts (cluster-admin); nodes that can pull the memcached image; and
 //! no in-cluster memcached-operator Deployment running (it would compete for the leader lease).
 //!
+//! `make e2e` (`hack/e2e.sh`) runs it against `KUBECONFIG`'s cluster, or, when `KUBECONFIG` is unset and a
+//! control plane's binaries are there (`$KUBEBUILDER_ASSETS`, else `/usr/local/kubebuilder/bin`), against
+//! `envtest up --memcached`, which it starts and stops: a real control plane with envtest's stand-in kubelet
+//! (`envtest/src/kubelet/`), whose pods are Debian `memcached` processes on loopback addresses of this
+//! machine, with their TLS and auth files from their Secret volumes. The stand-in reports images of the
+//! reserved `.invalid` domain as unpullable, as a kubelet does any image it cannot pull (step 10), and labels
+//! its Nodes [`names::STAND_IN_LABEL`]; it has no `kubectl exec` and no kube-proxy, so on its nodes step 24
+//! checks that the Service sends its memcached port to the pods and talks to one of them from here.
+//!
 //! The operator runs as a local process (this crate's binary), authenticated with a token of its own
 //! ServiceAccount, so the RBAC from `config/` is exercised for real. One test, `lifecycle`, walks these steps
 //! in order (they share state); each step is printed as `==> step N: ...`:
@@ -44,8 +53,8 @@
 //! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
 //!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
 //! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
-//! 19. network isolation and autoscaling: the NetworkPolicy (memcached port from the listed clients, metrics
-//!     port from the namespace) and the HorizontalPodAutoscaler (targeting the `Memcached`) are created, owned
+//! 19. network isolation and autoscaling: the NetworkPolicy (memcached port from the listed clients and the
+//!     operator's pods, which read stats; metrics port from the namespace) and the HorizontalPodAutoscaler (targeting the `Memcached`) are created, owned
 //!     and labelled; the autoscaler raises `spec.size` to `minSize` through the scale subresource and undoes a
 //!     `kubectl scale` below it (no metrics server needed); a deleted policy comes back; disabled, both go with
 //!     `Deleted` events and the size stays. Enforcement needs a network plugin and is not checked
@@ -57,7 +66,8 @@
 //!     `drainSeconds` exactly that pod goes (`Drained`); the instance is deleted
 //! 23. Deployment pool: a replaced pod's slot goes to its replacement, the others keep theirs; 3 → 2 marks
 //!     exactly the drained pod with `controller.kubernetes.io/pod-deletion-cost` and removes it after the drain
-//! 24. operand telemetry: an instance with 2 real memcached pods gets sets and gets through its Service;
+//! 24. operand telemetry: an instance with 2 real memcached pods gets sets and gets through its Service
+//!     (`kubectl exec` into a pod; on a stand-in kubelet's nodes, straight to an endpoint of the Service);
 //!     `status.stats`, the `HIT%`/`MEM%` columns and `/metrics` show the hits and items (where the pod IPs
 //!     are routable from the machine running the operator; elsewhere: reported as not readable); its
 //!     series go with it
@@ -91,6 +101,7 @@ mod http;
 mod kubectl;
 mod names;
 mod poll;
+mod timings;
 
 mod lifecycle;
 

@@ -24,6 +24,10 @@ pub const SECRET_HASH_ANNOTATION: &str = "cache.example.com/secret-hash";
 pub const PDB: &str = "poddisruptionbudgets.policy";
 pub const SERVICE_MONITORS: &str = "servicemonitors.monitoring.coreos.com";
 
+/// Label on the Nodes of envtest's stand-in kubelet (`envtest/src/kubelet/node.rs`): pods there are
+/// local processes on loopback addresses, with no `kubectl exec` and no kube-proxy.
+pub const STAND_IN_LABEL: &str = "envtest.memcached-operator/stand-in-kubelet";
+
 /// Pod Security Standard the test namespace enforces (and warns and audits with).
 pub const POD_SECURITY_LEVEL: &str = "restricted";
 

@@ -4,6 +4,12 @@
 //! show the hits and items. The suite's operators run with `--stats-interval=2s` and
 //! `--stats-status-interval=5s` (see `E2e::start_operator`).
 //!
+//! On the nodes of envtest's stand-in kubelet (labelled [`STAND_IN_LABEL`]), where pods are memcached
+//! processes on loopback addresses of this machine, there is no `kubectl exec` and no kube-proxy: there
+//! the step checks that the Service sends its memcached port to both pods (its selector and target port,
+//! resolved as the endpoints controller does), and sends the same session from this machine to one of
+//! them, as the Service would.
+//!
 //! The operator runs on the machine running the test, not in the cluster, so it reaches the pods only
 //! where pod IPs are routable from here (a cluster on this host's network, most cloud VPCs; not kind or
 //! minikube from the host). The step probes that first: where the pods are reachable it checks the
@@ -11,16 +17,19 @@
 //! 0 of 2, `memcached_up 0`), the other half of the contract, and says so. Either way the series go when
 //! the instance is deleted.
 
+use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::checks::{check_ready_status, live_pods};
+use crate::checks::{check_ready_status, live_pods, pod_ready};
 use crate::env::{E2e, OpInfo, delete_instance};
 use crate::http::http_get;
-use crate::kubectl::{apply_yaml_ok, compact, get_required, kubectl_ok, secs};
-use crate::names::{API_VERSION, APP_NAME, MC, PORT};
+use crate::kubectl::{
+    apply_yaml_ok, compact, get_required, items, kubectl_json, kubectl_ok, secs, try_kubectl_json,
+};
+use crate::names::{API_VERSION, APP_NAME, MC, PORT, STAND_IN_LABEL};
 
 pub const STATS_NAME: &str = "memcached-stats";
 
@@ -41,14 +50,34 @@ pub fn step_telemetry(env: &E2e, op: &OpInfo) {
     );
     let pods = live_pods(ns, STATS_NAME).unwrap_or_else(|e| panic!("{e}"));
     let client_pod = pods[0]["metadata"]["name"].as_str().unwrap_or_default();
-    let shell = format!(
-        "printf '{}' | nc -w 5 {STATS_NAME}.{ns}.svc {PORT}",
-        SCRIPT.replace("\r\n", "\\r\\n")
-    );
-    eprintln!("    $ kubectl exec {client_pod} -c {APP_NAME} -- sh -c \"{shell}\"");
-    let out = kubectl_ok(&[
-        "exec", "-n", ns, client_pod, "-c", APP_NAME, "--", "sh", "-c", &shell,
-    ]);
+    let out = if let Some(node) = stand_in_node(&pods[0]) {
+        // A stand-in kubelet has no exec and no kube-proxy (ClusterIPs do not route), but its pods are
+        // real memcached processes on loopback addresses: the session goes to a pod the Service would
+        // send it to, straight from here.
+        eprintln!(
+            "    pod {client_pod} runs on {node}, a node of a stand-in kubelet (label {STAND_IN_LABEL}): \
+             no kubectl exec and no kube-proxy there, so the session goes from this machine to a \
+             backend of Service {STATS_NAME}"
+        );
+        let endpoint = env.wait(
+            &format!(
+                "Service {STATS_NAME} to send its port {APP_NAME} to both pods, on port {PORT}"
+            ),
+            secs(60),
+            || service_backend(ns, STATS_NAME, &pods),
+        );
+        eprintln!("    sets and gets to {endpoint}, a backend of Service {STATS_NAME}");
+        memcached_session(endpoint, SCRIPT).unwrap_or_else(|e| panic!("{e}"))
+    } else {
+        let shell = format!(
+            "printf '{}' | nc -w 5 {STATS_NAME}.{ns}.svc {PORT}",
+            SCRIPT.replace("\r\n", "\\r\\n")
+        );
+        eprintln!("    $ kubectl exec {client_pod} -c {APP_NAME} -- sh -c \"{shell}\"");
+        kubectl_ok(&[
+            "exec", "-n", ns, client_pod, "-c", APP_NAME, "--", "sh", "-c", &shell,
+        ])
+    };
     assert!(
         out.matches("STORED").count() == 3 && out.matches("VALUE e2e-").count() == 3,
         "the sets and gets through the Service did not all succeed: {out:?}"
@@ -164,4 +193,140 @@ pub fn step_telemetry(env: &E2e, op: &OpInfo) {
             }
         },
     );
+}
+
+/// The pod's node when it is a node of a stand-in kubelet (envtest's, which labels its Nodes
+/// [`STAND_IN_LABEL`]), else `None`.
+fn stand_in_node(pod: &Value) -> Option<String> {
+    let node = pod["spec"]["nodeName"].as_str()?;
+    let labels = kubectl_json(&["get", "node", node, "-o", "jsonpath={.metadata.labels}"]);
+    labels[STAND_IN_LABEL]
+        .as_str()
+        .is_some_and(|v| v == "true")
+        .then(|| node.to_owned())
+}
+
+/// Where a connection to `service`'s port named `memcached` goes, worked out as the endpoints controller
+/// and kube-proxy do it: the ready pods its selector picks, at its `targetPort` (a name or a number)
+/// resolved against each pod's container ports. The Service must pick exactly `pods`, each on port
+/// `PORT`; returns the address of the first of `pods`.
+///
+/// The stand-in's pod IPs are loopback addresses, which the API server refuses in Endpoints and
+/// EndpointSlices, so the Service's EndpointSlices stay empty there and cannot be read instead.
+fn service_backend(ns: &str, service: &str, pods: &[Value]) -> Result<SocketAddr, String> {
+    let svc = get_required("services", ns, service)?;
+    let port = svc["spec"]["ports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|p| p["name"] == APP_NAME)
+        .ok_or_else(|| {
+            format!(
+                "Service {service} has no port named {APP_NAME}: {}",
+                compact(&svc["spec"])
+            )
+        })?;
+    let target = if port["targetPort"].is_null() {
+        &port["port"]
+    } else {
+        &port["targetPort"]
+    };
+    let selector: Vec<String> = svc["spec"]["selector"]
+        .as_object()
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| {
+            format!(
+                "Service {service} has no selector: {}",
+                compact(&svc["spec"])
+            )
+        })?
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+        .collect();
+    let selected = try_kubectl_json(&[
+        "get",
+        "pods",
+        "-n",
+        ns,
+        "-l",
+        &selector.join(","),
+        "-o",
+        "json",
+    ])?;
+    let mut backends = Vec::new();
+    for pod in items(&selected) {
+        if !pod["metadata"]["deletionTimestamp"].is_null() || !pod_ready(&pod) {
+            continue;
+        }
+        let name = pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        let container_ports: Vec<&Value> = pod["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|c| c["ports"].as_array().into_iter().flatten())
+            .collect();
+        let resolved = match target {
+            Value::String(port_name) => container_ports
+                .iter()
+                .find(|p| p["name"] == port_name.as_str())
+                .and_then(|p| p["containerPort"].as_u64()),
+            number => number.as_u64(),
+        }
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| {
+            format!("targetPort {target} of Service {service} names no port of pod {name}")
+        })?;
+        let ip: IpAddr = pod["status"]["podIP"]
+            .as_str()
+            .and_then(|ip| ip.parse().ok())
+            .ok_or_else(|| format!("pod {name} has no pod IP"))?;
+        backends.push((name, SocketAddr::new(ip, resolved)));
+    }
+    // Sorted by pod name, as `want` is.
+    backends.sort();
+    let picked: Vec<&str> = backends.iter().map(|(n, _)| n.as_str()).collect();
+    let mut want: Vec<&str> = pods
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str())
+        .collect();
+    want.sort_unstable();
+    if picked != want {
+        return Err(format!(
+            "Service {service} (selector {}) picks the ready pods {picked:?}, want {want:?}",
+            selector.join(",")
+        ));
+    }
+    if let Some((name, addr)) = backends.iter().find(|(_, a)| i64::from(a.port()) != PORT) {
+        return Err(format!(
+            "Service {service} sends port {APP_NAME} to {addr} on pod {name}, want port {PORT}"
+        ));
+    }
+    let first = pods[0]["metadata"]["name"].as_str().unwrap_or_default();
+    backends
+        .iter()
+        .find(|(n, _)| n == first)
+        .map(|(_, addr)| *addr)
+        .ok_or_else(|| format!("no backend for pod {first}"))
+}
+
+/// Sends `script` (ending with `quit`) to the memcached at `addr` and returns all it answered.
+fn memcached_session(addr: SocketAddr, script: &str) -> Result<String, String> {
+    let timeout = Duration::from_secs(5);
+    let mut stream = TcpStream::connect_timeout(&addr, timeout)
+        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .and_then(|()| stream.set_write_timeout(Some(timeout)))
+        .map_err(|e| format!("{addr}: {e}"))?;
+    stream
+        .write_all(script.as_bytes())
+        .map_err(|e| format!("cannot write to {addr}: {e}"))?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .map_err(|e| format!("reading from {addr} (so far {answer:?}): {e}"))?;
+    Ok(answer)
 }

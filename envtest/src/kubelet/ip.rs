@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// Hands out addresses; a [`IpLease`] gives its address back when dropped.
 #[derive(Clone)]
@@ -19,11 +19,19 @@ pub struct IpPool {
 }
 
 impl Default for IpPool {
-    /// A pool starting at a point of the range that depends on the process id.
+    /// The process's one pool, starting at a point of the range that depends on the process id. One per
+    /// process, so the kubelets of one test binary (the shared control plane's and those of scenarios
+    /// with a control plane of their own, running at the same time) never hand out the same address.
     fn default() -> Self {
-        // Knuth's multiplicative hash spreads consecutive pids over the range.
-        let spread = u64::from(std::process::id()).wrapping_mul(2_654_435_761) % u64::from(SLOTS);
-        IpPool::starting_at(u16::try_from(spread).unwrap_or(0))
+        static PROCESS: OnceLock<IpPool> = OnceLock::new();
+        PROCESS
+            .get_or_init(|| {
+                // Knuth's multiplicative hash spreads consecutive pids over the range.
+                let spread =
+                    u64::from(std::process::id()).wrapping_mul(2_654_435_761) % u64::from(SLOTS);
+                IpPool::starting_at(u16::try_from(spread).unwrap_or(0))
+            })
+            .clone()
     }
 }
 

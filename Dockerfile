@@ -29,16 +29,17 @@ RUN echo "$(uname -m)-unknown-linux-musl" > /rust-target \
 WORKDIR /workspace
 
 # Dependencies first: this layer is rebuilt only when the manifests or Cargo.lock change. Placeholder
-# sources stand in for the operator's and for the other workspace members (xtask, the release tooling, and
-# bench, the scale benchmark), which cargo must find to read the workspace but which the image does not
-# build.
+# sources stand in for the operator's and for the other workspace members (xtask, the release tooling,
+# bench, the scale benchmark, and envtest, the tests' control plane), which cargo must find to read the
+# workspace but which the image does not build.
 COPY Cargo.toml Cargo.lock ./
 COPY xtask/Cargo.toml ./xtask/
 COPY bench/Cargo.toml ./bench/
-RUN mkdir -p src xtask/src bench/src \
+COPY envtest/Cargo.toml ./envtest/
+RUN mkdir -p src xtask/src bench/src envtest/src \
     && echo '' > src/lib.rs \
     && echo 'fn main() {}' > src/main.rs \
-    && for member in xtask bench; do \
+    && for member in xtask bench envtest; do \
          echo '' > "$member/src/lib.rs" && echo 'fn main() {}' > "$member/src/main.rs"; \
        done \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \

@@ -38,7 +38,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::process::{self, Operator, Scratch};
+use crate::process::{self, Operator};
 use crate::{GRACE, Options, Report, Restart, WATCHES_OPEN};
 
 /// The namespace the instances are created in.
@@ -86,16 +86,9 @@ pub fn assets() -> Result<envtest::Assets, String> {
     })
 }
 
-/// The Service ClusterIP range the API server is started with: envtest's `10.0.0.0/24` holds 253
-/// addresses, and every instance's client Service takes one, so instances past the 253rd would never get
-/// their children ("failed to allocate a serviceIP: range is full").
-pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/16";
-
 /// Runs the scenario once against a control plane started for it, and stops the control plane.
 pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String> {
-    let mut assets = assets()?;
-    let scratch = Scratch::new()?;
-    assets.kube_apiserver = wide_service_range(&assets.kube_apiserver, scratch.path())?;
+    let assets = assets()?;
     let started = Instant::now();
     let env = Env::start(
         &assets,
@@ -124,24 +117,6 @@ pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String
     let report = measure(&env, options, real).await;
     env.stop().await;
     report
-}
-
-/// A script in `dir` that runs `apiserver` with the arguments it is given and then
-/// `--service-cluster-ip-range=`[`SERVICE_CLUSTER_IP_RANGE`] (the last of a repeated flag wins): envtest
-/// starts the API server with a fixed `/24`. `exec` keeps the process the control plane's child, with its
-/// parent-death signal and its name (`kube-apiserver`, which the CPU figures look for).
-fn wide_service_range(apiserver: &Path, dir: &Path) -> Result<PathBuf, String> {
-    use std::os::unix::fs::PermissionsExt;
-    let script = dir.join("kube-apiserver");
-    let quoted = apiserver.to_string_lossy().replace('\'', "'\\''");
-    let text = format!(
-        "#!/bin/sh\n# make bench ARGS=--real: room for more than 253 ClusterIP Services\n\
-         exec '{quoted}' \"$@\" --service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}\n"
-    );
-    std::fs::write(&script, text)
-        .and_then(|()| std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)))
-        .map_err(|e| format!("cannot write {}: {e}", script.display()))?;
-    Ok(script)
 }
 
 async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Report, String> {

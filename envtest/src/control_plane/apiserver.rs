@@ -62,7 +62,10 @@ impl ApiServerConfig {
             // token; the operator and each controller by ServiceAccount token.
             format!("--token-auth-file={}", p(&self.token_file)),
             "--authorization-mode=RBAC".to_owned(),
-            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            format!(
+                "--service-cluster-ip-range={}",
+                super::SERVICE_CLUSTER_IP_RANGE
+            ),
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local".to_owned(),
             format!(
                 "--service-account-key-file={}",

@@ -53,7 +53,10 @@ pub fn controller_manager(binary: &Path, kubeconfig: &Path, pki: &Pki, port: u16
         // Each controller acts under its own identity (system:serviceaccount:kube-system:<controller>), as
         // in a real cluster: RBAC applies to it, and the audit log tells the controllers apart.
         "--use-service-account-credentials=true".to_owned(),
-        "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+        format!(
+            "--service-cluster-ip-range={}",
+            super::SERVICE_CLUSTER_IP_RANGE
+        ),
         format!("--controllers={CONTROLLERS}"),
         // The client-side rate limits (default 20/s, bursts of 30) would make the controllers, not the
         // operator, the bottleneck of a test with hundreds of pods: 300 replicas took 15 s to create.

@@ -60,6 +60,11 @@ const IDENTITIES: [(&str, &str, &str); 4] = [
     ("system:kube-scheduler", "", SCHEDULER_KUBECONFIG),
 ];
 
+/// The Service ClusterIP range of the API server and the controller-manager: a `/16`, so that hundreds of
+/// instances (each with a ClusterIP Service) fit; a `/24` holds 253 and the 254th Service is refused
+/// ("failed to allocate a serviceIP: range is full").
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.0.0.0/16";
+
 /// How to start a [`ControlPlane`].
 #[derive(Clone, Debug)]
 pub struct ControlPlaneOptions {

@@ -62,8 +62,9 @@ fn slots(ns: &str, name: &str) -> Result<Vec<(String, String, bool)>, String> {
             if s["slot"].as_i64() != i64::try_from(i).ok() {
                 return Err(format!("status.servers[{i}] has slot {}", s["slot"]));
             }
+            // A slot whose pod is gone and not replaced yet has no `pod` (the API makes it optional).
             Ok((
-                str_at(s, "/pod").to_owned(),
+                s["pod"].as_str().unwrap_or_default().to_owned(),
                 str_at(s, "/address").to_owned(),
                 s["ready"].as_bool() == Some(true),
             ))
@@ -77,7 +78,7 @@ fn settled_slots(ns: &str, name: &str, n: usize) -> Result<Vec<(String, String, 
     if slots.len() != n
         || slots
             .iter()
-            .any(|(_, address, ready)| !ready || address.is_empty())
+            .any(|(pod, address, ready)| !ready || address.is_empty() || pod.is_empty())
     {
         return Err(format!(
             "status.servers: want {n} ready slots, have {slots:?}"

@@ -41,9 +41,9 @@ fn assert_runs_again_within(action: &Action, wait: Duration) {
 /// list (no server is ready yet).
 fn creation() -> Vec<Exchange> {
     vec![
-        expect(Method::PATCH, DEPLOYMENTS).apply().answer(stored),
-        expect(Method::PATCH, SERVICES).apply().answer(stored),
-        expect(Method::PATCH, HEADLESS).apply().answer(stored),
+        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
+        expect(Method::PATCH, SERVICES).create().answer(stored),
+        expect(Method::PATCH, HEADLESS).create().answer(stored),
         event(),
     ]
 }
@@ -114,7 +114,7 @@ async fn with_pacing_a_published_server_is_written_at_once() {
         &cluster,
         Settings::default(),
         vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            expect(Method::PATCH, CONFIG_MAPS).create(),
             expect(Method::PATCH, STATUS).apply(),
         ],
         NOW,
@@ -170,7 +170,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     // Someone deletes the Deployment before the operator's cache has even seen it; the watch delivers the
     // deletion, and the reconcile it triggers applies the Deployment again.
     script.extend([
-        expect(Method::PATCH, DEPLOYMENTS).apply().answer(stored),
+        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
         event(),
     ]);
     let session = Session::start(&cluster, settings(), script, NOW);
@@ -262,7 +262,7 @@ fn same_process(cluster: &Cluster, script: Vec<Exchange>) -> Session {
 /// The server list and the first status, once the pod is ready.
 fn published() -> Vec<Exchange> {
     vec![
-        expect(Method::PATCH, CONFIG_MAPS).apply().answer(stored),
+        expect(Method::PATCH, CONFIG_MAPS).create().answer(stored),
         expect(Method::PATCH, STATUS).apply().answer(stored_status),
     ]
 }

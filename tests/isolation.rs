@@ -35,8 +35,8 @@ async fn create(cluster: &mut Cluster) -> (Value, Value) {
     script.splice(
         at..at,
         [
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            expect(Method::PATCH, AUTOSCALERS).apply(),
+            expect(Method::PATCH, NETWORK_POLICIES).create(),
+            expect(Method::PATCH, AUTOSCALERS).create(),
         ],
     );
     script.push(expect(Method::PATCH, STATUS).apply());

@@ -57,15 +57,19 @@ fn with_status(mut mc: Memcached, status: MemcachedStatus) -> Memcached {
 }
 
 /// Reconciles `mc` after its pods changed: exactly the server list and the status are written. The list
-/// goes into the cache; returns its `servers` file and the new status.
+/// goes into the cache (created when the cluster has none yet); returns its `servers` file and the new
+/// status.
 async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedStatus) {
+    let write = expect(Method::PATCH, CONFIG_MAPS);
+    let write = if cluster.has_config_map() {
+        write.apply()
+    } else {
+        write.create()
+    };
     let run = run(
         cluster,
         mc,
-        vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
-            expect(Method::PATCH, STATUS).apply(),
-        ],
+        vec![write, expect(Method::PATCH, STATUS).apply()],
     )
     .await;
     assert!(run.result.is_ok(), "{:?}", run.result);

@@ -217,7 +217,7 @@ async fn scaling_applies_the_deployment_and_adds_a_budget() {
         memcached(3),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, PDBS).apply(),
+            expect(Method::PATCH, PDBS).create(),
             event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -264,7 +264,7 @@ async fn drift_is_put_back_and_deleted_children_come_back() {
         memcached(3),
         vec![
             expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, SERVICES).apply(),
+            expect(Method::PATCH, SERVICES).create(),
             event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -411,7 +411,7 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
             memcached(1),
             vec![
                 expect(Method::PATCH, DEPLOYMENTS)
-                    .apply()
+                    .create()
                     .fail(code, reason),
                 event(),
             ],
@@ -441,9 +441,9 @@ async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, DEPLOYMENTS).create(),
             expect(Method::PATCH, SERVICES)
-                .apply()
+                .create()
                 .fail(500, "InternalError"),
             event(),
             event(),
@@ -575,7 +575,7 @@ async fn rejected_apply_is_reported_as_degraded() {
         memcached(1),
         vec![
             expect(Method::PATCH, DEPLOYMENTS)
-                .apply()
+                .create()
                 .fail(422, "Invalid"),
             expect(Method::PATCH, STATUS).apply(),
             event(),
@@ -641,6 +641,76 @@ async fn children_controlled_by_another_owner_are_left_alone() {
     assert_eq!(
         condition(&run.seen[0].body, "Degraded")["reason"],
         "OwnershipConflict"
+    );
+}
+
+/// A Deployment of the instance's name that is not the operator's (no `managed-by` label) is not taken
+/// over: nothing is applied, the instance is Degraded, and it is created once that Deployment is gone.
+#[tokio::test]
+async fn a_same_named_deployment_the_operator_does_not_manage_is_left_alone() {
+    let mut cluster = Cluster::new();
+    cluster.foreign_deployment(NAME, true);
+    let refused = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, STATUS).apply(), event(), event()],
+    )
+    .await;
+    let error = refused.result.unwrap_err();
+    assert_eq!(error.kind(), "not_managed");
+    let degraded = condition(&refused.seen[0].body, "Degraded");
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "OwnershipConflict");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("Deployment cache exists and is not managed by this operator")
+            && message.contains("left untouched"),
+        "{message}"
+    );
+    let reasons: Vec<_> = refused.seen[1..]
+        .iter()
+        .map(|s| &s.body["reason"])
+        .collect();
+    assert_eq!(
+        reasons,
+        ["OwnershipConflict", "ReconcileFailed"],
+        "{:#?}",
+        refused.seen
+    );
+
+    cluster.foreign_deployment(NAME, false);
+    let created = run(
+        &mut cluster,
+        memcached(1),
+        created_children(DEPLOYMENTS, 1)
+            .into_iter()
+            .chain([expect(Method::PATCH, STATUS).apply()])
+            .collect(),
+    )
+    .await;
+    created.result.unwrap();
+}
+
+/// The same for the server list: a `<name>-servers` ConfigMap of someone else's stops the instance before
+/// anything is written, even its workload.
+#[tokio::test]
+async fn a_same_named_server_list_the_operator_does_not_manage_is_left_alone() {
+    let mut cluster = Cluster::new();
+    cluster.foreign_config_map("cache-servers");
+    let refused = run(
+        &mut cluster,
+        memcached(1),
+        vec![expect(Method::PATCH, STATUS).apply(), event(), event()],
+    )
+    .await;
+    assert_eq!(refused.result.unwrap_err().kind(), "not_managed");
+    let degraded = condition(&refused.seen[0].body, "Degraded");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("ConfigMap cache-servers exists"),
+        "{degraded}"
     );
 }
 
@@ -746,9 +816,9 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     children.splice(
         at..at,
         [
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            expect(Method::PATCH, AUTOSCALERS).apply(),
-            expect(Method::PATCH, SERVICE_MONITORS).apply(),
+            expect(Method::PATCH, NETWORK_POLICIES).create(),
+            expect(Method::PATCH, AUTOSCALERS).create(),
+            expect(Method::PATCH, SERVICE_MONITORS).create(),
         ],
     );
     script.extend(children);
@@ -1112,7 +1182,7 @@ async fn a_request_without_answer_is_retried_quietly() {
     let run = run(
         &mut cluster,
         memcached(1),
-        vec![expect(Method::PATCH, DEPLOYMENTS).apply().unanswered()],
+        vec![expect(Method::PATCH, DEPLOYMENTS).create().unanswered()],
     )
     .await;
     let error = run.result.unwrap_err();

@@ -10,6 +10,7 @@ use kube::{Api, Resource, ResourceExt};
 use super::Error;
 use super::cache::Cache;
 use super::compact::{Compact, Compactable};
+use super::foreign::Foreign;
 use super::written::Written;
 use crate::resources::{Instance, drift, labels};
 
@@ -55,6 +56,7 @@ where
     pub store: &'a Cache<K>,
     pub written: &'a Written,
     pub dt: &'a K::DynamicType,
+    pub foreign: &'a Foreign,
 }
 
 /// Child `name` of `instance` as last seen (the cache, or this operator's own newer write), refusing one
@@ -94,6 +96,30 @@ where
     Ok(Some(live))
 }
 
+/// Refuses to create child `name` when an object of its kind and name exists that the operator does not
+/// manage (see [`super::foreign`]): it is someone else's, and is left untouched.
+pub fn unclaimed<K>(
+    instance: &Instance<'_>,
+    name: &str,
+    source: &Source<'_, K>,
+) -> Result<(), Error>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + std::hash::Hash,
+{
+    let kind = K::kind(source.dt);
+    if source
+        .foreign
+        .holds(&kind, instance.namespace, name, instance.uid())
+    {
+        return Err(Error::NotManaged {
+            kind: kind.into_owned(),
+            name: name.to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Makes the child `desired` exist as desired. Reads the live object from `store`; sends a server-side
 /// apply only when the live object is missing, drifted, or stamped by a different desired object. The
 /// answer is read compact, as the cache would keep it.
@@ -111,6 +137,9 @@ where
     let name = desired.name_any();
     let desired = drift::stamp(desired);
     let live = cached(instance, &name, source)?;
+    if live.is_none() {
+        unclaimed(instance, &name, source)?;
+    }
     if let Some(live) = &live
         && drift::is_up_to_date(live.as_ref(), &desired)
     {
@@ -120,7 +149,14 @@ where
             changed: false,
         });
     }
-    let params = PatchParams::apply(labels::MANAGER_NAME).force();
+    // Forced over a child the operator manages, to take back fields someone else changed. Not when
+    // creating: should an object of that name exist after all (created after the foreign watch last
+    // looked), an unforced apply answers 409 for every field its owners set differently, and that object
+    // is left alone; the retry then finds it in the foreign watch.
+    let mut params = PatchParams::apply(labels::MANAGER_NAME);
+    if live.is_some() {
+        params = params.force();
+    }
     let applied = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await

@@ -38,6 +38,11 @@ pub enum Error {
         owner_uid: String,
     },
 
+    #[error(
+        "{kind} {name} exists and is not managed by this operator (it lacks the label app.kubernetes.io/managed-by=memcached-operator)"
+    )]
+    NotManaged { kind: String, name: String },
+
     #[error("failed to update the status of Memcached {name}: {source}")]
     Status {
         name: String,
@@ -60,6 +65,7 @@ impl Error {
             Self::Delete { .. } => "delete",
             Self::SecretRead { .. } => "secret",
             Self::ForeignOwner { .. } => "foreign_owner",
+            Self::NotManaged { .. } => "not_managed",
             Self::Status { .. } => "status",
             Self::Finalizer(_) => "finalizer",
             Self::Malformed(_) => "malformed",
@@ -76,7 +82,9 @@ impl Error {
             | Self::SecretRead { source, .. }
             | Self::Status { source, .. }
             | Self::Finalizer(source) => source,
-            Self::ForeignOwner { .. } | Self::Malformed(_) => return false,
+            Self::ForeignOwner { .. } | Self::NotManaged { .. } | Self::Malformed(_) => {
+                return false;
+            }
         };
         matches!(source, kube::Error::Service(_) | kube::Error::HyperError(_))
     }
@@ -110,6 +118,12 @@ impl Error {
                 message: format!(
                     "{self}; delete it or rename this Memcached (an old object is removed by garbage collection \
                      shortly after its owner is deleted)"
+                ),
+            }),
+            Self::NotManaged { .. } => Some(Problem {
+                reason: "OwnershipConflict".into(),
+                message: format!(
+                    "{self}; it is left untouched: delete or rename it, or rename this Memcached"
                 ),
             }),
             _ => None,

@@ -11,6 +11,7 @@ pub mod compact;
 pub mod connectivity;
 mod error;
 mod events;
+pub mod foreign;
 mod legacy_finalizer;
 pub mod pace;
 mod pod_index;
@@ -41,6 +42,7 @@ pub use cache::{Cache, CacheWriter, cache};
 pub use compact::{Compact, Compactable};
 pub use error::Error;
 pub use events::Publisher;
+pub use foreign::Foreign;
 pub use pod_index::PodIndex;
 pub use reconcile::{error_policy, reconcile};
 pub use secrets::SecretHashes;
@@ -110,6 +112,8 @@ pub struct Stores {
     pub service_monitors: Option<Cache<DynamicObject>>,
     pub network_policies: Cache<NetworkPolicy>,
     pub autoscalers: Cache<HorizontalPodAutoscaler>,
+    /// Objects with a child's name that the operator does not manage (see [`foreign`]).
+    pub foreign: Foreign,
 }
 
 /// Source of "now" for condition transition times (pinned in tests).

@@ -251,6 +251,7 @@ async fn apply_children(
     let pods = pool::pods(ctx, mc);
     let plan = pool::plan(ctx, mc, instance, &pods);
     let scope = Scope { ctx, instance };
+    unclaimed_names(&scope)?;
     for step in &plan.steps {
         if let Step::Cancelled { from, to, size } = step {
             let note = format!(
@@ -477,8 +478,33 @@ impl Scope<'_> {
             store,
             written: &self.ctx.written,
             dt,
+            foreign: &self.ctx.stores.foreign,
         }
     }
+}
+
+/// Refuses, before anything is written, an instance whose server list, workload or Services would have
+/// the name of an object the operator does not manage; the optional children are checked as they are
+/// applied.
+fn unclaimed_names(scope: &Scope<'_>) -> Result<(), Error> {
+    let (stores, name) = (&scope.ctx.stores, scope.instance.name);
+    let instance = scope.instance;
+    children::unclaimed(
+        instance,
+        &servers::config_map_name(name),
+        &scope.source(&stores.config_maps, &()),
+    )?;
+    match instance.spec.workload {
+        Workload::Deployment => {
+            children::unclaimed(instance, name, &scope.source(&stores.deployments, &()))?
+        }
+        Workload::StatefulSet => {
+            children::unclaimed(instance, name, &scope.source(&stores.statefulsets, &()))?
+        }
+    }
+    let services = scope.source(&stores.services, &());
+    children::unclaimed(instance, name, &services)?;
+    children::unclaimed(instance, &service::headless_name(name), &services)
 }
 
 /// Applies the optional child `name` as `desired`, or deletes it when nothing is desired (and the cache

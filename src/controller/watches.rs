@@ -41,6 +41,7 @@ use tracing::{debug, info, warn};
 use super::cache::{Cache, cache};
 use super::compact::{Compact, Compactable};
 use super::connectivity::Connectivity;
+use super::foreign;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use super::{
     Context, Error, PodIndex, SecretHashes, Settings, Stores, Written, error_policy, reconcile,
@@ -191,6 +192,35 @@ pub async fn run(
         // hashes of their values, which end with them.
         secret_hashes.observer(),
     );
+    // Same-named objects the operator does not manage, for every kind it creates by name (see
+    // `foreign`); ServiceMonitors are left out (an optional extra the operator only creates when asked).
+    let mut foreign = foreign::Builder::default();
+    let unmanaged = from_cache(watcher::Config::default());
+    macro_rules! foreign_watch {
+        ($kind:ty, $resource:literal) => {
+            foreign
+                .watch(
+                    &metrics,
+                    $resource,
+                    api::<PartialObjectMeta<$kind>>(&client, ns),
+                    unmanaged.clone(),
+                    memcacheds.clone(),
+                )
+                .boxed()
+        };
+    }
+    let foreign_streams = futures::stream::select_all([
+        foreign_watch!(Deployment, "unmanaged deployments"),
+        foreign_watch!(StatefulSet, "unmanaged statefulsets"),
+        foreign_watch!(Service, "unmanaged services"),
+        foreign_watch!(ConfigMap, "unmanaged configmaps"),
+        foreign_watch!(PodDisruptionBudget, "unmanaged poddisruptionbudgets"),
+        foreign_watch!(NetworkPolicy, "unmanaged networkpolicies"),
+        foreign_watch!(
+            HorizontalPodAutoscaler,
+            "unmanaged horizontalpodautoscalers"
+        ),
+    ]);
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
         &client,
@@ -232,6 +262,7 @@ pub async fn run(
         service_monitors,
         network_policies,
         autoscalers,
+        foreign: foreign.build(),
     };
     let children_synced = children_synced(&stores, shutdown.clone());
     // The stats collector: its own task, reading the same caches once they are filled, stopped with the
@@ -314,6 +345,7 @@ pub async fn run(
     }
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        .reconcile_on(foreign_streams)
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(
@@ -539,6 +571,12 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
         if let Some(store) = &stores.service_monitors {
             waits.push(store.wait_until_ready().boxed());
         }
+        let foreign = stores
+            .foreign
+            .ready()
+            .map(|ready| ready.then_some(()).ok_or(super::cache::WriterDropped))
+            .boxed();
+        waits.push(foreign);
         let all = futures::future::try_join_all(waits);
         tokio::select! {
             ready = all => ready.is_ok(),

@@ -15,7 +15,7 @@ pub use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use k8s_openapi::jiff::Timestamp;
-pub use kube::api::{DynamicObject, PartialObjectMeta};
+pub use kube::api::{DynamicObject, PartialObjectMeta, PartialObjectMetaExt};
 pub use kube::client::Body;
 pub use kube::runtime::controller::Action;
 pub use kube::runtime::reflector::{self, store::Writer};
@@ -24,7 +24,7 @@ pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::{
     Cache, CacheWriter, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings,
-    Stores, cache, error_policy, reconcile,
+    Stores, cache, error_policy, foreign, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};
@@ -44,6 +44,8 @@ pub struct Exchange {
     pub path: String,
     /// Substrings the query must contain.
     pub query: Vec<&'static str>,
+    /// Substrings the query must not contain.
+    pub not_query: Vec<&'static str>,
     pub status: StatusCode,
     /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
     pub reply: Option<Value>,
@@ -58,6 +60,7 @@ pub fn expect(method: Method, path: &str) -> Exchange {
         method,
         path: path.to_owned(),
         query: vec![],
+        not_query: vec![],
         status: StatusCode::OK,
         reply: None,
         answer: None,
@@ -66,8 +69,16 @@ pub fn expect(method: Method, path: &str) -> Exchange {
 }
 
 impl Exchange {
+    /// A server-side apply that takes over fields others own: to an object the operator manages.
     pub fn apply(mut self) -> Self {
         self.query = vec!["fieldManager=memcached-operator", "force=true"];
+        self
+    }
+    /// A server-side apply that creates a child: not forced, so that an object of that name which is not
+    /// the operator's answers a conflict instead of being taken over.
+    pub fn create(mut self) -> Self {
+        self.query = vec!["fieldManager=memcached-operator"];
+        self.not_query = vec!["force"];
         self
     }
     pub fn reply(mut self, status: StatusCode, body: Value) -> Self {
@@ -163,6 +174,13 @@ pub async fn serve(
                 parts.method
             );
         }
+        for q in &want.not_query {
+            assert!(
+                !query.contains(q),
+                "{} {path}: query {query:?} has {q}",
+                parts.method
+            );
+        }
         if want.unanswered {
             respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
             seen.push(Seen {
@@ -219,6 +237,16 @@ pub fn compact<K: Compactable>(object: &K) -> Compact<K> {
     Compact::encode(object).unwrap()
 }
 
+/// An object without the operator's label, as its foreign watch keeps it.
+fn unmanaged<K>(name: &str) -> PartialObjectMeta<K> {
+    kube::api::ObjectMeta {
+        name: Some(name.into()),
+        namespace: Some(NS.into()),
+        ..Default::default()
+    }
+    .into_response_partial()
+}
+
 /// Caches as the watches would fill them.
 pub struct Cluster {
     pub stores: Stores,
@@ -235,6 +263,9 @@ pub struct Cluster {
     pub autoscalers: CacheWriter<HorizontalPodAutoscaler>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
+    /// Same-named Deployments and ConfigMaps the operator does not manage.
+    pub foreign_deployments: Writer<PartialObjectMeta<Deployment>>,
+    pub foreign_config_maps: Writer<PartialObjectMeta<ConfigMap>>,
 }
 
 impl Cluster {
@@ -263,6 +294,11 @@ impl Cluster {
         let (secrets_r, secrets) = synced();
         let (network_policies_r, network_policies) = synced_cache();
         let (autoscalers_r, autoscalers) = synced_cache();
+        let mut foreign = foreign::Builder::default();
+        let mut foreign_deployments = foreign.store::<Deployment>();
+        foreign_deployments.apply_watcher_event(&watcher::Event::InitDone);
+        let mut foreign_config_maps = foreign.store::<ConfigMap>();
+        foreign_config_maps.apply_watcher_event(&watcher::Event::InitDone);
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
@@ -277,6 +313,7 @@ impl Cluster {
                 service_monitors: None,
                 network_policies: network_policies_r,
                 autoscalers: autoscalers_r,
+                foreign: foreign.build(),
             },
             memcacheds,
             deployments,
@@ -290,7 +327,23 @@ impl Cluster {
             network_policies,
             autoscalers,
             secret_hashes: SecretHashes::default(),
+            foreign_deployments,
+            foreign_config_maps,
         }
+    }
+    /// Someone else's Deployment named `name`, in the instance's namespace (`present` false: it is gone).
+    pub fn foreign_deployment(&mut self, name: &str, present: bool) {
+        let object = unmanaged(name);
+        self.foreign_deployments.apply_watcher_event(&if present {
+            watcher::Event::Apply(object)
+        } else {
+            watcher::Event::Delete(object)
+        });
+    }
+    /// Someone else's ConfigMap named `name`, in the instance's namespace.
+    pub fn foreign_config_map(&mut self, name: &str) {
+        self.foreign_config_maps
+            .apply_watcher_event(&watcher::Event::Apply(unmanaged(name)));
     }
     /// A cluster that serves the ServiceMonitor API.
     pub fn with_service_monitors() -> Self {
@@ -327,6 +380,11 @@ impl Cluster {
     pub fn statefulset(&mut self, s: StatefulSet) {
         self.statefulsets
             .apply_watcher_event(&watcher::Event::Apply(compact(&s)));
+    }
+    /// Whether the cache holds the instance's server list.
+    pub fn has_config_map(&self) -> bool {
+        let name = CONFIG_MAPS.rsplit('/').next().unwrap_or_default();
+        matches!(self.stores.config_maps.get(NS, name), Ok(Some(_)))
     }
     pub fn config_map(&mut self, c: ConfigMap) {
         self.config_maps
@@ -581,12 +639,12 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
 /// is ready.
 pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![
-        expect(Method::PATCH, workload).apply(),
-        expect(Method::PATCH, SERVICES).apply(),
-        expect(Method::PATCH, HEADLESS).apply(),
+        expect(Method::PATCH, workload).create(),
+        expect(Method::PATCH, SERVICES).create(),
+        expect(Method::PATCH, HEADLESS).create(),
     ];
     if size > 1 {
-        script.push(expect(Method::PATCH, PDBS).apply());
+        script.push(expect(Method::PATCH, PDBS).create());
     }
     script.push(event());
     script

@@ -44,6 +44,7 @@
 //! Knobs: `ENVTEST_KEEP=1` keeps the control plane's directory (logs, audit log, etcd data);
 //! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists).
 
+mod adoption;
 mod convergence;
 mod crd;
 mod drain;

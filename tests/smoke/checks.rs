@@ -10,6 +10,8 @@ use crate::fake_api::paths::{
 use crate::fake_api::request::Req;
 
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=memcached-operator";
+/// The selector of the watches of same-named objects the operator does not manage.
+pub const UNMANAGED: &str = "app.kubernetes.io/managed-by!=memcached-operator";
 pub const SELECTOR: &str = "app.kubernetes.io/instance=cache,app.kubernetes.io/name=memcached";
 
 pub fn of<'a>(requests: &'a [Req], method: &Method, path: &str) -> Vec<&'a Req> {
@@ -27,7 +29,9 @@ pub fn conditions(status: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub fn assert_applied(req: &Req, kind: &str) {
+/// A server-side apply that creates a child of the default instance: not forced (an object of that name
+/// that is not the operator's answers a conflict rather than being taken over), owned by the instance.
+pub fn assert_created(req: &Req, kind: &str) {
     assert_eq!(req.content_type.as_deref(), Some(APPLY), "{}", req.line());
     assert_eq!(
         req.param("fieldManager"),
@@ -35,7 +39,7 @@ pub fn assert_applied(req: &Req, kind: &str) {
         "{}",
         req.line()
     );
-    assert_eq!(req.param("force"), Some("true"), "{}", req.line());
+    assert_eq!(req.param("force"), None, "{}", req.line());
     let body = &req.body;
     assert_eq!(body["kind"], kind, "{body}");
     let name = req.path.rsplit('/').next().unwrap_or_default();

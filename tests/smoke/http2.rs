@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use axum::http::{Method, Version};
 use memcached_operator::manager::transport::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
 
-use crate::checks::{assert_applied, assert_no_unexpected_requests, of, sample};
+use crate::checks::{assert_created, assert_no_unexpected_requests, of, sample};
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{DEPLOYMENT, DEPLOYMENTS, MEMCACHEDS};
 use crate::fake_api::request::Req;
@@ -118,7 +118,7 @@ async fn over_tls_the_operator_speaks_http2_on_one_connection() {
     let requests = fake.requests();
     let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
     assert_eq!(deployments.len(), 1, "{deployments:#?}");
-    assert_applied(deployments[0], "Deployment");
+    assert_created(deployments[0], "Deployment");
 
     // The watches, the reconcile, the Lease and its release at shutdown: all on HTTP/2, one connection
     // per client.

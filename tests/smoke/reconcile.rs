@@ -7,8 +7,8 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 use crate::checks::{
-    MANAGED, SELECTOR, assert_applied, assert_no_unexpected_requests, conditions, lines, of,
-    sample, writes,
+    MANAGED, SELECTOR, UNMANAGED, assert_created, assert_no_unexpected_requests, conditions, lines,
+    of, sample, writes,
 };
 use crate::fake_api::Fake;
 use crate::fake_api::paths::{
@@ -52,37 +52,64 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         );
     }
 
-    // Lists and watches: the watched namespace only; children and pods by the managed-by label only.
-    // Secrets are named by users, so that watch is not label-scoped (and is metadata-only).
-    for (path, selector) in [
-        (MEMCACHEDS, None),
-        (DEPLOYMENTS, Some(MANAGED)),
-        (STATEFULSETS, Some(MANAGED)),
-        (SERVICES, Some(MANAGED)),
-        (CONFIGMAPS, Some(MANAGED)),
-        (PODS, Some(MANAGED)),
-        (NETWORK_POLICIES, Some(MANAGED)),
-        (AUTOSCALERS, Some(MANAGED)),
-        (PDBS, Some(MANAGED)),
-        (SECRETS, None),
+    // Lists and watches: the watched namespace only; children and pods by the managed-by label only, and
+    // for each kind the operator creates by name, the objects without it (metadata only: same-named
+    // objects it must not take over). Secrets are named by users, so that watch is not label-scoped (and
+    // is metadata-only).
+    for (path, selectors) in [
+        (MEMCACHEDS, &[None][..]),
+        (DEPLOYMENTS, &[Some(MANAGED), Some(UNMANAGED)]),
+        (STATEFULSETS, &[Some(MANAGED), Some(UNMANAGED)]),
+        (SERVICES, &[Some(MANAGED), Some(UNMANAGED)]),
+        (CONFIGMAPS, &[Some(MANAGED), Some(UNMANAGED)]),
+        (PODS, &[Some(MANAGED)]),
+        (NETWORK_POLICIES, &[Some(MANAGED), Some(UNMANAGED)]),
+        (AUTOSCALERS, &[Some(MANAGED), Some(UNMANAGED)]),
+        (PDBS, &[Some(MANAGED), Some(UNMANAGED)]),
+        (SECRETS, &[None]),
     ] {
-        let gets = of(&requests, &Method::GET, path);
-        let lists: Vec<_> = gets.iter().filter(|r| !r.is_watch()).collect();
-        assert_eq!(lists.len(), 1, "one list of {path}; got {gets:#?}");
-        assert!(
-            gets.iter().any(|r| r.is_watch()),
-            "a watch of {path} follows its list; got {gets:#?}"
-        );
-        for req in &gets {
-            assert_eq!(req.param("labelSelector"), selector, "{}", req.line());
-        }
-        if selector.is_some() {
+        for &selector in selectors {
+            let gets: Vec<_> = of(&requests, &Method::GET, path)
+                .into_iter()
+                .filter(|r| r.param("labelSelector") == selector)
+                .collect();
+            let lists: Vec<_> = gets.iter().filter(|r| !r.is_watch()).collect();
+            assert_eq!(
+                lists.len(),
+                1,
+                "one list of {path} by {selector:?}; got {}",
+                lines(&requests)
+            );
             assert!(
-                lists[0]
+                gets.iter().any(|r| r.is_watch()),
+                "a watch of {path} by {selector:?} follows its list; got {gets:#?}"
+            );
+        }
+        let all = of(&requests, &Method::GET, path);
+        for req in &all {
+            assert!(
+                selectors.contains(&req.param("labelSelector")),
+                "{}",
+                req.line()
+            );
+        }
+        if selectors.contains(&Some(MANAGED)) {
+            assert!(
+                all.iter().any(|r| r
                     .raw_query
-                    .contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmemcached-operator"),
+                    .contains("labelSelector=app.kubernetes.io%2Fmanaged-by%3Dmemcached-operator")),
                 "the selector is URL-encoded: {}",
-                lists[0].line()
+                lines(&requests)
+            );
+        }
+        if selectors.contains(&Some(UNMANAGED)) {
+            let foreign = all
+                .iter()
+                .find(|r| r.param("labelSelector") == Some(UNMANAGED))
+                .map(|r| r.accept.as_deref().unwrap_or_default().to_owned());
+            assert!(
+                foreign.is_some_and(|accept| accept.contains("as=PartialObjectMetadata")),
+                "the unmanaged objects of {path} are watched as metadata only"
             );
         }
     }
@@ -91,7 +118,7 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     // instance.
     let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
     assert_eq!(deployments.len(), 1, "{deployments:#?}");
-    assert_applied(deployments[0], "Deployment");
+    assert_created(deployments[0], "Deployment");
     let deployment = &deployments[0].body;
     assert_eq!(deployment["apiVersion"], "apps/v1");
     assert_eq!(deployment["spec"]["replicas"], 2, "{deployment}");
@@ -106,16 +133,16 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
 
     let services = of(&requests, &Method::PATCH, SERVICE);
     assert_eq!(services.len(), 1, "{services:#?}");
-    assert_applied(services[0], "Service");
+    assert_created(services[0], "Service");
     let service = &services[0].body;
     assert_eq!(service["spec"]["ports"][0]["port"], 11211, "{service}");
     let headless = of(&requests, &Method::PATCH, HEADLESS);
     assert_eq!(headless.len(), 1, "{headless:#?}");
-    assert_applied(headless[0], "Service");
+    assert_created(headless[0], "Service");
     assert_eq!(headless[0].body["spec"]["clusterIP"], "None");
     let pdbs = of(&requests, &Method::PATCH, PDB);
     assert_eq!(pdbs.len(), 1, "a budget for 2 pods: {pdbs:#?}");
-    assert_applied(pdbs[0], "PodDisruptionBudget");
+    assert_created(pdbs[0], "PodDisruptionBudget");
     // No server is ready yet: nothing to publish, so no server list yet.
     let lists = of(&requests, &Method::PATCH, SERVER_LIST);
     assert!(lists.is_empty(), "{lists:#?}");
@@ -281,7 +308,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         "{written:#?}\n{}",
         lines(&second)
     );
-    assert_applied(lists[0], "ConfigMap");
+    assert_created(lists[0], "ConfigMap");
     let published = &lists[lists.len() - 1].body;
     assert_eq!(
         published["data"]["servers"], "127.0.0.1:11211\n127.0.0.2:11211\n",

@@ -4,7 +4,7 @@
 use axum::http::Method;
 use serde_json::json;
 
-use crate::checks::{MANAGED, assert_applied, lines, of};
+use crate::checks::{MANAGED, assert_created, lines, of};
 use crate::fake_api::paths::{SERVICE_MONITORS, STATUS};
 use crate::fake_api::request::Req;
 use crate::fake_api::world::{World, memcached};
@@ -35,7 +35,7 @@ async fn service_monitors_follow_what_the_cluster_serves() {
         &format!("{SERVICE_MONITORS}/cache"),
     );
     assert_eq!(applied.len(), 1, "{}", lines(&requests));
-    assert_applied(applied[0], "ServiceMonitor");
+    assert_created(applied[0], "ServiceMonitor");
     assert_eq!(applied[0].body["spec"]["endpoints"][0]["port"], "metrics");
 
     // Not served: never listed, and the status says why instead of an error loop.

@@ -524,6 +524,7 @@ pub async fn handle(
             raw_query,
             content_type: header(header::CONTENT_TYPE),
             authorization: header(header::AUTHORIZATION),
+            accept: header(header::ACCEPT),
             body,
             status: 0,
         };

@@ -20,6 +20,9 @@ pub struct Req {
     pub query: Vec<(String, String)>,
     pub content_type: Option<String>,
     pub authorization: Option<String>,
+    /// What the client asked the answer to be (metadata-only lists and watches ask for
+    /// `PartialObjectMetadata`).
+    pub accept: Option<String>,
     /// JSON body; `Null` when empty, a string when not JSON.
     pub body: Value,
     pub status: u16,

@@ -808,7 +808,7 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     cluster.secret("cache-auth", "1");
     let mut script = vec![
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
-        expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpw")),
+        expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpwCg==")),
     ];
     // The optional children follow the ones every instance has, before the one event naming them all.
     let mut children = created_children(DEPLOYMENTS, size);
@@ -905,7 +905,7 @@ async fn a_changed_secret_rolls_the_pods() {
     let same = run(
         &mut cluster,
         mc.clone(),
-        vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("2", "dTpw"))],
+        vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("2", "dTpwCg=="))],
     )
     .await;
     same.result.unwrap();
@@ -916,7 +916,7 @@ async fn a_changed_secret_rolls_the_pods() {
         &mut cluster,
         mc,
         vec![
-            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("3", "dTpx")),
+            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("3", "dTpxCg==")),
             expect(Method::PATCH, DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -935,6 +935,38 @@ async fn a_changed_secret_rolls_the_pods() {
         !logged.contains("u:q"),
         "secret values never leave the reconciler"
     );
+}
+
+/// A running instance whose auth Secret is rotated to a file memcached would misread (no final newline:
+/// memcached 1.6.18 drops the password's last character) keeps its pods: nothing is rolled, the instance
+/// is Degraded, and the message says what is wrong without quoting the file.
+#[tokio::test]
+async fn an_auth_file_memcached_would_misread_is_not_rolled_out() {
+    let mut cluster = Cluster::with_service_monitors();
+    create_full(&mut cluster, 1).await;
+    let mc = settle_status(&mut cluster, full(1)).await;
+
+    cluster.secret("cache-auth", "2");
+    // base64("u:q"), no newline
+    let refused = run(
+        &mut cluster,
+        mc,
+        vec![
+            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("2", "dTpx")),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+        ],
+    )
+    .await;
+    refused.result.unwrap();
+    assert_degraded(
+        &refused.seen[1].body,
+        "SecretInvalid",
+        "the auth file in key \"auth-file\" of Secret default/cache-auth named by \
+         spec.security.auth.secretName does not end with a newline",
+    );
+    assert_eq!(refused.seen[2].body["reason"], "SecretInvalid");
+    assert!(!format!("{:?}", refused.seen).contains("u:q"));
 }
 
 #[tokio::test]

@@ -246,12 +246,16 @@ pub struct TlsConfig {
     pub client_auth: bool,
 }
 
-/// ASCII authentication (memcached `-Y`): clients must send `set <user> <password>` first.
+/// ASCII authentication (memcached `-Y`): a client's first command must be a `set` (of any key) whose
+/// data is `<user> <password>`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthConfig {
-    /// Secret in the instance's namespace holding the credentials file (lines of `user:password`).
-    /// A change of its content rolls the pods.
+    /// Secret in the instance's namespace holding the credentials file: up to 8 lines of
+    /// `user:password`, each ending with a newline, the last one too (e.g. `kubectl create secret generic
+    /// NAME --from-literal=auth-file=$'app:s3cret\n'`). A file memcached would misread (no final
+    /// newline, CRLF, blank lines) sets `Degraded` (`SecretInvalid`) and is not rolled out. A change of
+    /// its content rolls the pods.
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
 

@@ -2,7 +2,8 @@
 //!
 //! Secrets are watched metadata-only (their existence and resourceVersion, never their data), so the
 //! operator neither caches every Secret's content nor needs a read per reconcile: a Secret is read once per
-//! resourceVersion, and only the SHA-256 of each value is kept.
+//! resourceVersion, and only the SHA-256 of each value is kept (with what, if anything, makes it an auth
+//! file memcached would misread; never the value).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -14,11 +15,11 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 
 use super::{Context, Error};
-use crate::resources::secrets::{self, SecretRef};
+use crate::resources::secrets::{self, KeyDigest, SecretRef};
 use crate::resources::{Instance, InvalidSpec};
 
-/// Value hashes per key of one Secret version.
-type KeyHashes = BTreeMap<String, String>;
+/// Value digests per key of one Secret version.
+type KeyHashes = BTreeMap<String, KeyDigest>;
 /// (namespace, name) of a Secret → (resourceVersion, value hashes).
 type Entries = HashMap<(String, String), (String, KeyHashes)>;
 
@@ -143,7 +144,7 @@ async fn key_hashes(
         .data
         .unwrap_or_default()
         .into_iter()
-        .map(|(key, value)| (key, secrets::hash_value(&value.0)))
+        .map(|(key, value)| (key, KeyDigest::of(&value.0)))
         .collect();
     let version = secret.metadata.resource_version.unwrap_or(version);
     ctx.secret_hashes

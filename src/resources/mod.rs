@@ -3,6 +3,7 @@
 //! Nothing here talks to the API server, so every shape decision is unit-tested with plain values.
 
 pub mod args;
+pub mod auth_file;
 pub mod autoscaler;
 pub mod deployment;
 pub mod drift;

@@ -1,11 +1,12 @@
 //! Which Secrets an instance reads, which keys it needs from them, and the content hash that rolls the
-//! pods when they change. Only hashes of Secret values are ever handled here, never the values.
+//! pods when they change. Only digests of Secret values are handled here (a hash, and whether the value
+//! is an auth file memcached reads), never the values.
 
 use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use super::InvalidSpec;
+use super::{InvalidSpec, auth_file};
 use crate::api::MemcachedSpec;
 
 /// Reason when a referenced Secret does not exist.
@@ -21,6 +22,26 @@ pub struct SecretRef {
     pub keys: Vec<String>,
     /// The spec field naming it, for messages.
     pub field: &'static str,
+    /// Whether its keys hold memcached auth files, which must pass [`auth_file::check`].
+    pub auth_file: bool,
+}
+
+/// What the operator keeps of one Secret value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KeyDigest {
+    /// SHA-256 of the value, hex.
+    pub hash: String,
+    /// The value checked as an auth file: what is wrong with it, if anything.
+    pub auth_file: Result<(), String>,
+}
+
+impl KeyDigest {
+    pub fn of(value: &[u8]) -> Self {
+        Self {
+            hash: hash_value(value),
+            auth_file: auth_file::check(value),
+        }
+    }
 }
 
 /// The Secrets `spec` references, in a fixed order.
@@ -35,6 +56,7 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
             name: tls.secret_name.clone(),
             keys,
             field: "spec.security.tls.secretName",
+            auth_file: false,
         });
     }
     if let Some(auth) = spec.auth() {
@@ -42,6 +64,7 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
             name: auth.secret_name.clone(),
             keys: vec![auth.key().to_owned()],
             field: "spec.security.auth.secretName",
+            auth_file: true,
         });
     }
     refs
@@ -56,12 +79,13 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The hash over the keys every reference needs, given each Secret's per-key value hashes (`None` for a
-/// Secret that does not exist). Fails with the first missing Secret or key.
+/// The hash over the keys every reference needs, given each Secret's per-key value digests (`None` for a
+/// Secret that does not exist). Fails with the first missing Secret or key, or auth file memcached would
+/// misread.
 pub fn digest(
     namespace: &str,
     refs: &[SecretRef],
-    contents: &BTreeMap<String, Option<BTreeMap<String, String>>>,
+    contents: &BTreeMap<String, Option<BTreeMap<String, KeyDigest>>>,
 ) -> Result<Option<String>, InvalidSpec> {
     if refs.is_empty() {
         return Ok(None);
@@ -78,7 +102,7 @@ pub fn digest(
             });
         };
         for key in &r.keys {
-            let Some(value_hash) = keys.get(key) else {
+            let Some(value) = keys.get(key) else {
                 return Err(InvalidSpec {
                     reason: SECRET_INVALID,
                     message: format!(
@@ -89,7 +113,18 @@ pub fn digest(
                     ),
                 });
             };
-            for part in [r.name.as_str(), key.as_str(), value_hash.as_str()] {
+            if r.auth_file
+                && let Err(problem) = &value.auth_file
+            {
+                return Err(InvalidSpec {
+                    reason: SECRET_INVALID,
+                    message: format!(
+                        "the auth file in key {key:?} of Secret {namespace}/{} named by {} {problem}",
+                        r.name, r.field
+                    ),
+                });
+            }
+            for part in [r.name.as_str(), key.as_str(), value.hash.as_str()] {
                 hasher.update(part.as_bytes());
                 hasher.update([0]);
             }
@@ -120,11 +155,11 @@ mod tests {
         }
     }
 
-    fn keys(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, String>> {
+    fn keys(pairs: &[(&str, &str)]) -> Option<BTreeMap<String, KeyDigest>> {
         Some(
             pairs
                 .iter()
-                .map(|(k, v)| ((*k).to_owned(), hash_value(v.as_bytes())))
+                .map(|(k, v)| ((*k).to_owned(), KeyDigest::of(v.as_bytes())))
                 .collect(),
         )
     }
@@ -146,11 +181,11 @@ mod tests {
                 "tls".to_owned(),
                 keys(&[("tls.crt", "c"), ("tls.key", "k"), ("unused", "x")]),
             ),
-            ("auth".to_owned(), keys(&[("auth-file", "u:p")])),
+            ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
         ]);
         let a = digest("ns", &refs, &base).unwrap().unwrap();
         let mut rotated = base.clone();
-        rotated.insert("auth".into(), keys(&[("auth-file", "u:q")]));
+        rotated.insert("auth".into(), keys(&[("auth-file", "u:q\n")]));
         assert_ne!(digest("ns", &refs, &rotated).unwrap().unwrap(), a);
         let mut unrelated = base.clone();
         unrelated.insert(
@@ -176,10 +211,46 @@ mod tests {
                 "tls".to_owned(),
                 keys(&[("tls.crt", "c"), ("tls.key", "k")]),
             ),
-            ("auth".to_owned(), keys(&[("auth-file", "u:p")])),
+            ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
         ]);
         let err = digest("ns", &refs, &no_ca).unwrap_err();
         assert_eq!(err.reason, SECRET_INVALID);
         assert!(err.message.contains("\"ca.crt\""), "{}", err.message);
+    }
+
+    #[test]
+    fn an_auth_file_memcached_would_misread_is_invalid_and_named() {
+        let refs = referenced(&spec(false));
+        let contents = BTreeMap::from([
+            (
+                "tls".to_owned(),
+                keys(&[("tls.crt", "c"), ("tls.key", "k")]),
+            ),
+            ("auth".to_owned(), keys(&[("auth-file", "app:s3cret")])),
+        ]);
+        let err = digest("ns", &refs, &contents).unwrap_err();
+        assert_eq!(err.reason, SECRET_INVALID);
+        assert!(
+            err.message.starts_with(
+                "the auth file in key \"auth-file\" of Secret ns/auth named by \
+                 spec.security.auth.secretName does not end with a newline"
+            ),
+            "{}",
+            err.message
+        );
+        assert!(!err.message.contains("s3cret"));
+    }
+
+    #[test]
+    fn tls_keys_are_not_checked_as_auth_files() {
+        let refs = referenced(&spec(false));
+        let contents = BTreeMap::from([
+            (
+                "tls".to_owned(),
+                keys(&[("tls.crt", "no newline"), ("tls.key", "k")]),
+            ),
+            ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
+        ]);
+        assert!(digest("ns", &refs, &contents).is_ok());
     }
 }

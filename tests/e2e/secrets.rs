@@ -15,6 +15,7 @@ use crate::kubectl::{
     apply_yaml_ok, base64, compact, get_required, gone, kubectl, kubectl_json, kubectl_ok, secs,
 };
 use crate::names::{API_VERSION, MC, SECRET_HASH_ANNOTATION};
+use crate::telemetry::session_through_service;
 
 pub const AUTH_NAME: &str = "memcached-auth";
 pub const AUTH_SECRET: &str = "memcached-auth-creds";
@@ -71,6 +72,8 @@ pub fn step_auth_secret(env: &E2e) {
         },
     );
 
+    // The Secret as people make it from a literal, without a final newline: memcached 1.6.18 and older
+    // would drop the last character of the password, so the instance is refused, with the reason.
     let literal = format!("--from-literal=auth-file={AUTH_CREDENTIALS}");
     kubectl_ok(&[
         "create",
@@ -81,6 +84,24 @@ pub fn step_auth_secret(env: &E2e) {
         "-n",
         ns,
     ]);
+    env.wait(
+        &format!("Memcached {AUTH_NAME}: Degraded=True, reason SecretInvalid, the file lacks its final newline"),
+        secs(60),
+        || {
+            let mc = get_required(MC, ns, AUTH_NAME)?;
+            expect_degraded(&mc, "SecretInvalid", "does not end with a newline")
+        },
+    );
+    env.hold(
+        &format!(
+            "no Deployment {AUTH_NAME} is applied while the auth file is one memcached misreads"
+        ),
+        secs(3),
+        || gone("deployments.apps", ns, AUTH_NAME),
+    );
+
+    // The samples' recipe: `--from-literal=auth-file=$'app:s3cret\n'`.
+    replace_auth_secret(ns, AUTH_CREDENTIALS);
     env.wait(
         &format!(
             "Memcached {AUTH_NAME} to recover: Degraded=False once Secret {AUTH_SECRET} exists"
@@ -114,21 +135,10 @@ pub fn step_auth_secret(env: &E2e) {
     );
     eprintln!("    {SECRET_HASH_ANNOTATION}: {first_hash}");
 
+    login(env, AUTH_CREDENTIALS);
+
     // Rotate the credentials the way people do it: render the Secret again and apply it over the old one.
-    let rotated = format!("--from-literal=auth-file={ROTATED_CREDENTIALS}");
-    let yaml = kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        AUTH_SECRET,
-        &rotated,
-        "-n",
-        ns,
-        "--dry-run=client",
-        "-o",
-        "yaml",
-    ]);
-    apply_yaml_ok(&yaml);
+    replace_auth_secret(ns, ROTATED_CREDENTIALS);
     let second_hash = env.wait(
         &format!("the pod template's {SECRET_HASH_ANNOTATION} to change after the Secret rotation"),
         secs(60),
@@ -166,9 +176,57 @@ pub fn step_auth_secret(env: &E2e) {
             }
         },
     );
+    login(env, ROTATED_CREDENTIALS);
 
     check_no_leak(env, AUTH_NAME);
     delete_instance(env, AUTH_NAME);
+}
+
+/// Creates or replaces the auth Secret as the all-features sample says, with `credentials` as its one
+/// line (`kubectl create secret generic ... --from-literal=auth-file=$'user:password\n'`), rendered and
+/// applied over the old one.
+fn replace_auth_secret(ns: &str, credentials: &str) {
+    let literal = format!("--from-literal=auth-file={credentials}\n");
+    let yaml = kubectl_ok(&[
+        "create",
+        "secret",
+        "generic",
+        AUTH_SECRET,
+        &literal,
+        "-n",
+        ns,
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    apply_yaml_ok(&yaml);
+}
+
+/// A client logs in with `credentials` (memcached's ASCII auth: a `set` whose data is `user password`)
+/// and is then served; with a wrong password it is refused.
+fn login(env: &E2e, credentials: &str) {
+    let ns = env.ns.as_str();
+    let (user, password) = credentials.split_once(':').unwrap_or((credentials, ""));
+    let pods = live_pods(ns, AUTH_NAME).unwrap_or_else(|e| panic!("{e}"));
+    let session = |password: &str| {
+        let data = format!("{user} {password}");
+        let script = format!(
+            "set auth 0 0 {}\r\n{data}\r\nversion\r\nquit\r\n",
+            data.len()
+        );
+        session_through_service(env, ns, AUTH_NAME, &pods, &script)
+    };
+    let answer = session(password);
+    assert!(
+        answer.starts_with("STORED\r\nVERSION "),
+        "a client with the Secret's credentials is not served: {answer:?}"
+    );
+    let refused = session("wrong");
+    assert!(
+        refused.starts_with("CLIENT_ERROR authentication failure"),
+        "a wrong password is not refused: {refused:?}"
+    );
+    eprintln!("    a client logs in as {user} with the Secret's password; a wrong one is refused");
 }
 
 /// Neither the credentials nor their base64 form may appear in events, in the instance (status included),

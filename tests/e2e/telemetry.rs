@@ -49,35 +49,7 @@ pub fn step_telemetry(env: &E2e, op: &OpInfo) {
         || check_ready_status(ns, STATS_NAME, 2),
     );
     let pods = live_pods(ns, STATS_NAME).unwrap_or_else(|e| panic!("{e}"));
-    let client_pod = pods[0]["metadata"]["name"].as_str().unwrap_or_default();
-    let out = if let Some(node) = stand_in_node(&pods[0]) {
-        // A stand-in kubelet has no exec and no kube-proxy (ClusterIPs do not route), but its pods are
-        // real memcached processes on loopback addresses: the session goes to a pod the Service would
-        // send it to, straight from here.
-        eprintln!(
-            "    pod {client_pod} runs on {node}, a node of a stand-in kubelet (label {STAND_IN_LABEL}): \
-             no kubectl exec and no kube-proxy there, so the session goes from this machine to a \
-             backend of Service {STATS_NAME}"
-        );
-        let endpoint = env.wait(
-            &format!(
-                "Service {STATS_NAME} to send its port {APP_NAME} to both pods, on port {PORT}"
-            ),
-            secs(60),
-            || service_backend(ns, STATS_NAME, &pods),
-        );
-        eprintln!("    sets and gets to {endpoint}, a backend of Service {STATS_NAME}");
-        memcached_session(endpoint, SCRIPT).unwrap_or_else(|e| panic!("{e}"))
-    } else {
-        let shell = format!(
-            "printf '{}' | nc -w 5 {STATS_NAME}.{ns}.svc {PORT}",
-            SCRIPT.replace("\r\n", "\\r\\n")
-        );
-        eprintln!("    $ kubectl exec {client_pod} -c {APP_NAME} -- sh -c \"{shell}\"");
-        kubectl_ok(&[
-            "exec", "-n", ns, client_pod, "-c", APP_NAME, "--", "sh", "-c", &shell,
-        ])
-    };
+    let out = session_through_service(env, ns, STATS_NAME, &pods, SCRIPT);
     assert!(
         out.matches("STORED").count() == 3 && out.matches("VALUE e2e-").count() == 3,
         "the sets and gets through the Service did not all succeed: {out:?}"
@@ -193,6 +165,43 @@ pub fn step_telemetry(env: &E2e, op: &OpInfo) {
             }
         },
     );
+}
+
+/// Sends `script` (ending with `quit`) through Service `name` to one of its `pods`, and returns what
+/// memcached answered: from inside the first pod with busybox `nc`, or, on a stand-in kubelet's node (no
+/// exec, no kube-proxy; pods are memcached processes on loopback addresses here), from this machine to the
+/// backend the Service would pick.
+pub fn session_through_service(
+    env: &E2e,
+    ns: &str,
+    name: &str,
+    pods: &[Value],
+    script: &str,
+) -> String {
+    let client_pod = pods[0]["metadata"]["name"].as_str().unwrap_or_default();
+    if let Some(node) = stand_in_node(&pods[0]) {
+        eprintln!(
+            "    pod {client_pod} runs on {node}, a node of a stand-in kubelet (label {STAND_IN_LABEL}): \
+             no kubectl exec and no kube-proxy there, so the session goes from this machine to a \
+             backend of Service {name}"
+        );
+        let endpoint = env.wait(
+            &format!("Service {name} to send its port {APP_NAME} to its pods, on port {PORT}"),
+            secs(60),
+            || service_backend(ns, name, pods),
+        );
+        eprintln!("    session with {endpoint}, a backend of Service {name}");
+        memcached_session(endpoint, script).unwrap_or_else(|e| panic!("{e}"))
+    } else {
+        let shell = format!(
+            "printf '{}' | nc -w 5 {name}.{ns}.svc {PORT}",
+            script.replace("\r\n", "\\r\\n")
+        );
+        eprintln!("    $ kubectl exec {client_pod} -c {APP_NAME} -- sh -c \"{shell}\"");
+        kubectl_ok(&[
+            "exec", "-n", ns, client_pod, "-c", APP_NAME, "--", "sh", "-c", &shell,
+        ])
+    }
 }
 
 /// The pod's node when it is a node of a stand-in kubelet (envtest's, which labels its Nodes

@@ -13,7 +13,7 @@ use crate::harness::{WAIT, settled, start_run, stop_and_check_release};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
-    // base64("app:pw") = "YXBwOnB3"
+    // base64("app:pw\n") = "YXBwOnB3Cg=="
     let mut instance = memcached();
     instance["spec"]["security"] = json!({"auth": {"secretName": "creds"}});
     let world = World {
@@ -21,9 +21,9 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
         secrets: vec![json!({
             "apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": "creds", "namespace": "default", "resourceVersion": "5", "uid": "uid-creds",
-                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"auth-file\":\"YXBwOnB3\"}}"}},
+                         "annotations": {"kubectl.kubernetes.io/last-applied-configuration": "{\"data\":{\"auth-file\":\"YXBwOnB3Cg==\"}}"}},
             "type": "Opaque",
-            "data": {"auth-file": "YXBwOnB3"}
+            "data": {"auth-file": "YXBwOnB3Cg=="}
         })],
         ..World::default()
     };
@@ -70,7 +70,7 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
 
     // The value never leaves: not in the log (at debug level), not in anything written.
     let stderr = op.stderr();
-    for secret in ["app:pw", "YXBwOnB3"] {
+    for secret in ["app:pw", "YXBwOnB3Cg=="] {
         assert!(
             !stderr.contains(secret),
             "the log contains {secret}:\n{stderr}"

@@ -8,10 +8,10 @@
 //! limits, threads, item sizes, verbosity, other options) are left out; `-U 0` (no UDP) always.
 
 use std::net::Ipv4Addr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use k8s_openapi::api::core::v1::{Container, Pod};
 
 use super::volumes::Mounts;
@@ -149,47 +149,13 @@ pub fn start(
     log: &Path,
 ) -> Result<Process> {
     let mut cmd = Command::new(binary);
-    let mut line = command_line(ip, args, mounts);
-    if let Some(i) = line.iter().position(|a| a == "-Y")
-        && let Some(file) = line.get_mut(i + 1)
-        && args.auth_file.as_deref() != Some(file.as_str())
-    {
-        *file = auth_file_with_final_newline(Path::new(file))?
-            .to_string_lossy()
-            .into_owned();
-    }
+    let line = command_line(ip, args, mounts);
     cmd.args(line);
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         cmd.args(["-u", "root"]);
     }
     Process::start(&format!("memcached {ip}:{}", args.port), cmd, log)
-}
-
-/// The auth file to give memcached for `file` (one written from a Secret volume): `file` itself when it
-/// ends with a newline, else a copy that does, beside the volume's directory.
-///
-/// Debian 12's memcached (1.6.18) drops the last character of an auth file without a final newline
-/// (memcached/memcached#1170, fixed upstream since), so a Secret made with
-/// `--from-literal=auth-file=app:s3cret` would have it expect the password `s3cre`; the memcached of the
-/// operator's image (`memcached:1.6-alpine`) reads the file whole. The volume stays as the Secret has it.
-fn auth_file_with_final_newline(file: &Path) -> Result<PathBuf> {
-    let content = std::fs::read(file)
-        .with_context(|| format!("cannot read the auth file {}", file.display()))?;
-    if content.is_empty() || content.ends_with(b"\n") {
-        return Ok(file.to_owned());
-    }
-    let volume = file.parent().unwrap_or(file);
-    let name = format!(
-        "{}-{}.memcached",
-        volume.file_name().unwrap_or_default().to_string_lossy(),
-        file.file_name().unwrap_or_default().to_string_lossy()
-    );
-    let copy = volume.parent().unwrap_or(volume).join(name);
-    let mut whole = content;
-    whole.push(b'\n');
-    std::fs::write(&copy, whole).with_context(|| format!("cannot write {}", copy.display()))?;
-    Ok(copy)
 }
 
 #[cfg(test)]
@@ -274,21 +240,5 @@ mod tests {
         let other: Pod =
             serde_json::from_value(json!({"spec": {"containers": [{"name": "web"}]}})).unwrap();
         assert_eq!(server_args(&other), None);
-    }
-
-    #[test]
-    fn an_auth_file_without_a_final_newline_is_given_one_in_a_copy() {
-        let dir = std::env::temp_dir().join(format!("envtest-authfile-{}", std::process::id()));
-        let volume = dir.join("auth");
-        std::fs::create_dir_all(&volume).unwrap();
-        let file = volume.join("auth-file");
-        std::fs::write(&file, "app:s3cret").unwrap();
-        let given = auth_file_with_final_newline(&file).unwrap();
-        assert_eq!(given, dir.join("auth-auth-file.memcached"));
-        assert_eq!(std::fs::read_to_string(&given).unwrap(), "app:s3cret\n");
-        assert_eq!(std::fs::read_to_string(&file).unwrap(), "app:s3cret");
-        std::fs::write(&file, "app:s3cret\n").unwrap();
-        assert_eq!(auth_file_with_final_newline(&file).unwrap(), file);
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -502,6 +502,93 @@ fn default_install_renders_with_kustomize() {
     }
 }
 
+/// `config/namespaced`: everything of `config/default`, but the operator's rights are a Role in its own
+/// namespace (the rules of manager-role, Secrets included) bound by a RoleBinding; no ClusterRole or
+/// ClusterRoleBinding is the operator's, and it watches its own namespace.
+#[test]
+fn namespaced_install_gives_the_operator_its_namespace_only() {
+    const NS: &str = "memcached-operator-system";
+    let docs = kustomize("config/namespaced");
+    let default = kustomize("config/default");
+    let kinds = |docs: &[Value]| -> Vec<(String, String)> {
+        docs.iter()
+            .map(|d| {
+                (
+                    d["kind"].as_str().unwrap_or_default().to_owned(),
+                    d["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_owned(),
+                )
+            })
+            .collect()
+    };
+    let mut expected = kinds(&default);
+    expected.retain(|(kind, name)| {
+        !(kind == "ClusterRole" && name == "memcached-operator-manager-role"
+            || kind == "ClusterRoleBinding" && name == "memcached-operator-manager-rolebinding")
+    });
+    expected.push(("Role".into(), "memcached-operator-manager-role".into()));
+    expected.push((
+        "RoleBinding".into(),
+        "memcached-operator-manager-rolebinding".into(),
+    ));
+    let mut rendered = kinds(&docs);
+    expected.sort();
+    rendered.sort();
+    assert_eq!(rendered, expected);
+    assert!(
+        !docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"),
+        "no ClusterRoleBinding at all"
+    );
+    for doc in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
+        let name = doc["metadata"]["name"].as_str().unwrap_or_default();
+        assert!(
+            name.ends_with("-editor-role") || name.ends_with("-viewer-role"),
+            "only the user-facing roles are cluster-wide: {name}"
+        );
+    }
+
+    let role = find(&docs, "Role", "memcached-operator-manager-role");
+    assert_eq!(role["metadata"]["namespace"], NS);
+    let cluster_role = find(&default, "ClusterRole", "memcached-operator-manager-role");
+    assert_eq!(role["rules"], cluster_role["rules"], "the same rules");
+    let binding = find(
+        &docs,
+        "RoleBinding",
+        "memcached-operator-manager-rolebinding",
+    );
+    assert_eq!(binding["metadata"]["namespace"], NS);
+    assert_eq!(
+        binding["roleRef"],
+        json!({"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "memcached-operator-manager-role"})
+    );
+    let account = find(
+        &docs,
+        "ServiceAccount",
+        "memcached-operator-controller-manager",
+    );
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NS}])
+    );
+
+    let deployment = find(&docs, "Deployment", "memcached-operator-controller-manager");
+    let env = &deployment["spec"]["template"]["spec"]["containers"][0]["env"];
+    let watch: Vec<&Value> = env
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["name"] == "WATCH_NAMESPACE")
+        .collect();
+    assert_eq!(
+        watch,
+        [
+            &json!({"name": "WATCH_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}})
+        ]
+    );
+}
+
 #[test]
 fn other_kustomizations_render() {
     for dir in [

@@ -18,7 +18,7 @@ use tokio::sync::OnceCell;
 
 use crate::assets::Assets;
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
-use crate::install::{OperatorCredentials, install_operator_rbac};
+use crate::install::{OperatorCredentials, install_operator_overlay, install_operator_rbac};
 use crate::kubelet::{Kubelet, KubeletOptions};
 
 /// How to start an [`Env`].
@@ -86,6 +86,15 @@ impl Env {
     /// Installs the operator's CRD and RBAC from `config_dir` and returns its ServiceAccount's kubeconfig.
     pub async fn install_operator_rbac(&self, config_dir: &Path) -> Result<OperatorCredentials> {
         install_operator_rbac(&self.control_plane, &self.client, config_dir).await
+    }
+
+    /// Installs the operator's CRD and RBAC from the kustomization `<config_dir>/<overlay>`.
+    pub async fn install_operator_overlay(
+        &self,
+        config_dir: &Path,
+        overlay: &str,
+    ) -> Result<OperatorCredentials> {
+        install_operator_overlay(&self.control_plane, &self.client, config_dir, overlay).await
     }
 
     /// Stops the kubelet (killing its processes), then the control plane.

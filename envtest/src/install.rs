@@ -43,12 +43,22 @@ pub async fn install_operator_rbac(
     client: &Client,
     config_dir: &Path,
 ) -> Result<OperatorCredentials> {
+    install_operator_overlay(control_plane, client, config_dir, "default").await
+}
+
+/// [`install_operator_rbac`] from another kustomization of `config_dir` (`namespaced`, say).
+pub async fn install_operator_overlay(
+    control_plane: &ControlPlane,
+    client: &Client,
+    config_dir: &Path,
+    overlay: &str,
+) -> Result<OperatorCredentials> {
     let kubectl = crate::assets()
         .map(|a| a.kubectl())
         .unwrap_or_else(|| PathBuf::from("kubectl"));
     let rendered = run(
         &kubectl,
-        &["kustomize".as_ref(), config_dir.join("default").as_os_str()],
+        &["kustomize".as_ref(), config_dir.join(overlay).as_os_str()],
         None,
     )?;
     let manifest: String = split_documents(&rendered)
@@ -93,7 +103,7 @@ pub async fn install_operator_rbac(
     let account = of_kind("ServiceAccount")
         .into_iter()
         .next()
-        .ok_or_else(|| anyhow!("config/default renders no ServiceAccount"))?;
+        .ok_or_else(|| anyhow!("config/{overlay} renders no ServiceAccount"))?;
     let name = account["metadata"]["name"]
         .as_str()
         .unwrap_or_default()

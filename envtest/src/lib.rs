@@ -34,7 +34,7 @@ pub use assets::{Assets, assets};
 pub use audit::{AuditEvent, AuditLog, Mark, RequestCounts, RequestKey};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use env::{Env, EnvOptions, SharedEnv, create_namespace};
-pub use install::{OperatorCredentials, install_operator_rbac};
+pub use install::{OperatorCredentials, install_operator_overlay, install_operator_rbac};
 pub use kubelet::{Kubelet, KubeletOptions};
 pub use operator::Operator;
 

@@ -51,6 +51,7 @@ mod drain;
 mod drift;
 mod instances;
 mod leader;
+mod namespaced;
 mod outage;
 mod restart;
 mod rollouts;
@@ -164,6 +165,7 @@ impl Scenario {
                 credentials,
                 args,
                 started,
+                None,
             )
             .await,
         )
@@ -192,23 +194,63 @@ impl Scenario {
                 credentials,
                 args,
                 started,
+                None,
             )
             .await,
         )
     }
 
+    /// On a control plane of its own, the operator installed from `config/namespaced` (its rights a Role
+    /// in its own namespace, no ClusterRole), watching that namespace, which is the scenario's namespace.
+    pub async fn start_namespaced(name: &str) -> Option<Scenario> {
+        let started = Instant::now();
+        let Some(assets) = envtest::assets() else {
+            envtest::skip(name);
+            return None;
+        };
+        let env = Env::start(&assets, options())
+            .await
+            .unwrap_or_else(|e| panic!("envtest for {name}: {e:#}"));
+        announce_environment(env.control_plane(), env.started_in(), name);
+        let credentials = env
+            .install_operator_overlay(&config_dir(), "namespaced")
+            .await
+            .unwrap_or_else(|e| panic!("installing config/namespaced: {e:#}"));
+        let namespace = credentials.namespace.clone();
+        Some(
+            Scenario::begin(
+                name,
+                ScenarioEnv::Own(Box::new(env)),
+                credentials,
+                &[],
+                started,
+                Some(namespace),
+            )
+            .await,
+        )
+    }
+
+    /// Starts the operator for the scenario, in `namespace` when given (it exists), else in a namespace of
+    /// its own.
     async fn begin(
         name: &str,
         env: ScenarioEnv,
         credentials: OperatorCredentials,
         args: &[&str],
         started: Instant,
+        namespace: Option<String>,
     ) -> Scenario {
         let client = env.client();
-        let namespace = unique_namespace(name);
-        envtest::create_namespace(&client, &namespace, &[])
-            .await
-            .unwrap_or_else(|e| panic!("{e:#}"));
+        let namespace = match namespace {
+            Some(namespace) => namespace,
+            None => {
+                let namespace = unique_namespace(name);
+                envtest::create_namespace(&client, &namespace, &[])
+                    .await
+                    .unwrap_or_else(|e| panic!("{e:#}"));
+                namespace
+            }
+        };
         let mut operator_args: Vec<String> = ["--namespace", &namespace, "--log-level", "info"]
             .iter()
             .map(|a| (*a).to_owned())

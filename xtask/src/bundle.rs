@@ -489,8 +489,12 @@ fn csv_deployment(deployment: &Value) -> Value {
     })
 }
 
-/// The CSV's `permissions` (from RoleBindings) and `clusterPermissions` (from ClusterRoleBindings): for each
-/// service account of the install, the rules of the roles bound to it.
+/// The CSV's `permissions` and `clusterPermissions`: for each service account of the install, the rules of
+/// the roles bound to it, split by what they are about. Rules on namespaced resources go to `permissions`
+/// whether a Role or a ClusterRole holds them in the install: OLM turns `permissions` into Roles in the
+/// target namespaces for OwnNamespace and SingleNamespace installs, and into ClusterRoles only for
+/// AllNamespaces, so an operator installed for one namespace gets no right in any other (no cluster-wide
+/// Secret access). Only rules on cluster-scoped resources or non-resource URLs go to `clusterPermissions`.
 fn permissions(objects: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Error> {
     let accounts: Vec<&str> = objects
         .iter()
@@ -523,12 +527,14 @@ fn permissions(objects: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Error> {
                     binding["kind"], binding["metadata"]["name"]
                 )));
             }
-            let target = if binding["kind"] == "RoleBinding" {
-                &mut namespaced
-            } else {
-                &mut cluster
-            };
-            target.entry(account).or_default().extend(rules.clone());
+            for rule in &rules {
+                let target = if cluster_wide(rule) {
+                    &mut cluster
+                } else {
+                    &mut namespaced
+                };
+                target.entry(account).or_default().push(rule.clone());
+            }
         }
     }
     let entries = |map: BTreeMap<&str, Vec<Value>>| -> Vec<Value> {
@@ -537,6 +543,39 @@ fn permissions(objects: &[Value]) -> Result<(Vec<Value>, Vec<Value>), Error> {
             .collect()
     };
     Ok((entries(namespaced), entries(cluster)))
+}
+
+/// Cluster-scoped resources of the built-in API groups a role may name (a rule on one of them means nothing
+/// in a Role).
+const CLUSTER_SCOPED: &[&str] = &[
+    "namespaces",
+    "nodes",
+    "persistentvolumes",
+    "storageclasses",
+    "priorityclasses",
+    "runtimeclasses",
+    "customresourcedefinitions",
+    "apiservices",
+    "clusterroles",
+    "clusterrolebindings",
+    "tokenreviews",
+    "subjectaccessreviews",
+    "selfsubjectaccessreviews",
+    "selfsubjectrulesreviews",
+    "certificatesigningrequests",
+    "mutatingwebhookconfigurations",
+    "validatingwebhookconfigurations",
+    "validatingadmissionpolicies",
+    "validatingadmissionpolicybindings",
+];
+
+/// Whether `rule` only makes sense cluster-wide: it names non-resource URLs or a cluster-scoped resource.
+fn cluster_wide(rule: &Value) -> bool {
+    rule.get("nonResourceURLs").is_some()
+        || rule["resources"].as_array().into_iter().flatten().any(|r| {
+            let resource = r.as_str().unwrap_or_default();
+            CLUSTER_SCOPED.contains(&resource.split('/').next().unwrap_or_default())
+        })
 }
 
 /// One `customresourcedefinitions.owned` entry per served version of `crd` (a CRD as JSON), descriptors
@@ -916,5 +955,17 @@ mod tests {
             json!(["urn:alm:descriptor:com.tectonic.ui:select:a"])
         );
         assert!(descriptors.iter().all(|d| d["path"] != "nested"));
+    }
+
+    #[test]
+    fn only_rules_on_cluster_scoped_resources_or_urls_need_cluster_permissions() {
+        let rule = |resources: &[&str]| json!({"apiGroups": [""], "resources": resources, "verbs": ["get"]});
+        assert!(!cluster_wide(&rule(&["secrets", "pods"])));
+        assert!(!cluster_wide(&rule(&["memcacheds/status"])));
+        assert!(cluster_wide(&rule(&["tokenreviews"])));
+        assert!(cluster_wide(&rule(&["nodes/proxy"])));
+        assert!(cluster_wide(
+            &json!({"nonResourceURLs": ["/metrics"], "verbs": ["get"]})
+        ));
     }
 }

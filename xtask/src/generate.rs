@@ -39,6 +39,10 @@ pub fn files() -> Result<Vec<File>, Error> {
         file(manifests::CRD_PATH, manifests::crd_yaml()?),
         file(manifests::RBAC_PATH, manifests::rbac_yaml()?),
         file(
+            manifests::NAMESPACED_RBAC_PATH,
+            manifests::namespaced_rbac_yaml()?,
+        ),
+        file(
             install::INSTALL_PATH,
             install::install_yaml(&install::default_operator_image())?,
         ),

@@ -216,22 +216,35 @@ fn csv_install_strategy_deploys_the_install_deployment() {
         "the operator must read WATCH_NAMESPACE"
     );
 
+    // Every rule of the operator is about namespaced resources: all in `permissions`, which OLM makes
+    // Roles in the target namespace for OwnNamespace/SingleNamespace installs (ClusterRoles only for
+    // AllNamespaces); none in `clusterPermissions`.
     let account = spec["template"]["spec"]["serviceAccountName"].clone();
-    let rules = |key: &str| {
-        let entries = install["spec"][key].as_array().unwrap();
-        assert_eq!(entries.len(), 1, "{key}");
-        assert_eq!(entries[0]["serviceAccountName"], account, "{key}");
-        entries[0]["rules"].clone()
-    };
+    let entries = install["spec"]["permissions"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["serviceAccountName"], account);
+    let mut expected = serde_json::to_value(manifests::manager_role()).unwrap()["rules"]
+        .as_array()
+        .unwrap()
+        .clone();
+    expected.extend(
+        serde_json::to_value(manifests::leader_election_role()).unwrap()["rules"]
+            .as_array()
+            .unwrap()
+            .clone(),
+    );
+    let mut got = entries[0]["rules"].as_array().unwrap().clone();
+    let key = |v: &Value| v.to_string();
+    got.sort_by_key(key);
+    expected.sort_by_key(key);
     assert_eq!(
-        rules("clusterPermissions"),
-        serde_json::to_value(manifests::manager_role()).unwrap()["rules"],
-        "clusterPermissions must be config/rbac's manager-role"
+        got, expected,
+        "permissions must be config/rbac's manager-role and leader-election-role"
     );
     assert_eq!(
-        rules("permissions"),
-        serde_json::to_value(manifests::leader_election_role()).unwrap()["rules"],
-        "permissions must be config/rbac's leader-election-role"
+        install["spec"]["clusterPermissions"],
+        json!([]),
+        "no rule of the operator needs a ClusterRole"
     );
 }
 

@@ -102,6 +102,11 @@ pub struct RunArgs {
     #[arg(long, env = "STATS_STATUS_INTERVAL", default_value = "5m", value_parser = parse_duration)]
     pub stats_status_interval: Duration,
 
+    /// The cluster's DNS domain: memcached server certificates may name the instance's Services under
+    /// `<service>.<namespace>.svc.<domain>`, which the operator checks when it reads stats over TLS.
+    #[arg(long, env = "CLUSTER_DOMAIN", default_value = crate::telemetry::client::DEFAULT_CLUSTER_DOMAIN)]
+    pub cluster_domain: String,
+
     /// Image for instances whose spec sets none.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
     pub memcached_image: String,

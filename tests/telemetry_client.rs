@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memcached_operator::telemetry::client::{
-    Credentials, ReadError, Target, TlsMaterial, read_stats, tls_connector,
+    Credentials, ReadError, ServerNames, Target, TlsClient, TlsMaterial, read_stats,
 };
 use memcached_operator::telemetry::stats::{ParseError, Stats, parse};
 use rcgen::{
@@ -43,6 +43,7 @@ fn plain(address: SocketAddr) -> Target {
     Target {
         address,
         tls: None,
+        names: ServerNames::default(),
         credentials: None,
     }
 }
@@ -239,6 +240,7 @@ fn with_credentials(address: SocketAddr, user: &str, password: &str) -> Target {
     Target {
         address,
         tls: None,
+        names: ServerNames::default(),
         credentials: Some(Arc::new(credentials)),
     }
 }
@@ -390,16 +392,29 @@ async fn tls_fake(config: Arc<ServerConfig>, auth: Option<&'static str>) -> Sock
     .await
 }
 
+/// A TLS target for pod `memcached-0` of instance `memcached` in namespace `cache`: [`Pki::server`]'s
+/// certificate names its Service.
 fn tls_target(address: SocketAddr, material: &TlsMaterial) -> Target {
     Target {
         address,
-        tls: Some(tls_connector(material).expect("connector")),
+        tls: Some(TlsClient::new(material).expect("TLS client")),
+        names: ServerNames::for_pod("memcached", "cache", "memcached-0", "cluster.local"),
         credentials: None,
     }
 }
 
+/// What reached a TLS server: `None` when no TLS session was established, else every byte the client sent
+/// over it until it closed.
+async fn record_one_session(listener: TcpListener, config: Arc<ServerConfig>) -> Option<Vec<u8>> {
+    let (stream, _) = listener.accept().await.expect("a connection");
+    let mut tls = TlsAcceptor::from(config).accept(stream).await.ok()?;
+    let mut received = Vec::new();
+    let _ = tls.read_to_end(&mut received).await;
+    Some(received)
+}
+
 #[tokio::test]
-async fn tls_verified_against_the_instance_ca_ignores_the_name() {
+async fn tls_verified_against_the_instance_ca_and_a_service_name() {
     let pki = Pki::new("instance CA");
     let address = tls_fake(server_config(&pki.server(), None), None).await;
     let material = pki.trusted();
@@ -409,6 +424,84 @@ async fn tls_verified_against_the_instance_ca_ignores_the_name() {
             .expect("stats"),
         fixture_stats()
     );
+}
+
+#[tokio::test]
+async fn tls_with_a_certificate_of_the_instance_ca_for_another_name_fails_before_any_credentials() {
+    let pki = Pki::new("instance CA");
+    let evil = pki.issue(
+        &["evil.example.com"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+        false,
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let server = tokio::spawn(record_one_session(listener, server_config(&evil, None)));
+    let mut target = tls_target(address, &pki.trusted());
+    target.credentials = Some(Arc::new(
+        Credentials::new("alice", "secret").expect("valid"),
+    ));
+    let error = read_error(&target, GENEROUS, "a certificate for another name").await;
+    assert_eq!(error.reason(), "tls", "{error:?}");
+    assert!(
+        error
+            .to_string()
+            .contains("valid neither for the pod IP 127.0.0.1"),
+        "{error}"
+    );
+    assert_eq!(
+        server.await.expect("server task"),
+        None,
+        "the client completed a TLS session with the impostor"
+    );
+}
+
+#[tokio::test]
+async fn tls_with_a_certificate_for_the_pod_ip_is_accepted() {
+    let pki = Pki::new("instance CA");
+    let by_ip = pki.issue(&["127.0.0.1"], ExtendedKeyUsagePurpose::ServerAuth, false);
+    let address = tls_fake(server_config(&by_ip, None), None).await;
+    let mut target = tls_target(address, &pki.trusted());
+    target.names = ServerNames::default();
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+}
+
+#[tokio::test]
+async fn tls_without_a_ca_never_sends_credentials() {
+    let stranger = Pki::new("unknown CA");
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let mut target = tls_target(address, &TlsMaterial::default());
+    target.credentials = Some(Arc::new(
+        Credentials::new("alice", "secret").expect("valid"),
+    ));
+    let error = read_error(&target, GENEROUS, "unverified").await;
+    assert!(matches!(error, ReadError::Unverified), "{error:?}");
+    assert_eq!(error.reason(), "tls");
+    assert!(error.to_string().contains("ca.crt"), "{error}");
+    // A connection the client opened would be waiting in the listener's backlog by now: there is none.
+    let waiting = tokio::time::timeout(Duration::from_millis(200), listener.accept()).await;
+    assert!(
+        waiting.is_err(),
+        "the client connected to an unverified server"
+    );
+    // The same server is read without credentials (encrypted, unverified).
+    let served = tokio::spawn(async move {
+        let (stream, _) = listener.accept().await.expect("a connection");
+        let config = server_config(&stranger.server(), None);
+        if let Ok(tls) = TlsAcceptor::from(config).accept(stream).await {
+            converse(tls, Mode::Answer, None, FIXTURE).await;
+        }
+    });
+    target.credentials = None;
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
+    served.await.expect("server task");
 }
 
 #[tokio::test]
@@ -422,7 +515,7 @@ async fn tls_with_a_server_certificate_from_another_ca_fails() {
 }
 
 #[tokio::test]
-async fn tls_checks_everything_but_the_name_expiry_and_usage_included() {
+async fn tls_checks_expiry_and_usage_too() {
     let pki = Pki::new("instance CA");
     let expired = pki.issue(
         &["memcached.cache.svc"],
@@ -564,6 +657,7 @@ async fn real_memcached_with_an_auth_file() {
     let target = Target {
         address: server.address,
         tls: None,
+        names: ServerNames::default(),
         credentials: Some(Arc::new(right)),
     };
     assert_exercised(&read_stats(&target, GENEROUS).await.expect("stats"));
@@ -623,24 +717,69 @@ async fn real_memcached_over_tls_and_mutual_tls() {
     let error = read_error(&tls_target(server.address, &wrong), GENEROUS, "wrong CA").await;
     assert_eq!(error.reason(), "tls", "{error:?}");
 
-    let mutual_tls = format!("{tls},ssl_verify_mode=2,ssl_ca_cert={{dir}}/client-ca.crt");
-    let mutual = RealServer::start(&binary, "mtls", &files, &["-Z", "-o", &mutual_tls]).await;
+    // The operator's own client certificate, from a CA other than the server's: accepted by a server that
+    // requires one (ssl_verify_mode=2) and by one that requires it and checks it once (3, "once").
     let client = clients.client();
     let identity = TlsMaterial {
         ca: Some(pki.ca_pem()),
         client_identity: Some((client.chain.into_bytes(), client.key.into_bytes())),
     };
-    read_stats(&tls_target(mutual.address, &identity), GENEROUS)
-        .await
-        .expect("stats over mutual TLS");
-    let error = read_error(
-        &tls_target(mutual.address, &verified),
-        GENEROUS,
-        "no identity",
+    for mode in [2, 3] {
+        let mutual_tls = format!("{tls},ssl_verify_mode={mode},ssl_ca_cert={{dir}}/client-ca.crt");
+        let name = format!("mtls{mode}");
+        let mutual = RealServer::start(&binary, &name, &files, &["-Z", "-o", &mutual_tls]).await;
+        read_stats(&tls_target(mutual.address, &identity), GENEROUS)
+            .await
+            .unwrap_or_else(|e| panic!("stats over mutual TLS, mode {mode}: {e}"));
+        let error = read_error(
+            &tls_target(mutual.address, &verified),
+            GENEROUS,
+            "no identity",
+        )
+        .await;
+        assert!(
+            matches!(error, ReadError::Tls(_) | ReadError::Closed),
+            "mode {mode}: {error:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn real_memcached_with_a_certificate_for_another_name_is_refused() {
+    let Some(binary) = real_binary() else {
+        return;
+    };
+    if !supports_tls(&binary) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's memcached must be built with TLS (Debian's is)"
+        );
+        eprintln!("skipped: this memcached has no TLS");
+        return;
+    }
+    let pki = Pki::new("instance CA");
+    let evil = pki.issue(
+        &["evil.example.com"],
+        ExtendedKeyUsagePurpose::ServerAuth,
+        false,
+    );
+    let files: [(&str, &[u8]); 3] = [
+        ("server.crt", evil.chain.as_bytes()),
+        ("server.key", evil.key.as_bytes()),
+        ("auth", b"alice:secret\n"),
+    ];
+    let options = "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key";
+    let server = RealServer::start(
+        &binary,
+        "evil",
+        &files,
+        &["-Z", "-o", options, "-Y", "{dir}/auth"],
     )
     .await;
-    assert!(
-        matches!(error, ReadError::Tls(_) | ReadError::Closed),
-        "{error:?}"
-    );
+    let mut target = tls_target(server.address, &pki.trusted());
+    target.credentials = Some(Arc::new(
+        Credentials::new("alice", "secret").expect("valid"),
+    ));
+    let error = read_error(&target, GENEROUS, "another name").await;
+    assert_eq!(error.reason(), "tls", "{error:?}");
 }

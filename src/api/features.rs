@@ -244,6 +244,16 @@ pub struct TlsConfig {
     /// Require clients to present a certificate signed by the Secret's ca.crt (mutual TLS).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub client_auth: bool,
+
+    /// With clientAuth: a `kubernetes.io/tls` Secret in the instance's namespace whose tls.crt and tls.key
+    /// the operator presents as its own client certificate when it reads the servers' stats; it must be
+    /// issued by the CA in secretName's ca.crt. Unset: the operator presents the server certificate
+    /// (secretName's tls.crt and tls.key), as before this field existed; set it so that the operator has an
+    /// identity of its own. Only the operator's stats reads use it: a missing or unusable Secret makes those
+    /// reads fail (the log names the Secret), never the instance. Ignored without clientAuth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub client_secret_name: Option<String>,
 }
 
 /// ASCII authentication (memcached `-Y`): a client's first command must be a `set` (of any key) whose

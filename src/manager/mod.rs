@@ -111,6 +111,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         stats: (!args.stats_interval.is_zero()).then_some(crate::telemetry::Settings {
             interval: args.stats_interval,
             status_interval: args.stats_status_interval,
+            cluster_domain: args.cluster_domain.clone(),
         }),
     };
     let controller = controller::run(

@@ -128,6 +128,7 @@ mod tests {
                 tls: Some(TlsConfig {
                     secret_name: "tls".into(),
                     client_auth: true,
+                    client_secret_name: None,
                 }),
                 auth: Some(AuthConfig {
                     secret_name: "auth".into(),

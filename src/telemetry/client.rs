@@ -2,8 +2,8 @@
 //! bounded in time and in the bytes it buffers.
 //!
 //! - [`Credentials`]: the user and password for memcached's ASCII authentication, from an auth file.
-//! - [`tls_connector`]: the rustls client configuration from an instance's TLS Secret; its documentation
-//!   says what is verified and why the server's name is not.
+//! - [`TlsClient`]: the rustls client configuration from an instance's TLS Secret; its documentation says
+//!   what is verified: the chain to the instance's CA and one of the names in [`ServerNames`] or the pod IP.
 //! - [`read_stats`]: the exchange itself.
 //!
 //! A read is one short-lived connection, closed when the reply is in: memcached counts it in
@@ -11,7 +11,9 @@
 //! connection to a pod between reads.
 
 mod credentials;
+mod names;
 mod tls;
+mod verifier;
 
 use std::io;
 use std::net::SocketAddr;
@@ -20,12 +22,12 @@ use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::ServerName;
 
 pub use credentials::{Credentials, CredentialsError};
-pub use tls::{TlsError, TlsMaterial, tls_connector};
+pub use names::{DEFAULT_CLUSTER_DOMAIN, ServerNames};
+pub use tls::{TlsClient, TlsError, TlsMaterial};
 
 use super::stats::{self, MAX_REPLY_BYTES, ParseError, Stats};
 
@@ -37,8 +39,10 @@ const AUTH_REPLY_LIMIT: u64 = 1024;
 pub struct Target {
     /// The pod's address, `podIP:containerPort`.
     pub address: SocketAddr,
-    /// Set when the instance serves TLS: the connector built from its Secret by [`tls_connector`].
-    pub tls: Option<TlsConnector>,
+    /// Set when the instance serves TLS: the client built from its Secret.
+    pub tls: Option<TlsClient>,
+    /// The names besides its IP that the server's certificate may be valid for (over TLS with a CA).
+    pub names: ServerNames,
     /// Set when the instance requires authentication.
     pub credentials: Option<Arc<Credentials>>,
 }
@@ -47,7 +51,8 @@ impl std::fmt::Debug for Target {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Target")
             .field("address", &self.address)
-            .field("tls", &self.tls.is_some())
+            .field("tls", &self.tls)
+            .field("names", &self.names.dns().len())
             .field("credentials", &self.credentials)
             .finish()
     }
@@ -68,6 +73,13 @@ pub enum ReadError {
     /// certificate the operator does not have rejects it this way, after the TLS 1.3 handshake).
     #[error("TLS failed: {0}")]
     Tls(io::Error),
+    /// Authentication is on but the server cannot be verified: the TLS Secret has no CA. The credentials
+    /// would go to whoever answers at the pod's address, so the client does not connect at all.
+    #[error(
+        "not sending credentials to an unverified server: the TLS Secret needs a ca.crt (the CA of the \
+         server certificates) for the operator to authenticate"
+    )]
+    Unverified,
     /// The server did not answer the authenticating `set` with `STORED`: it refused the credentials, or
     /// closed the connection, or said something else.
     #[error("authentication refused: {0}")]
@@ -96,7 +108,7 @@ impl ReadError {
         match self {
             Self::Connect(_) => "connect",
             Self::Timeout(_) => "timeout",
-            Self::Tls(_) => "tls",
+            Self::Tls(_) | Self::Unverified => "tls",
             Self::Auth(_) => "auth",
             Self::Closed => "closed",
             Self::Protocol(_) => "protocol",
@@ -116,19 +128,33 @@ pub async fn read_stats(target: &Target, timeout: Duration) -> Result<Stats, Rea
 }
 
 async fn exchange(target: &Target) -> Result<Stats, ReadError> {
+    let credentials = target.credentials.as_deref();
+    // Checked before connecting: nothing at all goes to a server the credentials cannot be trusted to.
+    if credentials.is_some()
+        && target
+            .tls
+            .as_ref()
+            .is_some_and(|tls| !tls.verifies_server())
+    {
+        return Err(ReadError::Unverified);
+    }
     let tcp = TcpStream::connect(target.address)
         .await
         .map_err(ReadError::Connect)?;
     // Commands are written whole; without Nagle's delay the `stats` after `STORED` leaves at once. Failing to
     // set it costs latency only, not correctness.
     let _ = tcp.set_nodelay(true);
-    let credentials = target.credentials.as_deref();
     match &target.tls {
         None => converse(tcp, credentials).await,
-        Some(connector) => {
-            // Pods are addressed by IP: rustls sends no SNI for an IP, and the name is not checked (see `tls`).
+        Some(tls) => {
+            // Pods are addressed by IP: rustls sends no SNI for an IP. The certificate must be valid for the
+            // IP or one of `names` (see `tls`).
             let name = ServerName::IpAddress(target.address.ip().into());
-            let stream = connector.connect(name, tcp).await.map_err(ReadError::Tls)?;
+            let stream = tls
+                .connector(&target.names)
+                .connect(name, tcp)
+                .await
+                .map_err(ReadError::Tls)?;
             converse(stream, credentials).await
         }
     }
@@ -248,6 +274,7 @@ mod tests {
             ReadError::Connect(io::ErrorKind::ConnectionRefused.into()),
             ReadError::Timeout(Duration::from_secs(2)),
             ReadError::Tls(io::ErrorKind::InvalidData.into()),
+            ReadError::Unverified,
             ReadError::Auth(String::new()),
             ReadError::Closed,
             ReadError::Protocol(ParseError::Truncated),
@@ -257,7 +284,7 @@ mod tests {
         assert_eq!(
             reasons,
             [
-                "connect", "timeout", "tls", "auth", "closed", "protocol", "io"
+                "connect", "timeout", "tls", "tls", "auth", "closed", "protocol", "io"
             ]
         );
     }
@@ -286,6 +313,7 @@ mod tests {
         let target = Target {
             address: SocketAddr::from(([127, 0, 0, 1], 11211)),
             tls: None,
+            names: ServerNames::default(),
             credentials: Some(Arc::new(credentials)),
         };
         let debug = format!("{target:?}");

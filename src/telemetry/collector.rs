@@ -36,7 +36,7 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::client::{ReadError, Target, read_stats};
+use super::client::{ReadError, ServerNames, Target, read_stats};
 use super::episodes::{self, Counter, Episode};
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
 use super::secrets::{SecretReader, SecretValues, Transport};
@@ -71,6 +71,9 @@ pub struct Settings {
     pub interval: Duration,
     /// Shortest time between two `status.stats` writes of one instance (`--stats-status-interval`).
     pub status_interval: Duration,
+    /// The cluster's DNS domain (`--cluster-domain`): the suffix of the Service names a server's
+    /// certificate may be valid for ([`ServerNames`]).
+    pub cluster_domain: String,
 }
 
 /// Reads one server. The operator's is [`Network`]; tests may give their own.
@@ -120,6 +123,9 @@ struct InstanceState {
     episode: Episode,
     /// Why (some of) its servers could not be read at the previous collection, as logged.
     problem: Option<String>,
+    /// Whether this replica said that the operator presents the server certificate as its client
+    /// certificate (`clientAuth` without `clientSecretName`).
+    identity_noted: bool,
 }
 
 /// The collector. Shared by its collection tasks.
@@ -223,7 +229,12 @@ impl Collector {
             (PodSamples::new(), None)
         } else {
             match self.secrets.transport(&key.0, &mc.spec).await {
-                Ok(transport) => self.read_all(&servers, &transport).await,
+                Ok(transport) => {
+                    if transport.presents_server_certificate {
+                        self.note_shared_identity(&key);
+                    }
+                    self.read_all(&key, &servers, &transport).await
+                }
                 Err(reason) => {
                     for _ in &servers {
                         self.metrics.count_read("unreadable");
@@ -285,6 +296,22 @@ impl Collector {
         }
     }
 
+    /// Says once per instance (and leader) that the operator presents the server's own certificate to the
+    /// instance's servers: it works when that certificate may be used for client authentication, but the
+    /// operator then has no identity of its own, which `clientSecretName` gives it.
+    fn note_shared_identity(&self, key: &InstanceKey) {
+        let mut state = self.lock_state();
+        let state = state.entry(key.clone()).or_default();
+        if !state.identity_noted {
+            state.identity_noted = true;
+            let (namespace, name) = key;
+            info!(memcached = %name, %namespace,
+                "clientAuth is on without spec.security.tls.clientSecretName: the operator presents the \
+                 server certificate (tls.crt of spec.security.tls.secretName) as its client certificate \
+                 when it reads stats; set clientSecretName to give it a certificate of its own");
+        }
+    }
+
     /// The instance's ready, non-terminating pods with an address: (pod name, podIP:containerPort).
     fn servers(
         &self,
@@ -308,14 +335,22 @@ impl Collector {
     /// Reads every server, each in its own task; the samples by pod, and what failed, if anything.
     async fn read_all(
         &self,
+        (namespace, name): &InstanceKey,
         servers: &[(String, SocketAddr)],
         transport: &Transport,
     ) -> (PodSamples, Option<String>) {
         let mut reads = JoinSet::new();
         for (pod, address) in servers {
+            let names = match transport.tls {
+                Some(_) => {
+                    ServerNames::for_pod(name, namespace, pod, &self.settings.cluster_domain)
+                }
+                None => ServerNames::default(),
+            };
             let target = Target {
                 address: *address,
                 tls: transport.tls.clone(),
+                names,
                 credentials: transport.credentials.clone(),
             };
             let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());

@@ -11,14 +11,12 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use super::client::{Credentials, TlsClient, TlsMaterial};
+use crate::api::MemcachedSpec;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
-use tokio_rustls::TlsConnector;
-
-use super::client::{Credentials, TlsMaterial, tls_connector};
-use crate::api::MemcachedSpec;
 
 /// The keys of one Secret version.
 type Values = Arc<BTreeMap<String, Vec<u8>>>;
@@ -29,8 +27,12 @@ type Entries = HashMap<(String, String), (String, Values)>;
 /// How to talk to an instance's servers.
 #[derive(Clone, Default)]
 pub struct Transport {
-    pub tls: Option<TlsConnector>,
+    pub tls: Option<TlsClient>,
     pub credentials: Option<Arc<Credentials>>,
+    /// The operator presents the server's own certificate as its client certificate: `clientAuth` is on
+    /// and `clientSecretName` unset (kept for instances created before that field; the collector says so
+    /// once per instance).
+    pub presents_server_certificate: bool,
 }
 
 /// Secret values read so far, by (namespace, name), with the `resourceVersion` they were read at.
@@ -74,8 +76,13 @@ impl SecretValues {
 /// The Secrets `spec` makes the collector read, as (namespace, name).
 pub fn named(namespace: &str, spec: &MemcachedSpec) -> Vec<(String, String)> {
     let tls = spec.tls().map(|t| t.secret_name.clone());
+    let client = spec
+        .tls()
+        .filter(|t| t.client_auth)
+        .and_then(|t| t.client_secret_name.clone());
     let auth = spec.auth().map(|a| a.secret_name.clone());
     tls.into_iter()
+        .chain(client)
         .chain(auth)
         .map(|name| (namespace.to_owned(), name))
         .collect()
@@ -100,15 +107,20 @@ impl SecretReader {
         let mut transport = Transport::default();
         if let Some(tls) = spec.tls() {
             let values = self.values(namespace, &tls.secret_name).await?;
-            let key = |k: &str| values.get(k).cloned();
             let client_identity = if tls.client_auth {
-                match (key("tls.crt"), key("tls.key")) {
-                    (Some(cert), Some(private)) => Some((cert, private)),
+                let (secret, identity) = match &tls.client_secret_name {
+                    Some(name) => (name, self.values(namespace, name).await?),
+                    None => {
+                        transport.presents_server_certificate = true;
+                        (&tls.secret_name, values.clone())
+                    }
+                };
+                match (identity.get("tls.crt"), identity.get("tls.key")) {
+                    (Some(cert), Some(private)) => Some((cert.clone(), private.clone())),
                     _ => {
                         return Err(format!(
-                            "Secret {namespace}/{} lacks tls.crt or tls.key, which the operator presents \
-                             to servers that require client certificates",
-                            tls.secret_name
+                            "Secret {namespace}/{secret} lacks tls.crt or tls.key, which the operator \
+                             presents to servers that require client certificates"
                         ));
                     }
                 }
@@ -116,16 +128,20 @@ impl SecretReader {
                 None
             };
             let material = TlsMaterial {
-                ca: key("ca.crt"),
+                ca: values.get("ca.crt").cloned(),
                 client_identity,
             };
-            let connector = tls_connector(&material).map_err(|error| {
+            let client = TlsClient::new(&material).map_err(|error| {
                 format!(
-                    "cannot use the TLS material of Secret {namespace}/{}: {error}",
-                    tls.secret_name
+                    "cannot use the TLS material of Secret {namespace}/{}{}: {error}",
+                    tls.secret_name,
+                    match (&tls.client_secret_name, tls.client_auth) {
+                        (Some(client), true) => format!(" or client Secret {namespace}/{client}"),
+                        _ => String::new(),
+                    }
                 )
             })?;
-            transport.tls = Some(connector);
+            transport.tls = Some(client);
         }
         if let Some(auth) = spec.auth() {
             let values = self.values(namespace, &auth.secret_name).await?;

@@ -36,16 +36,27 @@ async fn apply(s: &Scenario, name: &str, type_: &str, data: BTreeMap<String, Byt
 /// A `kubernetes.io/tls` Secret `name` with a server certificate for instance `instance`'s Services,
 /// signed by a CA made here (in `ca.crt`, for client certificates).
 pub async fn tls_secret(s: &Scenario, name: &str, instance: &str) {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
-        .expect("CA certificate");
     let ns = &s.namespace;
     let names = vec![
         format!("{instance}.{ns}.svc"),
         format!("*.{instance}-headless.{ns}.svc"),
     ];
+    tls_secrets(s, name, names, None).await;
+}
+
+/// A `kubernetes.io/tls` Secret `name` with a server certificate for `names`, signed by a CA made here (in
+/// `ca.crt`); and, with `client`, a `kubernetes.io/tls` Secret of that name with a client certificate from
+/// the same CA (what `spec.security.tls.clientSecretName` names).
+pub async fn tls_secrets(s: &Scenario, name: &str, names: Vec<String>, client: Option<&str>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    // Subjects that differ from the CA's: OpenSSL (memcached) takes a certificate whose subject is its
+    // issuer's for self-signed, and refuses such a client certificate.
+    ca.distinguished_name
+        .push(DnType::CommonName, format!("{name} CA"));
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
+        .expect("CA certificate");
     let key = KeyPair::generate().expect("server key");
     let cert = CertificateParams::new(names)
         .expect("server params")
@@ -60,6 +71,20 @@ pub async fn tls_secret(s: &Scenario, name: &str, instance: &str) {
     .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
     .collect();
     apply(s, name, "kubernetes.io/tls", data).await;
+    if let Some(client) = client {
+        let key = KeyPair::generate().expect("client key");
+        let mut params =
+            CertificateParams::new(vec!["memcached-operator".to_owned()]).expect("client params");
+        params
+            .distinguished_name
+            .push(DnType::CommonName, "memcached-operator");
+        let cert = params.signed_by(&key, &ca).expect("client certificate");
+        let data = [("tls.crt", cert.pem()), ("tls.key", key.serialize_pem())]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
+            .collect();
+        apply(s, client, "kubernetes.io/tls", data).await;
+    }
 }
 
 /// An `Opaque` Secret `name` holding memcached's credentials file `content` under `key`.

@@ -10,6 +10,7 @@ use tokio::net::TcpStream;
 use serde_json::json;
 
 use crate::instances::{apply, memcacheds, ready_pods, wait_settled};
+use crate::secrets::{auth_secret, tls_secrets};
 use crate::{Scenario, wait_for};
 
 #[tokio::test]
@@ -67,4 +68,83 @@ async fn status_stats_show_what_the_servers_hold() {
     )
     .await;
     s.step(&format!("status.stats: {stats:?}"));
+}
+
+/// Over TLS with auth and client certificates, against real servers: an instance whose certificate names
+/// its Service is read with the operator's own client certificate (`clientSecretName`); one whose
+/// certificate, from its own CA, names `evil.example.com` is not read (and gets no credentials).
+#[tokio::test]
+async fn tls_reads_check_the_server_name_and_present_the_client_secret() {
+    let Some(s) = Scenario::start_with(
+        "telemetry-tls",
+        &["--stats-interval", "1s", "--stats-status-interval", "1s"],
+    )
+    .await
+    else {
+        return;
+    };
+    if !s.real_memcached() {
+        eprintln!(
+            "envtest: skipped telemetry-tls: the stand-in kubelet runs no memcached (install Debian's memcached)"
+        );
+        return;
+    }
+    let ns = s.namespace.clone();
+    tls_secrets(
+        &s,
+        "good-tls",
+        vec![format!("good.{ns}.svc")],
+        Some("good-client"),
+    )
+    .await;
+    tls_secrets(&s, "evil-tls", vec!["evil.example.com".to_owned()], None).await;
+    auth_secret(&s, "auth", "auth-file", "app:s3cret\n").await;
+    let security = |tls: &str, client: Option<&str>| {
+        let mut tls = json!({"secretName": tls, "clientAuth": true});
+        if let Some(client) = client {
+            tls["clientSecretName"] = json!(client);
+        }
+        json!({"tls": tls, "auth": {"secretName": "auth"}})
+    };
+    apply(
+        &s,
+        "good",
+        json!({"size": 2, "security": security("good-tls", Some("good-client"))}),
+    )
+    .await;
+    apply(
+        &s,
+        "evil",
+        json!({"size": 1, "security": security("evil-tls", None)}),
+    )
+    .await;
+    wait_settled(&s, "good", Duration::from_secs(60)).await;
+    wait_settled(&s, "evil", Duration::from_secs(60)).await;
+    let api = memcacheds(&s);
+    let read = |name: &'static str, want_read: i32, want_ready: i32| {
+        let api = api.clone();
+        async move {
+            let mc = api.get(name).await.map_err(|e| e.to_string())?;
+            let stats = mc.status.and_then(|st| st.stats).ok_or("no stats yet")?;
+            if (stats.servers_read, stats.servers_ready) == (want_read, want_ready) {
+                Ok(stats)
+            } else {
+                Err(format!("{name}: {stats:?}"))
+            }
+        }
+    };
+    let good = wait_for(
+        "both servers of `good` read over mutual TLS with auth",
+        Duration::from_secs(30),
+        || read("good", 2, 2),
+    )
+    .await;
+    s.step(&format!("good: {good:?}"));
+    let evil = wait_for(
+        "the server of `evil` ready but not read",
+        Duration::from_secs(30),
+        || read("evil", 0, 1),
+    )
+    .await;
+    s.step(&format!("evil: {evil:?}"));
 }

@@ -416,6 +416,7 @@ impl Caches {
             Settings {
                 interval: Duration::from_secs(30),
                 status_interval,
+                cluster_domain: "cluster.local".into(),
             },
             Sources {
                 client,

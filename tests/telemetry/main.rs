@@ -382,6 +382,70 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
     }
 }
 
+/// Mutual TLS where the servers accept only client certificates from a client CA that did not issue the
+/// server certificate: `clientSecretName` gives the operator that identity; without it the operator
+/// presents the server certificate, which such servers refuse.
+#[tokio::test]
+async fn mutual_tls_presents_the_client_secret_when_one_is_named() {
+    let (servers, clients) = (Pki::new(), Pki::new());
+    let (server_leaf, client_leaf) = (servers.leaf(), clients.leaf());
+    let ca = servers.ca_pem();
+    let tls_secret = secret(
+        "cache-tls",
+        "7",
+        &[
+            ("tls.crt", &server_leaf.chain),
+            ("tls.key", &server_leaf.key),
+            ("ca.crt", &ca),
+        ],
+    );
+    let client_secret = secret(
+        "cache-client",
+        "3",
+        &[
+            ("tls.crt", &client_leaf.chain),
+            ("tls.key", &client_leaf.key),
+        ],
+    );
+    let up = |metrics: &_| {
+        sample(
+            &exposition(metrics),
+            "memcached_up{namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"}",
+        )
+    };
+    for (ip, client_secret_name, expected) in [
+        ("127.0.9.1", Some("cache-client"), 1.0),
+        ("127.0.9.2", None, 0.0),
+    ] {
+        let security = Security {
+            tls: Some(clients.mutual_server(&server_leaf)),
+            auth: None,
+        };
+        let mut tls = json!({"secretName": "cache-tls", "clientAuth": true});
+        if let Some(name) = client_secret_name {
+            tls["clientSecretName"] = json!(name);
+        }
+        let mut one = one_pod(ip, json!({"security": {"tls": tls}}), security, LONG).await;
+        one.caches.secret("cache-tls", "7");
+        one.caches.secret("cache-client", "3");
+        {
+            let mut secrets = one.api.secrets.lock().unwrap();
+            secrets.insert("cache-tls".into(), tls_secret.clone());
+            secrets.insert("cache-client".into(), client_secret.clone());
+        }
+        one.collector.collect().await;
+        assert_eq!(
+            up(&one.metrics),
+            Some(expected),
+            "clientSecretName {client_secret_name:?}"
+        );
+        assert_eq!(
+            one.api.secret_reads("cache-client"),
+            usize::from(client_secret_name.is_some())
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_instance_whose_secret_is_missing_is_not_readable_and_not_dialled() {
     let spec = json!({"security": {"auth": {"secretName": "missing"}}});

@@ -41,6 +41,7 @@ fn everything() -> MemcachedSpec {
             tls: Some(TlsConfig {
                 secret_name: "cache-tls".into(),
                 client_auth: true,
+                client_secret_name: None,
             }),
             auth: Some(AuthConfig {
                 secret_name: "cache-auth".into(),

@@ -1,23 +1,15 @@
 //! TLS to memcached servers: a rustls client configuration built from an instance's TLS Secret.
 //!
-//! The operator reaches pods by IP address (`podIP:containerPort`), and server certificates almost never name
-//! pod IPs: they name the Service (`<name>.<namespace>.svc`), because that is what the cache's clients use.
-//! Checking the name would therefore fail on every correctly configured instance. So, with a CA:
+//! With a CA (the Secret's `ca.crt`), a server is accepted when its chain leads to that CA (signatures,
+//! validity period, `serverAuth` usage) and its certificate is valid for the pod IP dialled or for one of
+//! the instance's Service names ([`ServerNames`], checked by [`InstanceVerifier`]). A certificate from the
+//! same CA for another name (another instance, `evil.example.com`) is refused.
 //!
-//! - the server's chain **is** verified against that CA (signature, validity period, `serverAuth` usage),
-//!   by rustls' own webpki chain check;
-//! - the name is **not** checked: any certificate issued by the instance's CA is accepted for any of its pods.
-//!
-//! What that leaves open: a party holding another certificate from the same CA could answer in a pod's place,
-//! if it could also take over the pod's IP address. It would learn the auth credentials (sent after the
-//! handshake) and could feed the operator wrong stats. With a CA dedicated to the instance that is a party
-//! that already holds the instance's keys; with a CA shared across a cluster it is any holder of that CA's
-//! certificates, which is the trade-off to know when sharing a CA.
-//!
-//! Without a CA (the Secret has no `ca.crt`), the connection is encrypted but the server is not verified:
-//! the operator cannot verify a chain nobody gave it a root for, and the system roots are no authority over
-//! in-cluster certificates. Reading stats over an encrypted, unauthenticated channel still beats not reading
-//! them; the same residual risk as above applies, with any certificate instead of one from the CA.
+//! Without a CA, the connection is encrypted but the server is not verified: the operator cannot verify a
+//! chain nobody gave it a root for, and the system roots are no authority over in-cluster certificates.
+//! Stats are still read over it (they are not secret, and encrypted beats plain), but **credentials are
+//! never sent** over such a connection: `read_stats` refuses to authenticate to an unverified server (reason
+//! `tls`). A user who wants no unverified connection at all sets `ca.crt`.
 //!
 //! The crypto provider is `ring`, the one kube's rustls already links, named explicitly so the configuration
 //! never depends on a process-wide default provider.
@@ -26,17 +18,15 @@ use std::fmt;
 use std::sync::Arc;
 
 use tokio_rustls::TlsConnector;
-use tokio_rustls::rustls::client::danger::{
-    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
-};
-use tokio_rustls::rustls::client::verify_server_cert_signed_by_trust_anchor;
-use tokio_rustls::rustls::crypto::{WebPkiSupportedAlgorithms, ring};
+use tokio_rustls::rustls::client::WebPkiServerVerifier;
+use tokio_rustls::rustls::client::danger::ServerCertVerifier;
+use tokio_rustls::rustls::crypto::ring;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
-use tokio_rustls::rustls::server::ParsedCertificate;
-use tokio_rustls::rustls::{
-    self, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme,
-};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+
+use super::names::ServerNames;
+use super::verifier::{InstanceVerifier, UnverifiedServer};
 
 /// What the instance's TLS Secret gives the client: the CA (PEM) to verify the server against, when the
 /// Secret has `ca.crt`, and the certificate chain + private key (PEM) to present when the server requires
@@ -80,46 +70,100 @@ pub enum TlsError {
     Config(#[source] rustls::Error),
 }
 
-/// A TLS connector for one instance's servers.
+/// The TLS client of one instance's servers: built once per instance and Secret version, shared by its
+/// pods (it holds the parsed roots and the client identity); [`TlsClient::connector`] makes the connector
+/// of one pod, which checks that pod's names.
 ///
-/// - With `ca`: the server's chain must lead to that CA (signatures, validity period, `serverAuth` usage),
-///   but the server's **name is not checked**, because the operator dials pod IPs and certificates name the
-///   Service. Any certificate from the instance's CA is thus accepted for any of its pods.
-/// - Without `ca`: encrypted, **not verified** — there is no root to verify against, and the system roots
-///   are no authority over in-cluster certificates. Credentials sent next go to whoever answers.
+/// - With `ca`: see the module documentation; the server must prove it is one of the instance's.
+/// - Without `ca`: encrypted, **not verified**; [`TlsClient::verifies_server`] is false and no credentials
+///   may be sent.
 /// - With `client_identity`: presented when the server asks for a client certificate (mutual TLS).
-///
-/// Build it once per instance and Secret version, and share it between the instance's pods: it holds the
-/// parsed roots and the client identity. Fails on material that is not PEM, without quoting it.
-pub fn tls_connector(material: &TlsMaterial) -> Result<TlsConnector, TlsError> {
-    let provider = Arc::new(ring::default_provider());
-    let algorithms = provider.signature_verification_algorithms;
-    let roots = match &material.ca {
-        Some(ca) => Some(Arc::new(roots(ca)?)),
-        None => None,
-    };
-    let verifier: Arc<dyn ServerCertVerifier> = Arc::new(PodVerifier { roots, algorithms });
-    let builder = ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(TlsError::Config)?
-        .dangerous()
-        .with_custom_certificate_verifier(verifier);
-    let config = match &material.client_identity {
-        Some((certificate, key)) => {
-            let chain = CertificateDer::pem_slice_iter(certificate)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| TlsError::ClientCertificate)?;
-            if chain.is_empty() {
-                return Err(TlsError::ClientCertificate);
+#[derive(Clone)]
+pub struct TlsClient {
+    config: Arc<ClientConfig>,
+    /// rustls' verifier over the instance's CA, when the Secret has one.
+    chain: Option<Arc<WebPkiServerVerifier>>,
+}
+
+impl fmt::Debug for TlsClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsClient")
+            .field("verifies_server", &self.verifies_server())
+            .finish()
+    }
+}
+
+impl TlsClient {
+    /// The client for `material`. Fails on material that is not PEM, without quoting it.
+    pub fn new(material: &TlsMaterial) -> Result<Self, TlsError> {
+        let provider = Arc::new(ring::default_provider());
+        let chain = match &material.ca {
+            Some(ca) => Some(
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots(ca)?), provider.clone())
+                    .build()
+                    .map_err(|_| TlsError::Ca)?,
+            ),
+            None => None,
+        };
+        // The configuration's own verifier is replaced per pod (`connector`) when there is a CA; without
+        // one, it is the one used.
+        let verifier: Arc<dyn ServerCertVerifier> = match &chain {
+            Some(chain) => Arc::new(InstanceVerifier {
+                chain: chain.clone(),
+                names: ServerNames::default(),
+            }),
+            None => Arc::new(UnverifiedServer {
+                algorithms: provider.signature_verification_algorithms,
+            }),
+        };
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(TlsError::Config)?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let config = match &material.client_identity {
+            Some((certificate, key)) => {
+                let chain = CertificateDer::pem_slice_iter(certificate)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| TlsError::ClientCertificate)?;
+                if chain.is_empty() {
+                    return Err(TlsError::ClientCertificate);
+                }
+                let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| TlsError::ClientKey)?;
+                builder
+                    .with_client_auth_cert(chain, key)
+                    .map_err(TlsError::Config)?
             }
-            let key = PrivateKeyDer::from_pem_slice(key).map_err(|_| TlsError::ClientKey)?;
-            builder
-                .with_client_auth_cert(chain, key)
-                .map_err(TlsError::Config)?
-        }
-        None => builder.with_no_client_auth(),
-    };
-    Ok(TlsConnector::from(Arc::new(config)))
+            None => builder.with_no_client_auth(),
+        };
+        Ok(Self {
+            config: Arc::new(config),
+            chain,
+        })
+    }
+
+    /// Whether servers are verified (the Secret has a CA). Credentials go only over verified connections.
+    pub fn verifies_server(&self) -> bool {
+        self.chain.is_some()
+    }
+
+    /// The connector of one pod, which accepts a certificate valid for the pod IP or any of `names`.
+    ///
+    /// A copy of the instance's configuration with that pod's verifier: the copy shares the roots, the
+    /// identity and the session cache, and is made once per read (a short-lived connection anyway).
+    pub fn connector(&self, names: &ServerNames) -> TlsConnector {
+        let Some(chain) = &self.chain else {
+            return TlsConnector::from(self.config.clone());
+        };
+        let mut config = ClientConfig::clone(&self.config);
+        config
+            .dangerous()
+            .set_certificate_verifier(Arc::new(InstanceVerifier {
+                chain: chain.clone(),
+                names: names.clone(),
+            }));
+        TlsConnector::from(Arc::new(config))
+    }
 }
 
 /// The trust anchors in a PEM bundle: every certificate must parse and be usable, and there must be one.
@@ -134,60 +178,6 @@ fn roots(ca: &[u8]) -> Result<RootCertStore, TlsError> {
         return Err(TlsError::Ca);
     }
     Ok(roots)
-}
-
-/// What the operator checks of a server's certificate (module documentation): with `roots` (the instance's
-/// CA), the chain and not the name; without, nothing but the handshake signatures, which prove that the
-/// server holds the key of the certificate it shows (the session keys are its own), not who it is.
-#[derive(Debug)]
-struct PodVerifier {
-    roots: Option<Arc<RootCertStore>>,
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl ServerCertVerifier for PodVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        if let Some(roots) = &self.roots {
-            let certificate = ParsedCertificate::try_from(end_entity)?;
-            verify_server_cert_signed_by_trust_anchor(
-                &certificate,
-                roots,
-                intermediates,
-                now,
-                self.algorithms.all,
-            )?;
-        }
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
-    }
 }
 
 #[cfg(test)]
@@ -211,7 +201,7 @@ mod tests {
                 client_identity: Some((b"nothing".to_vec(), not_pem.clone())),
             },
         ] {
-            let error = tls_connector(&material).err().expect("unusable material");
+            let error = TlsClient::new(&material).expect_err("unusable material");
             assert!(!format!("{error} {error:?}").contains("secretbytes"));
         }
     }
@@ -230,7 +220,24 @@ mod tests {
     }
 
     #[test]
-    fn no_material_gives_an_unverified_connector() {
-        assert!(tls_connector(&TlsMaterial::default()).is_ok());
+    fn no_ca_gives_a_client_that_does_not_verify_and_a_ca_one_that_does() {
+        let unverified = TlsClient::new(&TlsMaterial::default()).expect("client");
+        assert!(!unverified.verifies_server());
+        let ca = rcgen::CertifiedIssuer::self_signed(
+            {
+                let mut params =
+                    rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+                params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+                params
+            },
+            rcgen::KeyPair::generate().expect("key"),
+        )
+        .expect("CA");
+        let verified = TlsClient::new(&TlsMaterial {
+            ca: Some(ca.pem().into_bytes()),
+            client_identity: None,
+        })
+        .expect("client");
+        assert!(verified.verifies_server());
     }
 }

@@ -584,15 +584,82 @@ fn cel_rules_agree_with_the_operator_checks() {
             json!({"memcached": {"extraArgs": ["-o", "ssl_key=/x"]}}),
             false,
         ),
-        (json!({"memcached": {"extraArgs": ["--lru-crawler"]}}), true),
+        // Not a memcached option (memcached would exit), although it reads like `-o lru_crawler`.
+        (
+            json!({"memcached": {"extraArgs": ["--lru-crawler"]}}),
+            false,
+        ),
         (
             json!({"memcached": {"extraArgs": ["-o", "modern,ssl_verify_mode=0"]}}),
             false,
         ),
         (
-            json!({"memcached": {"extraArgs": ["-o", "ext_path=/data/ssl_cache"]}}),
+            json!({"memcached": {"extraArgs": ["-o", "ext_path=/data/cache:1G"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["-Cp", "1"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-CU", "11211"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["-Cl", "0.0.0.0"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["-ossl_verify_mode=0"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["-Cossl_verify_mode=0"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["--por=1"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--udp=11211"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--enable-ss"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-S"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-s/tmp/x"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-A"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--ext=modern,ssl_key=/x"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--extended", "ssl_key=/x"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["-q"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--frobnicate"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--disable-cas=1"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["--"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-V"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--verb=2"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-MLA"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "lru_crawler"]}}),
             true,
         ),
+        (json!({"memcached": {"extraArgs": ["-o", "modern"]}}), true),
+        (json!({"memcached": {"extraArgs": ["-R", "40"]}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["--max-reqs-per-event=40"]}}),
+            true,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--max-reqs", "40"]}}),
+            true,
+        ),
+        (json!({"memcached": {"extraArgs": ["-B", "ascii"]}}), true),
+        (json!({"memcached": {"extraArgs": ["-CFXWM"]}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["-CFo", "lru_crawler,idle_timeout=600"]}}),
+            true,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--listen-backlog=2048"]}}),
+            true,
+        ),
+        (json!({"memcached": {"extraArgs": ["-D", ":"]}}), true),
         (
             json!({"highAvailability": {"preStopDelaySeconds": 20}}),
             true,

@@ -537,9 +537,9 @@ fn cel_rules_compile_and_are_bounded() {
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
     assert_eq!(
         nodes.len(),
-        7,
-        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], \
-         autoscaling"
+        8,
+        "root (metadata.name), spec (workload), memcached, highAvailability, podDisruptionBudget, \
+         monitoring, allowedClients[], autoscaling"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);
@@ -556,6 +556,31 @@ fn cel_rules_compile_and_are_bounded() {
             let warnings = estimate_rule_cost(rule, &compiled);
             assert!(warnings.is_empty(), "{path}: {rule}: {warnings:?}");
         }
+    }
+}
+
+/// The root's CEL rule refuses the names the operator would report as `InvalidName` (too long for
+/// `<name>-headless`, or not an RFC 1035 label), at the same limit.
+#[test]
+fn cel_refuses_names_that_cannot_name_the_services() {
+    use kube::core::cel::Validator;
+    use memcached_operator::resources::MAX_NAME_LEN;
+    let schema = schema();
+    let longest = "a".repeat(MAX_NAME_LEN);
+    let too_long = "a".repeat(MAX_NAME_LEN + 1);
+    let sixty = "a".repeat(60);
+    for (name, valid) in [
+        ("cache", true),
+        (longest.as_str(), true),
+        (too_long.as_str(), false),
+        (sixty.as_str(), false),
+        ("1cache", false),
+        ("cache.example", false),
+    ] {
+        let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                            "metadata": {"name": name, "namespace": "ns"}, "spec": {}});
+        let cel = Validator::new().validate(&schema, &object, None);
+        assert_eq!(cel.is_ok(), valid, "CEL on name {name:?}: {cel:?}");
     }
 }
 

@@ -145,3 +145,29 @@ fn the_binary_accepts_every_option_of_the_table_under_its_names() {
     assert!(accepted(&binary, &["-o", "no_such_option"]).is_err());
     assert!(accepted(&binary, &["-q"]).is_err());
 }
+
+/// What the operator's walk admits, memcached's own getopt parses without complaint (the walk is not
+/// stricter about spelling than memcached, only about which options may be set).
+#[test]
+fn what_the_check_admits_memcached_parses() {
+    use memcached_operator::api::flags::argv::check;
+    let Some(binary) = common::memcached::real_binary() else {
+        return;
+    };
+    for list in [
+        &["-o", "lru_crawler"][..],
+        &["-o", "modern,idle_timeout=600,hash_algorithm=xxh3"],
+        &["-olru_crawler"],
+        &["-R40", "--max-reqs-per-event=40", "--max-reqs", "40"],
+        &["-B", "ascii", "--protocol=binary"],
+        &["-CFXWM"],
+        &["-CFo", "lru_crawler"],
+        &["--listen-backlog=2048", "--listen-", "2048"],
+        &["-D", ":", "-D-"],
+        &["--disable-c", "--disable-f", "--lo"],
+    ] {
+        let args: Vec<String> = list.iter().map(|s| (*s).to_owned()).collect();
+        assert_eq!(check(&args), Ok(()), "{list:?}");
+        accepted(&binary, list).unwrap_or_else(|out| panic!("{list:?}: {out}"));
+    }
+}

@@ -2,12 +2,15 @@
 //! committed under `config/`. Tests fail when the committed copies drift from what the code generates.
 
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+    CustomResourceDefinition, ValidationRule,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::CustomResourceExt;
 use serde::Serialize;
 
 use crate::api::{GROUP, Memcached};
+use crate::resources::MAX_NAME_LEN;
 
 /// Path of the committed CRD, relative to the repository root.
 pub const CRD_PATH: &str = "config/crd/bases/cache.example.com_memcacheds.yaml";
@@ -25,9 +28,40 @@ pub const MANAGER_ROLE: &str = "manager-role";
 /// Name of the namespaced Role for the leader-election Lease.
 pub const LEADER_ELECTION_ROLE: &str = "leader-election-role";
 
-/// The CRD, generated from the Rust types.
+/// The CRD, generated from the Rust types, with [`name_rule`] on its root (the one rule that reads
+/// `metadata`, which the derived schema of the spec cannot carry).
 pub fn crd() -> CustomResourceDefinition {
-    Memcached::crd()
+    let mut crd = Memcached::crd();
+    for version in &mut crd.spec.versions {
+        if let Some(root) = version
+            .schema
+            .as_mut()
+            .and_then(|s| s.open_api_v3_schema.as_mut())
+        {
+            root.x_kubernetes_validations
+                .get_or_insert_with(Vec::new)
+                .push(name_rule());
+        }
+    }
+    crd
+}
+
+/// CEL rule on the object's root: a name that can name the instance's Services, as the operator's
+/// `InvalidName` check requires (an RFC 1035 label that leaves room for the `-headless` suffix within 63
+/// characters). Refused at admission rather than left to become `Degraded` after it is stored, since a
+/// name cannot be changed, only recreated.
+pub fn name_rule() -> ValidationRule {
+    ValidationRule {
+        rule: format!(
+            "self.metadata.name.size() <= {MAX_NAME_LEN} && self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')"
+        ),
+        message: Some(format!(
+            "metadata.name must be at most {MAX_NAME_LEN} characters of lower-case letters, digits and '-', start \
+             with a letter and end with a letter or digit: it names the instance's Services, `<name>-headless` \
+             included, which must fit in 63 characters"
+        )),
+        ..ValidationRule::default()
+    }
 }
 
 /// One rule: `verbs` on `resources` of `group`.

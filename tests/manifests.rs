@@ -624,9 +624,9 @@ fn cel_rules_compile_and_are_bounded() {
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
     assert_eq!(
         nodes.len(),
-        7,
-        "spec (workload), memcached, highAvailability, podDisruptionBudget, monitoring, allowedClients[], \
-         autoscaling"
+        8,
+        "root (metadata.name), spec (workload), memcached, highAvailability, podDisruptionBudget, \
+         monitoring, allowedClients[], autoscaling"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);
@@ -643,6 +643,31 @@ fn cel_rules_compile_and_are_bounded() {
             let warnings = estimate_rule_cost(rule, &compiled);
             assert!(warnings.is_empty(), "{path}: {rule}: {warnings:?}");
         }
+    }
+}
+
+/// The root's CEL rule refuses the names the operator would report as `InvalidName` (too long for
+/// `<name>-headless`, or not an RFC 1035 label), at the same limit.
+#[test]
+fn cel_refuses_names_that_cannot_name_the_services() {
+    use kube::core::cel::Validator;
+    use memcached_operator::resources::MAX_NAME_LEN;
+    let schema = schema();
+    let longest = "a".repeat(MAX_NAME_LEN);
+    let too_long = "a".repeat(MAX_NAME_LEN + 1);
+    let sixty = "a".repeat(60);
+    for (name, valid) in [
+        ("cache", true),
+        (longest.as_str(), true),
+        (too_long.as_str(), false),
+        (sixty.as_str(), false),
+        ("1cache", false),
+        ("cache.example", false),
+    ] {
+        let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                            "metadata": {"name": name, "namespace": "ns"}, "spec": {}});
+        let cel = Validator::new().validate(&schema, &object, None);
+        assert_eq!(cel.is_ok(), valid, "CEL on name {name:?}: {cel:?}");
     }
 }
 
@@ -671,15 +696,82 @@ fn cel_rules_agree_with_the_operator_checks() {
             json!({"memcached": {"extraArgs": ["-o", "ssl_key=/x"]}}),
             false,
         ),
-        (json!({"memcached": {"extraArgs": ["--lru-crawler"]}}), true),
+        // Not a memcached option (memcached would exit), although it reads like `-o lru_crawler`.
+        (
+            json!({"memcached": {"extraArgs": ["--lru-crawler"]}}),
+            false,
+        ),
         (
             json!({"memcached": {"extraArgs": ["-o", "modern,ssl_verify_mode=0"]}}),
             false,
         ),
         (
-            json!({"memcached": {"extraArgs": ["-o", "ext_path=/data/ssl_cache"]}}),
+            json!({"memcached": {"extraArgs": ["-o", "ext_path=/data/cache:1G"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["-Cp", "1"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-CU", "11211"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["-Cl", "0.0.0.0"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["-ossl_verify_mode=0"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["-Cossl_verify_mode=0"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["--por=1"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--udp=11211"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--enable-ss"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-S"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-s/tmp/x"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-A"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--ext=modern,ssl_key=/x"]}}),
+            false,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--extended", "ssl_key=/x"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["-q"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--frobnicate"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--disable-cas=1"]}}),
+            false,
+        ),
+        (json!({"memcached": {"extraArgs": ["--"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-V"]}}), false),
+        (json!({"memcached": {"extraArgs": ["--verb=2"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-MLA"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["-o", "lru_crawler"]}}),
             true,
         ),
+        (json!({"memcached": {"extraArgs": ["-o", "modern"]}}), true),
+        (json!({"memcached": {"extraArgs": ["-R", "40"]}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["--max-reqs-per-event=40"]}}),
+            true,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--max-reqs", "40"]}}),
+            true,
+        ),
+        (json!({"memcached": {"extraArgs": ["-B", "ascii"]}}), true),
+        (json!({"memcached": {"extraArgs": ["-CFXWM"]}}), true),
+        (
+            json!({"memcached": {"extraArgs": ["-CFo", "lru_crawler,idle_timeout=600"]}}),
+            true,
+        ),
+        (
+            json!({"memcached": {"extraArgs": ["--listen-backlog=2048"]}}),
+            true,
+        ),
+        (json!({"memcached": {"extraArgs": ["-D", ":"]}}), true),
         (
             json!({"highAvailability": {"preStopDelaySeconds": 20}}),
             true,

@@ -1206,6 +1206,34 @@ async fn invalid_config_is_degraded_and_nothing_is_applied() {
     assert_degraded(&run.seen[0].body, "InvalidConfig", "extraArgs[0]");
 }
 
+/// A managed option smuggled past a server without the CRD's CEL rule (bundled, attached, abbreviated or
+/// inside `-o`) is caught by the operator's own walk: Degraded, and no Deployment written.
+#[tokio::test]
+async fn a_smuggled_managed_option_is_degraded_and_nothing_is_applied() {
+    for (args, named) in [
+        (
+            json!(["-o", "lru_crawler", "-Cp", "1"]),
+            "extraArgs[2] \"-Cp\" sets -p/--port",
+        ),
+        (json!(["-ossl_verify_mode=0"]), "sub-option ssl_verify_mode"),
+        (json!(["--udp=11211"]), "sets -U/--udp-port"),
+    ] {
+        let mut cluster = Cluster::new();
+        let mc = with_spec(1, json!({"memcached": {"extraArgs": args}}));
+        let run = run(
+            &mut cluster,
+            mc,
+            vec![expect(Method::PATCH, STATUS).apply(), event()],
+        )
+        .await;
+        assert_eq!(
+            run.result.unwrap(),
+            Action::requeue(Duration::from_secs(300))
+        );
+        assert_degraded(&run.seen[0].body, "InvalidConfig", named);
+    }
+}
+
 #[tokio::test]
 async fn a_request_without_answer_is_retried_quietly() {
     // The API server went away mid-reconcile: no ReconcileFailed event (it could not be published

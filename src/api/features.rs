@@ -23,11 +23,6 @@ pub const DEFAULT_EXPORTER_IMAGE: &str = "prom/memcached-exporter:v0.15.0";
 /// Default key of the auth Secret holding memcached's credentials file.
 pub const DEFAULT_AUTH_KEY: &str = "auth-file";
 
-/// CEL rule on `spec.memcached`: no flag the operator manages in extraArgs. Servers without CEL (before
-/// Kubernetes 1.25) skip it; the operator's own check (`InvalidConfig`) covers them.
-pub const EXTRA_ARGS_RULE: &str = "!has(self.extraArgs) || self.extraArgs.all(a, !a.matches('^-[pmctIvZYUludP]') && \
-     !a.matches('^--(port|memory-limit|conn-limit|threads|max-item-size|verbose|enable-ssl|auth-file|udp-port|listen|user|daemon|pidfile)(=.*)?$') && \
-     !a.matches('(^|,)ssl_'))";
 /// CEL rule on `spec.highAvailability`: the grace period outlasts the preStop delay (defaults included).
 pub const TERMINATION_RULE: &str = "(has(self.terminationGracePeriodSeconds) ? self.terminationGracePeriodSeconds : 30) > \
      (has(self.preStopDelaySeconds) ? self.preStopDelaySeconds : 10)";
@@ -40,9 +35,11 @@ pub const MONITORING_RULE: &str = "!(has(self.serviceMonitor) && has(self.servic
 /// memcached's own settings (`spec.memcached`). Changing any of them rolls the pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
+// The rule and its message come from memcached's option table (`flags`), which the operator's own check
+// walks too. Servers without CEL (before Kubernetes 1.25) skip it; the operator reports `InvalidConfig`.
 #[schemars(extend("x-kubernetes-validations" = [{
-    "rule": EXTRA_ARGS_RULE,
-    "message": "extraArgs may not set a flag the operator manages (-p -m -c -t -I -v -Z -Y -U -l -u -d -P, their long forms, or ssl_ options); use the matching spec field"
+    "rule": super::flags::cel::extra_args_rule(),
+    "message": super::flags::cel::extra_args_message()
 }]))]
 pub struct MemcachedConfig {
     /// Memory for items, in MiB (`-m`). Default 64. The container's memory limit must leave at least
@@ -76,9 +73,12 @@ pub struct MemcachedConfig {
     #[schemars(range(min = 0, max = 2))]
     pub verbosity: Option<i32>,
 
-    /// Further memcached arguments, appended as given (e.g. `["-o", "lru_crawler", "-R", "40"]`). They
-    /// may not repeat a flag the operator manages (-p, -m, -c, -t, -I, -v, -Z, -Y, -U, -l, -u, -d, -P,
-    /// the TLS options); such a spec is reported as Degraded with reason InvalidConfig.
+    /// Further memcached arguments, appended as given (e.g. `["-o", "lru_crawler", "-R", "40"]`). Read as
+    /// memcached reads them (bundled letters, attached values, abbreviated long names, `-o` lists), they
+    /// may not set an option the operator manages or that stops memcached serving (-p -U -l -s -a -A -Z
+    /// -S -Y -m -c -t -I -v -d -u -P -e -h -i -V, the ssl_* and ext_path -o sub-options), nor an option
+    /// memcached does not know, nor a positional argument; such a spec is refused at admission and
+    /// reported as Degraded with reason InvalidConfig.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 256)))]
     pub extra_args: Vec<String>,

@@ -6,6 +6,7 @@
 //! repeat checks the operator also makes itself.
 
 mod features;
+pub mod flags;
 mod isolation;
 mod pools;
 mod stats;

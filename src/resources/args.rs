@@ -12,27 +12,6 @@ pub const TLS_DIR: &str = "/etc/memcached/tls";
 /// Where the auth Secret is mounted.
 pub const AUTH_DIR: &str = "/etc/memcached/auth";
 
-/// Short flags the operator manages (`-p`, `-m`, ...): repeating one in extraArgs would conflict.
-const MANAGED_SHORT: &[char] = &[
-    'p', 'm', 'c', 't', 'I', 'v', 'Z', 'Y', 'U', 'l', 'u', 'd', 'P',
-];
-/// Long forms of the managed flags.
-const MANAGED_LONG: &[&str] = &[
-    "port",
-    "memory-limit",
-    "conn-limit",
-    "threads",
-    "max-item-size",
-    "verbose",
-    "enable-ssl",
-    "auth-file",
-    "udp-port",
-    "listen",
-    "user",
-    "daemon",
-    "pidfile",
-];
-
 /// The program the container runs. Set explicitly so the image's entrypoint script is not relied on.
 pub fn command() -> Vec<String> {
     vec!["memcached".to_owned()]
@@ -82,22 +61,6 @@ pub fn args(spec: &MemcachedSpec) -> Vec<String> {
     args
 }
 
-/// Whether `arg` sets a flag the operator manages.
-pub fn is_managed(arg: &str) -> bool {
-    // TLS options are `-o` values: a comma-separated list whose items may start with ssl_.
-    if arg.split(',').any(|option| option.starts_with("ssl_")) {
-        return true;
-    }
-    if let Some(long) = arg.strip_prefix("--") {
-        let name = long.split('=').next().unwrap_or_default();
-        return MANAGED_LONG.contains(&name);
-    }
-    match arg.strip_prefix('-').and_then(|rest| rest.chars().next()) {
-        Some(flag) => MANAGED_SHORT.contains(&flag),
-        None => false,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,37 +108,5 @@ mod tests {
              ssl_ca_cert=/etc/memcached/tls/ca.crt,ssl_verify_mode=2 -Z -Y /etc/memcached/auth/auth-file \
              -o lru_crawler"
         );
-    }
-
-    #[test]
-    fn managed_flags_are_recognised_in_every_form() {
-        for arg in [
-            "-p",
-            "-p11211",
-            "-m",
-            "-vv",
-            "--port=1",
-            "--memory-limit",
-            "-Z",
-            "-Y",
-            "ssl_key=/x",
-            "-U",
-            "-l",
-        ] {
-            assert!(is_managed(arg), "{arg}");
-        }
-        for arg in [
-            "-o",
-            "lru_crawler",
-            "-R",
-            "40",
-            "-B",
-            "binary",
-            "--lru-crawler",
-            "modern",
-            "-f",
-        ] {
-            assert!(!is_managed(arg), "{arg}");
-        }
     }
 }

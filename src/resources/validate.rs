@@ -3,7 +3,7 @@
 //! instance keeps its last good pods until the spec is fixed.
 
 use super::{InvalidSpec, args, quantity};
-use crate::api::MemcachedSpec;
+use crate::api::{MemcachedSpec, flags};
 
 /// Reason for every check here.
 pub const INVALID_CONFIG: &str = "InvalidConfig";
@@ -27,21 +27,11 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     super::autoscaler::validate(spec)
 }
 
+/// extraArgs, walked as memcached's getopt would (see `api::flags`), so that no spelling of a managed
+/// option slips through on servers that do not run the CRD's CEL rule.
 fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
-    let config = spec.memcached();
-    match config
-        .extra_args
-        .iter()
-        .enumerate()
-        .find(|(_, a)| args::is_managed(a))
-    {
-        Some((i, arg)) => Err(invalid(format!(
-            "spec.memcached.extraArgs[{i}] {arg:?} repeats a flag the operator manages; use the matching \
-             spec field instead (memcached.maxMemoryMB, maxConnections, threads, maxItemSize, verbosity, \
-             containerPort, security.tls, security.auth)"
-        ))),
-        None => Ok(()),
-    }
+    flags::argv::check(&spec.memcached().extra_args)
+        .map_err(|err| invalid(format!("spec.memcached.{err}")))
 }
 
 fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
@@ -186,7 +176,16 @@ mod tests {
             ],
             ..MemcachedConfig::default()
         });
-        assert!(message(&spec).contains("extraArgs[2] \"-m\""));
+        assert!(
+            message(&spec).starts_with("spec.memcached.extraArgs[2] \"-m\" sets -m/--memory-limit"),
+            "{}",
+            message(&spec)
+        );
+        let smuggled = with_memcached(MemcachedConfig {
+            extra_args: vec!["-Cp".into(), "1".into()],
+            ..MemcachedConfig::default()
+        });
+        assert!(message(&smuggled).contains("extraArgs[0] \"-Cp\" sets -p/--port"));
         let ok = with_memcached(MemcachedConfig {
             extra_args: vec!["-o".into(), "lru_crawler".into(), "-R".into(), "40".into()],
             ..MemcachedConfig::default()

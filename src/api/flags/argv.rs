@@ -1,0 +1,216 @@
+//! The argv walk memcached's `getopt_long` (GNU, permuting) and `getsubopt` make over extraArgs,
+//! refusing the first element that would set a refused option, in whatever spelling: bundled letters
+//! (`-Cp1`), attached values (`-ossl_verify_mode=0`), unambiguous long-name prefixes (`--por=1`),
+//! or a `-o` list (`-o modern,ssl_key=/x`).
+
+use thiserror::Error;
+
+use super::{Flag, HasArg, Policy, by_long_prefix, by_short, sub_option};
+
+/// Why an extraArgs element is refused. `index` is its position in extraArgs and `arg` the element as
+/// written, so the Degraded message points at what the user typed.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum FlagError {
+    #[error("extraArgs[{index}] {arg:?} sets {option}, which extraArgs may not set: {why}")]
+    Refused {
+        index: usize,
+        arg: String,
+        option: String,
+        why: &'static str,
+    },
+    #[error(
+        "extraArgs[{index}] {arg:?} sets the -o sub-option {name}, which extraArgs may not set: {why}"
+    )]
+    RefusedSubOption {
+        index: usize,
+        arg: String,
+        name: String,
+        why: &'static str,
+    },
+    #[error(
+        "extraArgs[{index}] {arg:?}: {option} is not a memcached option (memcached would exit)"
+    )]
+    Unknown {
+        index: usize,
+        arg: String,
+        option: String,
+    },
+    #[error(
+        "extraArgs[{index}] {arg:?}: {name:?} is not a memcached -o sub-option (memcached would exit)"
+    )]
+    UnknownSubOption {
+        index: usize,
+        arg: String,
+        name: String,
+    },
+    #[error(
+        "extraArgs[{index}] {arg:?} is ambiguous: it abbreviates {candidates} (memcached would exit)"
+    )]
+    Ambiguous {
+        index: usize,
+        arg: String,
+        candidates: String,
+    },
+    #[error("extraArgs[{index}] {arg:?}: {option} needs a value (memcached would exit)")]
+    MissingValue {
+        index: usize,
+        arg: String,
+        option: String,
+    },
+    #[error("extraArgs[{index}] {arg:?}: {option} takes no value (memcached would exit)")]
+    UnexpectedValue {
+        index: usize,
+        arg: String,
+        option: String,
+    },
+    #[error(
+        "extraArgs[{index}] {arg:?} is neither an option nor the value of one; memcached takes no other arguments"
+    )]
+    Positional { index: usize, arg: String },
+}
+
+/// Walks `args` as memcached would and returns the first refused element.
+pub fn check(args: &[String]) -> Result<(), FlagError> {
+    let mut index = 0;
+    while index < args.len() {
+        let arg = args[index].as_str();
+        let err_arg = || arg.to_owned();
+        if let Some(long) = arg.strip_prefix("--") {
+            if long.is_empty() {
+                // `--` ends the options: whatever follows is positional, and `--` alone does nothing.
+                return Err(FlagError::Positional {
+                    index,
+                    arg: err_arg(),
+                });
+            }
+            let (name, attached) = match long.split_once('=') {
+                Some((name, value)) => (name, Some(value)),
+                None => (long, None),
+            };
+            let flag = match by_long_prefix(name).as_slice() {
+                [flag] => *flag,
+                [] => {
+                    return Err(FlagError::Unknown {
+                        index,
+                        arg: err_arg(),
+                        option: format!("--{name}"),
+                    });
+                }
+                several => {
+                    return Err(FlagError::Ambiguous {
+                        index,
+                        arg: err_arg(),
+                        candidates: several
+                            .iter()
+                            .map(|f| f.display())
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    });
+                }
+            };
+            refuse(flag, index, arg)?;
+            let value = match (flag.has_arg, attached) {
+                (HasArg::No, Some(_)) => {
+                    return Err(FlagError::UnexpectedValue {
+                        index,
+                        arg: err_arg(),
+                        option: flag.display(),
+                    });
+                }
+                (HasArg::Required, None) => {
+                    index += 1;
+                    Some(value_at(args, index, flag, arg)?)
+                }
+                (_, value) => value,
+            };
+            sub_options(flag, value, index, &args[index])?;
+        } else if let Some(letters) = arg.strip_prefix('-').filter(|l| !l.is_empty()) {
+            for (at, letter) in letters.char_indices() {
+                let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
+                    index,
+                    arg: err_arg(),
+                    option: format!("-{letter}"),
+                })?;
+                refuse(flag, index, arg)?;
+                if flag.has_arg == HasArg::Required {
+                    let rest = &letters[at + letter.len_utf8()..];
+                    let value = if rest.is_empty() {
+                        index += 1;
+                        value_at(args, index, flag, arg)?
+                    } else {
+                        rest
+                    };
+                    sub_options(flag, Some(value), index, &args[index])?;
+                    break;
+                }
+            }
+        } else {
+            return Err(FlagError::Positional {
+                index,
+                arg: err_arg(),
+            });
+        }
+        index += 1;
+    }
+    Ok(())
+}
+
+fn refuse(flag: &Flag, index: usize, arg: &str) -> Result<(), FlagError> {
+    match flag.policy {
+        Policy::Allowed => Ok(()),
+        Policy::Refused(why) => Err(FlagError::Refused {
+            index,
+            arg: arg.to_owned(),
+            option: flag.display(),
+            why,
+        }),
+    }
+}
+
+fn value_at<'a>(
+    args: &'a [String],
+    index: usize,
+    flag: &Flag,
+    arg: &str,
+) -> Result<&'a str, FlagError> {
+    args.get(index)
+        .map(String::as_str)
+        .ok_or_else(|| FlagError::MissingValue {
+            index: index - 1,
+            arg: arg.to_owned(),
+            option: flag.display(),
+        })
+}
+
+/// memcached's `-o` value: a comma list of `name[=value]`, each name matched exactly (`getsubopt`).
+/// `index`/`arg` are where the value was written (the `-o` element itself, or the one after it).
+fn sub_options(flag: &Flag, value: Option<&str>, index: usize, arg: &str) -> Result<(), FlagError> {
+    let (Some('o'), Some(value)) = (flag.short, value) else {
+        return Ok(());
+    };
+    for item in value.split(',') {
+        let name = item.split('=').next().unwrap_or_default();
+        match sub_option(name).map(|s| s.policy) {
+            Some(Policy::Allowed) => {}
+            Some(Policy::Refused(why)) => {
+                return Err(FlagError::RefusedSubOption {
+                    index,
+                    arg: arg.to_owned(),
+                    name: name.to_owned(),
+                    why,
+                });
+            }
+            None => {
+                return Err(FlagError::UnknownSubOption {
+                    index,
+                    arg: arg.to_owned(),
+                    name: name.to_owned(),
+                });
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests;

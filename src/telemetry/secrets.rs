@@ -4,12 +4,17 @@
 //! The operator watches Secrets by metadata only, so their values are read with a GET, and only for the
 //! Secrets an instance with TLS or auth names. Each Secret is read once per `resourceVersion` (the
 //! metadata cache says which version is current), not once per collection, and what was read stays in
-//! this process's memory: it is never logged, never put in an event or a status. The operator's RBAC
-//! already allows `get` on Secrets (the reconciler reads them to hash their content), so nothing new is
-//! needed.
+//! this process's memory: it is never logged, never put in an event or a status. Only the keys the
+//! collector uses are kept (`tls.crt`, `tls.key`, `ca.crt`, the auth key), and every value is wiped from
+//! memory when it is dropped (a newer version read, the Secret no longer named, a key no longer wanted);
+//! the other keys of the Secret are wiped as soon as it is read. (The answer's bytes in the HTTP client's
+//! buffers are beyond the operator's reach.) The operator's RBAC already allows `get` on Secrets (the
+//! reconciler reads them to hash their content), so nothing new is needed.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+
+use zeroize::{Zeroize, Zeroizing};
 
 use super::client::{Credentials, TlsClient, TlsMaterial};
 use crate::api::MemcachedSpec;
@@ -18,11 +23,18 @@ use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client};
 
-/// The keys of one Secret version.
-type Values = Arc<BTreeMap<String, Vec<u8>>>;
+/// The kept keys of one Secret version (those asked for that it has).
+type Values = Arc<BTreeMap<String, Zeroizing<Vec<u8>>>>;
 
-/// (namespace, name) of a Secret → (resourceVersion, values).
-type Entries = HashMap<(String, String), (String, Values)>;
+/// What is kept of one Secret: the version read, the keys asked for so far, and their values.
+struct Entry {
+    version: String,
+    wanted: BTreeSet<String>,
+    values: Values,
+}
+
+/// (namespace, name) of a Secret → what is kept of it.
+type Entries = HashMap<(String, String), Entry>;
 
 /// How to talk to an instance's servers.
 #[derive(Clone, Default)]
@@ -43,17 +55,30 @@ pub struct SecretValues {
 }
 
 impl SecretValues {
-    fn get(&self, key: &(String, String), version: &str) -> Option<Values> {
+    /// The values of Secret `key` at `version`, when every one of `keys` was asked for at that version.
+    fn get(&self, key: &(String, String), version: &str, keys: &[&str]) -> Option<Values> {
         let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         entries
             .get(key)
-            .filter(|(v, _)| v == version)
-            .map(|(_, values)| values.clone())
+            .filter(|entry| {
+                entry.version == version && keys.iter().all(|k| entry.wanted.contains(*k))
+            })
+            .map(|entry| entry.values.clone())
     }
 
-    fn put(&self, key: (String, String), version: String, values: Values) {
+    /// The keys asked for before at `version`, so that a new read keeps them too.
+    fn wanted(&self, key: &(String, String), version: &str) -> BTreeSet<String> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(key)
+            .filter(|entry| entry.version == version)
+            .map(|entry| entry.wanted.clone())
+            .unwrap_or_default()
+    }
+
+    fn put(&self, key: (String, String), entry: Entry) {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries.insert(key, (version, values));
+        entries.insert(key, entry);
     }
 
     /// Forgets every Secret not in `used` (namespace, name): no longer named by any instance.
@@ -106,17 +131,28 @@ impl SecretReader {
     ) -> Result<Transport, String> {
         let mut transport = Transport::default();
         if let Some(tls) = spec.tls() {
-            let values = self.values(namespace, &tls.secret_name).await?;
+            let server_keys: &[&str] = if tls.client_auth && tls.client_secret_name.is_none() {
+                &["ca.crt", "tls.crt", "tls.key"]
+            } else {
+                &["ca.crt"]
+            };
+            let values = self
+                .values(namespace, &tls.secret_name, server_keys)
+                .await?;
             let client_identity = if tls.client_auth {
                 let (secret, identity) = match &tls.client_secret_name {
-                    Some(name) => (name, self.values(namespace, name).await?),
+                    Some(name) => (
+                        name,
+                        self.values(namespace, name, &["tls.crt", "tls.key"])
+                            .await?,
+                    ),
                     None => {
                         transport.presents_server_certificate = true;
                         (&tls.secret_name, values.clone())
                     }
                 };
                 match (identity.get("tls.crt"), identity.get("tls.key")) {
-                    (Some(cert), Some(private)) => Some((cert.clone(), private.clone())),
+                    (Some(cert), Some(private)) => Some((cert.to_vec(), private.to_vec())),
                     _ => {
                         return Err(format!(
                             "Secret {namespace}/{secret} lacks tls.crt or tls.key, which the operator \
@@ -128,7 +164,7 @@ impl SecretReader {
                 None
             };
             let material = TlsMaterial {
-                ca: values.get("ca.crt").cloned(),
+                ca: values.get("ca.crt").map(|ca| ca.to_vec()),
                 client_identity,
             };
             let client = TlsClient::new(&material).map_err(|error| {
@@ -144,7 +180,9 @@ impl SecretReader {
             transport.tls = Some(client);
         }
         if let Some(auth) = spec.auth() {
-            let values = self.values(namespace, &auth.secret_name).await?;
+            let values = self
+                .values(namespace, &auth.secret_name, &[auth.key()])
+                .await?;
             let Some(file) = values.get(auth.key()) else {
                 return Err(format!(
                     "Secret {namespace}/{} has no key {}",
@@ -164,15 +202,15 @@ impl SecretReader {
         Ok(transport)
     }
 
-    /// The values of Secret `namespace/name` at its current version: from memory when that version was
-    /// read before, else read now.
-    async fn values(&self, namespace: &str, name: &str) -> Result<Values, String> {
+    /// The values of `keys` (those it has) of Secret `namespace/name` at its current version: from memory
+    /// when that version was read for them before, else read now; the other keys are wiped at once.
+    async fn values(&self, namespace: &str, name: &str, keys: &[&str]) -> Result<Values, String> {
         let Some(meta) = self.store.get(&ObjectRef::new(name).within(namespace)) else {
             return Err(format!("Secret {namespace}/{name} does not exist"));
         };
         let key = (namespace.to_owned(), name.to_owned());
         let version = meta.metadata.resource_version.clone().unwrap_or_default();
-        if let Some(values) = self.values.get(&key, &version) {
+        if let Some(values) = self.values.get(&key, &version, keys) {
             return Ok(values);
         }
         let api: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
@@ -181,15 +219,124 @@ impl SecretReader {
             .await
             .map_err(|error| format!("cannot read Secret {namespace}/{name}: {error}"))?;
         let read_version = secret.metadata.resource_version.clone().unwrap_or(version);
+        let mut wanted = self.values.wanted(&key, &read_version);
+        wanted.extend(keys.iter().map(|k| (*k).to_owned()));
         let values: Values = Arc::new(
             secret
                 .data
                 .unwrap_or_default()
                 .into_iter()
-                .map(|(k, v)| (k, v.0))
+                .filter_map(|(k, mut v)| {
+                    if wanted.contains(&k) {
+                        Some((k, Zeroizing::new(v.0)))
+                    } else {
+                        v.0.zeroize();
+                        None
+                    }
+                })
                 .collect(),
         );
-        self.values.put(key, read_version, values.clone());
+        self.values.put(
+            key,
+            Entry {
+                version: read_version,
+                wanted,
+                values: values.clone(),
+            },
+        );
         Ok(values)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::{Request, Response};
+    use kube::client::Body;
+    use kube::runtime::{reflector, watcher};
+    use serde_json::json;
+    use std::time::Duration;
+    use tower_test::mock::{self, Handle};
+
+    impl SecretValues {
+        /// The keys kept of Secret `namespace/name`.
+        fn kept(&self, namespace: &str, name: &str) -> Vec<String> {
+            let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+            entries
+                .get(&(namespace.to_owned(), name.to_owned()))
+                .map(|entry| entry.values.keys().cloned().collect())
+                .unwrap_or_default()
+        }
+    }
+
+    fn reader() -> (SecretReader, Handle<Request<Body>, Response<Body>>) {
+        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+        let mut writer = reflector::store::Writer::<PartialObjectMeta<Secret>>::new(());
+        let meta = kube::api::ObjectMeta {
+            name: Some("creds".into()),
+            namespace: Some("ns".into()),
+            resource_version: Some("7".into()),
+            ..Default::default()
+        };
+        writer.apply_watcher_event(&watcher::Event::Apply(
+            kube::api::PartialObjectMetaExt::into_response_partial(meta),
+        ));
+        let reader = SecretReader {
+            client: Client::new(service, "ns"),
+            store: writer.as_reader(),
+            values: SecretValues::default(),
+        };
+        (reader, handle)
+    }
+
+    /// Answers the next request, a GET of Secret ns/creds, with three keys.
+    async fn answer(handle: &mut Handle<Request<Body>, Response<Body>>) {
+        let (request, send) = handle.next_request().await.expect("a GET of the Secret");
+        assert_eq!(request.uri().path(), "/api/v1/namespaces/ns/secrets/creds");
+        // base64 of "u:p\n", "crt", "other"
+        let secret = json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "creds", "namespace": "ns", "resourceVersion": "7"},
+            "data": {"auth-file": "dTpwCg==", "tls.crt": "Y3J0", "other": "b3RoZXI="}});
+        send.send_response(
+            Response::builder()
+                .body(Body::from(serde_json::to_vec(&secret).unwrap()))
+                .unwrap(),
+        );
+    }
+
+    #[tokio::test]
+    async fn only_the_keys_asked_for_are_kept_and_a_version_is_read_once_per_key_set() {
+        let (reader, mut handle) = reader();
+        let (values, ()) = tokio::join!(
+            reader.values("ns", "creds", &["auth-file"]),
+            answer(&mut handle)
+        );
+        assert_eq!(values.unwrap().keys().collect::<Vec<_>>(), ["auth-file"]);
+        assert_eq!(reader.values.kept("ns", "creds"), ["auth-file"]);
+
+        // The same key at the same version: from memory (nobody answers now: a request would time out).
+        let again = tokio::time::timeout(
+            Duration::from_secs(1),
+            reader.values("ns", "creds", &["auth-file"]),
+        )
+        .await
+        .expect("no request")
+        .unwrap();
+        assert_eq!(again.keys().collect::<Vec<_>>(), ["auth-file"]);
+
+        // Another key of the same Secret: read again, both kept, never the key nobody asked for.
+        let (both, ()) = tokio::join!(
+            reader.values("ns", "creds", &["tls.crt"]),
+            answer(&mut handle)
+        );
+        assert_eq!(
+            both.unwrap().keys().collect::<Vec<_>>(),
+            ["auth-file", "tls.crt"]
+        );
+        assert_eq!(reader.values.kept("ns", "creds"), ["auth-file", "tls.crt"]);
+
+        // A Secret no longer named is dropped (its values wiped with it).
+        reader.values.retain(&HashSet::new());
+        assert!(reader.values.is_empty());
     }
 }

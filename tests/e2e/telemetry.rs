@@ -339,8 +339,9 @@ fn memcached_session(addr: SocketAddr, script: &str) -> Result<String, String> {
         Ok(_) => Ok(answer),
         // A server that answered and then went quiet without closing (memcached keeps a connection it
         // refused a login on): what it said is the answer.
-        Err(e) if !answer.is_empty() && e.kind() == std::io::ErrorKind::WouldBlock
-            || e.kind() == std::io::ErrorKind::TimedOut && !answer.is_empty() =>
+        Err(e)
+            if !answer.is_empty() && e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::TimedOut && !answer.is_empty() =>
         {
             Ok(answer)
         }

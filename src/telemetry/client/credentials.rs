@@ -6,15 +6,19 @@
 
 use std::fmt;
 
+use zeroize::Zeroizing;
+
 /// A user and password for memcached's ASCII authentication.
 ///
 /// memcached authenticates a text-protocol connection with a `set` whose data is `<user> <password>`, which
 /// the client sends before anything else. Deliberately not [`fmt::Display`], and [`Debug`] hides the
 /// password, so a `{}` or `{:?}` in a log line cannot leak it.
+///
+/// The password (and the command that carries it) is wiped from memory when dropped.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
     user: String,
-    password: Vec<u8>,
+    password: Zeroizing<Vec<u8>>,
 }
 
 /// Why an auth file gives no usable credentials. Messages never quote the file.
@@ -53,7 +57,7 @@ impl Credentials {
         }
         Ok(Self {
             user,
-            password: password.into(),
+            password: Zeroizing::new(password.into()),
         })
     }
 
@@ -85,9 +89,10 @@ impl Credentials {
 
     /// The bytes that authenticate a text-protocol connection:
     /// `set <key> 0 0 <len>\r\n<user> <password>\r\n`, to which memcached answers `STORED` when it accepts.
-    pub(crate) fn auth_command(&self) -> Vec<u8> {
+    pub(crate) fn auth_command(&self) -> Zeroizing<Vec<u8>> {
         let data_len = self.user.len() + 1 + self.password.len();
-        let mut command = format!("set {AUTH_KEY} 0 0 {data_len}\r\n{} ", self.user).into_bytes();
+        let mut command =
+            Zeroizing::new(format!("set {AUTH_KEY} 0 0 {data_len}\r\n{} ", self.user).into_bytes());
         command.extend_from_slice(&self.password);
         command.extend_from_slice(b"\r\n");
         command
@@ -118,7 +123,9 @@ mod tests {
         );
         assert_eq!(
             credentials.auth_command(),
-            b"set memcached-operator-auth 0 0 16\r\nalice pa:ss word\r\n".to_vec()
+            b"set memcached-operator-auth 0 0 16\r\nalice pa:ss word\r\n"
+                .to_vec()
+                .into()
         );
     }
 
@@ -127,7 +134,9 @@ mod tests {
         let credentials = Credentials::from_auth_file(b"carol:").expect("entry");
         assert_eq!(
             credentials.auth_command(),
-            b"set memcached-operator-auth 0 0 6\r\ncarol \r\n".to_vec()
+            b"set memcached-operator-auth 0 0 6\r\ncarol \r\n"
+                .to_vec()
+                .into()
         );
     }
 

@@ -74,16 +74,7 @@ pub fn step_auth_secret(env: &E2e) {
 
     // The Secret as people make it from a literal, without a final newline: memcached 1.6.18 and older
     // would drop the last character of the password, so the instance is refused, with the reason.
-    let literal = format!("--from-literal=auth-file={AUTH_CREDENTIALS}");
-    kubectl_ok(&[
-        "create",
-        "secret",
-        "generic",
-        AUTH_SECRET,
-        &literal,
-        "-n",
-        ns,
-    ]);
+    put_auth_secret(ns, AUTH_CREDENTIALS);
     env.wait(
         &format!("Memcached {AUTH_NAME}: Degraded=True, reason SecretInvalid, the file lacks its final newline"),
         secs(60),
@@ -186,7 +177,13 @@ pub fn step_auth_secret(env: &E2e) {
 /// line (`kubectl create secret generic ... --from-literal=auth-file=$'user:password\n'`), rendered and
 /// applied over the old one.
 fn replace_auth_secret(ns: &str, credentials: &str) {
-    let literal = format!("--from-literal=auth-file={credentials}\n");
+    put_auth_secret(ns, &format!("{credentials}\n"));
+}
+
+/// Creates or replaces the auth Secret with `file` as its auth file, as `kubectl create secret generic
+/// --from-literal` makes it, rendered and applied over the old one.
+fn put_auth_secret(ns: &str, file: &str) {
+    let literal = format!("--from-literal=auth-file={file}");
     let yaml = kubectl_ok(&[
         "create",
         "secret",

@@ -174,6 +174,18 @@ impl Scenario {
     /// Like [`Scenario::start_with`], on a control plane of the scenario's own (about 4 s more), for a
     /// scenario that restarts the API server or must not share it. It stops with the scenario.
     pub async fn start_isolated(name: &str, args: &[&str]) -> Option<Scenario> {
+        Scenario::start_own(name, "default", args).await
+    }
+
+    /// On a control plane of its own, the operator installed from `config/namespaced` (its rights a Role
+    /// in its own namespace, no ClusterRole), watching that namespace, which is the scenario's namespace.
+    pub async fn start_namespaced(name: &str) -> Option<Scenario> {
+        Scenario::start_own(name, "namespaced", &[]).await
+    }
+
+    /// A control plane of the scenario's own, the operator installed from `config/<overlay>`: in a
+    /// namespace of the scenario's own for `default`, else in the namespace the install creates.
+    async fn start_own(name: &str, overlay: &str, args: &[&str]) -> Option<Scenario> {
         let started = Instant::now();
         let Some(assets) = envtest::assets() else {
             envtest::skip(name);
@@ -184,9 +196,10 @@ impl Scenario {
             .unwrap_or_else(|e| panic!("envtest for {name}: {e:#}"));
         announce_environment(env.control_plane(), env.started_in(), name);
         let credentials = env
-            .install_operator_rbac(&config_dir())
+            .install_operator_overlay(&config_dir(), overlay)
             .await
-            .unwrap_or_else(|e| panic!("installing the operator's CRD and RBAC: {e:#}"));
+            .unwrap_or_else(|e| panic!("installing config/{overlay}: {e:#}"));
+        let namespace = (overlay != "default").then(|| credentials.namespace.clone());
         Some(
             Scenario::begin(
                 name,
@@ -194,37 +207,7 @@ impl Scenario {
                 credentials,
                 args,
                 started,
-                None,
-            )
-            .await,
-        )
-    }
-
-    /// On a control plane of its own, the operator installed from `config/namespaced` (its rights a Role
-    /// in its own namespace, no ClusterRole), watching that namespace, which is the scenario's namespace.
-    pub async fn start_namespaced(name: &str) -> Option<Scenario> {
-        let started = Instant::now();
-        let Some(assets) = envtest::assets() else {
-            envtest::skip(name);
-            return None;
-        };
-        let env = Env::start(&assets, options())
-            .await
-            .unwrap_or_else(|e| panic!("envtest for {name}: {e:#}"));
-        announce_environment(env.control_plane(), env.started_in(), name);
-        let credentials = env
-            .install_operator_overlay(&config_dir(), "namespaced")
-            .await
-            .unwrap_or_else(|e| panic!("installing config/namespaced: {e:#}"));
-        let namespace = credentials.namespace.clone();
-        Some(
-            Scenario::begin(
-                name,
-                ScenarioEnv::Own(Box::new(env)),
-                credentials,
-                &[],
-                started,
-                Some(namespace),
+                namespace,
             )
             .await,
         )

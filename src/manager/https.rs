@@ -129,28 +129,42 @@ pub fn server_config(cert_dir: Option<&Path>) -> Result<Arc<ServerConfig>, TlsEr
     Ok(Arc::new(config))
 }
 
+/// The certificate and key files' bytes, to notice a change (a mounted Secret's update swaps a symlink, so
+/// modification times are not reliable).
+type Files = (Option<Vec<u8>>, Option<Vec<u8>>);
+
+fn files(dir: &Path) -> Files {
+    (
+        std::fs::read(dir.join(CERT_FILE)).ok(),
+        std::fs::read(dir.join(KEY_FILE)).ok(),
+    )
+}
+
 async fn reload(dir: PathBuf, current: Arc<Current>) {
-    let files = || {
-        (
-            std::fs::read(dir.join(CERT_FILE)).ok(),
-            std::fs::read(dir.join(KEY_FILE)).ok(),
-        )
-    };
-    let mut seen = files();
+    let mut seen = files(&dir);
     loop {
         tokio::time::sleep(RELOAD_INTERVAL).await;
-        let now = files();
-        if now == seen {
-            continue;
+        refresh(&dir, &current, &mut seen);
+    }
+}
+
+/// Serves the files in `dir` from now on if they changed since `seen` and load; true when swapped.
+fn refresh(dir: &Path, current: &Current, seen: &mut Files) -> bool {
+    let now = files(dir);
+    if now == *seen {
+        return false;
+    }
+    match load(dir) {
+        Ok(key) => {
+            *current.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(key);
+            *seen = now;
+            tracing::info!(dir = %dir.display(), "reloaded the metrics certificate");
+            true
         }
-        match load(&dir) {
-            Ok(key) => {
-                *current.0.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(key);
-                seen = now;
-                tracing::info!(dir = %dir.display(), "reloaded the metrics certificate");
-            }
-            // A half-written pair (certificate updated, key not yet) settles at the next look.
-            Err(error) => tracing::warn!(%error, "keeping the previous metrics certificate"),
+        // A half-written pair (certificate updated, key not yet) settles at the next look.
+        Err(error) => {
+            tracing::warn!(%error, "keeping the previous metrics certificate");
+            false
         }
     }
 }
@@ -197,4 +211,48 @@ pub async fn serve(
         }
     });
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path) -> CertificateDer<'static> {
+        let generated = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+        std::fs::write(dir.join(CERT_FILE), generated.cert.pem()).unwrap();
+        std::fs::write(dir.join(KEY_FILE), generated.signing_key.serialize_pem()).unwrap();
+        generated.cert.der().clone()
+    }
+
+    fn served(current: &Current) -> CertificateDer<'static> {
+        current.0.read().unwrap().cert[0].clone()
+    }
+
+    #[test]
+    fn a_changed_certificate_is_served_and_a_broken_one_is_not() {
+        let dir = std::env::temp_dir().join(format!("metrics-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let first = write_pair(&dir);
+        let current = Current(RwLock::new(Arc::new(load(&dir).unwrap())));
+        let mut seen = files(&dir);
+        assert!(!refresh(&dir, &current, &mut seen), "unchanged files");
+        assert_eq!(served(&current), first);
+
+        let renewed = write_pair(&dir);
+        assert!(refresh(&dir, &current, &mut seen));
+        assert_eq!(
+            served(&current),
+            renewed,
+            "the renewed certificate is served"
+        );
+
+        // A certificate written before its key: the renewed pair stays until both are there.
+        std::fs::write(dir.join(CERT_FILE), "not a certificate").unwrap();
+        assert!(!refresh(&dir, &current, &mut seen));
+        assert_eq!(served(&current), renewed);
+        let last = write_pair(&dir);
+        assert!(refresh(&dir, &current, &mut seen));
+        assert_eq!(served(&current), last);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

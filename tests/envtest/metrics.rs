@@ -78,6 +78,7 @@ async fn metrics_need_a_token_allowed_to_read_them() {
     // ServiceAccount, which the other scenarios' write counts would see.
     let Some(s) = Scenario::start_isolated("metrics", &["--metrics-secure=true", &cert_dir]).await
     else {
+        let _ = std::fs::remove_dir_all(&dir);
         return;
     };
     let port = s.operator.metrics_port().expect("a metrics port chosen");

@@ -61,7 +61,7 @@ WORKDIR /
 COPY --from=builder /out/memcached-operator /memcached-operator
 # Numeric, so that the kubelet can check runAsNonRoot.
 USER 65532:65532
-# 8080: /metrics; 8081: /healthz and /readyz.
-EXPOSE 8080 8081
+# 8443: /metrics (HTTPS); 8081: /healthz and /readyz.
+EXPOSE 8443 8081
 ENTRYPOINT ["/memcached-operator"]
 CMD ["run"]

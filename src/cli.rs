@@ -48,9 +48,21 @@ pub enum LogFormat {
 
 #[derive(Debug, Clone, Args)]
 pub struct RunArgs {
-    /// Address of the Prometheus /metrics endpoint (":8080" means every interface; "0" disables it).
-    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8080")]
+    /// Address of the Prometheus /metrics endpoint (":8443" means every interface; "0" disables it).
+    #[arg(long, env = "METRICS_BIND_ADDRESS", default_value = ":8443")]
     pub metrics_bind_address: String,
+
+    /// Serve /metrics over HTTPS to callers whose bearer token may `get` the non-resource URL `/metrics`
+    /// (TokenReview and SubjectAccessReview). `false` serves plain HTTP to anyone, for development, and is
+    /// refused unless the bind address is a loopback address.
+    #[arg(long, env = "METRICS_SECURE", default_value_t = true, action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// Directory holding the /metrics server's certificate (`tls.crt`, PEM chain) and key (`tls.key`),
+    /// e.g. a mounted cert-manager Secret; re-read when they change. Without it, a self-signed certificate
+    /// is generated at start.
+    #[arg(long, env = "METRICS_CERT_DIR")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
 
     /// Address of the /healthz and /readyz endpoints.
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
@@ -177,6 +189,26 @@ pub fn bind_address(s: &str) -> Result<Option<std::net::SocketAddr>, String> {
         .map_err(|e| format!("{s:?} is not an address such as :8080 or 127.0.0.1:8080: {e}"))
 }
 
+/// How `/metrics` is served, from `--metrics-bind-address` and `--metrics-secure`: `None` when disabled.
+/// Plain HTTP without authentication exposes every tenant's instance and pod names, so it is refused on any
+/// address but a loopback one (a port-forward or a sidecar can still reach it there).
+pub fn metrics_endpoint(
+    address: &str,
+    secure: bool,
+) -> Result<Option<(std::net::SocketAddr, bool)>, String> {
+    let Some(addr) = bind_address(address)? else {
+        return Ok(None);
+    };
+    if !secure && !addr.ip().is_loopback() {
+        return Err(format!(
+            "--metrics-secure=false serves /metrics without TLS or authentication, so only on a loopback \
+             address such as 127.0.0.1:8080 or [::1]:8080, not {address:?}; keep it secure (the default) \
+             or disable it with --metrics-bind-address=0"
+        ));
+    }
+    Ok(Some((addr, secure)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,7 +242,8 @@ mod tests {
         };
         assert_eq!(run.concurrency, 8);
         assert_eq!(run.log_format, LogFormat::Json);
-        assert_eq!(run.metrics_bind_address, ":8080");
+        assert_eq!(run.metrics_bind_address, ":8443");
+        assert!(run.metrics_secure, "secure by default");
         assert_eq!(run.health_probe_bind_address, ":8081");
         assert!(!run.leader_elect);
         assert_eq!(run.stats_interval, Duration::from_secs(30));
@@ -317,5 +350,26 @@ mod tests {
         assert_eq!(parse_duration_or_zero("30s"), Ok(Duration::from_secs(30)));
         assert!(parse_duration_or_zero("x").is_err() && parse_duration_or_zero("").is_err());
         assert!(bind_address("localhost").is_err());
+    }
+
+    #[test]
+    fn plain_metrics_only_on_loopback() {
+        assert_eq!(
+            metrics_endpoint(":8443", true),
+            Ok(Some(("0.0.0.0:8443".parse().unwrap(), true)))
+        );
+        assert_eq!(
+            metrics_endpoint("127.0.0.1:8080", false),
+            Ok(Some(("127.0.0.1:8080".parse().unwrap(), false)))
+        );
+        assert!(metrics_endpoint("[::1]:8080", false).is_ok());
+        let refused = metrics_endpoint(":8080", false).unwrap_err();
+        assert!(refused.contains("loopback"), "{refused}");
+        assert!(metrics_endpoint("10.0.0.1:8080", false).is_err());
+        assert_eq!(
+            metrics_endpoint("0", false),
+            Ok(None),
+            "0 still disables it"
+        );
     }
 }

@@ -25,6 +25,8 @@ pub const NAME_PREFIX: &str = "memcached-operator-";
 
 /// Name of the ClusterRole holding what the controller calls.
 pub const MANAGER_ROLE: &str = "manager-role";
+/// Name of the ClusterRole that lets the operator check who scrapes `/metrics`.
+pub const METRICS_AUTH_ROLE: &str = "metrics-auth-role";
 /// Name of the namespaced Role for the leader-election Lease.
 pub const LEADER_ELECTION_ROLE: &str = "leader-election-role";
 
@@ -166,6 +168,29 @@ pub fn namespaced_rbac_yaml() -> Result<String, serde_saphyr::ser_error::Error> 
     ))
 }
 
+/// What the operator needs to authorize scrapers of its HTTPS `/metrics` (manager/metrics_auth.rs): create
+/// TokenReviews (who is this token?) and SubjectAccessReviews (may they `get /metrics`?). Both kinds are
+/// cluster-scoped, so this is a ClusterRole even in the namespaced install; it is kept apart from
+/// manager-role so that `config/namespaced` can drop manager-role and still keep it. It gives no read of
+/// anything: a review only answers about the token or user it is given.
+pub fn metrics_auth_role() -> ClusterRole {
+    ClusterRole {
+        metadata: ObjectMeta {
+            name: Some(METRICS_AUTH_ROLE.to_owned()),
+            ..ObjectMeta::default()
+        },
+        rules: Some(vec![
+            rule("authentication.k8s.io", &["tokenreviews"], &["create"]),
+            rule(
+                "authorization.k8s.io",
+                &["subjectaccessreviews"],
+                &["create"],
+            ),
+        ]),
+        ..ClusterRole::default()
+    }
+}
+
 /// The leader-election Lease, in the operator's own namespace only: read, created once, renewed by patch.
 pub fn leader_election_role() -> Role {
     Role {
@@ -205,6 +230,7 @@ pub fn crd_yaml() -> Result<String, serde_saphyr::ser_error::Error> {
 pub fn rbac_yaml() -> Result<String, serde_saphyr::ser_error::Error> {
     let docs = [
         serde_json::to_value(manager_role()).unwrap_or_default(),
+        serde_json::to_value(metrics_auth_role()).unwrap_or_default(),
         serde_json::to_value(leader_election_role()).unwrap_or_default(),
     ];
     Ok(format!("{}{}", header("rbac"), to_yaml(&docs)?))

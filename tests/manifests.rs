@@ -437,12 +437,28 @@ fn default_install_renders_with_kustomize() {
         serde_json::to_value(manifests::leader_election_role()).unwrap()["rules"]
     );
 
+    let metrics_auth = find(&docs, "ClusterRole", "memcached-operator-metrics-auth-role");
+    assert_eq!(
+        metrics_auth["rules"],
+        serde_json::to_value(manifests::metrics_auth_role()).unwrap()["rules"]
+    );
+    let reader = find(&docs, "ClusterRole", "memcached-operator-metrics-reader");
+    assert_eq!(
+        reader["rules"],
+        json!([{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}]),
+        "what the operator's SubjectAccessReview asks about"
+    );
+
     let sa = "memcached-operator-controller-manager";
     find(&docs, "ServiceAccount", sa);
     for (kind, name) in [
         (
             "ClusterRoleBinding",
             "memcached-operator-manager-rolebinding",
+        ),
+        (
+            "ClusterRoleBinding",
+            "memcached-operator-metrics-auth-rolebinding",
         ),
         (
             "RoleBinding",
@@ -470,6 +486,21 @@ fn default_install_renders_with_kustomize() {
         .map(|a| a.as_str().unwrap())
         .collect();
     assert!(args.contains(&"--leader-elect"), "{args:?}");
+    // /metrics over HTTPS on 8443, behind the Service's `https` port.
+    assert!(args.contains(&"--metrics-bind-address=:8443"), "{args:?}");
+    assert_eq!(
+        manager["ports"][0],
+        json!({"name": "metrics", "containerPort": 8443, "protocol": "TCP"})
+    );
+    let service = find(
+        &docs,
+        "Service",
+        "memcached-operator-controller-manager-metrics-service",
+    );
+    assert_eq!(
+        service["spec"]["ports"],
+        json!([{"name": "https", "port": 8443, "protocol": "TCP", "targetPort": "metrics"}])
+    );
     let sc = &manager["securityContext"];
     assert_eq!(sc["allowPrivilegeEscalation"], false);
     assert_eq!(sc["readOnlyRootFilesystem"], true);
@@ -503,8 +534,9 @@ fn default_install_renders_with_kustomize() {
 }
 
 /// `config/namespaced`: everything of `config/default`, but the operator's rights are a Role in its own
-/// namespace (the rules of manager-role, Secrets included) bound by a RoleBinding; no ClusterRole or
-/// ClusterRoleBinding is the operator's, and it watches its own namespace.
+/// namespace (the rules of manager-role, Secrets included) bound by a RoleBinding; its only ClusterRole is
+/// metrics-auth-role (TokenReviews and SubjectAccessReviews are cluster-scoped), and it watches its own
+/// namespace.
 #[test]
 fn namespaced_install_gives_the_operator_its_namespace_only() {
     const NS: &str = "memcached-operator-system";
@@ -537,17 +569,35 @@ fn namespaced_install_gives_the_operator_its_namespace_only() {
     expected.sort();
     rendered.sort();
     assert_eq!(rendered, expected);
-    assert!(
-        !docs.iter().any(|d| d["kind"] == "ClusterRoleBinding"),
-        "no ClusterRoleBinding at all"
+    // The one ClusterRoleBinding: metrics-auth-role, whose reviews are cluster-scoped and read nothing.
+    let cluster_bindings: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["kind"] == "ClusterRoleBinding")
+        .collect();
+    assert_eq!(cluster_bindings.len(), 1, "{cluster_bindings:?}");
+    assert_eq!(
+        cluster_bindings[0]["roleRef"]["name"],
+        "memcached-operator-metrics-auth-role"
     );
     for doc in docs.iter().filter(|d| d["kind"] == "ClusterRole") {
         let name = doc["metadata"]["name"].as_str().unwrap_or_default();
         assert!(
-            name.ends_with("-editor-role") || name.ends_with("-viewer-role"),
-            "only the user-facing roles are cluster-wide: {name}"
+            name.ends_with("-editor-role")
+                || name.ends_with("-viewer-role")
+                || name == "memcached-operator-metrics-reader"
+                || name == "memcached-operator-metrics-auth-role",
+            "only the user-facing roles and metrics-auth-role are cluster-wide: {name}"
         );
     }
+    let metrics_auth = find(&docs, "ClusterRole", "memcached-operator-metrics-auth-role");
+    assert_eq!(
+        metrics_auth["rules"],
+        json!([
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+        ]),
+        "reviews only: no Secret or any other read cluster-wide"
+    );
 
     let role = find(&docs, "Role", "memcached-operator-manager-role");
     assert_eq!(role["metadata"]["namespace"], NS);

@@ -63,15 +63,19 @@ impl Operator {
         let dir = new_dir()?;
         let health = free_port()?;
         let metrics = metrics.then(free_port).transpose()?;
-        let metrics_arg = match metrics {
-            Some(addr) => format!("--metrics-bind-address={addr}"),
-            None => "--metrics-bind-address=0".to_owned(),
+        let metrics_args = match metrics {
+            // Plain HTTP on loopback: the bench reads its own figures, no scraper to authenticate.
+            Some(addr) => vec![
+                format!("--metrics-bind-address={addr}"),
+                "--metrics-secure=false".to_owned(),
+            ],
+            None => vec!["--metrics-bind-address=0".to_owned()],
         };
         let log = File::create(dir.join("operator.log"))
             .map_err(|e| format!("cannot create the operator's log: {e}"))?;
         let child = Command::new(binary)
             .arg("run")
-            .arg(metrics_arg)
+            .args(metrics_args)
             .arg(format!("--health-probe-bind-address={health}"))
             .arg("--log-level=warn")
             .args(stats_off(&options.operator_args))

@@ -24,8 +24,9 @@ pub struct Operator {
 
 impl Operator {
     /// Runs `binary run <args>` with `KUBECONFIG=kubeconfig`, output appended to `log`. Unless `args`
-    /// set them, the metrics and health endpoints listen on free ports of 127.0.0.1 (the defaults, `:8080`
-    /// and `:8081`, would collide between operators and with anything else on the machine).
+    /// set them, the metrics and health endpoints listen on free ports of 127.0.0.1 (the defaults, `:8443`
+    /// and `:8081`, would collide between operators and with anything else on the machine), metrics over
+    /// plain HTTP unless `args` set `--metrics-secure`.
     pub fn start(binary: &Path, kubeconfig: &Path, args: &[&str], log: &Path) -> Result<Operator> {
         Operator::start_with_env(binary, kubeconfig, args, &[], log)
     }
@@ -45,6 +46,11 @@ impl Operator {
         if !has("--metrics-bind-address") {
             let port = free_port()?;
             cmd.arg(format!("--metrics-bind-address=127.0.0.1:{port}"));
+            if !has("--metrics-secure") {
+                // Plain HTTP on loopback, for scenarios that only read the figures; a scenario that
+                // checks the secure endpoint passes `--metrics-secure=true`.
+                cmd.arg("--metrics-secure=false");
+            }
             metrics_port = Some(port);
         }
         let mut probe_port = None;

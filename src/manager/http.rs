@@ -12,6 +12,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::controller::connectivity::{CRD_MISSING, Connectivity};
+use crate::manager::metrics_auth::{Gate, enforce};
 use crate::metrics::Metrics;
 
 /// What the probes report.
@@ -68,10 +69,11 @@ async fn readyz(State(health): State<Arc<Health>>) -> impl IntoResponse {
     }
 }
 
-/// Router for the metrics endpoint.
-pub fn metrics(metrics: Arc<Metrics>) -> Router {
+/// Router for the metrics endpoint, every request passing `gate` (concurrency limit, token check).
+pub fn metrics(metrics: Arc<Metrics>, gate: Gate) -> Router {
     Router::new()
         .route("/metrics", get(metrics_handler))
+        .route_layer(axum::middleware::from_fn_with_state(gate, enforce))
         .with_state(metrics)
 }
 
@@ -160,7 +162,7 @@ mod tests {
             .unwrap();
         let metrics_addr = serve(
             "127.0.0.1:0".parse().unwrap(),
-            metrics(Arc::new(Metrics::default())),
+            metrics(Arc::new(Metrics::default()), Gate::new(None)),
         )
         .await
         .unwrap();

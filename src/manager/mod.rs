@@ -13,7 +13,9 @@
 //! (see [`crate::controller::connectivity`]). Starting during an outage waits for the server.
 
 pub mod http;
+pub mod https;
 pub mod leader;
+pub mod metrics_auth;
 pub mod transport;
 
 use std::process::ExitCode;
@@ -30,7 +32,7 @@ use tower::retry::RetryLayer;
 use tower::timeout::TimeoutLayer;
 use tracing::{error, info, warn};
 
-use crate::cli::{RunArgs, bind_address};
+use crate::cli::{RunArgs, bind_address, metrics_endpoint};
 use crate::controller::connectivity::Connectivity;
 use crate::controller::{self, RunOptions, Settings};
 use crate::metrics::Metrics;
@@ -41,6 +43,9 @@ use leader::{Election, Renewals};
 
 /// Runs the operator until it is told to stop.
 pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+    // Checked first: a refused setting fails the start before anything is read or sent.
+    let metrics_at = metrics_endpoint(&args.metrics_bind_address, args.metrics_secure)
+        .map_err(|e| anyhow!(e))?;
     let metrics = Arc::new(Metrics::default());
     let config = config().await?;
     let connectivity = Arc::new(Connectivity::new(metrics.clone()));
@@ -57,11 +62,30 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             .with_context(|| format!("cannot serve probes on {addr}"))?;
         info!(%local, "serving /healthz and /readyz");
     }
-    if let Some(addr) = bind_address(&args.metrics_bind_address).map_err(|e| anyhow!(e))? {
-        let local = http::serve(addr, http::metrics(metrics.clone()))
-            .await
-            .with_context(|| format!("cannot serve metrics on {addr}"))?;
-        info!(%local, "serving /metrics");
+    match metrics_at {
+        None => {}
+        Some((addr, true)) => {
+            let tls = https::server_config(args.metrics_cert_dir.as_deref())
+                .context("no certificate for the metrics server")?;
+            let authorizer = Arc::new(metrics_auth::Authorizer::new(client.clone()));
+            let router = http::metrics(metrics.clone(), metrics_auth::Gate::new(Some(authorizer)));
+            let local = https::serve(addr, router, tls)
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            let certificate = match &args.metrics_cert_dir {
+                Some(dir) => dir.display().to_string(),
+                None => "self-signed".to_owned(),
+            };
+            info!(%local, %certificate, "serving /metrics over HTTPS to authorized callers");
+        }
+        Some((addr, false)) => {
+            let router = http::metrics(metrics.clone(), metrics_auth::Gate::new(None));
+            let local = http::serve(addr, router)
+                .await
+                .with_context(|| format!("cannot serve metrics on {addr}"))?;
+            // Info, not a warning: it is asked for, and bound to loopback only.
+            info!(%local, "serving /metrics over plain HTTP without authentication (--metrics-secure=false)");
+        }
     }
 
     let stop = CancellationToken::new();

@@ -415,6 +415,8 @@ impl E2e {
             OPERATOR_NS,
             "--metrics-bind-address",
             &metrics,
+            // Plain HTTP on loopback, read by the harness (the envtest tier checks the secure endpoint).
+            "--metrics-secure=false",
             "--health-probe-bind-address",
             &probe,
             "--log-level",
@@ -904,6 +906,7 @@ pub fn preflight() {
         "--leader-elect",
         "--leader-election-namespace",
         "--metrics-bind-address",
+        "--metrics-secure",
         "--health-probe-bind-address",
         "--log-level",
         "--stats-interval",

@@ -51,6 +51,7 @@ mod drain;
 mod drift;
 mod instances;
 mod leader;
+mod metrics;
 mod namespaced;
 mod outage;
 mod restart;

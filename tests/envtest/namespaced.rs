@@ -1,5 +1,6 @@
 //! The namespaced install on a real server: `config/namespaced` gives the operator a Role in its own
-//! namespace and no ClusterRole, and it runs an instance there to `Available` with no request refused.
+//! namespace and no ClusterRole but metrics-auth-role (reviews only), and it runs an instance there to
+//! `Available` with no request refused.
 
 use std::time::Duration;
 
@@ -20,7 +21,8 @@ async fn the_namespaced_install_runs_an_instance_with_rights_in_its_namespace_on
     };
     let user = s.credentials.user.clone();
 
-    // No ClusterRoleBinding names the operator's ServiceAccount.
+    // One ClusterRoleBinding names the operator's ServiceAccount: metrics-auth-role's, for the reviews
+    // (cluster-scoped) that check who scrapes /metrics.
     let bindings = Api::<ClusterRoleBinding>::all(s.client.clone())
         .list(&ListParams::default())
         .await
@@ -37,7 +39,11 @@ async fn the_namespaced_install_runs_an_instance_with_rights_in_its_namespace_on
         })
         .filter_map(|b| b.metadata.name.clone())
         .collect();
-    assert!(binding_names.is_empty(), "{binding_names:?}");
+    assert_eq!(
+        binding_names,
+        ["memcached-operator-metrics-auth-rolebinding"],
+        "{binding_names:?}"
+    );
 
     // What the API server's authorizer says the operator may do.
     let may = |verb: &'static str,

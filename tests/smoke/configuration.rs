@@ -53,3 +53,34 @@ async fn run_fails_fast_on_bad_configuration() {
         fake.log()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_http_metrics_are_refused_off_loopback() {
+    // Unauthenticated metrics on every interface would show every tenant's names to the whole network.
+    let fake = Fake::start(None).await;
+    let scratch = Scratch::new("plain-metrics");
+    let kubeconfig = scratch.kubeconfig(&fake);
+    let mut op = Operator::spawn(
+        &scratch,
+        Some(fake.clone()),
+        &[
+            "run",
+            "--metrics-secure=false",
+            "--metrics-bind-address",
+            ":0",
+            "--health-probe-bind-address",
+            "0",
+        ],
+        &[("KUBECONFIG", kubeconfig.to_str().unwrap())],
+    );
+    let exit = op.wait_exit(WAIT).await.expect("exits by itself");
+    assert_eq!(exit.code(), Some(1), "exit status {exit}");
+    let stderr = op.stderr();
+    assert!(stderr.contains("loopback"), "{stderr}");
+    assert_eq!(
+        fake.count(),
+        0,
+        "refused before any request:\n{}",
+        fake.log()
+    );
+}

@@ -271,6 +271,8 @@ pub fn start_with(
         "default",
         "--metrics-bind-address",
         &metrics,
+        // Plain HTTP on loopback: the fake API server answers no TokenReview.
+        "--metrics-secure=false",
         "--health-probe-bind-address",
         &probes,
     ];

@@ -76,7 +76,7 @@ spec:
 * Server-side apply with drift correction, and no API write when nothing changed.
 * `kubectl scale memcached/NAME --replicas=N` works (scale subresource).
 * Least-privilege RBAC, a pod that meets the restricted Pod Security Standard, leader election, health probes.
-* Prometheus metrics on port 8080 (`memcached_operator_*`).
+* Prometheus metrics over HTTPS on port 8443 (`memcached_operator_*`), for bearer tokens allowed `get /metrics`.
 
 Install modes: all namespaces, or a single namespace (the operator's own or another one).
 ";

@@ -243,8 +243,11 @@ fn csv_install_strategy_deploys_the_install_deployment() {
     );
     assert_eq!(
         install["spec"]["clusterPermissions"],
-        json!([]),
-        "no rule of the operator needs a ClusterRole"
+        json!([{
+            "serviceAccountName": account,
+            "rules": serde_json::to_value(manifests::metrics_auth_role()).unwrap()["rules"],
+        }]),
+        "only metrics-auth-role's reviews (cluster-scoped) need a ClusterRole"
     );
 }
 

@@ -129,6 +129,16 @@ impl Default for Metrics {
             "Reads of memcached servers' stats by result: ok, or why not (connect, timeout, tls, auth, closed, protocol, io, unreadable)",
             operand.reads(),
         );
+        operand_registry.register(
+            "memcached_operator_certificate_refreshes",
+            "refresh_certs commands sent to memcached servers presenting a certificate other than their TLS Secret's, by answer (ok, refused)",
+            operand.refreshes(),
+        );
+        operand_registry.register(
+            "memcached_operator_certificate_reloads",
+            "memcached servers seen presenting their TLS Secret's rotated certificate after refresh_certs (reloaded in place, no restart)",
+            operand.reloads(),
+        );
         Self {
             registry,
             operand_registry,

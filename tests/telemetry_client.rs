@@ -13,7 +13,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memcached_operator::telemetry::client::{
-    Credentials, ReadError, ServerNames, Target, TlsClient, TlsMaterial, read_stats,
+    CertificateDigest, Credentials, ExpectedCertificate, ReadError, RefreshAnswer, ServerNames,
+    Target, TlsClient, TlsMaterial, read, read_stats,
 };
 use memcached_operator::telemetry::stats::{ParseError, Stats, parse};
 use rcgen::{
@@ -45,6 +46,7 @@ fn plain(address: SocketAddr) -> Target {
         tls: None,
         names: ServerNames::default(),
         credentials: None,
+        certificate: None,
     }
 }
 
@@ -242,6 +244,7 @@ fn with_credentials(address: SocketAddr, user: &str, password: &str) -> Target {
         tls: None,
         names: ServerNames::default(),
         credentials: Some(Arc::new(credentials)),
+        certificate: None,
     }
 }
 
@@ -400,6 +403,7 @@ fn tls_target(address: SocketAddr, material: &TlsMaterial) -> Target {
         tls: Some(TlsClient::new(material).expect("TLS client")),
         names: ServerNames::for_pod("memcached", "cache", "memcached-0", "cluster.local"),
         credentials: None,
+        certificate: None,
     }
 }
 
@@ -659,6 +663,7 @@ async fn real_memcached_with_an_auth_file() {
         tls: None,
         names: ServerNames::default(),
         credentials: Some(Arc::new(right)),
+        certificate: None,
     };
     assert_exercised(&read_stats(&target, GENEROUS).await.expect("stats"));
 
@@ -781,5 +786,126 @@ async fn real_memcached_with_a_certificate_for_another_name_is_refused() {
         Credentials::new("alice", "secret").expect("valid"),
     ));
     let error = read_error(&target, GENEROUS, "another name").await;
+    assert_eq!(error.reason(), "tls", "{error:?}");
+}
+
+/// A rotated certificate (and CA) reaches a running memcached through `refresh_certs`: the read that finds
+/// the server presenting the previous certificate asks it to reload, after authenticating; the next
+/// handshake presents the new one. Reads that may not ask (backoff) or find the expected certificate send
+/// nothing. A key that does not match its certificate is refused and the server keeps what it had.
+#[tokio::test]
+async fn real_memcached_reloads_a_rotated_certificate_on_refresh_certs() {
+    let Some(binary) = real_binary() else {
+        return;
+    };
+    if !supports_tls(&binary) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's memcached must be built with TLS (Debian's is)"
+        );
+        eprintln!("skipped: this memcached has no TLS");
+        return;
+    }
+    let (old_ca, new_ca) = (Pki::new("old CA"), Pki::new("new CA"));
+    let (old, new) = (old_ca.server(), new_ca.server());
+    let auth_file: &[u8] = b"alice:s3cret\n";
+    let files: [(&str, &[u8]); 3] = [
+        ("server.crt", old.chain.as_bytes()),
+        ("server.key", old.key.as_bytes()),
+        ("auth", auth_file),
+    ];
+    let tls = "ssl_chain_cert={dir}/server.crt,ssl_key={dir}/server.key";
+    let server = RealServer::start(
+        &binary,
+        "reload",
+        &files,
+        &["-Z", "-o", tls, "-Y", "{dir}/auth"],
+    )
+    .await;
+    let digest =
+        |leaf: &Leaf| CertificateDigest::of_pem_leaf(leaf.chain.as_bytes()).expect("a certificate");
+    // Both CAs trusted, as the collector trusts the previous one during a rotation.
+    let mut both = new_ca.ca_pem();
+    both.extend_from_slice(&old_ca.ca_pem());
+    let target = |refresh: bool| Target {
+        credentials: Some(Arc::new(
+            Credentials::from_auth_file(auth_file).expect("credentials"),
+        )),
+        certificate: Some(ExpectedCertificate {
+            digest: digest(&new),
+            refresh,
+        }),
+        ..tls_target(
+            server.address,
+            &TlsMaterial {
+                ca: Some(both.clone()),
+                client_identity: None,
+            },
+        )
+    };
+    let presented = |reading: &memcached_operator::telemetry::client::Reading| {
+        reading.certificate.clone().expect("read over TLS")
+    };
+
+    // The files have not changed yet: asked, it reloads the same files and still presents the old one.
+    let first = read(&target(true), GENEROUS).await.expect("stats");
+    assert_eq!(presented(&first).digest, digest(&old));
+    assert_eq!(presented(&first).refresh, Some(RefreshAnswer::Reloaded));
+    let again = read(&target(true), GENEROUS).await.expect("stats");
+    assert_eq!(presented(&again).digest, digest(&old));
+
+    // The kubelet's update completes: asked once more, it presents the new certificate from then on.
+    server.replace_file("server.key", new.key.as_bytes());
+    server.replace_file("server.crt", new.chain.as_bytes());
+    let not_asked = read(&target(false), GENEROUS).await.expect("stats");
+    assert_eq!(presented(&not_asked).refresh, None, "backoff: not asked");
+    assert_eq!(
+        presented(&not_asked).digest,
+        digest(&old),
+        "nothing reloaded by itself"
+    );
+    let asked = read(&target(true), GENEROUS).await.expect("stats");
+    assert_eq!(presented(&asked).refresh, Some(RefreshAnswer::Reloaded));
+    let reloaded = read(&target(true), GENEROUS).await.expect("stats");
+    assert_eq!(presented(&reloaded).digest, digest(&new));
+    assert_eq!(
+        presented(&reloaded).refresh,
+        None,
+        "the expected certificate: nothing sent"
+    );
+    // Only the new CA trusted now: verified.
+    let new_only = Target {
+        tls: Some(TlsClient::new(&new_ca.trusted()).expect("TLS client")),
+        ..target(true)
+    };
+    read(&new_only, GENEROUS)
+        .await
+        .expect("verified against the new CA");
+
+    // Why the collector checks tls.key against tls.crt before asking: told to load a key that does not go
+    // with its certificate, memcached 1.6.18 answers with OpenSSL's complaint ("Error loading the key:
+    // <path> : ...") but keeps the certificate it loaded, with the key it had: every handshake fails.
+    server.replace_file("server.crt", old.chain.as_bytes());
+    let refused = read(&new_only, GENEROUS).await.expect("stats");
+    assert_eq!(presented(&refused).refresh, None, "expected certificate");
+    let ask_anyway = Target {
+        certificate: Some(ExpectedCertificate {
+            digest: digest(&old),
+            refresh: true,
+        }),
+        ..new_only.clone()
+    };
+    match read(&ask_anyway, GENEROUS)
+        .await
+        .expect("stats")
+        .certificate
+    {
+        Some(shown) => assert!(
+            matches!(&shown.refresh, Some(RefreshAnswer::Refused(answer)) if answer.contains("key")),
+            "{shown:?}"
+        ),
+        None => panic!("read over TLS"),
+    }
+    let error = read_error(&new_only, GENEROUS, "broken after a bad reload").await;
     assert_eq!(error.reason(), "tls", "{error:?}");
 }

@@ -237,7 +237,11 @@ pub struct Security {
 #[serde(rename_all = "camelCase")]
 pub struct TlsConfig {
     /// A `kubernetes.io/tls` Secret in the instance's namespace with tls.crt and tls.key, and ca.crt when
-    /// clientAuth is on. A change of its content rolls the pods.
+    /// clientAuth is on. A rotated certificate is loaded by the running servers (the operator sends
+    /// memcached's refresh_certs once the kubelet has updated the mounted files; event
+    /// CertificatesReloaded); the pods roll instead when the operator does not read stats
+    /// (--stats-interval=0), when auth is on and there is no ca.crt, or with the exporter sidecar and
+    /// clientAuth.
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
 

@@ -104,8 +104,15 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
         let hashes = key_hashes(ctx, instance.namespace, name).await?;
         contents.insert(name.clone(), hashes);
     }
+    let has_ca = instance
+        .spec
+        .tls()
+        .and_then(|tls| contents.get(&tls.secret_name))
+        .and_then(Option::as_ref)
+        .is_some_and(|keys| keys.contains_key("ca.crt"));
+    let tls = secrets::tls_reload(instance.spec, instance.stats_collected, has_ca);
     Ok(
-        match secrets::digest(instance.namespace, &refs, &contents) {
+        match secrets::digest(instance.namespace, &refs, &contents, tls) {
             Ok(hash) => Resolved::Ready(hash),
             Err(missing) => Resolved::Missing(missing),
         },

@@ -127,6 +127,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             defaults: Defaults {
                 image: args.memcached_image.clone(),
                 stats_reader: stats_reader(&args),
+                stats_collected: !args.stats_interval.is_zero(),
             },
             requeue_after: args.requeue_interval,
             ..Settings::default()

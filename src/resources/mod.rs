@@ -37,6 +37,9 @@ pub struct Defaults {
     /// Where the operator's own pods run, when it reads its instances' stats: their NetworkPolicies
     /// must admit it to the memcached port. `None` when it does not read them, or does not run in a pod.
     pub stats_reader: Option<StatsReader>,
+    /// Whether the operator reads its instances' stats (`--stats-interval` not 0), wherever it runs: the
+    /// collector is what asks servers to reload a rotated certificate ([`secrets::tls_reload`]).
+    pub stats_collected: bool,
 }
 
 /// The operator's pods, as a NetworkPolicy peer: those labelled [`labels::OPERATOR_POD_LABEL`] in
@@ -51,6 +54,7 @@ impl Default for Defaults {
         Self {
             image: DEFAULT_IMAGE.to_owned(),
             stats_reader: None,
+            stats_collected: true,
         }
     }
 }
@@ -74,6 +78,8 @@ pub struct Instance<'a> {
     pub image: &'a str,
     /// The operator's pods, when they read the instance's stats (see [`Defaults::stats_reader`]).
     pub stats_reader: Option<&'a StatsReader>,
+    /// See [`Defaults::stats_collected`].
+    pub stats_collected: bool,
     owner: OwnerReference,
 }
 
@@ -100,6 +106,7 @@ impl<'a> Instance<'a> {
             spec: &mc.spec,
             image: mc.image_or(&defaults.image),
             stats_reader: defaults.stats_reader.as_ref(),
+            stats_collected: defaults.stats_collected,
             owner,
         })
     }

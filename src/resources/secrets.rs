@@ -1,6 +1,11 @@
 //! Which Secrets an instance reads, which keys it needs from them, and the content hash that rolls the
 //! pods when they change. Only digests of Secret values are handled here (a hash, and whether the value
 //! is an auth file memcached reads), never the values.
+//!
+//! The auth file is in the hash: memcached reads it at start only. The TLS Secret is in it only when a
+//! rotated certificate cannot be reloaded in place ([`tls_reload`]): memcached loads its certificate
+//! files again on `refresh_certs`, which the stats collector sends once the kubelet has updated the
+//! mounted files (see [`crate::telemetry::reload`]), so a rotation restarts no pod and empties no cache.
 
 use std::collections::BTreeMap;
 
@@ -24,6 +29,44 @@ pub struct SecretRef {
     pub field: &'static str,
     /// Whether its keys hold memcached auth files, which must pass [`auth_file::check`].
     pub auth_file: bool,
+    /// Whether it is the TLS Secret, whose content is left out of the hash when the servers reload it in
+    /// place ([`TlsReload::InPlace`]).
+    pub tls: bool,
+}
+
+/// How a rotated TLS certificate reaches the servers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TlsReload {
+    /// The stats collector asks the running servers to reload it (`refresh_certs`): the TLS Secret's
+    /// content is not in the pod template's hash.
+    InPlace,
+    /// The pods are replaced (the content is in the hash), for the reason given.
+    Rollout(&'static str),
+}
+
+/// Whether a rotated TLS certificate can be reloaded in place for `spec`: only when something will ask
+/// the servers to reload and every process that reads the files reloads them.
+///
+/// - The stats collector must run (`stats_collected`): it sends `refresh_certs`.
+/// - With auth on, the TLS Secret must have `ca.crt` (`has_ca`): the collector sends credentials only to
+///   verified servers, and `refresh_certs` only after authenticating.
+/// - Not with the exporter sidecar and `clientAuth`: the exporter reads its client certificate (the
+///   Secret's) once, at start.
+pub fn tls_reload(spec: &MemcachedSpec, stats_collected: bool, has_ca: bool) -> TlsReload {
+    let Some(tls) = spec.tls() else {
+        return TlsReload::Rollout("no TLS");
+    };
+    if !stats_collected {
+        TlsReload::Rollout("stats collection is off (--stats-interval=0)")
+    } else if spec.auth().is_some() && !has_ca {
+        TlsReload::Rollout(
+            "auth without ca.crt: the operator does not authenticate to unverified servers",
+        )
+    } else if tls.client_auth && spec.exporter().is_some() {
+        TlsReload::Rollout("the exporter sidecar reads its client certificate at start")
+    } else {
+        TlsReload::InPlace
+    }
 }
 
 /// What the operator keeps of one Secret value.
@@ -57,6 +100,7 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
             keys,
             field: "spec.security.tls.secretName",
             auth_file: false,
+            tls: true,
         });
     }
     if let Some(auth) = spec.auth() {
@@ -65,6 +109,7 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
             keys: vec![auth.key().to_owned()],
             field: "spec.security.auth.secretName",
             auth_file: true,
+            tls: false,
         });
     }
     refs
@@ -80,17 +125,17 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// The hash over the keys every reference needs, given each Secret's per-key value digests (`None` for a
-/// Secret that does not exist). Fails with the first missing Secret or key, or auth file memcached would
-/// misread.
+/// Secret that does not exist); the TLS Secret's keys are checked but not hashed when `tls` is
+/// [`TlsReload::InPlace`]. `None` when nothing is hashed. Fails with the first missing Secret or key, or
+/// auth file memcached would misread.
 pub fn digest(
     namespace: &str,
     refs: &[SecretRef],
     contents: &BTreeMap<String, Option<BTreeMap<String, KeyDigest>>>,
+    tls: TlsReload,
 ) -> Result<Option<String>, InvalidSpec> {
-    if refs.is_empty() {
-        return Ok(None);
-    }
     let mut hasher = Sha256::new();
+    let mut hashed = false;
     for r in refs {
         let Some(Some(keys)) = contents.get(&r.name) else {
             return Err(InvalidSpec {
@@ -124,19 +169,25 @@ pub fn digest(
                     ),
                 });
             }
+            if r.tls && tls == TlsReload::InPlace {
+                continue;
+            }
+            hashed = true;
             for part in [r.name.as_str(), key.as_str(), value.hash.as_str()] {
                 hasher.update(part.as_bytes());
                 hasher.update([0]);
             }
         }
     }
-    Ok(Some(hex(&hasher.finalize())))
+    Ok(hashed.then(|| hex(&hasher.finalize())))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{AuthConfig, Security, TlsConfig};
+
+    const ROLL: TlsReload = TlsReload::Rollout("test");
 
     fn spec(client_auth: bool) -> MemcachedSpec {
         MemcachedSpec {
@@ -184,24 +235,24 @@ mod tests {
             ),
             ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
         ]);
-        let a = digest("ns", &refs, &base).unwrap().unwrap();
+        let a = digest("ns", &refs, &base, ROLL).unwrap().unwrap();
         let mut rotated = base.clone();
         rotated.insert("auth".into(), keys(&[("auth-file", "u:q\n")]));
-        assert_ne!(digest("ns", &refs, &rotated).unwrap().unwrap(), a);
+        assert_ne!(digest("ns", &refs, &rotated, ROLL).unwrap().unwrap(), a);
         let mut unrelated = base.clone();
         unrelated.insert(
             "tls".into(),
             keys(&[("tls.crt", "c"), ("tls.key", "k"), ("unused", "y")]),
         );
-        assert_eq!(digest("ns", &refs, &unrelated).unwrap().unwrap(), a);
-        assert_eq!(digest("ns", &[], &base).unwrap(), None);
+        assert_eq!(digest("ns", &refs, &unrelated, ROLL).unwrap().unwrap(), a);
+        assert_eq!(digest("ns", &[], &base, ROLL).unwrap(), None);
     }
 
     #[test]
     fn missing_secret_or_key_is_named() {
         let refs = referenced(&spec(true));
         let missing = BTreeMap::from([("tls".to_owned(), None)]);
-        let err = digest("ns", &refs, &missing).unwrap_err();
+        let err = digest("ns", &refs, &missing, ROLL).unwrap_err();
         assert_eq!(err.reason, SECRET_NOT_FOUND);
         assert!(
             err.message.contains("ns/tls") && err.message.contains("spec.security.tls.secretName")
@@ -214,7 +265,7 @@ mod tests {
             ),
             ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
         ]);
-        let err = digest("ns", &refs, &no_ca).unwrap_err();
+        let err = digest("ns", &refs, &no_ca, ROLL).unwrap_err();
         assert_eq!(err.reason, SECRET_INVALID);
         assert!(err.message.contains("\"ca.crt\""), "{}", err.message);
     }
@@ -229,7 +280,7 @@ mod tests {
             ),
             ("auth".to_owned(), keys(&[("auth-file", "app:s3cret")])),
         ]);
-        let err = digest("ns", &refs, &contents).unwrap_err();
+        let err = digest("ns", &refs, &contents, ROLL).unwrap_err();
         assert_eq!(err.reason, SECRET_INVALID);
         assert!(
             err.message.starts_with(
@@ -243,6 +294,105 @@ mod tests {
     }
 
     #[test]
+    fn a_tls_secret_reloaded_in_place_is_checked_but_not_hashed() {
+        let refs = referenced(&spec(false));
+        let with = |crt: &str| {
+            BTreeMap::from([
+                (
+                    "tls".to_owned(),
+                    keys(&[("tls.crt", crt), ("tls.key", "k")]),
+                ),
+                ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
+            ])
+        };
+        let before = digest("ns", &refs, &with("c1"), TlsReload::InPlace).unwrap();
+        let after = digest("ns", &refs, &with("c2"), TlsReload::InPlace).unwrap();
+        assert_eq!(before, after, "a rotated certificate rolls nothing");
+        assert!(before.is_some(), "the auth file is still hashed");
+        assert_ne!(
+            digest("ns", &refs, &with("c1"), ROLL).unwrap(),
+            digest("ns", &refs, &with("c2"), ROLL).unwrap()
+        );
+        let tls_only = referenced(&MemcachedSpec {
+            security: Some(Box::new(Security {
+                tls: spec(false).security.and_then(|s| s.tls),
+                auth: None,
+                network_policy: None,
+            })),
+            ..MemcachedSpec::default()
+        });
+        assert_eq!(
+            digest("ns", &tls_only, &with("c1"), TlsReload::InPlace).unwrap(),
+            None,
+            "nothing hashed: no annotation"
+        );
+        let missing = BTreeMap::from([("tls".to_owned(), keys(&[("tls.crt", "c")]))]);
+        assert_eq!(
+            digest("ns", &tls_only, &missing, TlsReload::InPlace)
+                .unwrap_err()
+                .reason,
+            SECRET_INVALID,
+            "still checked"
+        );
+    }
+
+    #[test]
+    fn reload_in_place_needs_a_collector_that_can_ask_and_processes_that_reload() {
+        let with = |client_auth: bool, auth: bool, exporter: bool| {
+            let mut spec: MemcachedSpec = serde_json::from_value(serde_json::json!({
+                "security": {"tls": {"secretName": "tls", "clientAuth": client_auth}}
+            }))
+            .unwrap();
+            if auth {
+                spec = MemcachedSpec {
+                    security: Some(Box::new(Security {
+                        auth: Some(AuthConfig {
+                            secret_name: "auth".into(),
+                            key: None,
+                        }),
+                        ..*spec.security.unwrap()
+                    })),
+                    ..spec
+                };
+            }
+            if exporter {
+                spec.monitoring =
+                    serde_json::from_value(serde_json::json!({"exporter": {"enabled": true}}))
+                        .unwrap();
+            }
+            spec
+        };
+        assert_eq!(
+            tls_reload(&with(false, false, false), true, false),
+            TlsReload::InPlace
+        );
+        assert_eq!(
+            tls_reload(&with(false, true, false), true, true),
+            TlsReload::InPlace
+        );
+        assert_eq!(
+            tls_reload(&with(true, false, false), true, true),
+            TlsReload::InPlace
+        );
+        for (spec, collected, has_ca) in [
+            (MemcachedSpec::default(), true, true),
+            (with(false, false, false), false, true),
+            (with(false, true, false), true, false),
+            (with(true, false, true), true, true),
+        ] {
+            assert!(
+                matches!(tls_reload(&spec, collected, has_ca), TlsReload::Rollout(_)),
+                "{spec:?} {collected} {has_ca}"
+            );
+        }
+        assert_eq!(
+            tls_reload(&with(false, false, true), true, false),
+            TlsReload::InPlace,
+            "the exporter without clientAuth reads no certificate file"
+        );
+    }
+
+    #[test]
     fn tls_keys_are_not_checked_as_auth_files() {
         let refs = referenced(&spec(false));
         let contents = BTreeMap::from([
@@ -252,6 +402,6 @@ mod tests {
             ),
             ("auth".to_owned(), keys(&[("auth-file", "u:p\n")])),
         ]);
-        assert!(digest("ns", &refs, &contents).is_ok());
+        assert!(digest("ns", &refs, &contents, ROLL).is_ok());
     }
 }

@@ -4,12 +4,15 @@
 //! - [`Credentials`]: the user and password for memcached's ASCII authentication, from an auth file.
 //! - [`TlsClient`]: the rustls client configuration from an instance's TLS Secret; its documentation says
 //!   what is verified: the chain to the instance's CA and one of the names in [`ServerNames`] or the pod IP.
-//! - [`read_stats`]: the exchange itself.
+//! - [`read`] (and [`read_stats`]): the exchange itself; over TLS it also says which certificate the
+//!   server presented and, when that is not the one it should present, asks the server to load its
+//!   certificate files again (`refresh_certs`; see [`ExpectedCertificate`]).
 //!
 //! A read is one short-lived connection, closed when the reply is in: memcached counts it in
 //! `curr_connections` (so that stat includes the operator's own connection), and the operator holds no
 //! connection to a pod between reads.
 
+mod certificate;
 mod credentials;
 mod names;
 mod tls;
@@ -25,13 +28,15 @@ use tokio::net::TcpStream;
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::ServerName;
 
+pub use certificate::{CertificateDigest, matching_pair};
 pub use credentials::{Credentials, CredentialsError};
 pub use names::{DEFAULT_CLUSTER_DOMAIN, ServerNames};
 pub use tls::{TlsClient, TlsError, TlsMaterial};
 
 use super::stats::{self, MAX_REPLY_BYTES, ParseError, Stats};
 
-/// The longest answer to the authenticating `set` that is read (`STORED\r\n` or an error line).
+/// The longest answer to the authenticating `set`, or to `refresh_certs`, that is read (`STORED\r\n`,
+/// `OK\r\n` or an error line).
 const AUTH_REPLY_LIMIT: u64 = 1024;
 
 /// One memcached server to read, and how to talk to it.
@@ -45,6 +50,49 @@ pub struct Target {
     pub names: ServerNames,
     /// Set when the instance requires authentication.
     pub credentials: Option<Arc<Credentials>>,
+    /// Over TLS: the certificate the server should present (the leaf of the instance's `tls.crt`), and
+    /// whether this read may ask it to reload its certificate files when it presents another.
+    pub certificate: Option<ExpectedCertificate>,
+}
+
+/// The certificate a server should present, and whether to ask it to reload when it presents another.
+///
+/// memcached reads its certificate files at start and again on the `refresh_certs` command (since
+/// 1.5.13, the release that brought TLS); the kubelet updates a mounted Secret's files in place some time
+/// after the Secret changed. So a rotated certificate reaches a running server without a restart: the
+/// collector sends `refresh_certs` (on the connection it reads stats on, after authenticating) until the
+/// handshake shows the new certificate. Whether a read may send it is the collector's call (it spaces the
+/// attempts out: [`crate::telemetry::reload`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ExpectedCertificate {
+    pub digest: CertificateDigest,
+    pub refresh: bool,
+}
+
+/// What one read gave: the stats and, over TLS, what the server presented.
+#[derive(Clone, Debug)]
+pub struct Reading {
+    pub stats: Stats,
+    pub certificate: Option<Presented>,
+}
+
+/// The certificate a server presented in the handshake, and its answer to `refresh_certs` when the read
+/// sent it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Presented {
+    pub digest: CertificateDigest,
+    pub refresh: Option<RefreshAnswer>,
+}
+
+/// memcached's answer to `refresh_certs`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RefreshAnswer {
+    /// `OK`: it loaded its certificate files again; new connections get what they now hold (which is the
+    /// same certificate when the kubelet has not updated them yet).
+    Reloaded,
+    /// Anything else (`ERROR` and why: a key that does not match the certificate, a file it cannot
+    /// read, a server without TLS or too old for the command): it keeps the certificate it had.
+    Refused(String),
 }
 
 impl std::fmt::Debug for Target {
@@ -54,6 +102,7 @@ impl std::fmt::Debug for Target {
             .field("tls", &self.tls)
             .field("names", &self.names.dns().len())
             .field("credentials", &self.credentials)
+            .field("certificate", &self.certificate)
             .finish()
     }
 }
@@ -117,17 +166,23 @@ impl ReadError {
     }
 }
 
-/// Connects, (TLS handshake), (authenticates), sends `stats\r\n`, reads to `END\r\n`, parses.
+/// Connects, (TLS handshake), (authenticates), (`refresh_certs`), sends `stats\r\n`, reads to
+/// `END\r\n`, parses.
 ///
 /// The whole exchange is bounded by `timeout`, so a pod that accepts and never answers, or answers a byte at
 /// a time, costs at most that. The reply is bounded by [`MAX_REPLY_BYTES`]. Never panics on any input.
-pub async fn read_stats(target: &Target, timeout: Duration) -> Result<Stats, ReadError> {
+pub async fn read(target: &Target, timeout: Duration) -> Result<Reading, ReadError> {
     tokio::time::timeout(timeout, exchange(target))
         .await
         .unwrap_or(Err(ReadError::Timeout(timeout)))
 }
 
-async fn exchange(target: &Target) -> Result<Stats, ReadError> {
+/// [`read`], for the stats only.
+pub async fn read_stats(target: &Target, timeout: Duration) -> Result<Stats, ReadError> {
+    read(target, timeout).await.map(|reading| reading.stats)
+}
+
+async fn exchange(target: &Target) -> Result<Reading, ReadError> {
     let credentials = target.credentials.as_deref();
     // Checked before connecting: nothing at all goes to a server the credentials cannot be trusted to.
     if credentials.is_some()
@@ -145,7 +200,13 @@ async fn exchange(target: &Target) -> Result<Stats, ReadError> {
     // set it costs latency only, not correctness.
     let _ = tcp.set_nodelay(true);
     match &target.tls {
-        None => converse(tcp, credentials).await,
+        None => {
+            let (stats, _) = converse(tcp, credentials, false).await?;
+            Ok(Reading {
+                stats,
+                certificate: None,
+            })
+        }
         Some(tls) => {
             // Pods are addressed by IP: rustls sends no SNI for an IP. The certificate must be valid for the
             // IP or one of `names` (see `tls`).
@@ -155,13 +216,35 @@ async fn exchange(target: &Target) -> Result<Stats, ReadError> {
                 .connect(name, tcp)
                 .await
                 .map_err(ReadError::Tls)?;
-            converse(stream, credentials).await
+            // rustls gives the peer's chain once the handshake is done; a server always sends one.
+            let presented = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|chain| chain.first())
+                .map(|leaf| CertificateDigest::of_der(leaf));
+            let refresh = match (target.certificate, presented) {
+                (Some(expected), Some(presented)) => {
+                    expected.refresh && presented != expected.digest
+                }
+                _ => false,
+            };
+            let (stats, refresh) = converse(stream, credentials, refresh).await?;
+            Ok(Reading {
+                stats,
+                certificate: presented.map(|digest| Presented { digest, refresh }),
+            })
         }
     }
 }
 
-/// The text-protocol conversation on an open (plain or TLS) stream.
-async fn converse<S>(stream: S, credentials: Option<&Credentials>) -> Result<Stats, ReadError>
+/// The text-protocol conversation on an open (plain or TLS) stream: the stats, and the answer to
+/// `refresh_certs` when `refresh` asks to send it.
+async fn converse<S>(
+    stream: S,
+    credentials: Option<&Credentials>,
+    refresh: bool,
+) -> Result<(Stats, Option<RefreshAnswer>), ReadError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -169,13 +252,27 @@ where
     if let Some(credentials) = credentials {
         authenticate(&mut stream, credentials).await?;
     }
-    send(&mut stream, b"stats\r\n").await?;
+    let refreshed = if refresh {
+        Some(refresh_certs(&mut stream).await?)
+    } else {
+        None
+    };
+    let stats = read_reply(&mut stream).await?;
+    Ok((stats, refreshed))
+}
+
+/// Sends `stats` and reads its reply.
+async fn read_reply<S>(stream: &mut BufReader<S>) -> Result<Stats, ReadError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    send(stream, b"stats\r\n").await?;
     let mut reply = Vec::with_capacity(4096);
     loop {
         let start = reply.len();
         // One byte more than the bound, so a reply that exceeds it is seen to exceed it.
         let room = (MAX_REPLY_BYTES + 1).saturating_sub(start) as u64;
-        let read = (&mut stream)
+        let read = (&mut *stream)
             .take(room)
             .read_until(b'\n', &mut reply)
             .await
@@ -196,6 +293,31 @@ where
             return Ok(stats::parse(&reply)?);
         }
     }
+}
+
+/// Sends `refresh_certs` and reads the one-line answer.
+async fn refresh_certs<S>(stream: &mut BufReader<S>) -> Result<RefreshAnswer, ReadError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    send(stream, b"refresh_certs\r\n").await?;
+    let mut line = Vec::new();
+    let read = (&mut *stream)
+        .take(AUTH_REPLY_LIMIT)
+        .read_until(b'\n', &mut line)
+        .await
+        .map_err(classify)?;
+    if read == 0 {
+        return Err(ReadError::Closed);
+    }
+    if line == b"OK\r\n" {
+        return Ok(RefreshAnswer::Reloaded);
+    }
+    let answer = line.strip_suffix(b"\r\n").unwrap_or(&line);
+    let shown = answer.get(..128).unwrap_or(answer);
+    Ok(RefreshAnswer::Refused(
+        String::from_utf8_lossy(shown).into_owned(),
+    ))
 }
 
 /// Sends the credentials and requires `STORED`.
@@ -315,6 +437,7 @@ mod tests {
             tls: None,
             names: ServerNames::default(),
             credentials: Some(Arc::new(credentials)),
+            certificate: None,
         };
         let debug = format!("{target:?}");
         assert!(

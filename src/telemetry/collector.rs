@@ -15,6 +15,11 @@
 //! instance per `--stats-status-interval` (see [`super::summary::should_write`]). Its watch event wakes
 //! one reconcile, which finds nothing to do.
 //!
+//! Certificates: over TLS each read also says which certificate the server presented; a server that
+//! presents another than its TLS Secret's `tls.crt` is asked to reload its files (`refresh_certs`) with
+//! backoff, and one event per rotation says when they all did (`CertificatesReloaded`) or that they do not
+//! ([`super::reload`]).
+//!
 //! Failures are values, not errors: a server that cannot be read is `memcached_up 0` and counts out of
 //! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials) is
 //! logged once when that starts and once when it ends, never per collection.
@@ -36,9 +41,12 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
-use super::client::{ReadError, ServerNames, Target, read_stats};
+use super::client::{
+    CertificateDigest, ExpectedCertificate, Presented, ReadError, Reading, ServerNames, Target,
+};
 use super::episodes::{self, Counter, Episode};
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
+use super::reload::{self, Observed, Outcome, Reload};
 use super::secrets::{SecretReader, SecretValues, Transport};
 use super::stats::Stats;
 use super::summary::{should_write, summarize};
@@ -82,10 +90,10 @@ pub trait Reader: Send + Sync + 'static {
         &self,
         target: Target,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<Stats, ReadError>>;
+    ) -> BoxFuture<'static, Result<Reading, ReadError>>;
 }
 
-/// Reads over the network with [`read_stats`].
+/// Reads over the network with [`super::client::read`].
 pub struct Network;
 
 impl Reader for Network {
@@ -93,8 +101,8 @@ impl Reader for Network {
         &self,
         target: Target,
         timeout: Duration,
-    ) -> BoxFuture<'static, Result<Stats, ReadError>> {
-        Box::pin(async move { read_stats(&target, timeout).await })
+    ) -> BoxFuture<'static, Result<Reading, ReadError>> {
+        Box::pin(async move { super::client::read(&target, timeout).await })
     }
 }
 
@@ -126,6 +134,16 @@ struct InstanceState {
     /// Whether this replica said that the operator presents the server certificate as its client
     /// certificate (`clientAuth` without `clientSecretName`).
     identity_noted: bool,
+    /// Servers still presenting a rotated certificate's predecessor.
+    reload: Reload,
+}
+
+/// What the reads of one instance gave.
+struct Reads {
+    samples: PodSamples,
+    /// Per pod read over TLS: the certificate it presented.
+    presented: BTreeMap<String, Presented>,
+    problem: Option<String>,
 }
 
 /// The collector. Shared by its collection tasks.
@@ -225,10 +243,31 @@ impl Collector {
 
     async fn collect_instance(self: Arc<Self>, key: InstanceKey, mc: Arc<Memcached>) {
         let servers = self.servers(&key, &mc);
-        let (samples, problem) = if servers.is_empty() {
-            (PodSamples::new(), None)
+        if mc.spec.tls().is_none() {
+            // TLS turned off: nothing to reload, no previous CA to trust.
+            if let Some(state) = self.lock_state().get_mut(&key) {
+                state.reload = Reload::default();
+            }
+        }
+        // Told the TLS Secret's certificate and CA, gives the previous CA to trust during a rotation.
+        let previous = |certificate: Result<CertificateDigest, String>, ca: Option<&[u8]>| {
+            let mut state = self.lock_state();
+            let reload = &mut state.entry(key.clone()).or_default().reload;
+            reload.secret(certificate, ca);
+            reload.previous_ca().map(<[u8]>::to_vec)
+        };
+        let Reads {
+            samples,
+            presented,
+            problem,
+        } = if servers.is_empty() {
+            Reads {
+                samples: PodSamples::new(),
+                presented: BTreeMap::new(),
+                problem: None,
+            }
         } else {
-            match self.secrets.transport(&key.0, &mc.spec).await {
+            match self.secrets.transport(&key.0, &mc.spec, &previous).await {
                 Ok(transport) => {
                     if transport.presents_server_certificate {
                         self.note_shared_identity(&key);
@@ -239,13 +278,23 @@ impl Collector {
                     for _ in &servers {
                         self.metrics.count_read("unreadable");
                     }
-                    (
-                        servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
-                        Some(reason),
-                    )
+                    Reads {
+                        samples: servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
+                        presented: BTreeMap::new(),
+                        problem: Some(reason),
+                    }
                 }
             }
         };
+        for shown in presented.values() {
+            match &shown.refresh {
+                Some(super::client::RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
+                Some(super::client::RefreshAnswer::Refused(_)) => {
+                    self.metrics.count_refresh("refused")
+                }
+                None => {}
+            }
+        }
         self.metrics.set_instance(key.clone(), samples.clone());
 
         let read: Vec<Stats> = samples.values().flatten().cloned().collect();
@@ -265,9 +314,21 @@ impl Collector {
             .collect();
         let now = Instant::now();
         let stored = mc.status.as_ref().and_then(|s| s.stats.as_ref());
-        let (write, evicting) = {
+        let (write, evicting, reloaded) = {
             let mut state = self.lock_state();
             let state = state.entry(key.clone()).or_default();
+            let observed: Vec<Observed<'_>> = servers
+                .iter()
+                .map(|(pod, _)| Observed {
+                    pod,
+                    presented: presented.get(pod),
+                })
+                .collect();
+            let reloaded = if mc.spec.tls().is_some() {
+                state.reload.observe(now, self.settings.interval, &observed)
+            } else {
+                Outcome::Nothing
+            };
             if state.problem != problem {
                 log_problem(&key, state.problem.as_deref(), problem.as_deref());
                 state.problem = problem;
@@ -283,7 +344,11 @@ impl Collector {
                 now,
                 self.settings.status_interval,
             );
-            (write, started.then_some(evicted.unwrap_or_default()))
+            (
+                write,
+                started.then_some(evicted.unwrap_or_default()),
+                reloaded,
+            )
         };
         if write
             && self.write_status(&key, summary.as_ref()).await
@@ -293,6 +358,13 @@ impl Collector {
         }
         if let Some(evicted) = evicting {
             self.warn_evicting(&key, &mc, evicted, &read).await;
+        }
+        if let Outcome::Reloaded { servers, .. } = &reloaded {
+            self.metrics
+                .count_reloads(u64::try_from(*servers).unwrap_or(u64::MAX));
+        }
+        if let Some(event) = reload_event(&mc, &reloaded) {
+            self.publish(&key, &mc, event).await;
         }
     }
 
@@ -338,9 +410,18 @@ impl Collector {
         (namespace, name): &InstanceKey,
         servers: &[(String, SocketAddr)],
         transport: &Transport,
-    ) -> (PodSamples, Option<String>) {
+    ) -> Reads {
+        let key = (namespace.clone(), name.clone());
+        let may_refresh: Vec<bool> = {
+            let state = self.lock_state();
+            let reload = state.get(&key).map(|state| &state.reload);
+            servers
+                .iter()
+                .map(|(pod, _)| reload.is_none_or(|reload| reload.may_refresh(pod)))
+                .collect()
+        };
         let mut reads = JoinSet::new();
-        for (pod, address) in servers {
+        for ((pod, address), refresh) in servers.iter().zip(may_refresh) {
             let names = match transport.tls {
                 Some(_) => {
                     ServerNames::for_pod(name, namespace, pod, &self.settings.cluster_domain)
@@ -352,6 +433,12 @@ impl Collector {
                 tls: transport.tls.clone(),
                 names,
                 credentials: transport.credentials.clone(),
+                certificate: transport
+                    .certificate
+                    .clone()
+                    .and_then(Result::ok)
+                    .filter(|_| transport.tls.is_some())
+                    .map(|digest| ExpectedCertificate { digest, refresh }),
             };
             let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());
             reads.spawn(async move {
@@ -364,13 +451,17 @@ impl Collector {
             });
         }
         let mut samples = PodSamples::new();
+        let mut presented = BTreeMap::new();
         let mut failures = Vec::new();
         while let Some(joined) = reads.join_next().await {
             let Ok((pod, result)) = joined else { continue };
             match result {
-                Some(Ok(stats)) => {
+                Some(Ok(reading)) => {
                     self.metrics.count_read("ok");
-                    samples.insert(pod, Some(stats));
+                    if let Some(shown) = reading.certificate {
+                        presented.insert(pod.clone(), shown);
+                    }
+                    samples.insert(pod, Some(reading.stats));
                 }
                 Some(Err(error)) => {
                     self.metrics.count_read(error.reason());
@@ -396,7 +487,11 @@ impl Collector {
                 failures.join(", ")
             )
         });
-        (samples, problem)
+        Reads {
+            samples,
+            presented,
+            problem,
+        }
     }
 
     /// Applies `status.stats` (or its removal, for `None`); whether it was written.
@@ -439,9 +534,6 @@ impl Collector {
     ) {
         let note = evicting_note(evicted, self.settings.interval, read);
         info!(memcached = %name, %namespace, %note, "evictions started");
-        let Ok(_permit) = self.writes.acquire().await else {
-            return;
-        };
         let event = Event {
             type_: EventType::Warning,
             reason: EVICTING.to_owned(),
@@ -449,6 +541,16 @@ impl Collector {
             action: "ReadStats".to_owned(),
             secondary: None,
         };
+        self.publish(&(namespace.clone(), name.clone()), mc, event)
+            .await;
+    }
+
+    /// Publishes an event about `mc`, bounded by the writes in flight and a timeout.
+    async fn publish(&self, (namespace, name): &InstanceKey, mc: &Memcached, event: Event) {
+        let Ok(_permit) = self.writes.acquire().await else {
+            return;
+        };
+        let reason = event.reason.clone();
         match tokio::time::timeout(
             WRITE_TIMEOUT,
             self.events.publish(&event, &mc.object_ref(&())),
@@ -457,10 +559,10 @@ impl Collector {
         {
             Ok(Ok(())) => {}
             Ok(Err(error)) => {
-                warn!(memcached = %name, %namespace, %error, "cannot publish the Evicting event")
+                warn!(memcached = %name, %namespace, %error, %reason, "cannot publish an event")
             }
             Err(_) => {
-                warn!(memcached = %name, %namespace, "timed out publishing the Evicting event")
+                warn!(memcached = %name, %namespace, %reason, "timed out publishing an event")
             }
         }
     }
@@ -504,6 +606,77 @@ pub fn evicting_note(evicted: u64, interval: Duration, read: &[Stats]) -> String
         limit / (1024 * 1024),
         read.len(),
     )
+}
+
+/// At most five pod names, for an event note (which the API server limits to 1 kB).
+fn shown_pods(pods: &[String]) -> String {
+    let mut shown = pods.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if pods.len() > 5 {
+        shown.push_str(", ...");
+    }
+    shown
+}
+
+/// The event that says how a rotation went, if it is time to say.
+fn reload_event(mc: &Memcached, outcome: &Outcome) -> Option<Event> {
+    let secret = mc
+        .spec
+        .tls()
+        .map(|tls| tls.secret_name.as_str())
+        .unwrap_or_default();
+    let (type_, reason, note) = match outcome {
+        Outcome::Nothing => return None,
+        Outcome::Unusable(why) => (
+            EventType::Warning,
+            reload::CERTIFICATES_NOT_RELOADED,
+            format!(
+                "the certificate of Secret {secret} cannot be loaded: {why}. The servers are not asked to \
+                 load it and keep serving the one they have; a server started now would fail to start"
+            ),
+        ),
+        Outcome::Reloaded { servers, after } => (
+            EventType::Normal,
+            reload::CERTIFICATES_RELOADED,
+            format!(
+                "{servers} server(s) reloaded the rotated certificate of Secret {secret} in place \
+                 (refresh_certs) within {}s of presenting the previous one; no pod was restarted",
+                after.as_secs()
+            ),
+        ),
+        Outcome::NotReloaded {
+            pending,
+            total,
+            refused,
+            after,
+        } => (
+            EventType::Warning,
+            reload::CERTIFICATES_NOT_RELOADED,
+            match refused {
+                Some((pod, answer)) => format!(
+                    "{pod} refused to reload the certificate of Secret {secret} (refresh_certs \
+                     answered {answer:?}): it keeps serving the previous one. Check that tls.key matches \
+                     tls.crt; {} of {total} server(s) present another certificate than the Secret's",
+                    pending.len()
+                ),
+                None => format!(
+                    "{} of {total} server(s) ({}) still present another certificate than Secret {secret}'s \
+                     {}s after the first was seen to, although asked to reload it (refresh_certs): the \
+                     kubelet writes a changed Secret into running pods within about a minute; restart \
+                     the pods to load it (kubectl rollout restart)",
+                    pending.len(),
+                    shown_pods(pending),
+                    after.as_secs()
+                ),
+            },
+        ),
+    };
+    Some(Event {
+        type_,
+        reason: reason.to_owned(),
+        note: Some(note),
+        action: "ReloadCertificates".to_owned(),
+        secondary: None,
+    })
 }
 
 fn log_problem((namespace, name): &InstanceKey, before: Option<&str>, now: Option<&str>) {

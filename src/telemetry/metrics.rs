@@ -35,18 +35,49 @@ pub struct ReadLabels {
     result: &'static str,
 }
 
-/// The latest samples of every instance's pods, encoded on each scrape; and the operator's own count of
-/// reads by result (`memcached_operator_stats_reads_total`, registered by [`crate::metrics`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefreshLabels {
+    answer: &'static str,
+}
+
+/// The latest samples of every instance's pods, encoded on each scrape; and the operator's own counts
+/// (registered by [`crate::metrics`]): reads by result (`memcached_operator_stats_reads_total`),
+/// `refresh_certs` sent by answer (`memcached_operator_certificate_refreshes_total`) and servers seen
+/// presenting a rotated certificate after one (`memcached_operator_certificate_reloads_total`).
 #[derive(Debug, Default)]
 pub struct OperandMetrics {
     samples: Mutex<BTreeMap<InstanceKey, PodSamples>>,
     reads: Family<ReadLabels, Counter>,
+    refreshes: Family<RefreshLabels, Counter>,
+    reloads: Counter,
 }
 
 impl OperandMetrics {
     /// The read counter, for registration.
     pub fn reads(&self) -> Family<ReadLabels, Counter> {
         self.reads.clone()
+    }
+
+    /// The `refresh_certs` counter, for registration.
+    pub fn refreshes(&self) -> Family<RefreshLabels, Counter> {
+        self.refreshes.clone()
+    }
+
+    /// The reloaded-servers counter, for registration.
+    pub fn reloads(&self) -> Counter {
+        self.reloads.clone()
+    }
+
+    /// Counts one `refresh_certs` sent, by the server's answer: `ok` or `refused`.
+    pub fn count_refresh(&self, answer: &'static str) {
+        self.refreshes
+            .get_or_create(&RefreshLabels { answer })
+            .inc();
+    }
+
+    /// Counts servers seen presenting the rotated certificate after `refresh_certs`.
+    pub fn count_reloads(&self, servers: u64) {
+        self.reloads.inc_by(servers);
     }
 
     /// Counts one server read: `ok`, a [`super::client::ReadError::reason`], or `unreadable` (not

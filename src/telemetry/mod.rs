@@ -7,11 +7,14 @@
 //! - [`metrics`]: the per-pod series on `/metrics` (the memcached exporter's names).
 //! - [`summary`]: `status.stats` from the servers read, and when to write it (pure).
 //! - [`episodes`]: when evictions start and stop, for one Warning event per episode (pure).
+//! - [`reload`]: which servers still present a rotated certificate's predecessor, and when to ask them
+//!   to reload it (`refresh_certs`) (pure).
 
 pub mod client;
 pub mod collector;
 pub mod episodes;
 pub mod metrics;
+pub mod reload;
 pub mod secrets;
 pub mod stats;
 pub mod summary;

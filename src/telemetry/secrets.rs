@@ -5,7 +5,8 @@
 //! Secrets an instance with TLS or auth names. Each Secret is read once per `resourceVersion` (the
 //! metadata cache says which version is current), not once per collection, and what was read stays in
 //! this process's memory: it is never logged, never put in an event or a status. Only the keys the
-//! collector uses are kept (`tls.crt`, `tls.key`, `ca.crt`, the auth key), and every value is wiped from
+//! collector uses are kept (`tls.crt`, `tls.key`, `ca.crt`, the auth key; `tls.key` also to check that
+//! a rotated certificate goes with its key before servers are asked to load them), and every value is wiped from
 //! memory when it is dropped (a newer version read, the Secret no longer named, a key no longer wanted);
 //! the other keys of the Secret are wiped as soon as it is read. (The answer's bytes in the HTTP client's
 //! buffers are beyond the operator's reach.) The operator's RBAC already allows `get` on Secrets (the
@@ -16,7 +17,7 @@ use std::sync::{Arc, Mutex};
 
 use zeroize::{Zeroize, Zeroizing};
 
-use super::client::{Credentials, TlsClient, TlsMaterial};
+use super::client::{CertificateDigest, Credentials, TlsClient, TlsMaterial, matching_pair};
 use crate::api::MemcachedSpec;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
@@ -45,7 +46,15 @@ pub struct Transport {
     /// and `clientSecretName` unset (kept for instances created before that field; the collector says so
     /// once per instance).
     pub presents_server_certificate: bool,
+    /// Over TLS: the certificate the servers should present, the leaf of the TLS Secret's `tls.crt`, when
+    /// `tls.key` goes with it (else why not: then no server is asked to load them).
+    pub certificate: Option<Result<CertificateDigest, String>>,
 }
+
+/// Told the TLS Secret's certificate (or why it cannot be loaded) and CA as read, gives the CA to trust
+/// besides (the previous one, during a rotation: see [`super::reload::Reload`]).
+pub type TrustPrevious<'a> =
+    &'a (dyn Fn(Result<CertificateDigest, String>, Option<&[u8]>) -> Option<Vec<u8>> + Sync);
 
 /// Secret values read so far, by (namespace, name), with the `resourceVersion` they were read at.
 /// Cloning shares the cache.
@@ -123,19 +132,20 @@ pub struct SecretReader {
 
 impl SecretReader {
     /// How to reach the servers of an instance with `spec` in `namespace`, or why they cannot be read
-    /// (a message for the log, naming the Secret and the key, never a value).
+    /// (a message for the log, naming the Secret and the key, never a value). `previous` is told the
+    /// certificate and CA read and says which CA to trust besides.
     pub async fn transport(
         &self,
         namespace: &str,
         spec: &MemcachedSpec,
+        previous: TrustPrevious<'_>,
     ) -> Result<Transport, String> {
         let mut transport = Transport::default();
         if let Some(tls) = spec.tls() {
-            let server_keys: &[&str] = if tls.client_auth && tls.client_secret_name.is_none() {
-                &["ca.crt", "tls.crt", "tls.key"]
-            } else {
-                &["ca.crt"]
-            };
+            // tls.crt and tls.key: the certificate the servers should present, checked against its key
+            // before they are asked to load them (and, without clientSecretName, the identity the
+            // operator presents to them).
+            let server_keys: &[&str] = &["ca.crt", "tls.crt", "tls.key"];
             let values = self
                 .values(namespace, &tls.secret_name, server_keys)
                 .await?;
@@ -163,8 +173,22 @@ impl SecretReader {
             } else {
                 None
             };
+            let certificate = match (values.get("tls.crt"), values.get("tls.key")) {
+                (Some(chain), Some(key)) => matching_pair(chain, key),
+                _ => Err("the Secret lacks tls.crt or tls.key".to_owned()),
+            };
+            transport.certificate = Some(certificate.clone());
+            let ca = values.get("ca.crt").map(|ca| ca.to_vec());
+            let ca = match (previous(certificate, ca.as_deref()), ca) {
+                (Some(mut previous), Some(ca)) => {
+                    previous.push(b'\n');
+                    previous.extend_from_slice(&ca);
+                    Some(previous)
+                }
+                (_, ca) => ca,
+            };
             let material = TlsMaterial {
-                ca: values.get("ca.crt").map(|ca| ca.to_vec()),
+                ca,
                 client_identity,
             };
             let client = TlsClient::new(&material).map_err(|error| {

@@ -96,6 +96,16 @@ impl RealServer {
     }
 }
 
+impl RealServer {
+    /// Replaces one of its files, as the kubelet updates a mounted Secret: the new content under a new
+    /// name, renamed over the old, so the server never reads half a file.
+    pub fn replace_file(&self, file: &str, contents: &[u8]) {
+        let staged = self.dir.join(format!(".{file}.new"));
+        std::fs::write(&staged, contents).expect("staged file");
+        std::fs::rename(&staged, self.dir.join(file)).expect("file replaced");
+    }
+}
+
 impl Drop for RealServer {
     fn drop(&mut self) {
         let _ = self.child.kill();

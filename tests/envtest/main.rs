@@ -45,6 +45,7 @@
 //! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists).
 
 mod adoption;
+mod certificates;
 mod convergence;
 mod crd;
 mod drain;

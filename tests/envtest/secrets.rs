@@ -47,7 +47,13 @@ pub async fn tls_secret(s: &Scenario, name: &str, instance: &str) {
 /// A `kubernetes.io/tls` Secret `name` with a server certificate for `names`, signed by a CA made here (in
 /// `ca.crt`); and, with `client`, a `kubernetes.io/tls` Secret of that name with a client certificate from
 /// the same CA (what `spec.security.tls.clientSecretName` names).
-pub async fn tls_secrets(s: &Scenario, name: &str, names: Vec<String>, client: Option<&str>) {
+/// Returns the CA, to issue more from ([`reissue_tls_secret`]).
+pub async fn tls_secrets(
+    s: &Scenario,
+    name: &str,
+    names: Vec<String>,
+    client: Option<&str>,
+) -> rcgen::CertifiedIssuer<'static, rcgen::KeyPair> {
     use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
     let mut ca = CertificateParams::new(Vec::<String>::new()).expect("CA params");
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -57,20 +63,7 @@ pub async fn tls_secrets(s: &Scenario, name: &str, names: Vec<String>, client: O
         .push(DnType::CommonName, format!("{name} CA"));
     let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().expect("CA key"))
         .expect("CA certificate");
-    let key = KeyPair::generate().expect("server key");
-    let cert = CertificateParams::new(names)
-        .expect("server params")
-        .signed_by(&key, &ca)
-        .expect("server certificate");
-    let data = [
-        ("tls.crt", cert.pem()),
-        ("tls.key", key.serialize_pem()),
-        ("ca.crt", ca.pem()),
-    ]
-    .into_iter()
-    .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
-    .collect();
-    apply(s, name, "kubernetes.io/tls", data).await;
+    reissue_tls_secret(s, name, names, &ca).await;
     if let Some(client) = client {
         let key = KeyPair::generate().expect("client key");
         let mut params =
@@ -85,6 +78,32 @@ pub async fn tls_secrets(s: &Scenario, name: &str, names: Vec<String>, client: O
             .collect();
         apply(s, client, "kubernetes.io/tls", data).await;
     }
+    ca
+}
+
+/// (Re)writes the `kubernetes.io/tls` Secret `name` with a new server certificate and key for `names`
+/// from `ca`, as cert-manager renews one; returns the new certificate's PEM.
+pub async fn reissue_tls_secret(
+    s: &Scenario,
+    name: &str,
+    names: Vec<String>,
+    ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+) -> String {
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let cert = rcgen::CertificateParams::new(names)
+        .expect("server params")
+        .signed_by(&key, ca)
+        .expect("server certificate");
+    let data = [
+        ("tls.crt", cert.pem()),
+        ("tls.key", key.serialize_pem()),
+        ("ca.crt", ca.pem()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), ByteString(v.into_bytes())))
+    .collect();
+    apply(s, name, "kubernetes.io/tls", data).await;
+    cert.pem()
 }
 
 /// An `Opaque` Secret `name` holding memcached's credentials file `content` under `key`.

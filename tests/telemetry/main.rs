@@ -580,3 +580,121 @@ fn every_operand_metric_is_documented() {
     }
     assert_eq!(names.len(), 11, "{text}");
 }
+
+/// A rotated TLS Secret reaches the running (real) memcached without a restart: the collector sees the
+/// server present the previous certificate, asks it to reload (`refresh_certs`) at once and, while the
+/// kubelet has not written the new files, again with backoff; once it presents the new one, one
+/// `CertificatesReloaded` event says so. Skipped (failed on CI) without a TLS-capable memcached.
+#[tokio::test]
+async fn a_rotated_certificate_is_reloaded_in_place_and_said_once() {
+    use common::memcached::{RealServer, real_binary};
+    let Some(binary) = real_binary() else {
+        return;
+    };
+    let pki = Pki::new();
+    let (old, new) = (pki.leaf(), pki.leaf());
+    let files: [(&str, &[u8]); 2] = [
+        ("tls.crt", old.chain.as_bytes()),
+        ("tls.key", old.key.as_bytes()),
+    ];
+    let tls = "ssl_chain_cert={dir}/tls.crt,ssl_key={dir}/tls.key";
+    let server = RealServer::start(&binary, "rotation", &files, &["-Z", "-o", tls]).await;
+    let mut caches = Caches::new();
+    let spec = json!({"security": {"tls": {"secretName": "cache-tls"}}});
+    caches.instance(&instance("cache", server.address.port(), spec));
+    caches.pod(&pod("cache", "cache-a", "127.0.0.1", true, false));
+    let (client, api) = FakeApi::start();
+    let (collector, metrics) = caches.collector(client, LONG);
+    let ca = pki.ca_pem();
+    let put_secret = |caches: &mut Caches, version: &str, leaf: &Leaf| {
+        let data = [
+            ("tls.crt", leaf.chain.as_str()),
+            ("tls.key", leaf.key.as_str()),
+            ("ca.crt", ca.as_str()),
+        ];
+        api.secrets
+            .lock()
+            .unwrap()
+            .insert("cache-tls".into(), secret("cache-tls", version, &data));
+        caches.secret("cache-tls", version);
+    };
+    let counters = || {
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("refreshes", "", metrics.refreshes());
+        registry.register("reloads", "", metrics.reloads());
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        (
+            sample(&out, "refreshes_total{answer=\"ok\"}").unwrap_or_default(),
+            sample(&out, "reloads_total").unwrap_or_default(),
+        )
+    };
+    let up = || {
+        sample(
+            &exposition(&metrics),
+            "memcached_up{namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"}",
+        )
+    };
+    let reasons = || {
+        api.events()
+            .iter()
+            .map(|e| e.body["reason"].as_str().unwrap_or_default().to_owned())
+            .collect::<Vec<_>>()
+    };
+
+    put_secret(&mut caches, "7", &old);
+    collector.collect().await;
+    assert_eq!(up(), Some(1.0), "verified against the CA");
+    assert_eq!(
+        counters(),
+        (0.0, 0.0),
+        "the expected certificate: nothing asked"
+    );
+
+    // The Secret is rotated; the kubelet has not written the files yet.
+    put_secret(&mut caches, "8", &new);
+    collector.collect().await;
+    assert_eq!(counters(), (1.0, 0.0), "asked at once");
+    collector.collect().await;
+    assert_eq!(counters(), (2.0, 0.0), "and at the next collection");
+    collector.collect().await;
+    assert_eq!(counters(), (2.0, 0.0), "then one collection left out");
+    assert!(reasons().is_empty(), "{:?}", reasons());
+
+    // The kubelet writes the new files: the next attempt loads them, the next handshake shows them.
+    server.replace_file("tls.key", new.key.as_bytes());
+    server.replace_file("tls.crt", new.chain.as_bytes());
+    collector.collect().await;
+    assert_eq!(counters(), (3.0, 0.0));
+    collector.collect().await;
+    assert_eq!(counters(), (3.0, 1.0), "presents the new certificate");
+    assert_eq!(reasons(), ["CertificatesReloaded"]);
+    let note = api.events()[0].body["note"].as_str().unwrap().to_owned();
+    assert!(
+        note.starts_with(
+            "1 server(s) reloaded the rotated certificate of Secret cache-tls in place"
+        ),
+        "{note}"
+    );
+    collector.collect().await;
+    assert_eq!(counters(), (3.0, 1.0));
+    assert_eq!(reasons().len(), 1, "said once");
+    assert_eq!(up(), Some(1.0));
+
+    // A certificate whose key does not go with it is never sent to the server; a Warning says why.
+    let broken = Leaf {
+        chain: pki.leaf().chain,
+        key: new.key.clone(),
+    };
+    put_secret(&mut caches, "9", &broken);
+    collector.collect().await;
+    collector.collect().await;
+    assert_eq!(counters(), (3.0, 1.0), "not asked");
+    assert_eq!(
+        reasons(),
+        ["CertificatesReloaded", "CertificatesNotReloaded"]
+    );
+    let note = api.events()[1].body["note"].as_str().unwrap().to_owned();
+    assert!(note.contains("tls.key does not go with tls.crt"), "{note}");
+    assert_eq!(up(), Some(1.0), "still serving the certificate it has");
+}

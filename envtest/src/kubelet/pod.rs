@@ -69,6 +69,8 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
     } else {
         Duration::from_secs(1)
     };
+    // The kubelet's sync of the Secret volumes of a running pod (see `volumes`).
+    let mut next_volume_sync = Instant::now() + VOLUME_SYNC;
 
     loop {
         if deleting(&local) {
@@ -82,6 +84,10 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
             info!(pod = %name, %namespace, "memcached exited ({exit}); the pod is not ready");
             run.exited = Some(exit.code().unwrap_or(-1));
             run.finished = Some(Timestamp::now());
+        }
+        if !mounts.is_empty() && server.is_some() && Instant::now() >= next_volume_sync {
+            next_volume_sync = Instant::now() + VOLUME_SYNC;
+            sync_volumes(&ctx, &local, &volumes_dir).await;
         }
         let next_pull_change = pulls.update(&mut run);
         if !status::up_to_date(&local, &run) {
@@ -239,6 +245,26 @@ async fn start(ctx: &Context, pod: &Pod, pulls: &Pulls, mounts: &Mounts) -> Opti
 fn memcached_args(ctx: &Context, pod: &Pod, pulls: &Pulls) -> Option<memcached::ServerArgs> {
     ctx.options.memcached.as_ref()?;
     memcached::server_args(pod).filter(|_| !pulls.fails(memcached::CONTAINER))
+}
+
+/// How often the Secret volumes of a running pod are brought up to date. A kubelet does it at its sync
+/// period plus its Secret cache's TTL (about a minute by default); the stand-in is quicker, so that tests
+/// of a rotation do not wait a minute.
+const VOLUME_SYNC: Duration = Duration::from_secs(3);
+
+/// Writes changed Secrets into the running pod's volumes ([`volumes::mount`] again, which rewrites only
+/// what changed, atomically). A Secret that cannot be read leaves the files as they are, as a kubelet does.
+async fn sync_volumes(ctx: &Context, pod: &Pod, dir: &std::path::Path) {
+    let Some(container) = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.containers.iter().find(|c| c.name == memcached::CONTAINER))
+    else {
+        return;
+    };
+    if let Err(e) = volumes::mount(&ctx.client, pod, container, dir).await {
+        debug!(pod = %pod.name_any(), "cannot update the pod's volumes: {e:#}");
+    }
 }
 
 /// Writes the Secret volumes the pod's memcached needs into `dir` ([`volumes`]), retrying every two

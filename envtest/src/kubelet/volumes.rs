@@ -8,6 +8,13 @@
 //! A Secret that cannot be read (missing and not `optional`) fails the mount; the pod waits for it, as a
 //! kubelet keeps a pod in `ContainerCreating` until its volumes mount. Other volume kinds are not
 //! written (the stand-in mounts nothing else), and `subPath` mounts are not supported.
+//!
+//! While the pod runs, [`mount`] is called again now and then (the kubelet's sync): a changed Secret is
+//! written into the running pod's volume the way a kubelet's atomic writer does it, so that a process
+//! never sees half an update: the files live in a directory of their own (`..<timestamp>`), reached
+//! through the symlink `..data`, and each top-level name is a symlink into `..data`; an update writes a
+//! new directory and renames a new `..data` symlink over the old one. Unchanged content is not
+//! rewritten.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -28,6 +35,11 @@ pub struct Mounts {
 }
 
 impl Mounts {
+    /// Whether no Secret volume was written.
+    pub fn is_empty(&self) -> bool {
+        self.mounts.is_empty()
+    }
+
     /// `arg` with every path under a mount (`/etc/memcached/tls/tls.crt`, also inside
     /// `ssl_key=/etc/...`) replaced by the file written for it.
     pub fn map(&self, arg: &str) -> String {
@@ -169,26 +181,137 @@ fn files(source: &SecretVolumeSource, secret: &Secret) -> Result<BTreeMap<String
     Ok(files)
 }
 
+/// The symlink to the directory holding the current files (the kubelet's name).
+const DATA: &str = "..data";
+
+/// Writes `files` into the volume directory `dir` atomically (see the module documentation); nothing
+/// when they are what it holds already.
 fn write(dir: &Path, files: &BTreeMap<String, (Vec<u8>, u32)>) -> Result<()> {
-    if dir.exists() {
-        fs::remove_dir_all(dir)?;
+    let data = dir.join(DATA);
+    if data.exists() && holds(&data, files) {
+        return Ok(());
     }
     fs::create_dir_all(dir)?;
+    let previous = fs::read_link(&data).ok();
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    let version = format!("..{nanos}");
+    let staged = dir.join(&version);
+    fs::create_dir_all(&staged)?;
     for (path, (content, mode)) in files {
-        let file = dir.join(path);
+        let file = staged.join(path);
         if let Some(parent) = file.parent() {
             fs::create_dir_all(parent)?;
         }
         fs::write(&file, content)?;
         fs::set_permissions(&file, fs::Permissions::from_mode(*mode))?;
     }
+    let link = dir.join("..data_tmp");
+    let _ = fs::remove_file(&link);
+    std::os::unix::fs::symlink(&version, &link)?;
+    fs::rename(&link, &data)?;
+    // Top-level names point into ..data; names no longer in the Secret go.
+    let top: std::collections::BTreeSet<String> = files
+        .keys()
+        .filter_map(|path| path.split('/').next().map(str::to_owned))
+        .collect();
+    for name in &top {
+        let entry = dir.join(name);
+        if fs::symlink_metadata(&entry).is_err() {
+            std::os::unix::fs::symlink(Path::new(DATA).join(name), &entry)?;
+        }
+    }
+    for entry in fs::read_dir(dir)?.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with("..") && !top.contains(&name) {
+            let _ = match entry.file_type() {
+                Ok(kind) if kind.is_dir() => fs::remove_dir_all(entry.path()),
+                _ => fs::remove_file(entry.path()),
+            };
+        }
+    }
+    if let Some(previous) = previous {
+        let _ = fs::remove_dir_all(dir.join(previous));
+    }
     Ok(())
+}
+
+/// Whether the directory `data` holds exactly `files` (content and mode).
+fn holds(data: &Path, files: &BTreeMap<String, (Vec<u8>, u32)>) -> bool {
+    files.iter().all(|(path, (content, mode))| {
+        let file = data.join(path);
+        fs::read(&file).is_ok_and(|held| held == *content)
+            && fs::metadata(&file).is_ok_and(|m| m.permissions().mode() & 0o7777 == *mode)
+    }) && count_files(data) == files.len()
+}
+
+fn count_files(dir: &Path) -> usize {
+    fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| match entry.file_type() {
+                    Ok(kind) if kind.is_dir() => count_files(&entry.path()),
+                    _ => 1,
+                })
+                .sum()
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_update_swaps_the_files_at_once_and_unchanged_content_is_left_alone() {
+        let dir =
+            std::env::temp_dir().join(format!("envtest-volume-update-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let files = |crt: &str| {
+            BTreeMap::from([
+                ("tls.crt".to_owned(), (crt.as_bytes().to_vec(), 0o440)),
+                ("tls.key".to_owned(), (b"key".to_vec(), 0o440)),
+            ])
+        };
+        write(&dir, &files("one")).unwrap();
+        assert_eq!(fs::read_to_string(dir.join("tls.crt")).unwrap(), "one");
+        assert!(
+            fs::symlink_metadata(dir.join("tls.crt"))
+                .unwrap()
+                .is_symlink()
+        );
+        let first = fs::read_link(dir.join(DATA)).unwrap();
+        write(&dir, &files("one")).unwrap();
+        assert_eq!(
+            fs::read_link(dir.join(DATA)).unwrap(),
+            first,
+            "not rewritten"
+        );
+
+        // A process holding the old file open keeps reading the old content; a new open sees the new.
+        let mut open = fs::File::open(dir.join("tls.crt")).unwrap();
+        write(&dir, &files("two")).unwrap();
+        assert_eq!(fs::read_to_string(dir.join("tls.crt")).unwrap(), "two");
+        let mut old = String::new();
+        std::io::Read::read_to_string(&mut open, &mut old).unwrap();
+        assert_eq!(old, "one");
+        assert!(
+            !dir.join(&first).exists(),
+            "the previous version is removed"
+        );
+
+        let fewer = BTreeMap::from([("tls.key".to_owned(), (b"key".to_vec(), 0o440))]);
+        write(&dir, &fewer).unwrap();
+        assert!(
+            fs::symlink_metadata(dir.join("tls.crt")).is_err(),
+            "a removed key goes"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn paths_under_a_mount_are_mapped_where_a_path_begins() {

@@ -84,6 +84,14 @@ pub struct Report {
     pub pods_ready_seconds: Option<f64>,
     /// Until every instance's status had `Available=True`.
     pub available_seconds: f64,
+    /// On a real server: per instance, from the answer to its create to its workload (Deployment) being
+    /// seen by a watch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload_after_create: Option<Delays>,
+    /// On a real server: per instance, from the answer to its create to its first status (any condition)
+    /// being seen by a watch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_status_after_create: Option<Delays>,
     /// Requests from t0 to the settled window, by verb and resource.
     pub requests: BTreeMap<String, usize>,
     pub requests_total: usize,
@@ -124,6 +132,27 @@ pub struct Report {
     /// `--restart-settled`: what a new operator did with the settled instances.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart: Option<Restart>,
+}
+
+/// A per-instance delay over all instances: median and maximum, in seconds.
+#[derive(Clone, Copy, Debug, Serialize, PartialEq)]
+pub struct Delays {
+    pub median: f64,
+    pub max: f64,
+}
+
+impl Delays {
+    /// The median and maximum of `seconds`; `None` when empty.
+    pub fn of(mut seconds: Vec<f64>) -> Option<Self> {
+        if seconds.is_empty() {
+            return None;
+        }
+        seconds.sort_by(f64::total_cmp);
+        Some(Self {
+            median: seconds[seconds.len() / 2],
+            max: seconds[seconds.len() - 1],
+        })
+    }
 }
 
 /// What a new operator did with settled instances (`--restart-settled`), from its start until the
@@ -252,6 +281,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         children_seconds: (children_at - t0).as_secs_f64(),
         pods_ready_seconds: None,
         available_seconds: (available_at - t0).as_secs_f64(),
+        workload_after_create: None,
+        first_status_after_create: None,
         requests_total: converging.len(),
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
@@ -302,6 +333,17 @@ impl Report {
             rows.push(("pods ready", format!("{pods:.2} s")));
         }
         rows.push(("all Available", format!("{:.2} s", self.available_seconds)));
+        for (name, delays) in [
+            ("workload after create", self.workload_after_create),
+            ("first status after create", self.first_status_after_create),
+        ] {
+            if let Some(d) = delays {
+                rows.push((
+                    name,
+                    format!("median {:.2} s, max {:.2} s", d.median, d.max),
+                ));
+            }
+        }
         if let Some(pods) = self.pods_ready_seconds.filter(|p| *p > 0.0) {
             rows.push((
                 "Available / pods ready",

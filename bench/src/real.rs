@@ -39,7 +39,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::process::{self, Operator};
-use crate::{GRACE, Options, Report, Restart, WATCHES_OPEN};
+use crate::{Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
 
 /// The namespace the instances are created in.
 pub const NAMESPACE: &str = "bench";
@@ -163,7 +163,13 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
     let plane_cpu_start = process::children_cpu_seconds(&CONTROL_PLANE);
     let t0_mark = audit.mark().map_err(|e| format!("{e:#}"))?;
     let t0 = Instant::now();
-    let first_created = create_instances(&client, &names, real.creates_in_flight).await?;
+    let created = create_instances(&client, &names, real.creates_in_flight).await?;
+    let first_created = created
+        .iter()
+        .map(|(_, at)| *at)
+        .min()
+        .ok_or_else(|| "no instances to create".to_owned())?;
+    lock(&progress).created = created.into_iter().collect();
     eprintln!(
         "created {} instances in {:.2} s (the first answered after {:.2} s)",
         options.instances,
@@ -259,6 +265,8 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         children_seconds: since_t0(p.children_at).unwrap_or((available_at - t0).as_secs_f64()),
         pods_ready_seconds: since_t0(p.pods_ready_at),
         available_seconds: (available_at - t0).as_secs_f64(),
+        workload_after_create: p.after_create(&p.workload_seen),
+        first_status_after_create: p.after_create(&p.status_seen),
         requests_total: converging.len(),
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
@@ -326,7 +334,7 @@ async fn create_instances(
     client: &Client,
     names: &[String],
     in_flight: usize,
-) -> Result<Instant, String> {
+) -> Result<Vec<(String, Instant)>, String> {
     let api: Api<DynamicObject> =
         Api::namespaced_with(client.clone(), NAMESPACE, &memcached_resource());
     futures::stream::iter(names)
@@ -341,16 +349,13 @@ async fn create_instances(
                 .map_err(|e| e.to_string())?;
                 api.create(&PostParams::default(), &object)
                     .await
-                    .map(|_| Instant::now())
+                    .map(|_| (name.clone(), Instant::now()))
                     .map_err(|e| format!("cannot create Memcached {NAMESPACE}/{name}: {e}"))
             }
         })
         .buffer_unordered(in_flight.max(1))
-        .try_collect::<Vec<Instant>>()
-        .await?
-        .into_iter()
-        .min()
-        .ok_or_else(|| "no instances to create".to_owned())
+        .try_collect::<Vec<(String, Instant)>>()
+        .await
 }
 
 /// A server-side dry run of a create, before anything is measured: kube-apiserver makes the first write
@@ -399,9 +404,26 @@ struct Progress {
     children_at: Option<Instant>,
     pods_ready_at: Option<Instant>,
     available_at: Option<Instant>,
+    /// Per instance: when its create was answered, its workload first seen, its first status seen.
+    created: HashMap<String, Instant>,
+    workload_seen: HashMap<String, Instant>,
+    status_seen: HashMap<String, Instant>,
 }
 
 impl Progress {
+    /// Per instance, seconds from its create's answer to `seen` (0 when seen first: the watch was quicker).
+    fn after_create(&self, seen: &HashMap<String, Instant>) -> Option<Delays> {
+        Delays::of(
+            self.created
+                .iter()
+                .filter_map(|(name, created)| {
+                    let at = seen.get(name)?;
+                    Some(at.saturating_duration_since(*created).as_secs_f64())
+                })
+                .collect(),
+        )
+    }
+
     fn all(&self, set: &HashSet<String>) -> bool {
         !self.expected.is_empty() && set.len() == self.expected.len()
     }
@@ -415,6 +437,9 @@ impl Progress {
                 self.services.entry(owner.clone()).or_default().insert(name);
             }
             None => {
+                self.workload_seen
+                    .entry(owner.clone())
+                    .or_insert_with(Instant::now);
                 self.workloads.insert(owner.clone());
             }
         }
@@ -456,6 +481,14 @@ impl Progress {
         let name = mc.name_any();
         if !self.expected.contains(&name) {
             return;
+        }
+        if mc.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| !c.is_empty())
+        {
+            self.status_seen
+                .entry(name.clone())
+                .or_insert_with(Instant::now);
         }
         let available = mc.data["status"]["conditions"]
             .as_array()

@@ -52,7 +52,8 @@
 //!     applied; the suite prints which path it saw
 //! 17. ServiceMonitor: created and removed with the spec where the cluster serves monitoring.coreos.com/v1,
 //!     else `Degraded` `ServiceMonitorUnavailable` (the Deployment is still applied)
-//! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate
+//! 18. TLS from a `kubernetes.io/tls` Secret (`-Z`), if `openssl` is on `PATH` to make a certificate; a
+//!     renewed certificate loaded by the running server (`CertificatesReloaded`), no pod replaced
 //! 19. network isolation and autoscaling: the NetworkPolicy (memcached port from the listed clients and the
 //!     operator's pods, which read stats; metrics port from the namespace) and the HorizontalPodAutoscaler (targeting the `Memcached`) are created, owned
 //!     and labelled; the autoscaler raises `spec.size` to `minSize` through the scale subresource and undoes a

@@ -2,8 +2,9 @@
 //!
 //! A chart cannot read files outside its own directory, so everything it shares with the other installs
 //! is copied into it here, and the drift check ([`crate::generate`]) fails when a copy is stale: the CRD
-//! (into `crds/`, Helm's convention) and the rules of every role (`files/rbac-rules.yaml`, which the
-//! templates `toYaml`). The rules of the roles the operator needs come from `memcached_operator::manifests`,
+//! (into `crds/`, Helm's convention), the rules of every role (`files/rbac-rules.yaml`, which the
+//! templates `toYaml`), the Grafana dashboard of `config/grafana` and the alert rules of
+//! `config/prometheus` (`files/`, read by the templates with `.Files.Get`). The rules of the roles the operator needs come from `memcached_operator::manifests`,
 //! as `config/rbac/role.yaml` does; those of the user-facing roles (editor, viewer, metrics reader) are read
 //! from their `config/rbac` files, so each rule has one source.
 
@@ -21,6 +22,15 @@ pub const CHART_DIR: &str = "charts/memcached-operator";
 pub const CHART_CRD_PATH: &str = "charts/memcached-operator/crds/cache.example.com_memcacheds.yaml";
 /// The rules of every role of the chart, keyed by role.
 pub const CHART_RULES_PATH: &str = "charts/memcached-operator/files/rbac-rules.yaml";
+/// The chart's copy of the Grafana dashboard.
+pub const CHART_DASHBOARD_PATH: &str = "charts/memcached-operator/files/grafana-dashboard.json";
+/// The chart's copy of the alert rules (the `spec` of the PrometheusRule).
+pub const CHART_ALERTS_PATH: &str = "charts/memcached-operator/files/prometheus-rules.yaml";
+
+/// The Grafana dashboard, the one source of the chart's copy.
+pub const DASHBOARD_PATH: &str = "config/grafana/memcached-operator.json";
+/// The PrometheusRule of the kustomize component `config/prometheus`, the one source of the chart's copy.
+pub const ALERTS_PATH: &str = "config/prometheus/prometheus_rule.yaml";
 
 /// The user-facing ClusterRoles of `config/rbac` whose rules the chart carries, by key in the rules file.
 const USER_ROLES: &[(&str, &str)] = &[
@@ -39,9 +49,14 @@ pub fn files() -> Result<Vec<(String, String)>, Error> {
 
 /// [`files`] with `config/` read under `root`.
 pub fn files_under(root: &Path) -> Result<Vec<(String, String)>, Error> {
+    let dashboard = read(root, DASHBOARD_PATH)?;
+    serde_json::from_str::<Value>(&dashboard)
+        .map_err(|e| Error::Invalid(format!("{DASHBOARD_PATH} is not JSON: {e}")))?;
     Ok(vec![
         (CHART_CRD_PATH.to_owned(), manifests::crd_yaml()?),
         (CHART_RULES_PATH.to_owned(), rules_yaml(root)?),
+        (CHART_DASHBOARD_PATH.to_owned(), dashboard),
+        (CHART_ALERTS_PATH.to_owned(), alerts_yaml(root)?),
     ])
 }
 
@@ -76,6 +91,24 @@ fn rules_yaml(root: &Path) -> Result<String, Error> {
         "# {GENERATED}\n# The rules of each role of the chart: manager, metricsAuth and leaderElection as \
          `memcached-operator rbac` prints them,\n# editor, viewer and metricsReader from config/rbac.\n{}",
         serde_saphyr::to_string(&Value::Object(rules(root)?))?
+    ))
+}
+
+/// The `spec` (rule groups) of the PrometheusRule of `config/prometheus`.
+pub fn alerts_spec(root: &Path) -> Result<Value, Error> {
+    let rule = yaml(root, ALERTS_PATH)?;
+    if rule["kind"] != "PrometheusRule" || !rule["spec"]["groups"].is_array() {
+        return Err(Error::Invalid(format!(
+            "{ALERTS_PATH}: a PrometheusRule with spec.groups was expected"
+        )));
+    }
+    Ok(rule["spec"].clone())
+}
+
+fn alerts_yaml(root: &Path) -> Result<String, Error> {
+    Ok(format!(
+        "# {GENERATED}\n# The spec of the PrometheusRule of {ALERTS_PATH}.\n{}",
+        serde_saphyr::to_string(&alerts_spec(root)?)?
     ))
 }
 

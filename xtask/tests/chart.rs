@@ -29,14 +29,25 @@ fn chart_version_and_app_version_are_the_crate_version() {
 }
 
 #[test]
-fn chart_lints_without_warnings() {
-    let findings = match xtask::helm::lint(&repo(CHART_DIR), &json!({})) {
-        Err(xtask::helm::Error::Unavailable(reason)) => return helm::skip(&reason),
-        other => other.unwrap(),
-    };
-    // Severity 1 is information ("icon is recommended"); 2 a warning, 3 an error.
-    let serious: Vec<_> = findings.iter().filter(|(s, _, _)| *s >= 2).collect();
-    assert!(serious.is_empty(), "helm lint --strict: {serious:#?}");
+fn chart_lints_without_warnings_with_defaults_and_every_switch_on() {
+    let everything = json!({
+        "watch": {"scope": "namespace"},
+        "metrics": {"serviceMonitor": {"enabled": true}},
+        "grafana": {"dashboards": {"enabled": true}},
+        "prometheusRule": {"enabled": true},
+    });
+    for values in [json!({}), everything] {
+        let findings = match xtask::helm::lint(&repo(CHART_DIR), &values) {
+            Err(xtask::helm::Error::Unavailable(reason)) => return helm::skip(&reason),
+            other => other.unwrap(),
+        };
+        // Severity 1 is information ("icon is recommended"); 2 a warning, 3 an error.
+        let serious: Vec<_> = findings.iter().filter(|(s, _, _)| *s >= 2).collect();
+        assert!(
+            serious.is_empty(),
+            "helm lint --strict with {values}: {serious:#?}"
+        );
+    }
 }
 
 /// `kind name` of each object the install creates; kustomize's Namespace is left out (`helm install

@@ -177,15 +177,20 @@ fn notes_say_how_to_create_a_first_cache() {
     let Some(rendering) = helm::render(json!({})) else {
         return;
     };
+    let notes = &rendering.notes;
     for needle in [
-        "kind: Memcached",
-        "kubectl apply",
+        "kubectl apply -n default -f -",
         "memcached-operator-metrics-reader",
     ] {
-        assert!(
-            rendering.notes.contains(needle),
-            "NOTES lack {needle:?}:\n{}",
-            rendering.notes
-        );
+        assert!(notes.contains(needle), "NOTES lack {needle:?}:\n{notes}");
     }
+    // The object the NOTES pipe into kubectl is a valid Memcached.
+    let object = notes
+        .split_once("echo '")
+        .and_then(|(_, rest)| rest.split_once("' |"))
+        .map(|(object, _)| object)
+        .unwrap_or_else(|| panic!("NOTES show no object to apply:\n{notes}"));
+    let memcached: memcached_operator::api::Memcached =
+        serde_json::from_str(object).unwrap_or_else(|e| panic!("{object}: {e}"));
+    assert_eq!(memcached.spec.size, 3);
 }

@@ -29,6 +29,10 @@
 //!   count the operator's requests from the audit log, [`Scenario::real_memcached`] to know whether pods
 //!   run a real memcached.
 //!
+//! Scenarios that install something else than `config/default` start on a control plane of their own:
+//! [`Scenario::start_namespaced`] (`config/namespaced`) and [`Scenario::start_from_rendering`] (the Helm
+//! chart's rendering, `chart.rs`).
+//!
 //! A new scenario is a file next to this one (`mod <name>;` below) with `#[tokio::test]` functions that
 //! begin with `let Some(s) = Scenario::start("<name>").await else { return };`.
 //!

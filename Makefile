@@ -64,7 +64,7 @@ help: ## Display this help.
 # VERSION and IMG say, so that `make manifests` always reproduces them; `make build-installer` and
 # `make bundle` honour IMG and VERSION for a release.
 .PHONY: manifests
-manifests: ## Regenerate every generated file: CRD, RBAC, dist/install.yaml, docs/api.md and the OLM bundle.
+manifests: ## Regenerate every generated file: CRD, RBAC, dist/install.yaml, docs/api.md, the OLM bundle and the Helm chart's copies.
 	$(XTASK) manifests
 
 .PHONY: check-manifests

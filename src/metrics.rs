@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use http::Version;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -42,9 +43,53 @@ struct RequestLabels {
     code: String,
 }
 
+/// One condition of one instance. The label is `condition`, not `type`: a scrape adds no such label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ConditionLabels {
+    namespace: String,
+    memcached: String,
+    condition: &'static str,
+}
+
+/// The condition types [`Metrics::set_conditions`] exports, as the reconciler writes them.
+const CONDITION_TYPES: [&str; 3] = [
+    crate::status::AVAILABLE,
+    crate::status::PROGRESSING,
+    crate::status::DEGRADED,
+];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabels {
     protocol: &'static str,
+}
+
+/// The samples the operator's own registry encodes, as queries name them (a histogram's `_bucket`,
+/// `_sum` and `_count`, a counter's `_total`). The unit test below encodes every metric and compares.
+const OPERATOR_SERIES: &[&str] = &[
+    "memcached_operator_reconcile_total",
+    "memcached_operator_reconcile_errors_total",
+    "memcached_operator_reconcile_duration_seconds_bucket",
+    "memcached_operator_reconcile_duration_seconds_sum",
+    "memcached_operator_reconcile_duration_seconds_count",
+    "memcached_operator_managed_instances",
+    "memcached_operator_leader",
+    "memcached_operator_kube_requests_total",
+    "memcached_operator_kube_responses_total",
+    "memcached_operator_api_available",
+    "memcached_operator_watch_errors_total",
+    "memcached_operator_instance_condition",
+    "memcached_operator_stats_reads_total",
+];
+
+/// Every sample name `/metrics` can carry: the operator's and the operand's (the exporter's names). The
+/// Grafana dashboard and the alert rules are checked against it, so that a renamed metric fails a test
+/// instead of leaving an empty panel or an alert that never fires.
+pub fn exported_series() -> Vec<String> {
+    OPERATOR_SERIES
+        .iter()
+        .map(|name| (*name).to_owned())
+        .chain(crate::telemetry::metrics::series_names())
+        .collect()
 }
 
 /// The operator's metrics and the registry they are exported from.
@@ -59,6 +104,7 @@ pub struct Metrics {
     responses: Family<ProtocolLabels, Counter>,
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
+    conditions: Family<ConditionLabels, Gauge>,
     operand_registry: Registry,
     operand: Arc<OperandMetrics>,
 }
@@ -121,6 +167,13 @@ impl Default for Metrics {
             "Failed or expired watches by resource and reason (expired: re-listed at once; failed: retried)",
             watch_errors.clone(),
         );
+        let conditions = Family::<ConditionLabels, Gauge>::default();
+        registry.register(
+            "instance_condition",
+            "1 while the instance's condition (Available, Progressing, Degraded) is True, else 0; as the \
+             leader last computed it",
+            conditions.clone(),
+        );
         let operand = Arc::new(OperandMetrics::default());
         let mut operand_registry = Registry::default();
         operand_registry.register_collector(Box::new(operand.clone()));
@@ -152,6 +205,7 @@ impl Default for Metrics {
             responses,
             api_available,
             watch_errors,
+            conditions,
         }
     }
 }
@@ -218,6 +272,34 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets the conditions of one instance from its computed status: 1 for a condition that is True, 0
+    /// otherwise (False, Unknown or absent). Alerts read `Degraded` here, without listing the objects.
+    pub fn set_conditions(&self, namespace: &str, name: &str, conditions: &[Condition]) {
+        for condition in CONDITION_TYPES {
+            let on = conditions
+                .iter()
+                .any(|c| c.type_ == condition && c.status == "True");
+            self.conditions
+                .get_or_create(&ConditionLabels {
+                    namespace: namespace.to_owned(),
+                    memcached: name.to_owned(),
+                    condition,
+                })
+                .set(i64::from(on));
+        }
+    }
+
+    /// Removes the condition series of an instance that is gone.
+    pub fn forget_instance(&self, namespace: &str, name: &str) {
+        for condition in CONDITION_TYPES {
+            self.conditions.remove(&ConditionLabels {
+                namespace: namespace.to_owned(),
+                memcached: name.to_owned(),
+                condition,
+            });
+        }
+    }
+
     fn count_request(&self, verb: &'static str, code: String) {
         self.requests
             .get_or_create(&RequestLabels { verb, code })
@@ -272,6 +354,57 @@ mod tests {
     use http::{Method, Request, Response};
     use tower::{Layer, Service, ServiceExt};
 
+    use crate::telemetry::stats::Stats;
+
+    fn condition(type_: &str, status: &str) -> Condition {
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+            message: String::new(),
+            observed_generation: None,
+            reason: "AsExpected".to_owned(),
+        }
+    }
+
+    #[test]
+    fn conditions_follow_the_status_and_go_with_the_instance() {
+        let metrics = Metrics::default();
+        let series = |condition: &str, value: u8| {
+            format!(
+                "memcached_operator_instance_condition{{namespace=\"ns\",memcached=\"cache\",condition=\"{condition}\"}} {value}"
+            )
+        };
+        metrics.set_conditions(
+            "ns",
+            "cache",
+            &[
+                condition("Available", "False"),
+                condition("Degraded", "True"),
+            ],
+        );
+        let text = metrics.encode();
+        for line in [
+            series("Available", 0),
+            series("Progressing", 0),
+            series("Degraded", 1),
+        ] {
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        metrics.set_conditions("ns", "cache", &[condition("Available", "True")]);
+        let text = metrics.encode();
+        for line in [series("Available", 1), series("Degraded", 0)] {
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        metrics.set_conditions("ns", "other", &[]);
+        metrics.forget_instance("ns", "cache");
+        let text = metrics.encode();
+        assert!(!text.contains("memcached=\"cache\""), "{text}");
+        assert!(text.contains("memcached=\"other\""), "{text}");
+    }
+
     #[tokio::test]
     async fn layer_counts_requests_and_encodes_every_metric() {
         let metrics = Arc::new(Metrics::default());
@@ -299,12 +432,17 @@ mod tests {
         metrics.set_leader(true);
         metrics.set_instances(2);
         metrics.set_api_available(true);
+        metrics.set_conditions("ns", "cache", &[]);
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
         metrics.operand().count_read("timeout");
         metrics.operand().set_instance(
             ("ns".into(), "cache".into()),
             [("cache-a".to_owned(), None)].into(),
+        );
+        metrics.operand().set_instance(
+            ("ns".into(), "read".into()),
+            [("read-a".to_owned(), Some(Stats::default()))].into(),
         );
 
         let text = metrics.encode();
@@ -328,5 +466,19 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+
+        let mut encoded: Vec<&str> = text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| line.split(['{', ' ']).next())
+            .collect();
+        encoded.sort_unstable();
+        encoded.dedup();
+        let mut listed = exported_series();
+        listed.sort_unstable();
+        assert_eq!(
+            encoded, listed,
+            "exported_series() must list exactly what the registry encodes"
+        );
     }
 }

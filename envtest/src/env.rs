@@ -18,7 +18,9 @@ use tokio::sync::OnceCell;
 
 use crate::assets::Assets;
 use crate::control_plane::{ControlPlane, ControlPlaneOptions};
-use crate::install::{OperatorCredentials, install_operator_overlay, install_operator_rbac};
+use crate::install::{
+    OperatorCredentials, install_operator_manifest, install_operator_overlay, install_operator_rbac,
+};
 use crate::kubelet::{Kubelet, KubeletOptions};
 
 /// How to start an [`Env`].
@@ -95,6 +97,15 @@ impl Env {
         overlay: &str,
     ) -> Result<OperatorCredentials> {
         install_operator_overlay(&self.control_plane, &self.client, config_dir, overlay).await
+    }
+
+    /// Installs the operator's CRD and RBAC from a rendering made elsewhere (the Helm chart's).
+    pub async fn install_operator_manifest(
+        &self,
+        rendered: &str,
+        source: &str,
+    ) -> Result<OperatorCredentials> {
+        install_operator_manifest(&self.control_plane, &self.client, rendered, source).await
     }
 
     /// Stops the kubelet (killing its processes), then the control plane.

@@ -61,7 +61,28 @@ pub async fn install_operator_overlay(
         &["kustomize".as_ref(), config_dir.join(overlay).as_os_str()],
         None,
     )?;
-    let manifest: String = split_documents(&rendered)
+    install_operator_manifest(
+        control_plane,
+        client,
+        &rendered,
+        &format!("config/{overlay}"),
+    )
+    .await
+}
+
+/// [`install_operator_rbac`] from a rendering made elsewhere (`source` names it in errors), such as the
+/// Helm chart's: everything but the Deployment is applied. The Namespace of its ServiceAccount must be in
+/// the rendering or exist.
+pub async fn install_operator_manifest(
+    control_plane: &ControlPlane,
+    client: &Client,
+    rendered: &str,
+    source: &str,
+) -> Result<OperatorCredentials> {
+    let kubectl = crate::assets()
+        .map(|a| a.kubectl())
+        .unwrap_or_else(|| PathBuf::from("kubectl"));
+    let manifest: String = split_documents(rendered)
         .into_iter()
         .filter(|doc| top_level_kind(doc) != Some("Deployment"))
         .map(|doc| format!("---\n{doc}\n"))
@@ -103,7 +124,7 @@ pub async fn install_operator_overlay(
     let account = of_kind("ServiceAccount")
         .into_iter()
         .next()
-        .ok_or_else(|| anyhow!("config/{overlay} renders no ServiceAccount"))?;
+        .ok_or_else(|| anyhow!("{source} renders no ServiceAccount"))?;
     let name = account["metadata"]["name"]
         .as_str()
         .unwrap_or_default()

@@ -34,7 +34,9 @@ pub use assets::{Assets, assets};
 pub use audit::{AuditEvent, AuditLog, Mark, RequestCounts, RequestKey};
 pub use control_plane::{ControlPlane, ControlPlaneOptions};
 pub use env::{Env, EnvOptions, SharedEnv, create_namespace};
-pub use install::{OperatorCredentials, install_operator_overlay, install_operator_rbac};
+pub use install::{
+    OperatorCredentials, install_operator_manifest, install_operator_overlay, install_operator_rbac,
+};
 pub use kubelet::{Kubelet, KubeletOptions};
 pub use operator::Operator;
 
@@ -55,6 +57,15 @@ pub fn skip_message(scenario: &str) -> String {
 pub fn skip(scenario: &str) {
     SKIPPED.fetch_add(1, Ordering::Relaxed);
     let _ = writeln!(std::io::stderr().lock(), "{}", skip_message(scenario));
+}
+
+/// [`skip`] for a reason other than the control plane's binaries (a tool the scenario needs is missing).
+pub fn skip_because(scenario: &str, reason: &str) {
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let _ = writeln!(
+        std::io::stderr().lock(),
+        "envtest: skipped {scenario}: {reason}"
+    );
 }
 
 /// How many scenarios this process has skipped.

@@ -188,6 +188,7 @@ impl Context {
         };
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
+        self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }
 }

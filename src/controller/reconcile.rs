@@ -599,10 +599,12 @@ async fn report(
         problem,
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
+    let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+    ctx.metrics
+        .set_conditions(&namespace, &name, &new.conditions);
     if mc.status.as_ref() == Some(&new) {
         return Ok(None);
     }
-    let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
     if let Some(left) = ctx.pace.hold(&namespace, &name, mc.status.as_ref(), &new) {
         debug!(memcached = %name, %namespace, ?left, "status change held back");
         return Ok(Some(left));

@@ -202,6 +202,24 @@ const SERIES: &[Series] = &[
     },
 ];
 
+/// The name of every operand sample the operator can expose, as a query names it (`_total` on counters):
+/// `memcached_up` and the names of [`SERIES`], so dashboards and alerts can be checked against what this
+/// module encodes. `crate::metrics` ties the complete list to an actual encoding.
+pub fn series_names() -> Vec<String> {
+    let mut names = vec!["memcached_up".to_owned()];
+    for series in SERIES {
+        let name = if series.counter {
+            format!("{}_total", series.name)
+        } else {
+            series.name.to_owned()
+        };
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
+}
+
 fn labels<'a>(
     (namespace, memcached): &'a InstanceKey,
     pod: &'a str,

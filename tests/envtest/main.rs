@@ -29,6 +29,10 @@
 //!   count the operator's requests from the audit log, [`Scenario::real_memcached`] to know whether pods
 //!   run a real memcached.
 //!
+//! Scenarios that install something else than `config/default` start on a control plane of their own:
+//! [`Scenario::start_namespaced`] (`config/namespaced`) and [`Scenario::start_from_rendering`] (the Helm
+//! chart's rendering, `chart.rs`).
+//!
 //! A new scenario is a file next to this one (`mod <name>;` below) with `#[tokio::test]` functions that
 //! begin with `let Some(s) = Scenario::start("<name>").await else { return };`.
 //!
@@ -46,6 +50,7 @@
 
 mod adoption;
 mod certificates;
+mod chart;
 mod convergence;
 mod crd;
 mod drain;
@@ -176,18 +181,30 @@ impl Scenario {
     /// Like [`Scenario::start_with`], on a control plane of the scenario's own (about 4 s more), for a
     /// scenario that restarts the API server or must not share it. It stops with the scenario.
     pub async fn start_isolated(name: &str, args: &[&str]) -> Option<Scenario> {
-        Scenario::start_own(name, "default", args).await
+        Scenario::start_own(name, Install::Overlay("default"), args).await
+    }
+
+    /// On a control plane of its own, the operator's CRD and RBAC installed from `rendered` (everything
+    /// but its Deployment; `source` names it), in a namespace of the scenario's own: the Helm chart's
+    /// rendering, say. The rendering must hold the Namespace of the operator's ServiceAccount.
+    pub async fn start_from_rendering(
+        name: &str,
+        rendered: String,
+        source: &str,
+    ) -> Option<Scenario> {
+        Scenario::start_own(name, Install::Rendered { rendered, source }, &[]).await
     }
 
     /// On a control plane of its own, the operator installed from `config/namespaced` (its rights a Role
     /// in its own namespace, no ClusterRole), watching that namespace, which is the scenario's namespace.
     pub async fn start_namespaced(name: &str) -> Option<Scenario> {
-        Scenario::start_own(name, "namespaced", &[]).await
+        Scenario::start_own(name, Install::Overlay("namespaced"), &[]).await
     }
 
-    /// A control plane of the scenario's own, the operator installed from `config/<overlay>`: in a
-    /// namespace of the scenario's own for `default`, else in the namespace the install creates.
-    async fn start_own(name: &str, overlay: &str, args: &[&str]) -> Option<Scenario> {
+    /// A control plane of the scenario's own, the operator installed from `config/<overlay>` (in a
+    /// namespace of the scenario's own for `default`, else in the namespace the install creates) or from a
+    /// rendering (in a namespace of the scenario's own).
+    async fn start_own(name: &str, install: Install<'_>, args: &[&str]) -> Option<Scenario> {
         let started = Instant::now();
         let Some(assets) = envtest::assets() else {
             envtest::skip(name);
@@ -197,11 +214,23 @@ impl Scenario {
             .await
             .unwrap_or_else(|e| panic!("envtest for {name}: {e:#}"));
         announce_environment(env.control_plane(), env.started_in(), name);
-        let credentials = env
-            .install_operator_overlay(&config_dir(), overlay)
-            .await
-            .unwrap_or_else(|e| panic!("installing config/{overlay}: {e:#}"));
-        let namespace = (overlay != "default").then(|| credentials.namespace.clone());
+        let (credentials, namespace) = match install {
+            Install::Overlay(overlay) => {
+                let credentials = env
+                    .install_operator_overlay(&config_dir(), overlay)
+                    .await
+                    .unwrap_or_else(|e| panic!("installing config/{overlay}: {e:#}"));
+                let namespace = (overlay != "default").then(|| credentials.namespace.clone());
+                (credentials, namespace)
+            }
+            Install::Rendered { rendered, source } => {
+                let credentials = env
+                    .install_operator_manifest(&rendered, source)
+                    .await
+                    .unwrap_or_else(|e| panic!("installing {source}: {e:#}"));
+                (credentials, None)
+            }
+        };
         Some(
             Scenario::begin(
                 name,
@@ -428,6 +457,14 @@ async fn start_operator(
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
     operator
+}
+
+/// What [`Scenario::start_own`] installs.
+enum Install<'a> {
+    /// `config/<overlay>`, rendered by kustomize.
+    Overlay(&'a str),
+    /// A rendering made elsewhere, named `source`.
+    Rendered { rendered: String, source: &'a str },
 }
 
 fn config_dir() -> PathBuf {

@@ -8,7 +8,7 @@ use memcached_operator::manifests;
 
 use crate::bundle::{self, Options};
 use crate::install::{self, io};
-use crate::{api_docs, repo_root};
+use crate::{api_docs, chart, repo_root};
 
 /// Why the generated files cannot be produced or written.
 #[derive(Debug, thiserror::Error)]
@@ -29,7 +29,7 @@ pub struct File {
 }
 
 /// Every generated file with its current content: the CRD and roles (`config/`), the one-file install,
-/// the API reference and the OLM bundle, all with their default version and image.
+/// the API reference, the OLM bundle, all with their default version and image, and the Helm chart's copies.
 pub fn files() -> Result<Vec<File>, Error> {
     let file = |path: &str, content: String| File {
         path: path.to_owned(),
@@ -54,6 +54,11 @@ pub fn files() -> Result<Vec<File>, Error> {
         content,
     }));
     files.push(file(bundle::DOCKERFILE, rendered.dockerfile));
+    files.extend(
+        chart::files()?
+            .into_iter()
+            .map(|(path, content)| File { path, content }),
+    );
     Ok(files)
 }
 

@@ -61,6 +61,20 @@ pub fn parse_image(s: &str) -> Result<String, String> {
     }
 }
 
+/// The objects of `config/default` with the kustomize component `component` (such as `config/prometheus`)
+/// enabled, as a user does by uncommenting it under `components:` in config/default/kustomization.yaml.
+pub fn install_with_component(component: &str) -> Result<Vec<Value>, Error> {
+    let scratch = Scratch::new()?;
+    let kustomization = scratch
+        .config(DEFAULT_KUSTOMIZATION)
+        .join("kustomization.yaml");
+    let mut text = std::fs::read_to_string(&kustomization).map_err(io(&kustomization))?;
+    let relative = component.strip_prefix("config/").unwrap_or(component);
+    text.push_str(&format!("components:\n- ../{relative}\n"));
+    std::fs::write(&kustomization, text).map_err(io(&kustomization))?;
+    Ok(kubectl::kustomize(&scratch.config(DEFAULT_KUSTOMIZATION))?)
+}
+
 /// Every object of the install, in `kubectl kustomize` order, with the operator running `image`.
 pub fn install(image: &str) -> Result<Vec<Value>, Error> {
     let scratch = Scratch::new()?;

@@ -4,14 +4,17 @@
 //! ([`install`]), the OLM bundle ([`bundle`]) and the API reference ([`api_docs`]), the last two by walking
 //! the CRD schema ([`schema`]). Kustomizations are rendered by `kubectl kustomize` ([`kubectl`]), not by a
 //! renderer of our own. [`generate`] lists every generated file, writes them (`cargo xtask manifests`) and
-//! finds committed copies that drifted (`cargo xtask check`). The CRD and RBAC come from the operator
-//! library (`memcached_operator::manifests`), which its binary prints too.
+//! finds committed copies that drifted (`cargo xtask check`), the Helm chart's copies ([`chart`])
+//! included. The CRD and RBAC come from the operator library (`memcached_operator::manifests`), which its
+//! binary prints too. The chart's tests render it with Helm's own engine ([`helm`]).
 
 use std::path::{Path, PathBuf};
 
 pub mod api_docs;
 pub mod bundle;
+pub mod chart;
 pub mod generate;
+pub mod helm;
 pub mod install;
 pub mod kubectl;
 pub mod schema;

@@ -3,6 +3,9 @@
 
 use serde_json::{Value, json};
 
+pub mod helm;
+pub mod promql;
+
 // The repository helpers of the operator's tests, shared rather than copied.
 #[path = "../../../tests/common/files.rs"]
 mod repository;

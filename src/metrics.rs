@@ -79,6 +79,8 @@ const OPERATOR_SERIES: &[&str] = &[
     "memcached_operator_watch_errors_total",
     "memcached_operator_instance_condition",
     "memcached_operator_stats_reads_total",
+    "memcached_operator_certificate_refreshes_total",
+    "memcached_operator_certificate_reloads_total",
 ];
 
 /// Every sample name `/metrics` can carry: the operator's and the operand's (the exporter's names). The
@@ -436,6 +438,8 @@ mod tests {
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
         metrics.operand().count_read("timeout");
+        metrics.operand().count_refresh("ok");
+        metrics.operand().count_reloads(2);
         metrics.operand().set_instance(
             ("ns".into(), "cache".into()),
             [("cache-a".to_owned(), None)].into(),
@@ -451,6 +455,8 @@ mod tests {
         for line in [
             "memcached_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-a\"} 0",
             "memcached_operator_stats_reads_total{result=\"timeout\"} 1",
+            "memcached_operator_certificate_refreshes_total{answer=\"ok\"} 1",
+            "memcached_operator_certificate_reloads_total 2",
             "memcached_operator_kube_requests_total{verb=\"patch\",code=\"409\"} 1",
             "memcached_operator_kube_requests_total{verb=\"get\",code=\"200\"} 2",
             "memcached_operator_kube_responses_total{protocol=\"HTTP/1.1\"} 1",

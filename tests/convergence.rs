@@ -1,6 +1,6 @@
 //! What converging costs in requests, across the reconciles of one operator process (one context): a
-//! new instance converges in six (its workload, two Services and one event; then, with its first ready
-//! server, the server list and its first status), no second write of anything the watch has not brought
+//! new instance converges in seven (its workload, two Services, one event and its first status,
+//! `Creating`; then, with its first ready server, the server list and its status), no second write of anything the watch has not brought
 //! back yet (read-your-writes), and status changes that only move counts paced (issue #9).
 
 mod common;
@@ -37,23 +37,22 @@ fn assert_runs_again_within(action: &Action, wait: Duration) {
     );
 }
 
-/// The create path, every answer an object as stored: the workload, the Services, one event. No server
-/// list (no server is ready yet).
+/// The create path, every answer an object as stored: the workload, the Services, one event, the first
+/// status (`Creating`). No server list (no server is ready yet).
 fn creation() -> Vec<Exchange> {
     vec![
         expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
         expect(Method::PATCH, SERVICES).create().answer(stored),
         expect(Method::PATCH, HEADLESS).create().answer(stored),
         event(),
+        expect(Method::PATCH, STATUS).apply().answer(stored_status),
     ]
 }
 
 #[tokio::test]
 async fn a_reconcile_before_the_watches_catch_up_writes_nothing_again() {
     let mut cluster = Cluster::new();
-    let mut script = creation();
-    script.push(expect(Method::PATCH, STATUS).apply().answer(stored_status));
-    let session = Session::start(&cluster, settings(), script, NOW);
+    let session = Session::start(&cluster, settings(), creation(), NOW);
     session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     // Another watch event triggers the instance while every cache is still as it was: the instance
     // without its status, no children. Nothing is applied again, no event, no status.
@@ -166,7 +165,6 @@ async fn with_pacing_a_count_that_moves_within_the_pace_waits() {
 async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     let mut cluster = Cluster::new();
     let mut script = creation();
-    script.push(expect(Method::PATCH, STATUS).apply().answer(stored_status));
     // Someone deletes the Deployment before the operator's cache has even seen it; the watch delivers the
     // deletion, and the reconcile it triggers applies the Deployment again.
     script.extend([
@@ -198,8 +196,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// A new instance with the default settings: six requests in all, and its first status once it has
-// something settled to say.
+// A new instance with the default settings: seven requests in all, its first status at once.
 
 /// The pod of a new instance: scheduled, its container being created, not ready.
 fn starting_pod() -> Pod {
@@ -237,9 +234,16 @@ fn the_pod_is_ready(cluster: &mut Cluster, applied: &Value) {
     cluster.deployment(settled(applied));
 }
 
+/// The instance with the status in the body of a status apply, as the watch brings it back.
+fn with_status(status_apply: &Value) -> Memcached {
+    let mut mc = memcached(1);
+    mc.status = Some(serde_json::from_value(status_apply["status"].clone()).unwrap());
+    mc
+}
+
 /// The first reconcile of a new instance with the default settings; the caches then catch up with it
-/// (the pod still starting). Returns the Deployment as applied.
-async fn create_new(cluster: &mut Cluster) -> Value {
+/// (the pod still starting). Returns the Deployment as applied and the instance with its first status.
+async fn create_new(cluster: &mut Cluster) -> (Value, Memcached) {
     let session = Session::start(cluster, Settings::default(), creation(), NOW);
     session.reconcile(cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
@@ -248,7 +252,7 @@ async fn create_new(cluster: &mut Cluster) -> Value {
         &seen[0].body,
         &[seen[1].body.clone(), seen[2].body.clone()],
     );
-    seen[0].body.clone()
+    (seen[0].body.clone(), with_status(&seen[4].body))
 }
 
 /// The same process as the one that created the instance's children moments ago (its pacing remembers
@@ -259,7 +263,7 @@ fn same_process(cluster: &Cluster, script: Vec<Exchange>) -> Session {
     session
 }
 
-/// The server list and the first status, once the pod is ready.
+/// The server list and the status, once the pod is ready.
 fn published() -> Vec<Exchange> {
     vec![
         expect(Method::PATCH, CONFIG_MAPS).create().answer(stored),
@@ -268,10 +272,10 @@ fn published() -> Vec<Exchange> {
 }
 
 #[tokio::test]
-async fn a_new_instance_first_sends_its_workload_its_services_and_one_event() {
+async fn a_new_instance_first_sends_its_workload_its_services_one_event_and_its_first_status() {
     let mut cluster = Cluster::new();
     let session = Session::start(&cluster, Settings::default(), creation(), NOW);
-    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
     let requests: Vec<(&Method, &str)> =
         seen.iter().map(|s| (&s.method, s.path.as_str())).collect();
@@ -282,36 +286,42 @@ async fn a_new_instance_first_sends_its_workload_its_services_and_one_event() {
             (&Method::PATCH, SERVICES),
             (&Method::PATCH, HEADLESS),
             (&Method::POST, EVENTS),
+            (&Method::PATCH, STATUS),
         ],
-        "no finalizer, no server list (nothing to publish), no status (nothing settled to say)"
+        "no finalizer, no server list (nothing to publish)"
     );
     assert_eq!(
         seen[3].body["note"],
         "Created Deployment cache with 1 replicas, Service cache, Service cache-headless"
     );
-    // The held status is due when its wait ends.
-    assert_runs_again_within(&action, Settings::default().first_status_within);
+    // What `kubectl get memcached` shows right after `kubectl apply`: the instance is being created.
+    let status = &seen[4].body;
+    assert_eq!(condition(status, "Progressing")["status"], "True");
+    assert_eq!(condition(status, "Progressing")["reason"], "Creating");
+    assert_eq!(condition(status, "Available")["status"], "False");
+    assert_eq!(condition(status, "Degraded")["status"], "False");
+    assert_eq!(status["status"]["observedGeneration"], 1);
 }
 
 #[tokio::test]
-async fn a_new_instance_whose_pod_is_starting_writes_nothing() {
+async fn a_new_instance_whose_pod_is_starting_writes_nothing_until_the_pace_is_over() {
     let mut cluster = Cluster::new();
-    create_new(&mut cluster).await;
-    // The workload and the pod moved: the status would say "1 pod, none ready". Held, and due when the
-    // wait that began with the creation ends.
+    let (_, mc) = create_new(&mut cluster).await;
+    // The workload and the pod moved: the status would say "1 pod, none ready", a change of counts only,
+    // within the pace of the creation: held, and due when the pace is over.
     let session = same_process(&cluster, vec![]);
-    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let action = session.reconcile(&mut cluster, mc).await.unwrap();
     assert!(session.finish().await.is_empty());
-    assert_runs_again_within(&action, Settings::default().first_status_within);
+    assert_runs_again_soon(&action);
 }
 
 #[tokio::test]
-async fn a_new_instance_whose_pod_is_ready_writes_its_server_list_and_first_status_only() {
+async fn a_new_instance_whose_pod_is_ready_writes_its_server_list_and_status_only() {
     let mut cluster = Cluster::new();
-    let deployment = create_new(&mut cluster).await;
+    let (deployment, mc) = create_new(&mut cluster).await;
     the_pod_is_ready(&mut cluster, &deployment);
     let session = same_process(&cluster, published());
-    let action = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    let action = session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
     assert_eq!(action, Action::requeue(Duration::from_secs(300)));
     assert_eq!(seen.len(), 2, "no event for the server list: {seen:#?}");
@@ -326,14 +336,13 @@ async fn a_new_instance_whose_pod_is_ready_writes_its_server_list_and_first_stat
 #[tokio::test]
 async fn a_new_instance_once_settled_sends_nothing() {
     let mut cluster = Cluster::new();
-    let deployment = create_new(&mut cluster).await;
+    let (deployment, mc) = create_new(&mut cluster).await;
     the_pod_is_ready(&mut cluster, &deployment);
     let session = same_process(&cluster, published());
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
     cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
-    let mut mc = memcached(1);
-    mc.status = Some(serde_json::from_value(seen[1].body["status"].clone()).unwrap());
+    let mc = with_status(&seen[1].body);
 
     let session = same_process(&cluster, vec![]);
     let action = session.reconcile(&mut cluster, mc).await.unwrap();
@@ -342,9 +351,9 @@ async fn a_new_instance_once_settled_sends_nothing() {
 }
 
 /// The whole life of a new instance in one process, every answer an object as stored and the caches
-/// catching up between reconciles with what the operator wrote: six requests.
+/// catching up between reconciles with what the operator wrote: seven requests.
 #[tokio::test]
-async fn a_new_instance_converges_in_six_requests_in_one_process() {
+async fn a_new_instance_converges_in_seven_requests_in_one_process() {
     let mut cluster = Cluster::new();
     let mut script = creation();
     script.extend(published());
@@ -368,79 +377,52 @@ async fn a_new_instance_converges_in_six_requests_in_one_process() {
             serde_json::to_value(service.expect("the Service as stored").as_ref()).unwrap()
         })
         .collect();
+    // The instance as the watch brings it back after the operator's last status write.
+    let latest = || {
+        written
+            .fresher::<Memcached>(NS, NAME, &(), None)
+            .object
+            .expect("the instance with its status, as stored")
+            .as_ref()
+            .clone()
+    };
+    let mc = latest();
+    assert!(mc.status.is_some(), "the first status, as stored");
     catch_up_with_the_creation(&mut cluster, &deployment, &services);
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    // Within the pace of the creation the counts wait; the reconcile asked for then finds the pod ready.
+    session.reconcile(&mut cluster, mc.clone()).await.unwrap();
 
     the_pod_is_ready(&mut cluster, &deployment);
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    session.reconcile(&mut cluster, mc.clone()).await.unwrap();
 
     let list = written
         .fresher::<ConfigMap>(NS, "cache-servers", &(), None)
         .object
         .expect("the server list as stored");
     cluster.config_map(list.as_ref().clone());
-    let mc = written
-        .fresher::<Memcached>(NS, NAME, &(), None)
-        .object
-        .expect("the instance with its status, as stored");
-    let settled = session
-        .reconcile(&mut cluster, mc.as_ref().clone())
-        .await
-        .unwrap();
+    let settled = session.reconcile(&mut cluster, latest()).await.unwrap();
     assert_eq!(settled, Action::requeue(Duration::from_secs(300)));
 
     let seen = session.finish().await;
     let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
     assert_eq!(
         requests,
-        [DEPLOYMENTS, SERVICES, HEADLESS, EVENTS, CONFIG_MAPS, STATUS]
+        [
+            DEPLOYMENTS,
+            SERVICES,
+            HEADLESS,
+            EVENTS,
+            STATUS,
+            CONFIG_MAPS,
+            STATUS
+        ]
     );
 }
 
 #[tokio::test]
-async fn a_new_instance_without_a_ready_pod_gets_its_first_status_at_the_deadline() {
+async fn a_new_instance_whose_pod_cannot_start_says_so_at_once() {
     let mut cluster = Cluster::new();
-    let within = Duration::from_millis(300);
-    let settings = Settings {
-        first_status_within: within,
-        ..Settings::default()
-    };
-    let mut script = creation();
-    script.push(expect(Method::PATCH, STATUS).apply());
-    let session = Session::start(&cluster, settings, script, NOW);
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
-    let applied = serde_json::to_value(
-        session
-            .ctx
-            .written
-            .fresher::<Deployment>(NS, NAME, &(), None)
-            .object
-            .expect("the Deployment as stored")
-            .as_ref(),
-    )
-    .unwrap();
-    catch_up_with_the_creation(&mut cluster, &applied, &[]);
-    let held = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
-    assert_runs_again_within(&held, within);
-
-    // The reconcile asked for when the wait ends: the pod still starts, and the status says so (at once,
-    // although the children changed less than the pace ago).
-    tokio::time::sleep(within).await;
-    let due = session.reconcile(&mut cluster, memcached(1)).await.unwrap();
-    assert_eq!(due, Action::requeue(Duration::from_secs(300)));
-    let seen = session.finish().await;
-    assert_eq!(seen.len(), 5, "{seen:#?}");
-    let status = &seen[4].body;
-    assert_eq!(condition(status, "Available")["status"], "False");
-    assert_eq!(condition(status, "Progressing")["reason"], "ScalingUp");
-    assert_eq!(condition(status, "Degraded")["status"], "False");
-    assert_eq!(status["status"]["replicas"], 1);
-}
-
-#[tokio::test]
-async fn a_new_instance_whose_pod_cannot_start_gets_its_first_status_at_once() {
-    let mut cluster = Cluster::new();
-    create_new(&mut cluster).await;
+    let (_, mc) = create_new(&mut cluster).await;
     let mut pod = starting_pod();
     pod.status
         .as_mut()
@@ -456,29 +438,13 @@ async fn a_new_instance_whose_pod_cannot_start_gets_its_first_status_at_once() {
         .unwrap()
         .reason = Some("ImagePullBackOff".into());
     cluster.pod(pod);
+    // Within the pace of the creation, but a new Degraded reason is never held.
     let session = same_process(
         &cluster,
         vec![expect(Method::PATCH, STATUS).apply(), event()],
     );
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
+    session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
     assert_degraded(&seen[0].body, "ImagePullFailed", "cache-7d9f-a");
     assert_eq!(seen[1].body["type"], "Warning");
-}
-
-#[tokio::test]
-async fn after_a_restart_a_first_status_is_not_held() {
-    // The children exist and the pod starts, but this process did not create them: it has no record of
-    // when the wait began, so the status is written at once.
-    let mut cluster = Cluster::new();
-    create_new(&mut cluster).await;
-    let session = Session::start(
-        &cluster,
-        Settings::default(),
-        vec![expect(Method::PATCH, STATUS).apply()],
-        NOW,
-    );
-    session.reconcile(&mut cluster, memcached(1)).await.unwrap();
-    let seen = session.finish().await;
-    assert_eq!(condition(&seen[0].body, "Available")["status"], "False");
 }

@@ -72,10 +72,6 @@ pub struct Settings {
     /// Least time between two status writes of one instance that only move counts and conditions (see
     /// `pace`); zero writes every change at once.
     pub status_pace: Duration,
-    /// Longest a new instance's first status is held while its pods come up, counted from when this
-    /// process created its children (see `pace`): it is written as soon as the instance is `Available` or
-    /// `Degraded`, else when this has passed. Zero writes it at once.
-    pub first_status_within: Duration,
 }
 
 impl Default for Settings {
@@ -87,7 +83,6 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             side_step_timeout: Duration::from_secs(5),
             status_pace: Duration::from_secs(1),
-            first_status_within: Duration::from_secs(30),
         }
     }
 }
@@ -138,8 +133,7 @@ pub struct Context {
     /// The answers to this operator's latest writes, until the caches catch up (read-your-writes); shared
     /// with the watches, which end an answer when they see the object deleted.
     pub written: Arc<Written>,
-    /// When each instance's status was last written, to pace the writes that can wait, and when its
-    /// children were created, to hold its first status.
+    /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
 }
 
@@ -160,7 +154,7 @@ impl Context {
             },
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
-        let pace = pace::Pace::new(settings.status_pace, settings.first_status_within);
+        let pace = pace::Pace::new(settings.status_pace);
         Self {
             client,
             settings,

@@ -9,47 +9,39 @@
 //! it). A pod that takes a slot but is not ready yet can wait: slot assignment is a pure function of the
 //! stored slots and the pods, so the next reconcile assigns it the same way.
 //!
-//! A new instance's first status waits for something settled to say: written while its pods come up, it
-//! would say only "creating", and be written again moments later with the first ready server. So an
-//! instance that has no status yet gets its first one once it is `Available` and done (see [`settled`]),
-//! or has a `Degraded` reason, or when [`Pace::first_within`] has passed since this process created its
-//! children, whichever comes first. With no record of that creation (after a restart) the first status is
-//! not held for it.
+//! A new instance's first status is never held: written on its first reconcile (`Progressing=True`,
+//! `Creating`, the counts), so that `kubectl get memcached` right after `kubectl apply` shows progress, as a
+//! Deployment's does. It costs one write per instance (its next status comes with its first ready server,
+//! which is never held either).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::api::MemcachedStatus;
-use crate::status::{AVAILABLE, DEGRADED, PROGRESSING, find};
+use crate::status::{DEGRADED, find};
 
 type Key = (String, String);
 
 /// Status writes per instance, and the gap kept between those that can wait.
 pub struct Pace {
     gap: Duration,
-    first_within: Duration,
     last: Mutex<Writes>,
 }
 
-/// The last write per instance, when this process first changed each instance's children (the start of
-/// the wait of a first status), and when the entries that hold nothing back any more were last dropped:
-/// at most once per the shorter of the two waits, so a burst of writes does not go through them all at
-/// every write.
+/// The last write per instance, and when the entries that hold nothing back any more were last dropped:
+/// at most once per gap, so a burst of writes does not go through them all at every write.
 #[derive(Default)]
 struct Writes {
     at: HashMap<Key, Instant>,
-    since: HashMap<Key, Instant>,
     pruned: Option<Instant>,
 }
 
 impl Pace {
-    /// Pacing with `gap` between the writes that can wait, and first statuses held for at most
-    /// `first_within`; zero turns either off.
-    pub fn new(gap: Duration, first_within: Duration) -> Self {
+    /// Pacing with `gap` between the writes that can wait; zero turns it off.
+    pub fn new(gap: Duration) -> Self {
         Self {
             gap,
-            first_within,
             last: Mutex::default(),
         }
     }
@@ -59,54 +51,33 @@ impl Pace {
         self.gap
     }
 
-    /// The longest a new instance's first status is held, from the creation of its children.
-    pub fn first_within(&self) -> Duration {
-        self.first_within
-    }
-
     /// Records that the status of `namespace/name` was written, or that its children just changed so
-    /// that its status is about to move on by itself. The first such record of an instance starts the
-    /// wait of its first status (which only matters while it has none).
+    /// that its status is about to move on by itself.
     pub fn wrote(&self, namespace: &str, name: &str) {
         self.wrote_at(namespace, name, Instant::now());
     }
 
     fn wrote_at(&self, namespace: &str, name: &str, now: Instant) {
-        if self.gap.is_zero() && self.first_within.is_zero() {
+        let gap = self.gap;
+        if gap.is_zero() {
             return;
         }
-        let (gap, first_within) = (self.gap, self.first_within);
-        let every = [gap, first_within]
-            .into_iter()
-            .filter(|d| !d.is_zero())
-            .min()
-            .unwrap_or_default();
         let mut last = self.lock();
         if last
             .pruned
-            .is_none_or(|at| now.saturating_duration_since(at) >= every)
+            .is_none_or(|at| now.saturating_duration_since(at) >= gap)
         {
             last.at
                 .retain(|_, at| now.saturating_duration_since(*at) < gap);
-            last.since
-                .retain(|_, at| now.saturating_duration_since(*at) < first_within);
             last.pruned = Some(now);
         }
-        let key = (namespace.to_owned(), name.to_owned());
-        if !first_within.is_zero() {
-            last.since.entry(key.clone()).or_insert(now);
-        }
-        if !gap.is_zero() {
-            last.at.insert(key, now);
-        }
+        last.at.insert((namespace.to_owned(), name.to_owned()), now);
     }
 
     /// Forgets `namespace/name`, which was deleted.
     pub fn forget(&self, namespace: &str, name: &str) {
         let key = (namespace.to_owned(), name.to_owned());
-        let mut last = self.lock();
-        last.at.remove(&key);
-        last.since.remove(&key);
+        self.lock().at.remove(&key);
     }
 
     /// How long the change from `previous` to `new` must wait before it is written; `None` for now.
@@ -128,21 +99,12 @@ impl Pace {
         new: &MemcachedStatus,
         now: Instant,
     ) -> Option<Duration> {
-        let key = (namespace.to_owned(), name.to_owned());
-        let last = self.lock();
-        if previous.is_none() {
-            if settled(new) {
-                return None;
-            }
-            // Held until the deadline, and no longer: not for the rest of a gap either.
-            if let Some(since) = last.since.get(&key) {
-                return left(self.first_within, *since, now);
-            }
-        }
-        if !can_wait(previous, new) {
+        // The first status is never held (see the module documentation).
+        if previous.is_none() || !can_wait(previous, new) {
             return None;
         }
-        left(self.gap, *last.at.get(&key)?, now)
+        let key = (namespace.to_owned(), name.to_owned());
+        left(self.gap, *self.lock().at.get(&key)?, now)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Writes> {
@@ -156,19 +118,6 @@ fn left(wait: Duration, from: Instant, now: Instant) -> Option<Duration> {
     let left = wait.checked_sub(now.saturating_duration_since(from))?;
     let millis = left.as_nanos().div_ceil(1_000_000);
     (millis > 0).then(|| Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX)))
-}
-
-/// Whether a first status has something settled to say: the instance is `Degraded` for a reason, or it is
-/// `Available` with nothing in progress (`Progressing=False`) and every server slot's pod ready. The
-/// status is computed from several caches, each fed by its own watch, which catch up in any order:
-/// `Available` counts the workload's ready replicas as well as the pods', so it can turn true before the
-/// pods' cache shows the pod ready (no server listed yet), or before the workload's cache shows that its
-/// controller has seen it (`Progressing=True`, `Reconciling`). Written then, the first status would be
-/// written again a moment later. Pure.
-pub fn settled(status: &MemcachedStatus) -> bool {
-    let holds = |type_| find(Some(status), type_).is_some_and(|c| c.status == "True");
-    holds(DEGRADED)
-        || (holds(AVAILABLE) && !holds(PROGRESSING) && status.servers.iter().all(|s| s.ready))
 }
 
 /// Whether the change from `previous` to `new` may wait: it leaves `observedGeneration` (unless there was
@@ -307,7 +256,7 @@ mod tests {
 
     #[test]
     fn a_change_that_can_wait_waits_for_the_rest_of_the_gap() {
-        let pace = Pace::new(Duration::from_secs(60), Duration::ZERO);
+        let pace = Pace::new(Duration::from_secs(60));
         let before = MemcachedStatus::default();
         let counts = MemcachedStatus {
             replicas: 1,
@@ -333,178 +282,31 @@ mod tests {
             "deleted"
         );
 
-        let off = Pace::new(Duration::ZERO, Duration::ZERO);
+        let off = Pace::new(Duration::ZERO);
         off.wrote("ns", "a");
         assert_eq!(off.hold("ns", "a", Some(&before), &counts), None);
     }
 
-    fn condition(type_: &str, status: &str, reason: &str) -> Condition {
-        Condition {
-            type_: type_.into(),
-            ..degraded(status, reason)
-        }
-    }
-
-    /// A first status while the pods come up: a Deployment with one pod, not ready.
-    fn progressing() -> MemcachedStatus {
-        MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, "False", "ReplicasNotReady"),
-                condition(PROGRESSING, "True", "ScalingUp"),
-                degraded("False", "AsExpected"),
-            ],
+    #[test]
+    fn a_first_status_is_never_held_even_within_the_gap() {
+        let pace = Pace::new(Duration::from_secs(60));
+        let created = Instant::now();
+        // The children were just created, which starts the gap for the changes that can wait.
+        pace.wrote_at("ns", "a", created);
+        let creating = MemcachedStatus {
             observed_generation: Some(1),
             replicas: 1,
             ..Default::default()
-        }
-    }
-
-    /// [`progressing`] with other `Available`, `Progressing` and `Degraded` (status, reason).
-    fn with_conditions(
-        available: (&str, &str),
-        progressing_: (&str, &str),
-        degraded_: (&str, &str),
-    ) -> MemcachedStatus {
-        MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, available.0, available.1),
-                condition(PROGRESSING, progressing_.0, progressing_.1),
-                degraded(degraded_.0, degraded_.1),
-            ],
-            ..progressing()
-        }
-    }
-
-    const SECOND: Duration = Duration::from_secs(1);
-    const WITHIN: Duration = Duration::from_secs(30);
-
-    #[test]
-    fn a_first_status_is_held_while_the_pods_come_up() {
-        let pace = Pace::new(SECOND, WITHIN);
-        let created = Instant::now();
-        pace.wrote_at("ns", "a", created);
-        let held = |after: Duration| pace.hold_at("ns", "a", None, &progressing(), created + after);
-        assert_eq!(held(Duration::ZERO), Some(WITHIN));
-        assert_eq!(
-            held(Duration::from_secs(12)),
-            Some(Duration::from_secs(18)),
-            "until the deadline, well past the gap"
-        );
-        // The children changing again (a scale during the creation) does not move the deadline.
-        pace.wrote_at("ns", "a", created + Duration::from_secs(20));
-        assert_eq!(held(Duration::from_secs(25)), Some(Duration::from_secs(5)));
-    }
-
-    #[test]
-    fn a_first_status_is_written_at_once_when_available_or_degraded() {
-        let pace = Pace::new(SECOND, WITHIN);
-        let created = Instant::now();
-        pace.wrote_at("ns", "a", created);
-        let available = with_conditions(
-            ("True", "AllReplicasReady"),
-            ("False", "Complete"),
-            ("False", "AsExpected"),
-        );
-        assert_eq!(pace.hold_at("ns", "a", None, &available, created), None);
-        let scaled_to_zero = MemcachedStatus {
-            replicas: 0,
-            ..with_conditions(
-                ("True", "ScaledToZero"),
-                ("False", "Complete"),
-                ("False", "AsExpected"),
-            )
         };
-        assert_eq!(
-            pace.hold_at("ns", "a", None, &scaled_to_zero, created),
-            None,
-            "available without any server, and without waiting for the gap either"
-        );
-        let failing = with_conditions(
-            ("False", "ReplicasNotReady"),
-            ("True", "ScalingUp"),
-            ("True", "ImagePullFailed"),
-        );
-        assert_eq!(pace.hold_at("ns", "a", None, &failing, created), None);
-        assert!(settled(&available) && settled(&scaled_to_zero) && settled(&failing));
-        assert!(!settled(&progressing()) && !settled(&MemcachedStatus::default()));
-
-        // The workload counts the pod ready before the pods' cache shows it: no server to list yet.
-        let ahead_of_the_pods = MemcachedStatus {
-            servers: vec![Server {
-                slot: 0,
-                pod: Some("cache-a".into()),
-                address: None,
-                ready: false,
-            }],
-            ..available.clone()
+        assert_eq!(pace.hold_at("ns", "a", None, &creating, created), None);
+        let counts = MemcachedStatus {
+            ready_replicas: 1,
+            ..creating.clone()
         };
-        assert!(!settled(&ahead_of_the_pods));
-        // The pods' cache is ahead of the workload's: its controller has not been seen at work yet.
-        let ahead_of_the_workload = MemcachedStatus {
-            conditions: vec![
-                condition(AVAILABLE, "True", "AllReplicasReady"),
-                condition(PROGRESSING, "True", "Reconciling"),
-                degraded("False", "AsExpected"),
-            ],
-            replicas: 0,
-            ..available.clone()
-        };
-        assert!(!settled(&ahead_of_the_workload));
-        assert_eq!(
-            pace.hold_at("ns", "a", None, &ahead_of_the_pods, created),
-            Some(WITHIN)
-        );
-        let listed = MemcachedStatus {
-            servers: vec![Server {
-                slot: 0,
-                pod: Some("cache-a".into()),
-                address: Some("10.0.0.1:11211".into()),
-                ready: true,
-            }],
-            ..available
-        };
-        assert_eq!(pace.hold_at("ns", "a", None, &listed, created), None);
-    }
-
-    #[test]
-    fn a_first_status_is_written_once_the_deadline_has_passed() {
-        let pace = Pace::new(SECOND, WITHIN);
-        let created = Instant::now();
-        pace.wrote_at("ns", "a", created);
-        let at = |after: Duration| pace.hold_at("ns", "a", None, &progressing(), created + after);
-        assert_eq!(at(WITHIN), None);
-        assert_eq!(at(Duration::from_secs(45)), None);
-        // Entries past both waits are dropped by a later write (of any instance).
-        pace.wrote_at("ns", "b", created + Duration::from_secs(45));
-        assert_eq!(pace.lock().since.len(), 1, "only b's wait is kept");
-    }
-
-    #[test]
-    fn a_first_status_without_a_record_of_the_creation_is_written_at_once() {
-        // After a restart: the children exist, nobody here created them.
-        let pace = Pace::new(SECOND, WITHIN);
-        assert_eq!(pace.hold("ns", "a", None, &progressing()), None);
-        // Held for the first status only: once there is one, counts wait for the gap as usual.
-        pace.wrote("ns", "a");
-        let left = pace
-            .hold(
-                "ns",
-                "a",
-                Some(&progressing()),
-                &MemcachedStatus {
-                    ready_replicas: 1,
-                    ..progressing()
-                },
-            )
-            .unwrap();
-        assert!(left <= SECOND, "{left:?}");
-        // Turned off, nothing is held for it.
-        let off = Pace::new(SECOND, Duration::ZERO);
-        off.wrote("ns", "a");
-        let first = off.hold("ns", "a", None, &progressing());
         assert!(
-            first.is_some_and(|left| left <= SECOND),
-            "only the gap: {first:?}"
+            pace.hold_at("ns", "a", Some(&creating), &counts, created)
+                .is_some(),
+            "the next change of counts waits for the gap"
         );
     }
 }

@@ -200,6 +200,17 @@ fn progressing(
             ),
         );
     }
+    // Just created: its controller has not reported on it yet.
+    if workload.observed_generation.is_none() {
+        return (
+            true,
+            "Creating",
+            format!(
+                "created the {}; waiting for its controller to start the pods",
+                workload.kind
+            ),
+        );
+    }
     if workload.observed_generation < workload.generation {
         return (
             true,

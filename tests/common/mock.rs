@@ -444,7 +444,6 @@ pub async fn run_at(cluster: &mut Cluster, mc: Memcached, script: Vec<Exchange>,
 pub fn settings() -> Settings {
     Settings {
         status_pace: Duration::ZERO,
-        first_status_within: Duration::ZERO,
         ..Settings::default()
     }
 }

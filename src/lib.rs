@@ -10,6 +10,7 @@
 pub mod api;
 pub mod cli;
 pub mod controller;
+pub mod hashing;
 pub mod manager;
 pub mod manifests;
 pub mod metrics;

@@ -5,6 +5,7 @@
 //! check is plain OpenAPI schema, so the CRD works on every server from v1.24 up; the CEL rules (1.25+)
 //! repeat checks the operator also makes itself.
 
+mod clients;
 mod features;
 pub mod flags;
 mod isolation;
@@ -180,6 +181,10 @@ pub struct MemcachedSpec {
     /// A HorizontalPodAutoscaler that sets spec.size from the pods' CPU or memory use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub autoscaling: Option<Box<AutoscalingConfig>>,
+
+    /// What the operator may assume about the clients: how they place keys over the server list.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub clients: Option<Clients>,
 }
 
 fn default_size() -> i32 {
@@ -211,6 +216,7 @@ impl Default for MemcachedSpec {
             scaling: None,
             rollout: None,
             autoscaling: None,
+            clients: None,
         }
     }
 }
@@ -267,6 +273,7 @@ pub struct MemcachedStatus {
     pub stats: Option<CacheStats>,
 }
 
+pub use clients::*;
 pub use features::*;
 pub use isolation::*;
 pub use pools::*;
@@ -318,6 +325,10 @@ impl MemcachedSpec {
     /// `spec.rollout.warmupSeconds`, or its default.
     pub fn warmup_seconds(&self) -> i32 {
         self.rollout.clone().unwrap_or_default().warmup_seconds()
+    }
+    /// `spec.clients.hashing`, or its default `unknown`.
+    pub fn client_hashing(&self) -> ClientHashing {
+        self.clients.as_ref().map(|c| c.hashing).unwrap_or_default()
     }
     /// ServiceMonitor settings, if a ServiceMonitor is wanted.
     pub fn service_monitor(&self) -> Option<&ServiceMonitorConfig> {

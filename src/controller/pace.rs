@@ -11,17 +11,24 @@
 //!
 //! A new instance's first status is never held: written on its first reconcile (`Progressing=True`,
 //! `Creating`, the counts), so that `kubectl get memcached` right after `kubectl apply` shows progress, as a
-//! Deployment's does. It costs one write per instance (its next status comes with its first ready server,
-//! which is never held either).
+//! Deployment's does. While it says `Creating`, the changes that can wait wait for [`CREATING_HOLD`]
+//! rather than the gap: its pods being created, scheduled and started would otherwise each be a write
+//! (measured on a real v1.28.7 API server with 300 new instances: 3.5 status writes per instance with the
+//! gap alone, against 2), and the next thing worth saying, its first ready server, is never held.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::api::MemcachedStatus;
-use crate::status::{DEGRADED, find};
+use crate::status::{CREATING, DEGRADED, PROGRESSING, find};
 
 type Key = (String, String);
+
+/// How long the changes that can wait are held while the status says `Creating` (counted from the last
+/// write): longer than pods take to start, short enough that a pod that never gets ready is reported
+/// (`Degraded` reasons are never held anyway).
+pub const CREATING_HOLD: Duration = Duration::from_secs(30);
 
 /// Status writes per instance, and the gap kept between those that can wait.
 pub struct Pace {
@@ -58,17 +65,18 @@ impl Pace {
     }
 
     fn wrote_at(&self, namespace: &str, name: &str, now: Instant) {
-        let gap = self.gap;
-        if gap.is_zero() {
+        if self.gap.is_zero() {
             return;
         }
+        // Entries are kept as long as they may hold something back.
+        let keep = self.gap.max(CREATING_HOLD);
         let mut last = self.lock();
         if last
             .pruned
-            .is_none_or(|at| now.saturating_duration_since(at) >= gap)
+            .is_none_or(|at| now.saturating_duration_since(at) >= keep)
         {
             last.at
-                .retain(|_, at| now.saturating_duration_since(*at) < gap);
+                .retain(|_, at| now.saturating_duration_since(*at) < keep);
             last.pruned = Some(now);
         }
         last.at.insert((namespace.to_owned(), name.to_owned()), now);
@@ -103,8 +111,15 @@ impl Pace {
         if previous.is_none() || !can_wait(previous, new) {
             return None;
         }
+        let creating =
+            find(previous, PROGRESSING).is_some_and(|c| c.status == "True" && c.reason == CREATING);
+        let wait = if creating {
+            self.gap.max(CREATING_HOLD)
+        } else {
+            self.gap
+        };
         let key = (namespace.to_owned(), name.to_owned());
-        left(self.gap, *self.lock().at.get(&key)?, now)
+        left(wait, *self.lock().at.get(&key)?, now)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Writes> {

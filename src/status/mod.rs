@@ -22,6 +22,9 @@ pub const AVAILABLE: &str = "Available";
 pub const PROGRESSING: &str = "Progressing";
 /// Condition type: pods cannot start or the spec cannot be realised.
 pub const DEGRADED: &str = "Degraded";
+/// `Progressing` reason while a new instance's workload is created and its controller has not reported
+/// on it yet.
+pub const CREATING: &str = "Creating";
 
 /// Something wrong, as a condition reason (CamelCase) and a message for people.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -183,11 +186,7 @@ fn progressing(
     deadline: Option<&Problem>,
 ) -> (bool, &'static str, String) {
     let Some(workload) = &o.workload else {
-        return (
-            true,
-            "Creating",
-            "the workload does not exist yet".to_owned(),
-        );
+        return (true, CREATING, "the workload does not exist yet".to_owned());
     };
     if let Some(drain) = &o.drain {
         return (
@@ -204,7 +203,7 @@ fn progressing(
     if workload.observed_generation.is_none() {
         return (
             true,
-            "Creating",
+            CREATING,
             format!(
                 "created the {}; waiting for its controller to start the pods",
                 workload.kind

@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::api::MemcachedStatus;
-use crate::status::{CREATING, DEGRADED, PROGRESSING, find};
+use crate::status::{AVAILABLE, CREATING, DEGRADED, PROGRESSING, find};
 
 type Key = (String, String);
 
@@ -113,10 +113,11 @@ impl Pace {
         }
         let creating =
             find(previous, PROGRESSING).is_some_and(|c| c.status == "True" && c.reason == CREATING);
-        let wait = if creating {
-            self.gap.max(CREATING_HOLD)
-        } else {
-            self.gap
+        let wait = match creating {
+            // Done being created: said at once (`kubectl wait --for=condition=Available` waits for it).
+            true if settled(new) => return None,
+            true => self.gap.max(CREATING_HOLD),
+            false => self.gap,
         };
         let key = (namespace.to_owned(), name.to_owned());
         left(wait, *self.lock().at.get(&key)?, now)
@@ -133,6 +134,16 @@ fn left(wait: Duration, from: Instant, now: Instant) -> Option<Duration> {
     let left = wait.checked_sub(now.saturating_duration_since(from))?;
     let millis = left.as_nanos().div_ceil(1_000_000);
     (millis > 0).then(|| Duration::from_millis(u64::try_from(millis).unwrap_or(u64::MAX)))
+}
+
+/// Whether a status has something settled to say: `Available` with nothing in progress
+/// (`Progressing=False`) and every server slot's pod ready. The status is computed from several caches,
+/// each fed by its own watch, which catch up in any order: `Available` counts the workload's ready replicas
+/// as well as the pods', so it can turn true before the pods' cache shows the pod ready (no server listed
+/// yet), or before the workload's cache shows that its controller has seen it. Pure.
+pub fn settled(status: &MemcachedStatus) -> bool {
+    let holds = |type_| find(Some(status), type_).is_some_and(|c| c.status == "True");
+    holds(AVAILABLE) && !holds(PROGRESSING) && status.servers.iter().all(|s| s.ready)
 }
 
 /// Whether the change from `previous` to `new` may wait: it leaves `observedGeneration` (unless there was
@@ -323,5 +334,56 @@ mod tests {
                 .is_some(),
             "the next change of counts waits for the gap"
         );
+    }
+
+    fn condition(type_: &str, status: &str, reason: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message: String::new(),
+            last_transition_time: Time(Timestamp::UNIX_EPOCH),
+            observed_generation: None,
+        }
+    }
+
+    #[test]
+    fn while_creating_the_changes_that_can_wait_wait_longer_until_done() {
+        let pace = Pace::new(Duration::from_secs(1));
+        let written = Instant::now();
+        pace.wrote_at("ns", "a", written);
+        let status = |progressing: (&str, &str), available: &str| MemcachedStatus {
+            conditions: vec![
+                condition(AVAILABLE, available, "Any"),
+                condition(PROGRESSING, progressing.0, progressing.1),
+            ],
+            replicas: 1,
+            ..Default::default()
+        };
+        let creating = status(("True", CREATING), "False");
+        let scaling = status(("True", "ScalingUp"), "False");
+        let after = |secs: u64| written + Duration::from_secs(secs);
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&creating), &scaling, after(5)),
+            Some(CREATING_HOLD - Duration::from_secs(5)),
+            "the pods coming up: held well past the gap"
+        );
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&creating), &scaling, after(30)),
+            None,
+            "and no longer than the hold"
+        );
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&scaling), &creating, after(5)),
+            None,
+            "after the creation, the gap"
+        );
+        let done = status(("False", "Complete"), "True");
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&creating), &done, after(1)),
+            None,
+            "Available and done: at once"
+        );
+        assert!(settled(&done) && !settled(&scaling));
     }
 }

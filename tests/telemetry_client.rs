@@ -688,19 +688,26 @@ fn supports_tls(binary: &Path) -> bool {
     String::from_utf8_lossy(&help).contains("ssl_chain_cert")
 }
 
-#[tokio::test]
-async fn real_memcached_over_tls_and_mutual_tls() {
-    let Some(binary) = real_binary() else {
-        return;
-    };
+/// The real memcached when it is installed and built with TLS: a failure on CI without it (Debian's has
+/// TLS), a skip with a message elsewhere.
+fn real_tls_binary() -> Option<std::path::PathBuf> {
+    let binary = real_binary()?;
     if !supports_tls(&binary) {
         assert!(
             std::env::var_os("CI").is_none(),
             "CI's memcached must be built with TLS (Debian's is)"
         );
         eprintln!("skipped: this memcached has no TLS");
-        return;
+        return None;
     }
+    Some(binary)
+}
+
+#[tokio::test]
+async fn real_memcached_over_tls_and_mutual_tls() {
+    let Some(binary) = real_tls_binary() else {
+        return;
+    };
     let (pki, clients) = (Pki::new("instance CA"), Pki::new("client CA"));
     let (server_leaf, client_ca) = (pki.server(), clients.ca.pem());
     let files: [(&str, &[u8]); 3] = [
@@ -751,17 +758,9 @@ async fn real_memcached_over_tls_and_mutual_tls() {
 
 #[tokio::test]
 async fn real_memcached_with_a_certificate_for_another_name_is_refused() {
-    let Some(binary) = real_binary() else {
+    let Some(binary) = real_tls_binary() else {
         return;
     };
-    if !supports_tls(&binary) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI's memcached must be built with TLS (Debian's is)"
-        );
-        eprintln!("skipped: this memcached has no TLS");
-        return;
-    }
     let pki = Pki::new("instance CA");
     let evil = pki.issue(
         &["evil.example.com"],
@@ -795,17 +794,9 @@ async fn real_memcached_with_a_certificate_for_another_name_is_refused() {
 /// nothing. A key that does not match its certificate is refused and the server keeps what it had.
 #[tokio::test]
 async fn real_memcached_reloads_a_rotated_certificate_on_refresh_certs() {
-    let Some(binary) = real_binary() else {
+    let Some(binary) = real_tls_binary() else {
         return;
     };
-    if !supports_tls(&binary) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI's memcached must be built with TLS (Debian's is)"
-        );
-        eprintln!("skipped: this memcached has no TLS");
-        return;
-    }
     let (old_ca, new_ca) = (Pki::new("old CA"), Pki::new("new CA"));
     let (old, new) = (old_ca.server(), new_ca.server());
     let auth_file: &[u8] = b"alice:s3cret\n";

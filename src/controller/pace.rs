@@ -110,11 +110,9 @@ impl Pace {
         now: Instant,
     ) -> Option<Duration> {
         // The first status is never held (see the module documentation).
-        if previous.is_none() {
-            return None;
-        }
-        let creating =
-            find(previous, PROGRESSING).is_some_and(|c| c.status == "True" && c.reason == CREATING);
+        let before = previous?;
+        let creating = find(Some(before), PROGRESSING)
+            .is_some_and(|c| c.status == "True" && c.reason == CREATING);
         let wait = if creating {
             // Being created: said at once when done (`kubectl wait --for=condition=Available` waits for
             // it) or when something is wrong or the spec changed; the servers coming up one by one (in the
@@ -198,14 +196,7 @@ mod tests {
     use k8s_openapi::jiff::Timestamp;
 
     fn degraded(status: &str, reason: &str) -> Condition {
-        Condition {
-            type_: DEGRADED.into(),
-            status: status.into(),
-            reason: reason.into(),
-            message: String::new(),
-            last_transition_time: Time(Timestamp::UNIX_EPOCH),
-            observed_generation: None,
-        }
+        condition(DEGRADED, status, reason)
     }
 
     #[test]

@@ -62,10 +62,11 @@ fn slots(ns: &str, name: &str) -> Result<Vec<(String, String, bool)>, String> {
             if s["slot"].as_i64() != i64::try_from(i).ok() {
                 return Err(format!("status.servers[{i}] has slot {}", s["slot"]));
             }
-            // A slot whose pod is gone and not replaced yet has no `pod` (the API makes it optional).
+            // A slot whose pod is gone and not replaced yet has no `pod`, and one of a new instance whose
+            // pods are being created (its first status) no `address` either: the API makes both optional.
             Ok((
                 s["pod"].as_str().unwrap_or_default().to_owned(),
-                str_at(s, "/address").to_owned(),
+                s["address"].as_str().unwrap_or_default().to_owned(),
                 s["ready"].as_bool() == Some(true),
             ))
         })

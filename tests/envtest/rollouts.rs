@@ -49,14 +49,20 @@ async fn paced_rollout(workload: &str) {
     apply(&s, "cache", spec(64)).await;
     wait_settled(&s, "cache", Duration::from_secs(90)).await;
     let selector = "app.kubernetes.io/instance=cache";
+    // A list that fails (a busy API server) says nothing about readiness: `None`, not zero pods.
     let list = || async {
         pods(&s)
             .list(&ListParams::default().labels(selector))
             .await
             .map(|l| l.items)
-            .unwrap_or_default()
+            .ok()
     };
-    let old: BTreeSet<String> = list().await.iter().filter_map(|p| p.uid()).collect();
+    let old: BTreeSet<String> = list()
+        .await
+        .expect("the pods of the settled instance")
+        .iter()
+        .filter_map(|p| p.uid())
+        .collect();
     s.step(&format!(
         "settled with {} pods; changing the template",
         old.len()
@@ -68,7 +74,12 @@ async fn paced_rollout(workload: &str) {
     let mut ready_at: BTreeMap<String, i64> = BTreeMap::new();
     let mut fewest_ready = usize::MAX;
     loop {
-        let now = list().await;
+        let limit = Duration::from_secs(SIZE as u64 * (WARMUP as u64 + 15) + 30);
+        let Some(now) = list().await else {
+            assert!(started.elapsed() < limit, "the pods cannot be listed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
         let ready: Vec<&Pod> = now
             .iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none() && ready_since(p).is_some())
@@ -86,7 +97,7 @@ async fn paced_rollout(workload: &str) {
             break;
         }
         assert!(
-            started.elapsed() < Duration::from_secs(SIZE as u64 * (WARMUP as u64 + 15) + 30),
+            started.elapsed() < limit,
             "the rollout did not finish: {} of {SIZE} servers replaced",
             ready_at.len()
         );

@@ -42,7 +42,8 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use super::client::{
-    CertificateDigest, ExpectedCertificate, Presented, ReadError, Reading, ServerNames, Target,
+    CertificateDigest, ExpectedCertificate, Presented, ReadError, Reading, RefreshAnswer,
+    ServerNames, Target,
 };
 use super::episodes::{self, Counter, Episode};
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
@@ -288,10 +289,8 @@ impl Collector {
         };
         for shown in presented.values() {
             match &shown.refresh {
-                Some(super::client::RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
-                Some(super::client::RefreshAnswer::Refused(_)) => {
-                    self.metrics.count_refresh("refused")
-                }
+                Some(RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
+                Some(RefreshAnswer::Refused(_)) => self.metrics.count_refresh("refused"),
                 None => {}
             }
         }

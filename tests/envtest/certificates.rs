@@ -22,7 +22,7 @@ use crate::{Scenario, wait_for};
 
 #[tokio::test]
 async fn a_rotated_certificate_is_reloaded_without_restarting_a_pod() {
-    let Some(s) = Scenario::start_with(
+    let Some(s) = Scenario::start_with_memcached(
         "certificate-rotation",
         &["--stats-interval", "1s", "--stats-status-interval", "1s"],
     )
@@ -30,12 +30,6 @@ async fn a_rotated_certificate_is_reloaded_without_restarting_a_pod() {
     else {
         return;
     };
-    if !s.real_memcached() {
-        eprintln!(
-            "envtest: skipped certificate-rotation: the stand-in kubelet runs no memcached (install Debian's memcached)"
-        );
-        return;
-    }
     let ns = s.namespace.clone();
     let names = vec![format!("rot.{ns}.svc"), format!("*.rot-headless.{ns}.svc")];
     let ca = tls_secrets(&s, "rot-tls", names.clone(), Some("rot-client")).await;

@@ -104,21 +104,7 @@ async fn the_charts_default_rendering_installs_and_runs_an_instance() {
     wait_settled(&s, "cache", Duration::from_secs(90)).await;
     s.step("an instance settled under the chart's RBAC");
 
-    let user = s.credentials.user.clone();
-    let refused: Vec<String> = s
-        .control_plane()
-        .audit()
-        .read_since(&s.operator_mark)
-        .expect("the audit log")
-        .into_iter()
-        .filter(|event| event.user == user && event.code == 403)
-        .map(|event| {
-            format!(
-                "{} {} {} in {:?}",
-                event.verb, event.resource, event.name, event.namespace
-            )
-        })
-        .collect();
+    let refused = s.refused_requests();
     assert!(
         refused.is_empty(),
         "requests the chart's RBAC refused: {refused:?}"

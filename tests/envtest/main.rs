@@ -148,6 +148,19 @@ impl Scenario {
         Scenario::start_with(name, &[]).await
     }
 
+    /// [`Scenario::start_with`] for a scenario that needs real memcached servers: `None` (after printing
+    /// the skip line) also when the stand-in kubelet runs none.
+    pub async fn start_with_memcached(name: &str, args: &[&str]) -> Option<Scenario> {
+        let s = Scenario::start_with(name, args).await?;
+        if !s.real_memcached() {
+            eprintln!(
+                "envtest: skipped {name}: the stand-in kubelet runs no memcached (install Debian's memcached)"
+            );
+            return None;
+        }
+        Some(s)
+    }
+
     /// [`Scenario::start`] with extra arguments for `memcached-operator run` (after `--namespace <ns>`).
     pub async fn start_with(name: &str, args: &[&str]) -> Option<Scenario> {
         let started = Instant::now();
@@ -357,6 +370,24 @@ impl Scenario {
     /// The operator's requests since it started: its ServiceAccount's, in this namespace or cluster-scoped.
     pub fn operator_requests(&self) -> RequestCounts {
         self.operator_requests_since(&self.operator_mark)
+    }
+
+    /// The operator's requests the API server refused (403) since it started, as `verb resource name in
+    /// namespace`: an install whose RBAC misses a rule shows here.
+    pub fn refused_requests(&self) -> Vec<String> {
+        self.control_plane()
+            .audit()
+            .read_since(&self.operator_mark)
+            .expect("the audit log")
+            .into_iter()
+            .filter(|event| event.user == self.credentials.user && event.code == 403)
+            .map(|event| {
+                format!(
+                    "{} {} {} in {:?}",
+                    event.verb, event.resource, event.name, event.namespace
+                )
+            })
+            .collect()
     }
 
     /// The operator's requests since `mark` (see [`Scenario::operator_requests`]).

@@ -105,20 +105,7 @@ async fn the_namespaced_install_runs_an_instance_with_rights_in_its_namespace_on
     wait_settled(&s, "cache", Duration::from_secs(90)).await;
     s.step("an instance in the operator's namespace settled");
 
-    let refused: Vec<String> = s
-        .control_plane()
-        .audit()
-        .read_since(&s.operator_mark)
-        .expect("the audit log")
-        .into_iter()
-        .filter(|event| event.user == user && event.code == 403)
-        .map(|event| {
-            format!(
-                "{} {} {} in {:?}",
-                event.verb, event.resource, event.name, event.namespace
-            )
-        })
-        .collect();
+    let refused = s.refused_requests();
     assert!(
         refused.is_empty(),
         "requests the namespaced install refused: {refused:?}"

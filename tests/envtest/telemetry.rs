@@ -15,7 +15,7 @@ use crate::{Scenario, wait_for};
 
 #[tokio::test]
 async fn status_stats_show_what_the_servers_hold() {
-    let Some(s) = Scenario::start_with(
+    let Some(s) = Scenario::start_with_memcached(
         "telemetry",
         &["--stats-interval", "1s", "--stats-status-interval", "2s"],
     )
@@ -23,12 +23,6 @@ async fn status_stats_show_what_the_servers_hold() {
     else {
         return;
     };
-    if !s.real_memcached() {
-        eprintln!(
-            "envtest: skipped telemetry: the stand-in kubelet runs no memcached (install Debian's memcached)"
-        );
-        return;
-    }
     apply(&s, "cache", json!({"size": 2})).await;
     wait_settled(&s, "cache", Duration::from_secs(60)).await;
     let pods = ready_pods(&s, "cache").await;
@@ -75,7 +69,7 @@ async fn status_stats_show_what_the_servers_hold() {
 /// certificate, from its own CA, names `evil.example.com` is not read (and gets no credentials).
 #[tokio::test]
 async fn tls_reads_check_the_server_name_and_present_the_client_secret() {
-    let Some(s) = Scenario::start_with(
+    let Some(s) = Scenario::start_with_memcached(
         "telemetry-tls",
         &["--stats-interval", "1s", "--stats-status-interval", "1s"],
     )
@@ -83,12 +77,6 @@ async fn tls_reads_check_the_server_name_and_present_the_client_secret() {
     else {
         return;
     };
-    if !s.real_memcached() {
-        eprintln!(
-            "envtest: skipped telemetry-tls: the stand-in kubelet runs no memcached (install Debian's memcached)"
-        );
-        return;
-    }
     let ns = s.namespace.clone();
     tls_secrets(
         &s,

@@ -32,10 +32,6 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the current kube context or in-cluster config (the default).
     Run(RunArgs),
-    /// Print the CustomResourceDefinition YAML.
-    Crd,
-    /// Print the operator's RBAC roles (ClusterRole manager-role, Role leader-election-role) as YAML.
-    Rbac,
     /// Print the version.
     Version,
 }
@@ -308,15 +304,15 @@ mod tests {
         assert_eq!(run.normalized().namespace, None);
     }
 
-    /// The binary offers what an operator offers; release files are `cargo xtask`'s.
+    /// The binary runs the operator; the CRD, the roles and every release file are `cargo xtask`'s.
     #[test]
     fn only_operator_commands() {
         let names: Vec<String> = Cli::command()
             .get_subcommands()
             .map(|c| c.get_name().to_owned())
             .collect();
-        assert_eq!(names, ["run", "crd", "rbac", "version"]);
-        for moved in ["manifests", "bundle", "api-docs"] {
+        assert_eq!(names, ["run", "version"]);
+        for moved in ["manifests", "bundle", "api-docs", "crd", "rbac"] {
             assert!(
                 Cli::try_parse_from(["memcached-operator", moved]).is_err(),
                 "{moved}"

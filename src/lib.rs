@@ -3,7 +3,7 @@
 //! Reconcile is a pipeline whose middle is pure: [`resources`] turns a `Memcached` into the exact child
 //! objects, [`status`] turns what exists into the status; only [`controller`] talks to the API server.
 //!
-//! [`manifests`] generates the CRD and the operator's RBAC from the code (`memcached-operator crd|rbac`).
+//! [`manifests`] generates the CRD and the operator's RBAC from the code (`cargo xtask crd|rbac`, `make manifests`).
 //! Release files built from them (the one-file install, the OLM bundle, the API reference) are generated
 //! by the workspace's `xtask` crate, not by this library or its binary.
 

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use memcached_operator::cli::{Cli, Command, LogFormat, RunArgs};
-use memcached_operator::{manager, manifests};
+use memcached_operator::manager;
 
 /// jemalloc, for every build. The release image links musl statically, and musl's own allocator made it three
 /// to five times as costly in CPU as with jemalloc (`make bench` on musl builds optimised for speed: 1.0–2.7 s
@@ -37,27 +37,12 @@ static JEMALLOC_OPTIONS: Option<&'static std::ffi::c_char> =
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Some(Command::Crd) => print(manifests::crd_yaml()),
-        Some(Command::Rbac) => print(manifests::rbac_yaml()),
         Some(Command::Version) => {
             println!("memcached-operator {}", env!("CARGO_PKG_VERSION"));
             ExitCode::SUCCESS
         }
         Some(Command::Run(args)) => run(args),
         None => run(cli.run),
-    }
-}
-
-fn print(yaml: Result<String, impl std::fmt::Display>) -> ExitCode {
-    match yaml {
-        Ok(yaml) => {
-            print!("{yaml}");
-            ExitCode::SUCCESS
-        }
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
     }
 }
 

@@ -29,27 +29,6 @@ fn committed_rbac_matches_the_binary() {
     );
 }
 
-#[test]
-fn binary_prints_what_is_committed() {
-    let out = Command::new(env!("CARGO_BIN_EXE_memcached-operator"))
-        .arg("crd")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        read(manifests::CRD_PATH)
-    );
-    let out = Command::new(env!("CARGO_BIN_EXE_memcached-operator"))
-        .arg("rbac")
-        .output()
-        .unwrap();
-    assert_eq!(
-        String::from_utf8(out.stdout).unwrap(),
-        read(manifests::RBAC_PATH)
-    );
-}
-
 fn schema() -> Value {
     let crd = yaml_docs(&read(manifests::CRD_PATH)).remove(0);
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone()

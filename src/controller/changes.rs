@@ -8,8 +8,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
 
 use super::Context;
-use super::reconcile::{normal, record};
-use crate::resources::Instance;
+use super::events::{normal, record};
 
 /// The children changes of one reconcile, in the order they were made.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -78,14 +77,9 @@ impl Changes {
     }
 
     /// Logs and publishes the events (best effort), and empties the record.
-    pub async fn publish(
-        &mut self,
-        ctx: &Context,
-        reference: &ObjectReference,
-        instance: &Instance<'_>,
-    ) {
+    pub async fn publish(&mut self, ctx: &Context, reference: &ObjectReference) {
         for event in self.events() {
-            record(ctx, reference, instance, event).await;
+            record(ctx, reference, event).await;
         }
         *self = Self::default();
     }

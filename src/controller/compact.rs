@@ -61,7 +61,7 @@ impl Compactable for PodDisruptionBudget {}
 impl Compactable for NetworkPolicy {}
 impl Compactable for HorizontalPodAutoscaler {}
 /// Instances are kept compact only as answers to this operator's own writes (read-your-writes); the
-/// controller's cache holds them whole, trimmed by the same rule (`watches::trim_instance`): their
+/// controller's cache holds them whole, trimmed by the same rule ([`trim_instance`]): their
 /// annotations go (`kubectl apply` keeps a copy of the whole object in one).
 impl Compactable for Memcached {
     fn trim_rest(metadata: &mut ObjectMeta) {
@@ -341,6 +341,14 @@ impl Stored {
     pub(super) fn decode<K: Compactable>(&self) -> Result<K, serde_json::Error> {
         decode(unpacked(&self.metadata)?, &self.body)
     }
+}
+
+/// Keeps of an instance everything but its annotations, which the operator never reads, and which
+/// hold the whole object again when it was created with `kubectl apply` (`last-applied-configuration`).
+pub fn trim_instance(mc: &mut Memcached) {
+    mc.metadata.managed_fields = None;
+    // The same rule as for the compact answers to this operator's own writes.
+    <Memcached as Compactable>::trim_rest(&mut mc.metadata);
 }
 
 #[cfg(test)]

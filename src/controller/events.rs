@@ -17,6 +17,9 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use tracing::{debug, info, warn};
+
+use super::Context;
 
 /// How long a recorder (and so a series) is kept after its last use; kube's series window is 6 minutes.
 const IDLE: Duration = Duration::from_secs(6 * 60);
@@ -83,6 +86,66 @@ fn key(event: &Event) -> u64 {
     hasher.finish()
 }
 
+// What the reconcile publishes, and how.
+
+pub(super) fn normal(reason: &str, action: &str, note: String) -> Event {
+    event(EventType::Normal, reason, action, note)
+}
+
+pub(super) fn warning(reason: &str, action: &str, note: String) -> Event {
+    event(EventType::Warning, reason, action, note)
+}
+
+fn event(type_: EventType, reason: &str, action: &str, note: String) -> Event {
+    Event {
+        type_,
+        reason: reason.to_owned(),
+        // The Events API limits notes to 1 kB.
+        note: Some(truncate(note, 1000)),
+        action: action.to_owned(),
+        secondary: None,
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+    }
+    s
+}
+
+/// Publishes an event; failures are logged, never returned: an event is not worth failing a reconcile.
+pub(super) async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
+    match tokio::time::timeout(
+        ctx.settings.side_step_timeout,
+        ctx.events.publish(&event, reference),
+    )
+    .await
+    {
+        Ok(Ok(())) => {}
+        // Unanswered: part of an outage, which is reported once on its own.
+        Ok(Err(error @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+            debug!(%error, reason = %event.reason, "could not publish event")
+        }
+        Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
+        Err(_) => warn!(reason = %event.reason, "timed out publishing event"),
+    }
+}
+
+/// Logs and publishes an event about what the reconcile changed (children, drain steps).
+pub(super) async fn record(ctx: &Context, reference: &ObjectReference, event: Event) {
+    info!(
+        reason = %event.reason,
+        note = event.note.as_deref().unwrap_or_default(),
+        "changed"
+    );
+    publish(ctx, reference, event).await;
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,5 +192,11 @@ mod tests {
         assert!(publisher.recorders.lock().unwrap().contains_key(&newest));
         let evicted = key(&event("Created Deployment a"));
         assert!(!publisher.recorders.lock().unwrap().contains_key(&evicted));
+    }
+
+    #[test]
+    fn truncate_respects_char_boundaries() {
+        assert_eq!(truncate("héllo".into(), 2), "h");
+        assert_eq!(truncate("hello".into(), 10), "hello");
     }
 }

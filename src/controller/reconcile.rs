@@ -11,21 +11,21 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service};
+use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::cache::Cache;
 use super::changes::Changes;
 use super::children::{self, Source};
 use super::compact::{Compact, Compactable};
+use super::events::{normal, publish, record, warning};
 use super::legacy_finalizer;
 use super::pool;
 use super::secrets::{self, Resolved};
@@ -39,7 +39,19 @@ use crate::resources::{
 use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
+///
+/// Everything logged on the way carries the instance through the `reconcile` span (`memcached`,
+/// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it).
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let span = info_span!(
+        "reconcile",
+        memcached = %mc.name_any(),
+        namespace = mc.metadata.namespace.as_deref().unwrap_or_default(),
+    );
+    reconcile_in_span(mc, ctx).instrument(span).await
+}
+
+async fn reconcile_in_span(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
     ctx.metrics.set_instances(ctx.stores.memcacheds.len());
     ctx.written.prune();
@@ -49,18 +61,18 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         Ok(action) => {
             ctx.backoff.reset(&key);
             ctx.metrics.reconciled(None);
-            debug!(memcached = %key, ?action, "reconciled");
+            debug!(?action, "reconciled");
         }
         Err(error) if error.unanswered() => {
             // The API server did not answer: the outage is reported once, not per retry, and an event
             // could not be published either. The retry follows the backoff, and the end of the outage
             // reconciles every instance at once.
             ctx.metrics.reconciled(Some(error.kind()));
-            debug!(memcached = %key, %error, "reconcile failed: the API server did not answer");
+            debug!(%error, "reconcile failed: the API server did not answer");
         }
         Err(error) => {
             ctx.metrics.reconciled(Some(error.kind()));
-            warn!(memcached = %key, %error, "reconcile failed");
+            warn!(%error, "reconcile failed");
             let event = warning("ReconcileFailed", "Reconcile", error.to_string());
             publish(&ctx, &mc.object_ref(&()), event).await;
         }
@@ -89,17 +101,17 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
             let Some(patched) = legacy_finalizer::remove(&api, &mc, patch).await? else {
                 // Deleted meanwhile (or another replica removed the finalizer of a deleted instance just
                 // before, as after a leader hand-over): the work is done.
-                debug!(memcached = %name, %namespace, "already deleted; nothing left to do");
+                debug!("already deleted; nothing left to do");
                 return Ok(Action::await_change());
             };
-            info!(memcached = %name, %namespace, "removed the finalizer an earlier build of the operator added");
+            info!("removed the finalizer an earlier build of the operator added");
             if deleting {
                 return Ok(Action::await_change());
             }
             // Reconciled as stored now, and kept (read-your-writes): a reconcile that runs before the
             // watch brings the patch back must not send it again.
             let mut patched = patched;
-            super::watches::trim_instance(&mut patched);
+            super::compact::trim_instance(&mut patched);
             if let Ok(kept) = Compact::encode(&patched) {
                 ctx.written.remember(Arc::new(kept), &());
             }
@@ -109,7 +121,7 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
     if deleting {
         // Held by someone else's finalizer: its children go by garbage collection once it is gone, and
         // nothing written now would outlive it.
-        debug!(memcached = %name, %namespace, "being deleted; nothing to do");
+        debug!("being deleted; nothing to do");
         return Ok(Action::await_change());
     }
     apply(&mc, ctx).await
@@ -164,7 +176,7 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
         ctx.pace.wrote(instance.namespace, instance.name);
     }
     // What was changed is recorded even when a later child failed.
-    changes.publish(ctx, &mc.object_ref(&()), &instance).await;
+    changes.publish(ctx, &mc.object_ref(&())).await;
     match applied {
         Ok(applied) => {
             let published = Some(Published {
@@ -257,13 +269,7 @@ async fn apply_children(
             let note = format!(
                 "Cancelled the drain from {from} to {to} servers: spec.size is {size} again; every server stays"
             );
-            record(
-                ctx,
-                &reference,
-                instance,
-                normal("DrainCancelled", "Scale", note),
-            )
-            .await;
+            record(ctx, &reference, normal("DrainCancelled", "Scale", note)).await;
         }
     }
     pool::apply_marks(ctx, instance, &plan.marks).await?;
@@ -280,8 +286,6 @@ async fn apply_children(
         // list changes with every server that comes and goes. One event per instance says "Created".
         if applied.changed && applied.previous.is_none() {
             info!(
-                memcached = %instance.name,
-                namespace = %instance.namespace,
                 config_map = %name,
                 "created the server list with the first ready server"
             );
@@ -294,7 +298,7 @@ async fn apply_children(
                 from - to,
                 instance.spec.drain_seconds()
             );
-            record(ctx, &reference, instance, normal("Draining", "Scale", note)).await;
+            record(ctx, &reference, normal("Draining", "Scale", note)).await;
         }
     }
 
@@ -346,7 +350,7 @@ async fn apply_children(
                 "Drained: removing {} servers after the drain ({from} to {to})",
                 from - to
             );
-            record(ctx, &reference, instance, normal("Drained", "Scale", note)).await;
+            record(ctx, &reference, normal("Drained", "Scale", note)).await;
         }
     }
 
@@ -540,23 +544,6 @@ where
     Ok(())
 }
 
-/// Logs and publishes an event about what the reconcile changed (children, drain steps).
-pub(super) async fn record(
-    ctx: &Context,
-    reference: &ObjectReference,
-    instance: &Instance<'_>,
-    event: Event,
-) {
-    info!(
-        memcached = %instance.name,
-        namespace = %instance.namespace,
-        reason = %event.reason,
-        note = event.note.as_deref().unwrap_or_default(),
-        "changed"
-    );
-    publish(ctx, reference, event).await;
-}
-
 /// The pool as one reconcile settled it, for its status.
 struct Published {
     servers: Vec<Server>,
@@ -606,7 +593,7 @@ async fn report(
         return Ok(None);
     }
     if let Some(left) = ctx.pace.hold(&namespace, &name, mc.status.as_ref(), &new) {
-        debug!(memcached = %name, %namespace, ?left, "status change held back");
+        debug!(?left, "status change held back");
         return Ok(Some(left));
     }
     patch_status(mc, ctx, &new).await?;
@@ -654,63 +641,4 @@ async fn patch_status(
         .map_err(|source| Error::Status { name, source })?;
     ctx.written.remember(Arc::new(written), &());
     Ok(())
-}
-
-pub(super) fn normal(reason: &str, action: &str, note: String) -> Event {
-    event(EventType::Normal, reason, action, note)
-}
-
-fn warning(reason: &str, action: &str, note: String) -> Event {
-    event(EventType::Warning, reason, action, note)
-}
-
-fn event(type_: EventType, reason: &str, action: &str, note: String) -> Event {
-    Event {
-        type_,
-        reason: reason.to_owned(),
-        // The Events API limits notes to 1 kB.
-        note: Some(truncate(note, 1000)),
-        action: action.to_owned(),
-        secondary: None,
-    }
-}
-
-fn truncate(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut end = max;
-        while !s.is_char_boundary(end) {
-            end -= 1;
-        }
-        s.truncate(end);
-    }
-    s
-}
-
-/// Publishes an event; failures are logged, never returned: an event is not worth failing a reconcile.
-pub(super) async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
-    match tokio::time::timeout(
-        ctx.settings.side_step_timeout,
-        ctx.events.publish(&event, reference),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        // Unanswered: part of an outage, which is reported once on its own.
-        Ok(Err(error @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
-            debug!(%error, reason = %event.reason, "could not publish event")
-        }
-        Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
-        Err(_) => warn!(reason = %event.reason, "timed out publishing event"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::truncate;
-
-    #[test]
-    fn truncate_respects_char_boundaries() {
-        assert_eq!(truncate("héllo".into(), 2), "h");
-        assert_eq!(truncate("hello".into(), 10), "hello");
-    }
 }

@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::cache::{Cache, cache};
-use super::compact::{Compact, Compactable};
+use super::compact::{Compact, Compactable, trim_instance};
 use super::connectivity::Connectivity;
 use super::foreign;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
@@ -82,14 +82,6 @@ where
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     }
-}
-
-/// Keeps of an instance everything but its annotations, which the operator never reads, and which
-/// hold the whole object again when it was created with `kubectl apply` (`last-applied-configuration`).
-pub fn trim_instance(mc: &mut Memcached) {
-    mc.metadata.managed_fields = None;
-    // The same rule as for the compact answers to this operator's own writes.
-    <Memcached as Compactable>::trim_rest(&mut mc.metadata);
 }
 
 /// Runs the controller until `shutdown` resolves; in-flight reconciles finish first.

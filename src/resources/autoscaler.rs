@@ -17,7 +17,7 @@ use k8s_openapi::api::autoscaling::v2::{
 };
 use kube::Resource;
 
-use super::{Instance, InvalidSpec, validate};
+use super::{Instance, InvalidSpec};
 use crate::api::{Memcached, MemcachedSpec};
 
 /// The autoscaler for `instance`, or `None` when none is wanted.
@@ -69,7 +69,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         return Ok(());
     };
     if config.min_size() > config.max_size {
-        return Err(validate::invalid(format!(
+        return Err(InvalidSpec::config(format!(
             "spec.autoscaling.minSize ({}) must not exceed maxSize ({})",
             config.min_size(),
             config.max_size
@@ -83,7 +83,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         ("memory", config.target_memory_utilization_percentage),
     ];
     if targets.iter().all(|(_, target)| target.is_none()) {
-        return Err(validate::invalid(
+        return Err(InvalidSpec::config(
             "spec.autoscaling is enabled without a target: set targetCPUUtilizationPercentage or \
              targetMemoryUtilizationPercentage"
                 .into(),
@@ -99,7 +99,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
                 && !has(&resources.requests, resource)
                 && !has(&resources.limits, resource)
             {
-                return Err(validate::invalid(format!(
+                return Err(InvalidSpec::config(format!(
                     "spec.monitoring.exporter.resources sets no {resource} request, so the autoscaler \
                      cannot compute the pods' {resource} utilization; add requests.{resource}"
                 )));

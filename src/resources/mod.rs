@@ -69,6 +69,19 @@ pub struct InvalidSpec {
     pub message: String,
 }
 
+/// Reason of every spec check that the schema cannot express (see [`validate`]).
+pub const INVALID_CONFIG: &str = "InvalidConfig";
+
+impl InvalidSpec {
+    /// A spec check failed: reason [`INVALID_CONFIG`], `message` naming the field.
+    pub(crate) fn config(message: String) -> Self {
+        Self {
+            reason: INVALID_CONFIG,
+            message,
+        }
+    }
+}
+
 /// A validated instance: everything the builders need, with the checks the schema cannot express done.
 #[derive(Clone, Debug)]
 pub struct Instance<'a> {

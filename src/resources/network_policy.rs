@@ -15,7 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::deployment::METRICS_PORT;
-use super::{Instance, InvalidSpec, labels, validate};
+use super::{Instance, InvalidSpec, labels};
 use crate::api::{AllowedClient, MemcachedSpec};
 
 /// The policy for `instance`, or `None` when none is wanted.
@@ -121,7 +121,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
             selectors
         };
         if !valid {
-            return Err(validate::invalid(format!(
+            return Err(InvalidSpec::config(format!(
                 "spec.security.networkPolicy.allowedClients[{i}] must set podSelector and/or \
                  namespaceSelector, or ipBlock alone"
             )));

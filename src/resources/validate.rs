@@ -5,16 +5,6 @@
 use super::{InvalidSpec, args, quantity};
 use crate::api::{MemcachedSpec, flags};
 
-/// Reason for every check here.
-pub const INVALID_CONFIG: &str = "InvalidConfig";
-
-pub(super) fn invalid(message: String) -> InvalidSpec {
-    InvalidSpec {
-        reason: INVALID_CONFIG,
-        message,
-    }
-}
-
 /// All checks, first failure wins.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     extra_args(spec)?;
@@ -31,7 +21,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 /// option slips through on servers that do not run the CRD's CEL rule.
 fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     flags::argv::check(&spec.memcached().extra_args)
-        .map_err(|err| invalid(format!("spec.memcached.{err}")))
+        .map_err(|err| InvalidSpec::config(format!("spec.memcached.{err}")))
 }
 
 fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
@@ -40,18 +30,18 @@ fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         return Ok(());
     };
     let bytes = quantity::memcached_size(size).ok_or_else(|| {
-        invalid(format!(
+        InvalidSpec::config(format!(
             "spec.memcached.maxItemSize {size:?} is not a size such as 1m or 512k"
         ))
     })?;
     let half_memory = u64::try_from(config.max_memory_mb()).unwrap_or(0) * 1024 * 1024 / 2;
     if !(1024..=1024 * 1024 * 1024).contains(&bytes) {
-        return Err(invalid(format!(
+        return Err(InvalidSpec::config(format!(
             "spec.memcached.maxItemSize {size:?} must be between 1k and 1024m"
         )));
     }
     if bytes > half_memory {
-        return Err(invalid(format!(
+        return Err(InvalidSpec::config(format!(
             "spec.memcached.maxItemSize {size:?} must be at most half of maxMemoryMB ({} MiB)",
             config.max_memory_mb()
         )));
@@ -66,13 +56,13 @@ fn memory_limit(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     };
     let needed_mb = spec.memcached().max_memory_mb() + args::MEMORY_OVERHEAD_MB;
     let bytes = quantity::parse(&limit.0).ok_or_else(|| {
-        invalid(format!(
+        InvalidSpec::config(format!(
             "spec.resources.limits.memory {:?} is not a quantity",
             limit.0
         ))
     })?;
     if bytes < f64::from(needed_mb) * 1024.0 * 1024.0 {
-        return Err(invalid(format!(
+        return Err(InvalidSpec::config(format!(
             "spec.resources.limits.memory {} leaves no room: memcached uses up to maxMemoryMB ({} MiB) plus \
              about {} MiB of overhead, so the limit must be at least {needed_mb}Mi",
             limit.0,
@@ -90,7 +80,7 @@ fn termination(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         ha.termination_grace_period_seconds(),
     );
     if i64::from(delay) >= grace {
-        return Err(invalid(format!(
+        return Err(InvalidSpec::config(format!(
             "spec.highAvailability.terminationGracePeriodSeconds ({grace}) must be longer than \
              preStopDelaySeconds ({delay}), or pods are killed before they finish stopping"
         )));
@@ -104,7 +94,7 @@ fn disruption_budget(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         .pod_disruption_budget
         .unwrap_or_default();
     if pdb.max_unavailable.is_some() && pdb.min_available.is_some() {
-        return Err(invalid(
+        return Err(InvalidSpec::config(
             "spec.highAvailability.podDisruptionBudget sets both maxUnavailable and minAvailable; set one".into(),
         ));
     }
@@ -113,7 +103,7 @@ fn disruption_budget(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 
 fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     if spec.service_monitor().is_some() && spec.exporter().is_none() {
-        return Err(invalid(
+        return Err(InvalidSpec::config(
             "spec.monitoring.serviceMonitor.enabled needs spec.monitoring.exporter.enabled: the ServiceMonitor \
              scrapes the exporter"
                 .into(),
@@ -129,6 +119,7 @@ mod tests {
         ExporterConfig, HighAvailability, MemcachedConfig, Monitoring, PodDisruptionBudgetConfig,
         ServiceMonitorConfig,
     };
+    use crate::resources::INVALID_CONFIG;
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;

@@ -27,9 +27,9 @@ enum Command {
     Manifests,
     /// List the committed generated files that differ from what `manifests` writes; fail if any does.
     Check,
-    /// Print the CustomResourceDefinition YAML (as `memcached-operator crd`).
+    /// Print the CustomResourceDefinition YAML.
     Crd,
-    /// Print the operator's RBAC roles as YAML (as `memcached-operator rbac`).
+    /// Print the operator's RBAC roles as YAML.
     Rbac,
     /// Print the complete install as one YAML file (namespace, CRD, RBAC, operator Deployment, metrics
     /// Service): `kubectl kustomize config/default` with the operator image set.

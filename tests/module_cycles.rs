@@ -1,0 +1,269 @@
+//! No import cycles between the library's modules: a module that uses another must not be used by it,
+//! directly or through others. A cycle means neither can be read, tested or moved without the other; each
+//! one found was broken by moving the shared piece to where both can use it (events into
+//! `controller::events`, the instance trimming into `controller::compact`, the spec-check error into
+//! `resources`).
+//!
+//! Read from the source text: every `crate::`, `super::` and `self::` path in code (comments and tests
+//! left out), `use` groups (`use super::{a, b::c}`) expanded, resolved to the deepest module file it
+//! names. A path to an enclosing module (`super::Context` from a child) is not an edge: a parent holding
+//! its children's shared types is the usual shape.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs;
+use std::path::Path;
+
+type Module = Vec<String>;
+
+#[test]
+fn library_modules_have_no_import_cycles() {
+    let modules = modules(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")));
+    assert!(modules.len() > 50, "read {} modules", modules.len());
+    let edges: BTreeMap<&Module, BTreeSet<Module>> = modules
+        .iter()
+        .map(|(module, source)| (module, uses(module, source, &modules)))
+        .collect();
+    let cycles = cycles(&edges);
+    assert!(
+        cycles.is_empty(),
+        "import cycles between modules:\n{}",
+        cycles
+            .iter()
+            .map(|cycle| cycle.join(" -> "))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+#[test]
+fn a_cycle_is_found_through_use_groups_and_paths() {
+    let modules: BTreeMap<Module, String> = [
+        (vec!["a".into()], "use super::{b::{One, Two}, c};".into()),
+        (vec!["b".into()], "fn f() { crate::a::g() }".into()),
+        (vec!["c".into()], "// crate::a::g() in a comment".into()),
+    ]
+    .into_iter()
+    .map(|(module, source): (Module, String)| (module, code(&source)))
+    .collect();
+    let edges: BTreeMap<&Module, BTreeSet<Module>> = modules
+        .iter()
+        .map(|(module, source)| (module, uses(module, source, &modules)))
+        .collect();
+    assert_eq!(
+        edges[&vec!["a".to_owned()]],
+        BTreeSet::from([vec!["b".to_owned()], vec!["c".to_owned()]])
+    );
+    assert_eq!(cycles(&edges), [vec!["a".to_owned(), "b".to_owned()]]);
+}
+
+/// Every module file under `src` (the binary's `main.rs` and the crate root left out), by path, with its
+/// code: comments and the `#[cfg(test)]` tail removed.
+fn modules(src: &Path) -> BTreeMap<Module, String> {
+    let mut found = BTreeMap::new();
+    let mut dirs = vec![src.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+                continue;
+            }
+            if path.extension().is_none_or(|e| e != "rs") {
+                continue;
+            }
+            let relative = path.strip_prefix(src).unwrap().with_extension("");
+            let mut module: Module = relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if module.last().is_some_and(|last| last == "mod") {
+                module.pop();
+            }
+            if module == ["lib"] || module == ["main"] {
+                continue;
+            }
+            found.insert(module, code(&fs::read_to_string(&path).unwrap()));
+        }
+    }
+    found
+}
+
+fn code(source: &str) -> String {
+    let source = source.split("#[cfg(test)]").next().unwrap_or_default();
+    source
+        .lines()
+        .map(|line| match line.find("//") {
+            // A `//` inside a string literal ("https://...") cuts the rest of a line, never a path.
+            Some(at) => &line[..at],
+            None => line,
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The modules `module` uses, resolved against the known ones.
+fn uses(module: &Module, code: &str, modules: &BTreeMap<Module, String>) -> BTreeSet<Module> {
+    let mut targets = BTreeSet::new();
+    for path in paths(code) {
+        let mut segments = path.split("::").map(str::trim);
+        let mut base: Module = match segments.next() {
+            Some("crate") => Vec::new(),
+            Some("self") => module.clone(),
+            Some("super") => module[..module.len().saturating_sub(1)].to_vec(),
+            _ => continue,
+        };
+        let mut segments = segments.peekable();
+        while segments.peek() == Some(&"super") {
+            segments.next();
+            base.pop();
+        }
+        let mut target = None;
+        for segment in segments {
+            base.push(segment.to_owned());
+            if modules.contains_key(&base) {
+                target = Some(base.clone());
+            } else {
+                break;
+            }
+        }
+        if let Some(target) = target
+            && &target != module
+            && !module.starts_with(&target)
+        {
+            targets.insert(target);
+        }
+    }
+    targets
+}
+
+/// The paths in `code` that start at `crate`, `super` or `self`, with `use` groups expanded.
+fn paths(code: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    let bytes = code.as_bytes();
+    let mut at = 0;
+    while at < code.len() {
+        let rest = &code[at..];
+        let starts = ["crate::", "super::", "self::"]
+            .iter()
+            .any(|root| rest.starts_with(root))
+            && (at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_'));
+        if !starts {
+            at += rest.chars().next().map_or(1, char::len_utf8);
+            continue;
+        }
+        let end = path_end(rest);
+        expand(&rest[..end], &mut paths);
+        at += end.max(1);
+    }
+    paths
+}
+
+/// Where the path at the start of `text` ends: after its last segment, or after its `{...}` group.
+fn path_end(text: &str) -> usize {
+    let mut depth = 0usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            c if depth > 0 || c.is_alphanumeric() || c == '_' || c == ':' => {}
+            _ => return i,
+        }
+    }
+    text.len()
+}
+
+/// `a::{b, c::{d, e}}` as `a::b`, `a::c::d`, `a::c::e`.
+fn expand(path: &str, out: &mut Vec<String>) {
+    let Some(open) = path.find('{') else {
+        out.push(path.trim_end_matches(':').to_owned());
+        return;
+    };
+    let prefix = path[..open].trim_end_matches(':');
+    let inner = &path[open + 1..path.rfind('}').unwrap_or(path.len())];
+    let mut depth = 0usize;
+    let mut start = 0;
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth = depth.saturating_sub(1),
+            ',' if depth == 0 => {
+                item(prefix, &inner[start..i], out);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    item(prefix, &inner[start..], out);
+}
+
+fn item(prefix: &str, item: &str, out: &mut Vec<String>) {
+    let item = item.split(" as ").next().unwrap_or_default().trim();
+    if !item.is_empty() && item != "self" {
+        expand(&format!("{prefix}::{item}"), out);
+    } else if item == "self" {
+        out.push(prefix.to_owned());
+    }
+}
+
+/// The strongly connected groups of more than one module (Tarjan), each as module names in order.
+fn cycles(edges: &BTreeMap<&Module, BTreeSet<Module>>) -> Vec<Vec<String>> {
+    struct Search<'a> {
+        edges: &'a BTreeMap<&'a Module, BTreeSet<Module>>,
+        index: BTreeMap<&'a Module, usize>,
+        low: BTreeMap<&'a Module, usize>,
+        stack: Vec<&'a Module>,
+        found: Vec<Vec<String>>,
+    }
+    impl<'a> Search<'a> {
+        fn visit(&mut self, v: &'a Module) {
+            let n = self.index.len();
+            self.index.insert(v, n);
+            self.low.insert(v, n);
+            self.stack.push(v);
+            for w in &self.edges[v] {
+                let Some((w, _)) = self.edges.get_key_value(w) else {
+                    continue;
+                };
+                if !self.index.contains_key(w) {
+                    self.visit(w);
+                    let low = self.low[v].min(self.low[w]);
+                    self.low.insert(v, low);
+                } else if self.stack.contains(w) {
+                    let low = self.low[v].min(self.index[w]);
+                    self.low.insert(v, low);
+                }
+            }
+            if self.low[v] == self.index[v] {
+                let mut group = Vec::new();
+                while let Some(w) = self.stack.pop() {
+                    group.push(w.join("::"));
+                    if w == v {
+                        break;
+                    }
+                }
+                if group.len() > 1 {
+                    group.sort();
+                    self.found.push(group);
+                }
+            }
+        }
+    }
+    let mut search = Search {
+        edges,
+        index: BTreeMap::new(),
+        low: BTreeMap::new(),
+        stack: Vec::new(),
+        found: Vec::new(),
+    };
+    for v in edges.keys() {
+        if !search.index.contains_key(v) {
+            search.visit(v);
+        }
+    }
+    search.found
+}

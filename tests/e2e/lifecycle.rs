@@ -5,9 +5,9 @@ use crate::env::{E2e, preflight};
 use crate::events::holder_contains;
 use crate::invalid::{step_degraded, step_invalid, step_invalid_config};
 use crate::isolation::step_isolation;
-use crate::kubectl::{e2e_enabled, secs};
+use crate::kubectl::{cluster_configured, secs};
 use crate::leader_election::step_leader_handover;
-use crate::names::{CLEANUP_STEP, LEASE, OPERATOR_NS, SKIP_MESSAGE};
+use crate::names::{CLEANUP_STEP, LEASE, NO_CLUSTER, OPERATOR_NS};
 use crate::pools::{
     step_deployment_pool, step_statefulset_drain, step_statefulset_pool, step_warm_rollout,
 };
@@ -19,11 +19,9 @@ use crate::telemetry::step_telemetry;
 use crate::tls::step_tls;
 
 #[test]
+#[ignore = "needs a cluster: `make e2e`, or KUBECONFIG=... cargo test --test e2e -- --ignored"]
 fn lifecycle() {
-    if !e2e_enabled() {
-        eprintln!("{SKIP_MESSAGE}");
-        return;
-    }
+    assert!(cluster_configured(), "{NO_CLUSTER}");
 
     preflight();
     let mut env = E2e::new();

@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-pub const SKIP_MESSAGE: &str = "skipping e2e: set MEMCACHED_E2E=1 and KUBECONFIG to run";
+pub const NO_CLUSTER: &str = "the e2e suite needs a cluster: set KUBECONFIG to a disposable test cluster's \
+     kubeconfig, or run `make e2e`, which starts a local control plane from $KUBEBUILDER_ASSETS";
 pub const OPERATOR_BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
 pub const REPO_ROOT: &str = env!("CARGO_MANIFEST_DIR");
 pub const OPERATOR_NS: &str = "memcached-operator-system";

@@ -46,7 +46,7 @@ pub use foreign::Foreign;
 pub use pod_index::PodIndex;
 pub use reconcile::{error_policy, reconcile};
 pub use secrets::SecretHashes;
-pub use watches::{RunOptions, pod_owner, run};
+pub use watches::{RunOptions, Watches, pod_owner, run, watch};
 pub use written::Written;
 
 use crate::api::Memcached;
@@ -166,6 +166,16 @@ impl Context {
             secret_hashes: SecretHashes::default(),
             written: Arc::default(),
             pace,
+        }
+    }
+
+    /// The context sharing `written` and `secret_hashes` with the watches that end what they keep (see
+    /// [`watches::watch`]); a new context keeps its own.
+    pub fn sharing(self, written: Arc<Written>, secret_hashes: SecretHashes) -> Self {
+        Self {
+            written,
+            secret_hashes,
+            ..self
         }
     }
 

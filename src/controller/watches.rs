@@ -12,6 +12,9 @@
 //! - Secrets: every one in scope (users name their own), metadata only, since only existence and version
 //!   matter until one an instance references changes; a change triggers the instances that name it.
 //!
+//! [`watch`] starts them all and hands back their caches ([`Watches::stores`], which the stats collector
+//! reads too); [`run`] then drives the controller with them until shutdown.
+//!
 //! `managedFields` are dropped from everything cached. Initial lists come from the API server's watch
 //! cache. Failed watches are retried within seconds and expired ones (410 Gone) re-listed at once (see
 //! [`super::watch_retry`]); when the API server answers again after an outage, every instance is
@@ -22,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use futures::future::{BoxFuture, Shared};
+use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
@@ -61,8 +65,59 @@ pub struct RunOptions {
     pub settings: Settings,
     /// Identity of this replica in the events it records (the pod name).
     pub reporter_instance: Option<String>,
-    /// The operand stats collector's settings; `None` turns it off.
-    pub stats: Option<crate::telemetry::Settings>,
+}
+
+type Watched<K> = BoxStream<'static, Result<K, watcher::Error>>;
+
+/// The caches, filling, and the watches that feed them: what [`run`] drives the controller with, and what
+/// others (the stats collector) read meanwhile.
+pub struct Watches {
+    /// The caches the reconciler and the stats collector read.
+    pub stores: Stores,
+    namespace: Option<String>,
+    /// Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
+    /// end them when their caches hold that version, or see the object deleted.
+    written: Arc<Written>,
+    secret_hashes: SecretHashes,
+    /// The instances' watch is started by [`run`]: a deletion it sees makes the context forget the
+    /// instance, so it needs the context.
+    instances: (Api<Memcached>, reflector::store::Writer<Memcached>),
+    /// The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
+    /// waiter), so the end of its initial list is observed on the stream instead.
+    instances_listed: (watch::Sender<bool>, watch::Receiver<bool>),
+    children_synced: Synced,
+    streams: ChildStreams,
+    /// Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
+    /// begins, or it would wait for them.
+    shutdown: Shared<BoxFuture<'static, ()>>,
+}
+
+/// The child watches' streams of touched objects, each triggering the instance it belongs to.
+struct ChildStreams {
+    deployments: Watched<Compact<Deployment>>,
+    statefulsets: Watched<Compact<StatefulSet>>,
+    services: Watched<Compact<Service>>,
+    config_maps: Watched<Compact<ConfigMap>>,
+    pods: Watched<Compact<Pod>>,
+    pdbs: Watched<Compact<PodDisruptionBudget>>,
+    network_policies: Watched<Compact<NetworkPolicy>>,
+    autoscalers: Watched<Compact<HorizontalPodAutoscaler>>,
+    secrets: Watched<PartialObjectMeta<Secret>>,
+    service_monitors: Option<Watched<Compact<DynamicObject>>>,
+    /// The instances whose child names an object the operator does not manage was seen under.
+    foreign: BoxStream<'static, ObjectRef<Memcached>>,
+}
+
+impl Watches {
+    /// Resolves true once the instances and every other cache hold their initial lists; false when
+    /// shutdown came first.
+    pub fn synced(&self) -> impl Future<Output = bool> + Send + 'static {
+        let (mut listed, children) = (
+            self.instances_listed.1.clone(),
+            self.children_synced.clone(),
+        );
+        async move { listed.wait_for(|l| *l).await.is_ok() && children.await }
+    }
 }
 
 /// Lists served from the API server's watch cache (`resourceVersion=0`) instead of etcd. kube leaves
@@ -84,57 +139,47 @@ where
     }
 }
 
-/// Runs the controller until `shutdown` resolves; in-flight reconciles finish first.
-/// `synced` turns true once every cache has its initial list.
-pub async fn run(
-    client: Client,
-    metrics: Arc<Metrics>,
-    connectivity: Arc<Connectivity>,
-    options: RunOptions,
-    synced: Arc<AtomicBool>,
+/// Starts the watches of everything the reconciler reads (in `namespace`, or all), except the instances'
+/// own, which [`run`] starts: their caches fill from here on. Watches end with `shutdown`.
+pub async fn watch(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let ns = options.namespace.as_deref();
-    // Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
-    // end them when their caches hold that version, or see the object deleted.
+) -> Watches {
+    let (ns, metrics) = (namespace, metrics.clone());
     let written = Arc::new(Written::default());
     let secret_hashes = SecretHashes::default();
-    // Shared: reconciles waiting for the caches, and the start-up discovery, must give up when shutdown
-    // begins, or it would wait for them.
     let shutdown = shutdown.boxed().shared();
     let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
-
-    // The Memcached cache's readiness is the controller's to wait for (a store wakes only its latest
-    // waiter), so the end of its initial list is observed on the stream instead.
-    let (mc_listed_tx, mc_listed) = watch::channel(false);
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
-    let mc_api = api::<Memcached>(&client, ns);
+    let mc_api = api::<Memcached>(client, ns);
 
     let (deployments, deployment_stream) = cached(
         &metrics,
         "deployments",
-        api::<Compact<Deployment>>(&client, ns),
+        api::<Compact<Deployment>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
     let (statefulsets, statefulset_stream) = cached(
         &metrics,
         "statefulsets",
-        api::<Compact<StatefulSet>>(&client, ns),
+        api::<Compact<StatefulSet>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
     let (services, service_stream) = cached(
         &metrics,
         "services",
-        api::<Compact<Service>>(&client, ns),
+        api::<Compact<Service>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
     let (config_maps, config_map_stream) = cached(
         &metrics,
         "configmaps",
-        api::<Compact<ConfigMap>>(&client, ns),
+        api::<Compact<ConfigMap>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
@@ -144,7 +189,7 @@ pub async fn run(
         cached(
             &metrics,
             "pods",
-            api::<Compact<Pod>>(&client, ns),
+            api::<Compact<Pod>>(client, ns),
             children.clone(),
             (move |event: &_| index.observe(event), |_: &_| {}),
         )
@@ -152,14 +197,14 @@ pub async fn run(
     let (pdbs, pdb_stream) = cached(
         &metrics,
         "poddisruptionbudgets",
-        api::<Compact<PodDisruptionBudget>>(&client, ns),
+        api::<Compact<PodDisruptionBudget>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
     let (network_policies, network_policy_stream) = cached(
         &metrics,
         "networkpolicies",
-        api::<Compact<NetworkPolicy>>(&client, ns),
+        api::<Compact<NetworkPolicy>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
@@ -168,7 +213,7 @@ pub async fn run(
     let (autoscalers, autoscaler_stream) = cached(
         &metrics,
         "horizontalpodautoscalers",
-        api::<Compact<HorizontalPodAutoscaler>>(&client, ns),
+        api::<Compact<HorizontalPodAutoscaler>>(client, ns),
         children.clone(),
         forgets_seen(&written, &()),
     );
@@ -176,7 +221,7 @@ pub async fn run(
     let (secrets, secret_stream) = reflected(
         &metrics,
         "secrets",
-        api::<PartialObjectMeta<Secret>>(&client, ns),
+        api::<PartialObjectMeta<Secret>>(client, ns),
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
@@ -194,7 +239,7 @@ pub async fn run(
                 .watch(
                     &metrics,
                     $resource,
-                    api::<PartialObjectMeta<$kind>>(&client, ns),
+                    api::<PartialObjectMeta<$kind>>(client, ns),
                     unmanaged.clone(),
                     memcacheds.clone(),
                 )
@@ -215,7 +260,7 @@ pub async fn run(
     ]);
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
-        &client,
+        client,
         shutdown.clone(),
     )
     .await
@@ -257,39 +302,66 @@ pub async fn run(
         foreign: foreign.build(),
     };
     let children_synced = children_synced(&stores, shutdown.clone());
-    // The stats collector: its own task, reading the same caches once they are filled, stopped with the
-    // controller.
-    let collector = options.stats.map(|settings| {
-        let (mut listed, children) = (mc_listed.clone(), children_synced.clone());
-        crate::telemetry::spawn(
-            settings,
-            crate::telemetry::Sources {
-                client: client.clone(),
-                memcacheds: stores.memcacheds.clone(),
-                pods: crate::telemetry::IndexedPods {
-                    store: stores.pods.clone(),
-                    index: stores.pod_index.clone(),
-                },
-                secrets: stores.secrets.clone(),
-            },
-            metrics.operand(),
-            options.reporter_instance.clone(),
-            async move { listed.wait_for(|l| *l).await.is_ok() && children.await },
-            shutdown.clone(),
-        )
-    });
-    tokio::spawn(mark_synced(children_synced.clone(), mc_listed, synced));
-    let mut ctx = Context::new(
-        client,
-        options.settings,
+    Watches {
         stores,
-        metrics,
-        options.reporter_instance,
-        system_clock(),
+        namespace: ns.map(str::to_owned),
+        written,
+        secret_hashes,
+        instances: (mc_api, mc_writer),
+        instances_listed: watch::channel(false),
+        children_synced,
+        streams: ChildStreams {
+            deployments: deployment_stream.boxed(),
+            statefulsets: statefulset_stream.boxed(),
+            services: service_stream.boxed(),
+            config_maps: config_map_stream.boxed(),
+            pods: pod_stream.boxed(),
+            pdbs: pdb_stream.boxed(),
+            network_policies: network_policy_stream.boxed(),
+            autoscalers: autoscaler_stream.boxed(),
+            secrets: secret_stream.boxed(),
+            service_monitors: service_monitor_stream.map(StreamExt::boxed),
+            foreign: foreign_streams.boxed(),
+        },
+        shutdown,
+    }
+}
+
+/// Runs the controller over `watches` until shutdown (theirs); in-flight reconciles finish first.
+/// `synced` turns true once every cache has its initial list.
+pub async fn run(
+    watches: Watches,
+    client: Client,
+    metrics: Arc<Metrics>,
+    connectivity: Arc<Connectivity>,
+    options: RunOptions,
+    synced: Arc<AtomicBool>,
+) {
+    tokio::spawn(mark_synced(watches.synced(), synced));
+    let Watches {
+        stores,
+        namespace,
+        written,
+        secret_hashes,
+        instances: (mc_api, mc_writer),
+        instances_listed: (mc_listed_tx, _),
+        children_synced,
+        streams,
+        shutdown,
+    } = watches;
+    let memcacheds = stores.memcacheds.clone();
+    let service_monitor = service_monitor::api_resource();
+    let ctx = Arc::new(
+        Context::new(
+            client,
+            options.settings,
+            stores,
+            metrics,
+            options.reporter_instance,
+            system_clock(),
+        )
+        .sharing(written, secret_hashes),
     );
-    ctx.written = written;
-    ctx.secret_hashes = secret_hashes;
-    let ctx = Arc::new(ctx);
     // Built once the context exists: a deletion it sees makes the context forget the instance (no
     // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this
     // is dropped by the error policy.
@@ -315,29 +387,29 @@ pub async fn run(
     .applied_objects();
 
     info!(
-        namespace = ns.unwrap_or("<all>"),
+        namespace = namespace.as_deref().unwrap_or("<all>"),
         concurrency = options.concurrency,
         "starting controller"
     );
     let instances = memcacheds.clone();
     let mut controller = Controller::for_stream(mc_stream, memcacheds)
-        .owns_stream(deployment_stream)
-        .owns_stream(statefulset_stream)
-        .owns_stream(service_stream)
-        .owns_stream(config_map_stream)
-        .owns_stream(pdb_stream)
-        .owns_stream(network_policy_stream)
-        .owns_stream(autoscaler_stream)
-        .watches_stream(pod_stream, pod_owner)
-        .watches_stream(secret_stream, move |secret| {
+        .owns_stream(streams.deployments)
+        .owns_stream(streams.statefulsets)
+        .owns_stream(streams.services)
+        .owns_stream(streams.config_maps)
+        .owns_stream(streams.pdbs)
+        .owns_stream(streams.network_policies)
+        .owns_stream(streams.autoscalers)
+        .watches_stream(streams.pods, pod_owner)
+        .watches_stream(streams.secrets, move |secret| {
             referencing(&instances.state(), &secret)
         });
-    if let Some(stream) = service_monitor_stream {
+    if let Some(stream) = streams.service_monitors {
         controller = controller.owns_stream_with(stream, service_monitor);
     }
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
-        .reconcile_on(foreign_streams)
+        .reconcile_on(streams.foreign)
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(
@@ -358,9 +430,6 @@ pub async fn run(
             }
         })
         .await;
-    if let Some(collector) = collector {
-        collector.abort();
-    }
     info!("controller stopped");
 }
 
@@ -599,12 +668,8 @@ async fn reconcile_when_synced(
     }
 }
 
-async fn mark_synced(
-    children: Synced,
-    mut mc_listed: watch::Receiver<bool>,
-    synced: Arc<AtomicBool>,
-) {
-    if mc_listed.wait_for(|listed| *listed).await.is_ok() && children.await {
+async fn mark_synced(all: impl Future<Output = bool>, synced: Arc<AtomicBool>) {
+    if all.await {
         info!("caches synced");
         synced.store(true, Ordering::Release);
     }

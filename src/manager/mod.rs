@@ -38,6 +38,7 @@ use crate::controller::{self, RunOptions, Settings};
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, StatsReader};
+use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
 
@@ -120,6 +121,39 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             }
         }
     };
+    let shutdown = shutdown.boxed().shared();
+    let watches = controller::watch(
+        &client,
+        &metrics,
+        args.namespace.as_deref(),
+        shutdown.clone(),
+    )
+    .await;
+    // The operand stats collector: its own task, reading the same caches once they are filled, stopped
+    // with the controller.
+    let collector = (!args.stats_interval.is_zero()).then(|| {
+        let stores = &watches.stores;
+        crate::telemetry::spawn(
+            crate::telemetry::Settings {
+                interval: args.stats_interval,
+                status_interval: args.stats_status_interval,
+                cluster_domain: args.cluster_domain.clone(),
+            },
+            crate::telemetry::Sources {
+                client: client.clone(),
+                memcacheds: stores.memcacheds.clone(),
+                pods: crate::telemetry::IndexedPods {
+                    store: stores.pods.clone(),
+                    index: stores.pod_index.clone(),
+                },
+                secrets: stores.secrets.clone(),
+            },
+            metrics.operand(),
+            Some(identity.clone()),
+            watches.synced(),
+            shutdown.clone(),
+        )
+    });
     let options = RunOptions {
         namespace: args.namespace.clone(),
         concurrency: args.concurrency,
@@ -127,25 +161,20 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             defaults: Defaults {
                 image: args.memcached_image.clone(),
                 stats_reader: stats_reader(&args),
-                stats_collected: !args.stats_interval.is_zero(),
+                stats_collected: collector.is_some(),
             },
             requeue_after: args.requeue_interval,
             ..Settings::default()
         },
         reporter_instance: Some(identity),
-        stats: (!args.stats_interval.is_zero()).then_some(crate::telemetry::Settings {
-            interval: args.stats_interval,
-            status_interval: args.stats_status_interval,
-            cluster_domain: args.cluster_domain.clone(),
-        }),
     };
     let controller = controller::run(
+        watches,
         client,
         metrics.clone(),
         connectivity,
         options,
         health.synced.clone(),
-        shutdown,
     );
     tokio::pin!(controller);
     tokio::select! {
@@ -155,6 +184,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             lost.cancelled().await;
             tokio::time::sleep(LOST_LEASE_GRACE).await;
         }, if !stop.is_cancelled() => {}
+    }
+    if let Some(collector) = collector {
+        collector.abort();
     }
     health.stopping.store(true, Ordering::Release);
     metrics.set_leader(false);

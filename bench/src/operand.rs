@@ -312,14 +312,14 @@ async fn read_all_along(client: Client, operand: OperandOptions, stop: Arc<Atomi
     let selector = format!("app.kubernetes.io/instance={INSTANCE}");
     let mut reader = Reader::default();
     let mut servers: Vec<Server> = Vec::new();
-    let mut discovered = Instant::now() - DISCOVERY_INTERVAL;
+    let mut discovered: Option<Instant> = None;
     let mut ticks = tokio::time::interval(Duration::from_secs(1) / operand.reads_per_second.max(1));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut key = 0;
     while !stop.load(Ordering::Relaxed) {
         ticks.tick().await;
-        if discovered.elapsed() >= DISCOVERY_INTERVAL {
-            discovered = Instant::now();
+        if discovered.is_none_or(|at| at.elapsed() >= DISCOVERY_INTERVAL) {
+            discovered = Some(Instant::now());
             // Keep the servers known when the list fails.
             if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
                 servers = list.items.iter().filter_map(ready_server).collect();

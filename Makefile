@@ -113,6 +113,22 @@ bench-real: ## Run the scale benchmark against a real control plane (needs KUBEB
 	$(CARGO) run --quiet --release --package bench -- --real --instances $(N) \
 		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
 
+# The dashboard's pictures (docs/images/*.svg, shown in docs/operations.md): the bench records the operator's
+# /metrics every second (--record) on a real control plane from $(KUBEBUILDER_ASSETS), first while N instances
+# converge, then (--operand) while one instance of three real memcached servers (Debian's, /usr/bin/memcached)
+# is read by a cache-aside client through a rollout and a scale-down; `cargo xtask dashboard-pictures` then
+# evaluates each pictured panel's own queries from config/grafana over those scrapes. A few minutes. The
+# operator is the bench's default (the release build) unless ARGS names another: ARGS="--operator
+# target/debug/memcached-operator". The recordings stay in $(SAMPLES).
+SAMPLES ?= target/dashboard-samples
+
+.PHONY: dashboard-pictures
+dashboard-pictures: ## Record real runs (needs KUBEBUILDER_ASSETS and memcached) and redraw docs/images/*.svg from the dashboard's queries.
+	$(CARGO) run --quiet --package bench -- --real --instances $(N) --settle-seconds 30 \
+		--record $(SAMPLES) $(ARGS)
+	$(CARGO) run --quiet --package bench -- --operand --record $(SAMPLES) $(ARGS)
+	$(XTASK) dashboard-pictures --samples $(SAMPLES)
+
 ##@ Build
 
 .PHONY: build

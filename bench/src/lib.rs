@@ -16,12 +16,15 @@
 //! (the workspace's `envtest`), counting the operator's requests from the API server's audit log, and
 //! reports in the same [`Report`].
 
+pub mod cache_client;
 pub mod endpoint;
 pub mod fake;
 pub mod kubelet;
+pub mod operand;
 pub mod patch;
 pub mod process;
 pub mod real;
+pub mod record;
 pub mod tls;
 
 use std::collections::BTreeMap;
@@ -64,7 +67,14 @@ pub struct Options {
     pub timeout: Duration,
     /// Serve the fake over TLS (HTTP/2 and HTTP/1.1 by ALPN), as a real API server; else plain HTTP.
     pub tls: bool,
+    /// Scrape the operator's `/metrics` every second into `DIR/convergence.jsonl` ([`record`]), from its
+    /// readiness to the end of the settled window.
+    pub record: Option<PathBuf>,
 }
+
+/// The name the convergence's recording is written under: `DIR/convergence.jsonl` and
+/// `DIR/convergence.marks.json`.
+pub const CONVERGENCE_RECORDING: &str = "convergence";
 
 /// What a run measured. Times are seconds from the creation of the instances.
 #[derive(Clone, Debug, Serialize)]
@@ -185,8 +195,10 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let scratch = Scratch::new()?;
     let kubeconfig = scratch.path().join("kubeconfig.yaml");
     endpoint.write_kubeconfig(&kubeconfig)?;
-    let mut operator = Operator::start(options, &kubeconfig, false)?;
+    let mut operator = Operator::start(options, &kubeconfig, options.record.is_some())?;
     operator.wait_ready(Duration::from_secs(60)).await?;
+    let recorder = record::start_convergence(&operator, options)?;
+    let mut marks = Vec::new();
     // The watches open right after the initial lists that make the operator ready: let them, so that the
     // requests counted from t0 are those the instances cost.
     tokio::time::sleep(WATCHES_OPEN).await;
@@ -194,6 +206,10 @@ pub async fn run(options: &Options) -> Result<Report, String> {
 
     let fake_cpu_start = process::own_cpu_seconds().unwrap_or_default();
     let t0 = Instant::now();
+    marks.push(record::Mark::now(format!(
+        "{} instances created",
+        options.instances
+    )));
     let first_request = {
         let mut store = fake.store();
         let first_request = store.requests.len();
@@ -236,10 +252,12 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     let cpu_converged = operator.cpu_seconds()?;
+    marks.push(record::Mark::now("all Available"));
     tokio::time::sleep(GRACE).await;
     let settle_from = fake.store().requests.len();
     tokio::time::sleep(options.settle).await;
     operator.check_running()?;
+    record::finish_convergence(recorder, options, &marks).await?;
     let cpu_total = operator.cpu_seconds()?;
     let fake_cpu = process::own_cpu_seconds().unwrap_or_default() - fake_cpu_start;
     let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;

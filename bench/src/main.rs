@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
+use bench::operand::OperandOptions;
 use bench::real::{CREATES_IN_FLIGHT, RealOptions};
 use bench::{Options, Report};
 use clap::Parser;
@@ -68,12 +69,25 @@ struct Cli {
     /// With --real: instances created at once through the admin client.
     #[arg(long, default_value_t = CREATES_IN_FLIGHT, requires = "real")]
     creates_in_flight: usize,
+    /// Scrape the operator's /metrics every second into DIR (convergence.jsonl, or operand.jsonl with
+    /// --operand, and the run's moments in *.marks.json), for `cargo xtask dashboard-pictures`.
+    #[arg(long, value_name = "DIR")]
+    record: Option<PathBuf>,
+    /// Instead of the convergence of --instances: one instance of 3 real memcached servers (Debian's, run
+    /// by the stand-in kubelet on a control plane from $KUBEBUILDER_ASSETS), read by a cache-aside client
+    /// through a rollout and a scale-down, the operator reading their statistics every second. Needs
+    /// --record.
+    #[arg(long, requires = "record", conflicts_with_all = ["real", "plain_http", "runs", "restart_settled"])]
+    operand: bool,
+    /// With --operand: how long each phase goes on once the operator is done with it, in seconds.
+    #[arg(long, default_value_t = 30, requires = "operand")]
+    phase_seconds: u64,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before a release build of minutes: without the binaries, --real cannot run at all.
-    if cli.real
+    if (cli.real || cli.operand)
         && let Err(error) = bench::real::assets()
     {
         eprintln!("error: {error}");
@@ -107,6 +121,7 @@ fn main() -> ExitCode {
         settle: Duration::from_secs(cli.settle_seconds),
         timeout: Duration::from_secs(cli.timeout_seconds),
         tls: !cli.plain_http,
+        record: cli.record.clone(),
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -115,6 +130,36 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let (true, Some(record_dir)) = (cli.operand, &cli.record) {
+        let operand = OperandOptions {
+            config_dir: root.join("config"),
+            record_dir: record_dir.clone(),
+            size: 3,
+            // 3000 values of 2000 bytes: about 2 MiB a server, an eighth of its 16 MiB, so that the
+            // memory panel shows use against the limit without evictions.
+            keys: 3000,
+            value_bytes: 2000,
+            memory_mb: 16,
+            reads_per_second: 200,
+            warmup_seconds: 10,
+            phase: Duration::from_secs(cli.phase_seconds),
+        };
+        eprintln!(
+            "operand run: {} real memcached servers against {}",
+            operand.size,
+            options.operator.display()
+        );
+        return match runtime.block_on(bench::operand::run(&options, &operand)) {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let mut reports = Vec::new();
     for run in 1..=cli.runs {
         eprintln!(
@@ -282,5 +327,20 @@ mod tests {
         assert!(Cli::try_parse_from(["bench", "--restart-settled"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--creates-in-flight", "8"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--real", "--plain-http"]).is_err());
+    }
+
+    #[test]
+    fn recording_flags() {
+        let cli = Cli::try_parse_from(["bench", "--real", "--record", "samples"]).unwrap();
+        assert_eq!(cli.record, Some(PathBuf::from("samples")));
+        let cli = Cli::try_parse_from(["bench", "--operand", "--record", "samples"]).unwrap();
+        assert!(cli.operand);
+        assert_eq!(cli.phase_seconds, 30);
+        assert!(
+            Cli::try_parse_from(["bench", "--operand"]).is_err(),
+            "an operand run is only for its recording"
+        );
+        assert!(Cli::try_parse_from(["bench", "--operand", "--record", "d", "--real"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--phase-seconds", "5"]).is_err());
     }
 }

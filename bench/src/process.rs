@@ -182,17 +182,25 @@ impl Operator {
 
     /// `GET /metrics`'s text, when started with metrics.
     pub async fn metrics(&self) -> Result<String, String> {
-        let addr = self
-            .metrics
-            .ok_or("the operator was started without /metrics")?;
-        let (code, body) = http_get(addr, "/metrics")
-            .await
-            .ok_or_else(|| format!("no answer from http://{addr}/metrics"))?;
-        if code != 200 {
-            return Err(format!("http://{addr}/metrics answered {code}"));
-        }
-        Ok(body)
+        metrics_text(self.metrics_address()?).await
     }
+
+    /// Where `/metrics` listens (plain HTTP), when started with metrics.
+    pub fn metrics_address(&self) -> Result<SocketAddr, String> {
+        self.metrics
+            .ok_or_else(|| "the operator was started without /metrics".to_owned())
+    }
+}
+
+/// `GET http://addr/metrics`'s text.
+pub async fn metrics_text(addr: SocketAddr) -> Result<String, String> {
+    let (code, body) = http_get(addr, "/metrics")
+        .await
+        .ok_or_else(|| format!("no answer from http://{addr}/metrics"))?;
+    if code != 200 {
+        return Err(format!("http://{addr}/metrics answered {code}"));
+    }
+    Ok(body)
 }
 
 /// `--stats-interval=0` unless the operator arguments set the interval: the fake kubelet's pods run no

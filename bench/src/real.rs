@@ -39,6 +39,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 use crate::process::{self, Operator};
+use crate::record;
 use crate::{Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
 
 /// The namespace the instances are created in.
@@ -152,6 +153,8 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
 
     let mut operator = Operator::start(options, &credentials.kubeconfig, true)?;
     operator.wait_ready(Duration::from_secs(60)).await?;
+    let recorder = record::start_convergence(&operator, options)?;
+    let mut marks = Vec::new();
     tokio::time::sleep(WATCHES_OPEN).await;
     let cpu_startup = operator.cpu_seconds()?;
     eprintln!(
@@ -163,6 +166,10 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
     let plane_cpu_start = process::children_cpu_seconds(&CONTROL_PLANE);
     let t0_mark = audit.mark().map_err(|e| format!("{e:#}"))?;
     let t0 = Instant::now();
+    marks.push(record::Mark::now(format!(
+        "{} instances created",
+        options.instances
+    )));
     let created = create_instances(&client, &names, real.creates_in_flight).await?;
     let first_created = created
         .iter()
@@ -202,6 +209,7 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
     let cpu_converged = operator.cpu_seconds()?;
+    marks.push(record::Mark::now("all Available"));
     // Available follows the pods' readiness, so the pods' watch has seen it too, or is about to.
     let pods_wait = Instant::now() + Duration::from_secs(10);
     while lock(&progress).pods_ready_at.is_none() && Instant::now() < pods_wait {
@@ -212,6 +220,7 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
     tokio::time::sleep(options.settle).await;
     let settle_end = audit.mark().map_err(|e| format!("{e:#}"))?;
     operator.check_running()?;
+    record::finish_convergence(recorder, options, &marks).await?;
     let cpu_total = operator.cpu_seconds()?;
     let own_cpu = process::own_cpu_seconds().unwrap_or_default() - own_cpu_start;
     let plane_cpu = cpu_since(
@@ -384,7 +393,7 @@ async fn warm_up(client: &Client) -> Result<Duration, String> {
     Ok(started.elapsed())
 }
 
-fn memcached_resource() -> ApiResource {
+pub(crate) fn memcached_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
         "memcacheds",

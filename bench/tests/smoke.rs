@@ -43,7 +43,57 @@ fn small_run(tls: bool) -> Options {
         settle: Duration::from_secs(2),
         timeout: Duration::from_secs(60),
         tls,
+        record: None,
     }
+}
+
+/// `--record DIR`: the operator's `/metrics` is scraped every second from its readiness to the end of the
+/// settled window, each scrape a JSON line with the text as sent, and the moments of the run are marked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_run_writes_a_scrape_a_second_and_its_marks() {
+    let dir = std::env::temp_dir().join(format!("bench-record-{}", std::process::id()));
+    let options = Options {
+        record: Some(dir.clone()),
+        ..small_run(false)
+    };
+    let report = bench::run(&options).await.unwrap();
+
+    let samples = std::fs::read_to_string(dir.join("convergence.jsonl")).unwrap();
+    let scrapes: Vec<serde_json::Value> = samples
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    // Readiness to the end of the window: the convergence, the grace and the settled window.
+    let seconds = report.available_seconds + 2.0 + 2.0;
+    assert!(
+        scrapes.len() as f64 >= seconds.floor(),
+        "{} scrapes over {seconds:.1} s",
+        scrapes.len()
+    );
+    let last = scrapes.last().unwrap();
+    let text = last["text"].as_str().unwrap();
+    assert!(
+        text.contains("memcached_operator_reconcile_total{result=\"success\"}"),
+        "{text}"
+    );
+    let times: Vec<u64> = scrapes
+        .iter()
+        .map(|s| s["at_ms"].as_u64().unwrap())
+        .collect();
+    // A scrape a second, and a last one when the recording ends.
+    let (last, every_second) = times.split_last().unwrap();
+    assert!(
+        every_second.windows(2).all(|w| w[1] >= w[0] + 900),
+        "{times:?}"
+    );
+    assert!(every_second.iter().all(|t| t <= last), "{times:?}");
+
+    let marks: Vec<serde_json::Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("convergence.marks.json")).unwrap())
+            .unwrap();
+    let labels: Vec<&str> = marks.iter().map(|m| m["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["5 instances created", "all Available"]);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

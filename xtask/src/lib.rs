@@ -3,7 +3,8 @@
 //! The operator binary runs the operator; everything built for a release lives here: the one-file install
 //! ([`install`]), the OLM bundle ([`bundle`]) and the API reference ([`api_docs`]), the last two by walking
 //! the CRD schema ([`schema`]). Kustomizations are rendered by `kubectl kustomize` ([`kubectl`]), not by a
-//! renderer of our own. [`generate`] lists every generated file, writes them (`cargo xtask manifests`) and
+//! renderer of our own. [`pictures`] draws the dashboard's main panels from the bench's recordings
+//! for the docs. [`generate`] lists every generated file, writes them (`cargo xtask manifests`) and
 //! finds committed copies that drifted (`cargo xtask check`), the Helm chart's copies ([`chart`])
 //! included. The CRD and RBAC come from the operator library (`memcached_operator::manifests`), which its
 //! binary prints too. The chart's tests render it with Helm's own engine ([`helm`]).
@@ -17,6 +18,7 @@ pub mod generate;
 pub mod helm;
 pub mod install;
 pub mod kubectl;
+pub mod pictures;
 pub mod schema;
 
 /// The repository root: generated files are written, and `config/` read, relative to it, wherever

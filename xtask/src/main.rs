@@ -9,7 +9,7 @@ use memcached_operator::manifests;
 use xtask::bundle::{self, Options};
 use xtask::generate;
 use xtask::install::{self, default_operator_image, parse_image};
-use xtask::{api_docs, repo_root};
+use xtask::{api_docs, pictures, repo_root};
 
 /// Generates memcached-operator's release files: manifests, one-file install, OLM bundle, API docs.
 #[derive(Debug, Parser)]
@@ -38,6 +38,22 @@ enum Command {
     Bundle(BundleArgs),
     /// Print the API reference of the Memcached resource (docs/api.md) as markdown.
     ApiDocs,
+    /// Draw the dashboard's main panels (docs/images/*.svg) from the recordings of `bench --record DIR`
+    /// and `bench --operand --record DIR`, evaluating the panels' own queries (`make dashboard-pictures`).
+    DashboardPictures(PicturesArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+struct PicturesArgs {
+    /// The directory the bench recorded into (convergence.jsonl, operand.jsonl and their marks).
+    #[arg(long)]
+    samples: PathBuf,
+    /// Where the SVG files go.
+    #[arg(long, default_value = "docs/images")]
+    out: PathBuf,
+    /// What $__rate_interval stands for.
+    #[arg(long, default_value = pictures::RATE_INTERVAL)]
+    rate_interval: String,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -108,6 +124,14 @@ fn main() -> ExitCode {
             print(api_docs::api_markdown());
             Ok(())
         }
+        Command::DashboardPictures(args) => pictures::draw_all(
+            &repo_root().join(xtask::chart::DASHBOARD_PATH),
+            &args.samples,
+            &repo_root().join(&args.out),
+            &args.rate_interval,
+        )
+        .map(report_written)
+        .map_err(error),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -50,7 +50,8 @@ pub struct Settings {
     /// Keys per batch, at most.
     pub batch_items: usize,
     /// The listed sizes of a batch's items, at most (a single larger item makes a batch of its own):
-    /// what bounds the values held in memory.
+    /// what bounds the values held in memory. Lowered at low rates, so that the rate limit never leaves
+    /// the source's dump unread for more than a quarter second per batch (see `copy`).
     pub batch_bytes: u64,
 }
 

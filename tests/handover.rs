@@ -565,3 +565,53 @@ async fn a_server_without_the_lru_crawler_refuses_the_dump() {
     assert_eq!(failure.error.reason(), "refused", "{failure}");
     client.delete(b"key").await;
 }
+
+/// Open connections on `address` as memcached counts them (the reading connection included).
+async fn connections(address: SocketAddr) -> u64 {
+    let stats =
+        memcached_operator::telemetry::client::read_stats(&plain(address), Duration::from_secs(5))
+            .await
+            .expect("stats");
+    stats.curr_connections
+}
+
+#[tokio::test]
+async fn dropping_a_running_copy_cancels_it_and_closes_its_connections() {
+    let (Some(source), Some(target)) =
+        (server("src", &[], &[]).await, server("dst", &[], &[]).await)
+    else {
+        return;
+    };
+    let mut client = Client::connect(source.address, None).await;
+    for i in 0..16 {
+        client
+            .set(format!("chunk-{i}").as_bytes(), &[b'c'; 64 * 1024], 0, None)
+            .await;
+    }
+    drop(client);
+    let before = (
+        connections(source.address).await,
+        connections(target.address).await,
+    );
+    let settings = Settings {
+        max_bytes_per_second: 256 * 1024,
+        ..settings()
+    };
+    let copier = Copier::new(plain(source.address), plain(target.address), settings);
+    let progress = copier.progress();
+    // 1 MiB at 256 KiB/s takes 4 s: dropped after half a second.
+    let dropped = tokio::time::timeout(Duration::from_millis(500), copier.run()).await;
+    assert!(dropped.is_err(), "the copy cannot be done yet");
+    let at_drop = progress.snapshot();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        progress.snapshot().copied,
+        at_drop.copied,
+        "nothing copied after the drop"
+    );
+    let after = (
+        connections(source.address).await,
+        connections(target.address).await,
+    );
+    assert_eq!(after, before, "the copy's three connections are closed");
+}

@@ -615,3 +615,30 @@ async fn dropping_a_running_copy_cancels_it_and_closes_its_connections() {
     );
     assert_eq!(after, before, "the copy's three connections are closed");
 }
+
+#[tokio::test]
+async fn values_over_the_bound_are_skipped_not_held() {
+    let (Some(source), Some(target)) = (
+        server("src", &[], &["-I", "16m"]).await,
+        server("dst", &[], &["-I", "16m"]).await,
+    ) else {
+        return;
+    };
+    let mut client = Client::connect(source.address, None).await;
+    // Just over the bound: listed small enough to be fetched, then read past without being kept.
+    let just_over = vec![b'o'; memcached_operator::handover::MAX_VALUE_BYTES + 1];
+    client.set(b"just-over", &just_over, 0, None).await;
+    // Well over: skipped from its listed size, never fetched.
+    client
+        .set(b"well-over", &vec![b'w'; 9 << 20], 0, None)
+        .await;
+    client.set(b"small", b"copied", 0, None).await;
+    let summary = copy(&plain(source.address), &plain(target.address), settings()).await;
+    assert_eq!((summary.copied, summary.skipped), (1, 2), "{summary:?}");
+    let mut target = Client::connect(target.address, None).await;
+    assert_eq!(
+        target.get(b"small").await.map(|v| v.0),
+        Some(b"copied".to_vec())
+    );
+    assert_eq!(target.get(b"just-over").await, None);
+}

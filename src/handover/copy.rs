@@ -4,7 +4,7 @@
 //! Each batch is written whole, then its answers are read in order (memcached answers pipelined requests
 //! in order), so a copy costs two round trips per batch, not per item. What is held at any time is one
 //! dump line, one batch's keys and one batch's values ([`Settings::batch_bytes`], plus one item when a
-//! single item is larger), and a 64 KiB output buffer.
+//! single item is larger, at most [`MAX_VALUE_BYTES`]), and a 64 KiB output buffer.
 
 use std::future::Future;
 use std::time::Instant;
@@ -17,13 +17,15 @@ use super::dump::{self, DumpItem, DumpLine, MAX_LINE_BYTES};
 use super::error::{CopyError, Side};
 use super::progress::Progress;
 use super::rate::TokenBucket;
-use super::{KeyFilter, Settings};
+use super::{KeyFilter, MAX_VALUE_BYTES, Settings};
 use crate::connection::{self, LINE_REPLY_LIMIT, Stream, Target, classify};
 
 /// memcached reads an expiry time above 30 days as a unix time rather than a number of seconds.
 const RELATIVE_TTL_LIMIT: i64 = 60 * 60 * 24 * 30;
 /// The most a `stats` reply is read for (the `time` line).
 const STATS_LIMIT: u64 = 64 * 1024;
+/// What a dump's `size` counts besides the value: the item header, key, suffix and CAS (a generous bound).
+const LISTED_OVERHEAD: usize = 1024;
 /// Stored commands are gathered up to this many bytes before a write.
 const WRITE_CHUNK: usize = 64 * 1024;
 /// The longest the rate limit should hold the copy between two reads of the dump.
@@ -268,11 +270,13 @@ impl<'a> Copy<'a> {
             self.progress.filtered();
         } else {
             match WireKey::of(&item.key) {
-                Some(key) => {
+                // The listed size counts the item's header and key too: a value of at most
+                // MAX_VALUE_BYTES may list a little more, and is checked again when fetched.
+                Some(key) if item.size <= (MAX_VALUE_BYTES + LISTED_OVERHEAD) as u64 => {
                     self.keys.push(key);
                     self.key_bytes += item.size;
                 }
-                None => self.progress.unnamable(),
+                _ => self.progress.skipped(),
             }
         }
     }
@@ -307,6 +311,22 @@ impl<'a> Copy<'a> {
                     side: Side::Source,
                     answer: connection::shown(line),
                 })?;
+                if header.length > MAX_VALUE_BYTES {
+                    // Read past it in small pieces: never held whole.
+                    let value = (header.length + 2) as u64;
+                    let drained =
+                        tokio::io::copy(&mut (&mut *conn).take(value), &mut tokio::io::sink())
+                            .await
+                            .map_err(link(Side::Source))?;
+                    if drained < value {
+                        return Err(CopyError::Link {
+                            side: Side::Source,
+                            error: connection::LinkError::Closed,
+                        });
+                    }
+                    progress.skipped();
+                    continue;
+                }
                 let start = values.len();
                 let end = start + header.length;
                 values.resize(end + 2, 0);

@@ -33,12 +33,7 @@ struct FailureLabels {
 
 /// The item outcomes counted, as [`Snapshot`] names them.
 const OUTCOMES: [&str; 6] = [
-    "copied",
-    "existing",
-    "expired",
-    "vanished",
-    "filtered",
-    "unnamable",
+    "copied", "existing", "expired", "vanished", "filtered", "skipped",
 ];
 
 /// The sample names these metrics encode, for [`crate::metrics::exported_series`].
@@ -72,7 +67,7 @@ impl HandoverMetrics {
             "handover_items",
             "Items listed by warm-handover copies by outcome: copied, existing (kept: the target had \
              a newer value), expired, vanished (gone from the source before fetched), filtered (not \
-             moving), unnamable (a binary key over 186 bytes, which no text command can name)",
+             moving), skipped (a binary key over 186 bytes, or a value over 8 MiB)",
             self.items.clone(),
         );
         registry.register(
@@ -120,7 +115,7 @@ impl HandoverMetrics {
             progress.expired,
             progress.vanished,
             progress.filtered,
-            progress.unnamable,
+            progress.skipped,
         ];
         for (outcome, count) in OUTCOMES.into_iter().zip(counts) {
             self.items

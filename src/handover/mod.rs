@@ -33,6 +33,10 @@ pub use progress::{Progress, Snapshot};
 use crate::api::WarmHandover;
 use crate::connection::Target;
 
+/// The largest value a copy takes (memcached's `-I` allows up to 1 GiB): larger items are skipped, so
+/// what the operator holds stays within one batch plus this, whatever the servers' settings.
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+
 /// Selects the keys a copy takes (a scale handover: the keys that move to the target under the
 /// clients' hashing). Called once per item listed, with the raw key.
 pub type KeyFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;

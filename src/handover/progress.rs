@@ -14,7 +14,7 @@ pub struct Progress {
     expired: AtomicU64,
     vanished: AtomicU64,
     filtered: AtomicU64,
-    unnamable: AtomicU64,
+    skipped: AtomicU64,
     bytes: AtomicU64,
 }
 
@@ -31,9 +31,9 @@ pub struct Snapshot {
     pub vanished: u64,
     /// Items whose key the copy's filter did not select (keys that stay where they are).
     pub filtered: u64,
-    /// Items whose key no text command can name (a binary key of more than 186 bytes, stored through
-    /// the binary protocol): not copied.
-    pub unnamable: u64,
+    /// Items the copy cannot take: a key no text command can name (a binary key of more than 186
+    /// bytes, stored through the binary protocol), or a value larger than [`super::MAX_VALUE_BYTES`].
+    pub skipped: u64,
     /// Value bytes stored on the target.
     pub bytes: u64,
     /// Time since the copy started.
@@ -43,7 +43,7 @@ pub struct Snapshot {
 impl Snapshot {
     /// Every item the dump listed.
     pub fn items_seen(&self) -> u64 {
-        self.copied + self.existing + self.expired + self.vanished + self.filtered + self.unnamable
+        self.copied + self.existing + self.expired + self.vanished + self.filtered + self.skipped
     }
 }
 
@@ -73,8 +73,8 @@ impl Progress {
         self.filtered.fetch_add(1, Ordering::Relaxed);
     }
 
-    pub(super) fn unnamable(&self) {
-        self.unnamable.fetch_add(1, Ordering::Relaxed);
+    pub(super) fn skipped(&self) {
+        self.skipped.fetch_add(1, Ordering::Relaxed);
     }
 
     /// The counters now. Each is read on its own, so a snapshot taken while the copy runs may be one item
@@ -86,7 +86,7 @@ impl Progress {
             expired: self.expired.load(Ordering::Relaxed),
             vanished: self.vanished.load(Ordering::Relaxed),
             filtered: self.filtered.load(Ordering::Relaxed),
-            unnamable: self.unnamable.load(Ordering::Relaxed),
+            skipped: self.skipped.load(Ordering::Relaxed),
             bytes: self.bytes.load(Ordering::Relaxed),
             elapsed: self.started.get().map_or(Duration::ZERO, Instant::elapsed),
         }
@@ -108,7 +108,7 @@ mod tests {
         progress.expired();
         progress.vanished();
         progress.filtered();
-        progress.unnamable();
+        progress.skipped();
         let snapshot = progress.snapshot();
         assert_eq!((snapshot.copied, snapshot.bytes), (2, 15));
         assert_eq!(snapshot.items_seen(), 7);

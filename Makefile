@@ -108,6 +108,10 @@ bench: ## Run the scale benchmark: the release binary against a fake API server 
 	$(CARGO) run --quiet --release --package bench -- --instances $(N) --latency-ms $(LATENCY_MS) \
 		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
 
+.PHONY: bench-handover
+bench-handover: ## Measure the warm-handover copy: 1 GiB between two real memcached servers, peak RSS growth.
+	$(CARGO) run --quiet --release --example handover_bench -- $(ARGS)
+
 .PHONY: bench-real
 bench-real: ## Run the scale benchmark against a real control plane (needs KUBEBUILDER_ASSETS).
 	$(CARGO) run --quiet --release --package bench -- --real --instances $(N) \

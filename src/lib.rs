@@ -9,7 +9,9 @@
 
 pub mod api;
 pub mod cli;
+pub mod connection;
 pub mod controller;
+pub mod handover;
 pub mod hashing;
 pub mod manager;
 pub mod manifests;

@@ -18,6 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
+use crate::handover::metrics::HandoverMetrics;
 use crate::observe::{Outcome, Sent};
 use crate::telemetry::metrics::OperandMetrics;
 
@@ -89,6 +90,7 @@ const OPERATOR_SERIES: &[&str] = &[
 pub fn exported_series() -> Vec<String> {
     OPERATOR_SERIES
         .iter()
+        .chain(crate::handover::metrics::SERIES.iter())
         .map(|name| (*name).to_owned())
         .chain(crate::telemetry::metrics::series_names())
         .collect()
@@ -109,6 +111,7 @@ pub struct Metrics {
     conditions: Family<ConditionLabels, Gauge>,
     operand_registry: Registry,
     operand: Arc<OperandMetrics>,
+    handovers: Arc<HandoverMetrics>,
 }
 
 impl Default for Metrics {
@@ -176,6 +179,8 @@ impl Default for Metrics {
              leader last computed it",
             conditions.clone(),
         );
+        let handovers = Arc::new(HandoverMetrics::default());
+        handovers.register(&mut registry);
         let operand = Arc::new(OperandMetrics::default());
         let mut operand_registry = Registry::default();
         operand_registry.register_collector(Box::new(operand.clone()));
@@ -198,6 +203,7 @@ impl Default for Metrics {
             registry,
             operand_registry,
             operand,
+            handovers,
             reconciles,
             errors,
             duration,
@@ -227,6 +233,11 @@ impl Metrics {
     /// The operand metrics, which the stats collector fills.
     pub fn operand(&self) -> Arc<OperandMetrics> {
         self.operand.clone()
+    }
+
+    /// The warm-handover counters, which the controller records each copy's result into.
+    pub fn handovers(&self) -> Arc<HandoverMetrics> {
+        self.handovers.clone()
     }
 
     /// Starts timing a reconciliation; the time is recorded when the returned guard drops.
@@ -291,8 +302,9 @@ impl Metrics {
         }
     }
 
-    /// Removes the condition series of an instance that is gone.
+    /// Removes the condition and handover series of an instance that is gone.
     pub fn forget_instance(&self, namespace: &str, name: &str) {
+        self.handovers.forget_instance(namespace, name);
         for condition in CONDITION_TYPES {
             self.conditions.remove(&ConditionLabels {
                 namespace: namespace.to_owned(),
@@ -438,6 +450,11 @@ mod tests {
         metrics.watch_error("pods", "expired");
         drop(metrics.reconcile_timer());
         metrics.operand().count_read("timeout");
+        let stopped = crate::handover::Failure {
+            error: crate::handover::CopyError::Timeout(std::time::Duration::from_secs(1)),
+            progress: crate::handover::Snapshot::default(),
+        };
+        metrics.handovers().record("ns", "cache", &Err(stopped));
         metrics.operand().count_refresh("ok");
         metrics.operand().count_reloads(2);
         metrics.operand().set_instance(

@@ -7,8 +7,6 @@ mod common;
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::Path;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,10 +15,7 @@ use memcached_operator::telemetry::client::{
     Target, TlsClient, TlsMaterial, read, read_stats,
 };
 use memcached_operator::telemetry::stats::{ParseError, Stats, parse};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair, KeyUsagePurpose, date_time_ymd,
-};
+use rcgen::ExtendedKeyUsagePurpose;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -29,7 +24,8 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
 
-use common::memcached::{Mode, RealServer, converse, exercise, real_binary};
+use common::memcached::{Mode, RealServer, converse, exercise, real_binary, real_tls_binary};
+use common::pki::{Leaf, Pki};
 
 /// A real reply of Debian's memcached 1.6.18, CRLFs included.
 const FIXTURE: &[u8] = include_bytes!("fixtures/memcached-stats.txt");
@@ -290,76 +286,6 @@ async fn a_connection_closed_after_the_credentials_is_an_auth_error() {
     )
     .await;
     assert!(matches!(error, ReadError::Auth(_)), "{error:?}");
-}
-
-/// A CA, and leaf certificates it issues, generated for one test.
-struct Pki {
-    ca: CertifiedIssuer<'static, KeyPair>,
-}
-
-/// A certificate chain and key, in PEM.
-struct Leaf {
-    chain: String,
-    key: String,
-}
-
-impl Pki {
-    fn new(name: &str) -> Self {
-        let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        params.distinguished_name.push(DnType::CommonName, name);
-        let key = KeyPair::generate().expect("CA key");
-        Self {
-            ca: CertifiedIssuer::self_signed(params, key).expect("CA certificate"),
-        }
-    }
-
-    fn ca_pem(&self) -> Vec<u8> {
-        self.ca.pem().into_bytes()
-    }
-
-    /// What a client that trusts this CA, and has no identity of its own, holds.
-    fn trusted(&self) -> TlsMaterial {
-        TlsMaterial {
-            ca: Some(self.ca_pem()),
-            client_identity: None,
-        }
-    }
-
-    fn issue(&self, names: &[&str], usage: ExtendedKeyUsagePurpose, expired: bool) -> Leaf {
-        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
-        let mut params = CertificateParams::new(names).expect("leaf params");
-        params.distinguished_name.push(DnType::CommonName, "leaf");
-        params.extended_key_usages = vec![usage];
-        if expired {
-            params.not_before = date_time_ymd(2000, 1, 1);
-            params.not_after = date_time_ymd(2001, 1, 1);
-        }
-        let key = KeyPair::generate().expect("leaf key");
-        let certificate = params.signed_by(&key, &self.ca).expect("leaf certificate");
-        Leaf {
-            chain: certificate.pem(),
-            key: key.serialize_pem(),
-        }
-    }
-
-    /// A server certificate that names the Service, not the IP the client connects to, as in a cluster.
-    fn server(&self) -> Leaf {
-        self.issue(
-            &["memcached.cache.svc"],
-            ExtendedKeyUsagePurpose::ServerAuth,
-            false,
-        )
-    }
-
-    fn client(&self) -> Leaf {
-        self.issue(
-            &["memcached-operator"],
-            ExtendedKeyUsagePurpose::ClientAuth,
-            false,
-        )
-    }
 }
 
 fn server_config(leaf: &Leaf, client_ca: Option<&Pki>) -> Arc<ServerConfig> {
@@ -676,31 +602,6 @@ async fn real_memcached_with_an_auth_file() {
         matches!(error, ReadError::Protocol(ParseError::ServerError(_))),
         "{error:?}"
     );
-}
-
-/// Whether this memcached was built with TLS (Debian's is).
-fn supports_tls(binary: &Path) -> bool {
-    let help = Command::new(binary)
-        .arg("-h")
-        .output()
-        .map(|o| o.stdout)
-        .unwrap_or_default();
-    String::from_utf8_lossy(&help).contains("ssl_chain_cert")
-}
-
-/// The real memcached when it is installed and built with TLS: a failure on CI without it (Debian's has
-/// TLS), a skip with a message elsewhere.
-fn real_tls_binary() -> Option<std::path::PathBuf> {
-    let binary = real_binary()?;
-    if !supports_tls(&binary) {
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "CI's memcached must be built with TLS (Debian's is)"
-        );
-        eprintln!("skipped: this memcached has no TLS");
-        return None;
-    }
-    Some(binary)
 }
 
 #[tokio::test]

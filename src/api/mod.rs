@@ -8,6 +8,7 @@
 mod clients;
 mod features;
 pub mod flags;
+mod handover;
 mod isolation;
 mod pools;
 mod stats;
@@ -185,6 +186,10 @@ pub struct MemcachedSpec {
     /// What the operator may assume about the clients: how they place keys over the server list.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub clients: Option<Clients>,
+
+    /// Copying items to servers that take keys over (see docs/clients.md, "Warm handover").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handover: Option<WarmHandover>,
 }
 
 fn default_size() -> i32 {
@@ -217,6 +222,7 @@ impl Default for MemcachedSpec {
             rollout: None,
             autoscaling: None,
             clients: None,
+            handover: None,
         }
     }
 }
@@ -275,6 +281,7 @@ pub struct MemcachedStatus {
 
 pub use clients::*;
 pub use features::*;
+pub use handover::*;
 pub use isolation::*;
 pub use pools::*;
 pub use stats::*;
@@ -325,6 +332,10 @@ impl MemcachedSpec {
     /// `spec.rollout.warmupSeconds`, or its default.
     pub fn warmup_seconds(&self) -> i32 {
         self.rollout.clone().unwrap_or_default().warmup_seconds()
+    }
+    /// `spec.handover`, or its defaults.
+    pub fn handover(&self) -> WarmHandover {
+        self.handover.clone().unwrap_or_default()
     }
     /// `spec.clients.hashing`, or its default `unknown`.
     pub fn client_hashing(&self) -> ClientHashing {

@@ -31,6 +31,31 @@ pub fn real_binary() -> Option<PathBuf> {
     found
 }
 
+/// Whether this memcached was built with TLS (Debian's is).
+pub fn supports_tls(binary: &Path) -> bool {
+    let help = Command::new(binary)
+        .arg("-h")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    String::from_utf8_lossy(&help).contains("ssl_chain_cert")
+}
+
+/// The real memcached when it is installed and built with TLS: a failure on CI without it (Debian's has
+/// TLS), a skip with a message elsewhere.
+pub fn real_tls_binary() -> Option<PathBuf> {
+    let binary = real_binary()?;
+    if !supports_tls(&binary) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "CI's memcached must be built with TLS (Debian's is)"
+        );
+        eprintln!("skipped: this memcached has no TLS");
+        return None;
+    }
+    Some(binary)
+}
+
 /// A memcached process started for one test, with its files; killed and cleaned up on drop.
 pub struct RealServer {
     child: Child,

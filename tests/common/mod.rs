@@ -8,3 +8,4 @@ pub use files::{metric_names, output_of, read, repo, yaml_docs};
 
 pub mod memcached;
 pub mod mock;
+pub mod pki;

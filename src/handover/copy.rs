@@ -1,0 +1,562 @@
+//! The copy itself: the dump (`lru_crawler metadump all`) read from one source connection, each batch of keys fetched on a second
+//! (`mg`) and stored on the target (`ms` in add mode), a batch at a time.
+//!
+//! Each batch is written whole, then its answers are read in order (memcached answers pipelined requests
+//! in order), so a copy costs two round trips per batch, not per item. What is held at any time is one
+//! dump line, one batch's keys and one batch's values ([`Settings::batch_bytes`], plus one item when a
+//! single item is larger, at most [`MAX_VALUE_BYTES`]), and a 64 KiB output buffer.
+
+use std::future::Future;
+use std::time::Instant;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+
+use super::dump::{self, DumpItem, DumpLine, MAX_LINE_BYTES};
+use super::error::{CopyError, Side};
+use super::progress::Progress;
+use super::rate::TokenBucket;
+use super::{KeyFilter, MAX_VALUE_BYTES, Settings};
+use crate::connection::{self, LINE_REPLY_LIMIT, Stream, Target, classify};
+
+/// memcached reads an expiry time above 30 days as a unix time rather than a number of seconds.
+const RELATIVE_TTL_LIMIT: i64 = 60 * 60 * 24 * 30;
+/// The most a `stats` reply is read for (the `time` line).
+const STATS_LIMIT: u64 = 64 * 1024;
+/// What a dump's `size` counts besides the value: the item header, key, suffix and CAS (a generous bound).
+const LISTED_OVERHEAD: usize = 1024;
+/// Stored commands are gathered up to this many bytes before a write.
+const WRITE_CHUNK: usize = 64 * 1024;
+/// The longest the rate limit should hold the copy between two reads of the dump.
+///
+/// While the dump's socket is full, memcached's crawler waits for it to drain in polls of one second, and
+/// a poll that times out after part of its buffer went out makes it send that part again (crawler.c,
+/// `lru_crawler_write`): a garbled dump. So the dump must be read at least every second, and a batch
+/// holds no more bytes than the rate lets through in a quarter of one.
+const MAX_RATE_WAIT_DIVISOR: u64 = 4;
+/// The smallest batch, in listed bytes, whatever the rate: a few small items.
+const MIN_BATCH_BYTES: u64 = 4096;
+
+/// The listed bytes a batch may hold: the configured bound, smaller at low rates so the rate limit never
+/// holds the dump unread for long (see [`MAX_RATE_WAIT_DIVISOR`]).
+fn batch_bytes(settings: &Settings) -> u64 {
+    let per_wait = (settings.max_bytes_per_second / MAX_RATE_WAIT_DIVISOR).max(MIN_BATCH_BYTES);
+    settings.batch_bytes.min(per_wait)
+}
+
+type Conn = BufReader<Stream>;
+
+/// One fetched item of a batch: where its value lies in the batch's value buffer.
+struct Fetched {
+    key: usize,
+    flags: u32,
+    /// The `T` to store with: `None` for an item that never expires.
+    ttl: Option<i64>,
+    value: std::ops::Range<usize>,
+}
+
+/// The open connections and reused buffers of one copy.
+pub(super) struct Copy<'a> {
+    settings: &'a Settings,
+    progress: &'a Progress,
+    filter: Option<&'a KeyFilter>,
+    dump: Conn,
+    fetch: Conn,
+    store: Conn,
+    /// The source's clock when the copy started, and when that was by the operator's monotonic clock.
+    source_time: (i64, Instant),
+    target_time: (i64, Instant),
+    bucket: TokenBucket,
+    batch_bytes: u64,
+    keys: Vec<WireKey>,
+    key_bytes: u64,
+    values: Vec<u8>,
+    fetched: Vec<Fetched>,
+    line: Vec<u8>,
+    out: Vec<u8>,
+}
+
+/// Runs `future` within the request timeout, as a stall of `side` when it does not finish.
+async fn bounded<T>(
+    settings: &Settings,
+    side: Side,
+    future: impl Future<Output = Result<T, CopyError>>,
+) -> Result<T, CopyError> {
+    tokio::time::timeout(settings.request_timeout, future)
+        .await
+        .unwrap_or(Err(CopyError::Stalled {
+            side,
+            after: settings.request_timeout,
+        }))
+}
+
+async fn open(settings: &Settings, side: Side, target: &Target) -> Result<Conn, CopyError> {
+    bounded(settings, side, async {
+        connection::open(target)
+            .await
+            .map(|connection| connection.stream)
+            .map_err(|error| CopyError::Link { side, error })
+    })
+    .await
+}
+
+fn link(side: Side) -> impl Fn(std::io::Error) -> CopyError {
+    move |error| CopyError::Link {
+        side,
+        error: classify(error),
+    }
+}
+
+async fn send(conn: &mut Conn, side: Side, bytes: &[u8]) -> Result<(), CopyError> {
+    connection::send(conn, bytes)
+        .await
+        .map_err(|error| CopyError::Link { side, error })
+}
+
+/// Reads one line of at most `limit` bytes into `line`; the connection closing first is an error.
+async fn read_line(
+    conn: &mut Conn,
+    side: Side,
+    line: &mut Vec<u8>,
+    limit: u64,
+) -> Result<(), CopyError> {
+    line.clear();
+    let read = (&mut *conn)
+        .take(limit)
+        .read_until(b'\n', line)
+        .await
+        .map_err(link(side))?;
+    if read == 0 {
+        return Err(CopyError::Link {
+            side,
+            error: connection::LinkError::Closed,
+        });
+    }
+    if !line.ends_with(b"\n") {
+        return Err(CopyError::Protocol {
+            side,
+            answer: connection::shown(line),
+        });
+    }
+    Ok(())
+}
+
+/// The server's clock (`stats` `time`), which is what item expiry times are on.
+async fn server_time(conn: &mut Conn, side: Side, line: &mut Vec<u8>) -> Result<i64, CopyError> {
+    send(conn, side, b"stats\r\n").await?;
+    let mut time = None;
+    let mut read = 0;
+    loop {
+        read_line(conn, side, line, LINE_REPLY_LIMIT).await?;
+        read += line.len() as u64;
+        if line == b"END\r\n" {
+            break;
+        }
+        if !line.starts_with(b"STAT ") || read > STATS_LIMIT {
+            return Err(CopyError::Protocol {
+                side,
+                answer: connection::shown(line),
+            });
+        }
+        if let Some(value) = line.strip_prefix(b"STAT time ") {
+            time = std::str::from_utf8(value)
+                .ok()
+                .and_then(|text| text.trim_end().parse().ok());
+        }
+    }
+    time.ok_or_else(|| CopyError::Protocol {
+        side,
+        answer: "a stats reply without time".to_owned(),
+    })
+}
+
+fn elapsed_secs(since: Instant) -> i64 {
+    i64::try_from(since.elapsed().as_secs()).unwrap_or(i64::MAX)
+}
+
+impl<'a> Copy<'a> {
+    /// Opens the three connections (the target's first, so a target that cannot be reached fails before
+    /// the source is asked for anything), reads both clocks and starts the dump.
+    pub(super) async fn start(
+        source: &Target,
+        target: &Target,
+        settings: &'a Settings,
+        progress: &'a Progress,
+        filter: Option<&'a KeyFilter>,
+    ) -> Result<Self, CopyError> {
+        let mut line = Vec::with_capacity(256);
+        let mut store = open(settings, Side::Target, target).await?;
+        let target_time = bounded(
+            settings,
+            Side::Target,
+            server_time(&mut store, Side::Target, &mut line),
+        )
+        .await?;
+        let target_time = (target_time, Instant::now());
+        let fetch = open(settings, Side::Source, source).await?;
+        let mut dump = open(settings, Side::Source, source).await?;
+        let source_time = bounded(settings, Side::Source, async {
+            let time = server_time(&mut dump, Side::Source, &mut line).await?;
+            // The LRU walk, not `metadump hash`: the hash walk holds item locks that the copy's own
+            // fetches wait for while it waits for the copy to read the dump (a copy of 102 400 items
+            // against 1.6.18 stalled after 3 840). The LRU walk may miss items the server moves between
+            // LRUs while it walks (7 of 102 400 in the same copy): those stay cold. Sent alone: memcached
+            // refuses a metadump pipelined behind other commands.
+            send(&mut dump, Side::Source, b"lru_crawler metadump all\r\n").await?;
+            Ok(time)
+        })
+        .await?;
+        Ok(Self {
+            settings,
+            progress,
+            filter,
+            dump,
+            fetch,
+            store,
+            source_time: (source_time, Instant::now()),
+            target_time,
+            bucket: TokenBucket::new(settings.max_bytes_per_second),
+            batch_bytes: batch_bytes(settings),
+            keys: Vec::with_capacity(settings.batch_items),
+            key_bytes: 0,
+            values: Vec::new(),
+            fetched: Vec::with_capacity(settings.batch_items),
+            line,
+            out: Vec::with_capacity(WRITE_CHUNK),
+        })
+    }
+
+    /// Copies batch after batch until the dump's end.
+    pub(super) async fn run(mut self) -> Result<(), CopyError> {
+        loop {
+            let more = self.fill().await?;
+            if !self.keys.is_empty() {
+                self.fetch_batch().await?;
+                self.store_batch().await?;
+            }
+            if !more {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Reads dump lines into the batch until it is full (by items or by bytes); `false` at the dump's end.
+    async fn fill(&mut self) -> Result<bool, CopyError> {
+        self.keys.clear();
+        self.key_bytes = 0;
+        while self.keys.len() < self.settings.batch_items && self.key_bytes < self.batch_bytes {
+            bounded(
+                self.settings,
+                Side::Source,
+                read_line(&mut self.dump, Side::Source, &mut self.line, MAX_LINE_BYTES),
+            )
+            .await?;
+            let item = match dump::parse_line(&self.line)? {
+                DumpLine::End => return Ok(false),
+                DumpLine::Item(item) => item,
+            };
+            self.admit(item);
+        }
+        Ok(true)
+    }
+
+    /// Counts an item the copy skips, or adds it to the batch.
+    fn admit(&mut self, item: DumpItem) {
+        let now = self.source_time.0 + elapsed_secs(self.source_time.1);
+        if item.expired_at(now) {
+            self.progress.expired();
+        } else if self.filter.is_some_and(|filter| !filter(&item.key)) {
+            self.progress.filtered();
+        } else {
+            match WireKey::of(&item.key) {
+                // The listed size counts the item's header and key too: a value of at most
+                // MAX_VALUE_BYTES may list a little more, and is checked again when fetched.
+                Some(key) if item.size <= (MAX_VALUE_BYTES + LISTED_OVERHEAD) as u64 => {
+                    self.keys.push(key);
+                    self.key_bytes += item.size;
+                }
+                _ => self.progress.skipped(),
+            }
+        }
+    }
+
+    /// Fetches the batch's keys from the source: value, client flags and remaining TTL of each.
+    async fn fetch_batch(&mut self) -> Result<(), CopyError> {
+        self.out.clear();
+        for key in &self.keys {
+            self.out.extend_from_slice(b"mg ");
+            self.out.extend_from_slice(&key.text);
+            self.out.extend_from_slice(if key.base64 {
+                b" b v f t\r\n"
+            } else {
+                b" v f t\r\n"
+            });
+        }
+        self.values.clear();
+        self.fetched.clear();
+        let settings = self.settings;
+        let (conn, out, line) = (&mut self.fetch, &self.out, &mut self.line);
+        let (values, fetched, progress) = (&mut self.values, &mut self.fetched, self.progress);
+        let count = self.keys.len();
+        bounded(settings, Side::Source, async move {
+            send(conn, Side::Source, out).await?;
+            for key in 0..count {
+                read_line(conn, Side::Source, line, LINE_REPLY_LIMIT).await?;
+                if line == b"EN\r\n" {
+                    progress.vanished();
+                    continue;
+                }
+                let header = parse_value_header(line).ok_or_else(|| CopyError::Protocol {
+                    side: Side::Source,
+                    answer: connection::shown(line),
+                })?;
+                if header.length > MAX_VALUE_BYTES {
+                    // Read past it in small pieces: never held whole.
+                    let value = (header.length + 2) as u64;
+                    let drained =
+                        tokio::io::copy(&mut (&mut *conn).take(value), &mut tokio::io::sink())
+                            .await
+                            .map_err(link(Side::Source))?;
+                    if drained < value {
+                        return Err(CopyError::Link {
+                            side: Side::Source,
+                            error: connection::LinkError::Closed,
+                        });
+                    }
+                    progress.skipped();
+                    continue;
+                }
+                let start = values.len();
+                let end = start + header.length;
+                values.resize(end + 2, 0);
+                conn.read_exact(&mut values[start..])
+                    .await
+                    .map_err(link(Side::Source))?;
+                if !values.ends_with(b"\r\n") {
+                    return Err(CopyError::Protocol {
+                        side: Side::Source,
+                        answer: "a value not ended by CRLF".to_owned(),
+                    });
+                }
+                values.truncate(end);
+                match header.ttl {
+                    // Gone by the server's clock as it answered: nothing to copy.
+                    Some(ttl) if ttl <= 0 => progress.expired(),
+                    ttl => fetched.push(Fetched {
+                        key,
+                        flags: header.flags,
+                        ttl,
+                        value: start..end,
+                    }),
+                }
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Stores the fetched items on the target in add mode, at the rate limit.
+    async fn store_batch(&mut self) -> Result<(), CopyError> {
+        if self.fetched.is_empty() {
+            return Ok(());
+        }
+        self.bucket.take(self.values.len() as u64).await;
+        let target_now = self.target_time.0 + elapsed_secs(self.target_time.1);
+        let settings = self.settings;
+        let (conn, out, line) = (&mut self.store, &mut self.out, &mut self.line);
+        let (keys, values, fetched) = (&self.keys, &self.values, &self.fetched);
+        let progress = self.progress;
+        let result = bounded(settings, Side::Target, async move {
+            out.clear();
+            for item in fetched {
+                let (key, value) = (&keys[item.key], &values[item.value.clone()]);
+                out.extend_from_slice(b"ms ");
+                out.extend_from_slice(&key.text);
+                let base64 = if key.base64 { " b" } else { "" };
+                out.extend_from_slice(
+                    format!(" {}{base64} F{}", value.len(), item.flags).as_bytes(),
+                );
+                if let Some(ttl) = item.ttl {
+                    // A remaining TTL above 30 days only reads as seconds when given as a unix time.
+                    let ttl = if ttl > RELATIVE_TTL_LIMIT {
+                        target_now + ttl
+                    } else {
+                        ttl
+                    };
+                    out.extend_from_slice(format!(" T{ttl}").as_bytes());
+                }
+                // Mode E: add. A key the target already holds was written by a client since: kept.
+                out.extend_from_slice(b" ME\r\n");
+                if value.len() >= WRITE_CHUNK {
+                    send(conn, Side::Target, out).await?;
+                    out.clear();
+                    send(conn, Side::Target, value).await?;
+                } else {
+                    out.extend_from_slice(value);
+                }
+                out.extend_from_slice(b"\r\n");
+                if out.len() >= WRITE_CHUNK {
+                    send(conn, Side::Target, out).await?;
+                    out.clear();
+                }
+            }
+            send(conn, Side::Target, out).await?;
+            for item in fetched {
+                read_line(conn, Side::Target, line, LINE_REPLY_LIMIT).await?;
+                match line.as_slice() {
+                    b"HD\r\n" => progress.copied(item.value.len() as u64),
+                    b"NS\r\n" => progress.existing(),
+                    _ => {
+                        return Err(CopyError::Protocol {
+                            side: Side::Target,
+                            answer: connection::shown(line),
+                        });
+                    }
+                }
+            }
+            Ok(())
+        })
+        .await;
+        // One item larger than a batch grows the buffer: give the excess back.
+        let bound = usize::try_from(self.batch_bytes.saturating_mul(2)).unwrap_or(usize::MAX);
+        if self.values.capacity() > bound {
+            self.values = Vec::new();
+        }
+        result
+    }
+}
+
+/// The longest key memcached's text protocols take, as sent (base64 included).
+const MAX_KEY_BYTES: usize = 250;
+
+/// A key as the meta protocol names it: as is when it is a valid text-protocol key, else in base64
+/// (the `b` flag) so keys with spaces or control characters (stored through the binary protocol or a
+/// base64 meta command) copy too.
+#[derive(Debug, PartialEq, Eq)]
+struct WireKey {
+    text: Vec<u8>,
+    base64: bool,
+}
+
+impl WireKey {
+    /// `None` for a key no text command can name: one that needs base64 and whose base64 is longer than
+    /// 250 bytes (a binary key of more than 186 bytes).
+    fn of(key: &[u8]) -> Option<Self> {
+        let plain = !key.is_empty()
+            && key.len() <= MAX_KEY_BYTES
+            && key.iter().all(|&b| b > b' ' && b != 0x7f);
+        if plain {
+            return Some(Self {
+                text: key.to_vec(),
+                base64: false,
+            });
+        }
+        let text = BASE64.encode(key).into_bytes();
+        (text.len() <= MAX_KEY_BYTES).then_some(Self { text, base64: true })
+    }
+}
+
+/// The header of an `mg … v f t` hit: `VA <length> f<flags> t<ttl>`.
+#[derive(Debug, PartialEq, Eq)]
+struct ValueHeader {
+    length: usize,
+    flags: u32,
+    /// Remaining seconds; `None` when the item never expires (`t-1`).
+    ttl: Option<i64>,
+}
+
+fn parse_value_header(line: &[u8]) -> Option<ValueHeader> {
+    let text = std::str::from_utf8(line.strip_suffix(b"\r\n")?).ok()?;
+    let mut tokens = text.split(' ');
+    if tokens.next()? != "VA" {
+        return None;
+    }
+    let length = tokens.next()?.parse().ok()?;
+    let (mut flags, mut ttl) = (None, None);
+    for token in tokens {
+        if let Some(value) = token.strip_prefix('f') {
+            flags = Some(value.parse().ok()?);
+        } else if let Some(value) = token.strip_prefix('t') {
+            ttl = Some(value.parse::<i64>().ok()?);
+        }
+    }
+    Some(ValueHeader {
+        length,
+        flags: flags?,
+        ttl: match ttl? {
+            -1 => None,
+            seconds => Some(seconds),
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_shrink_at_low_rates_so_the_dump_is_read_every_quarter_second() {
+        let at = |rate: u64| {
+            batch_bytes(&Settings {
+                max_bytes_per_second: rate,
+                ..Settings::default()
+            })
+        };
+        assert_eq!(at(64 << 20), 1 << 20);
+        assert_eq!(at(1 << 20), 256 << 10);
+        assert_eq!(at(64 << 10), 16 << 10);
+        assert_eq!(at(1), MIN_BATCH_BYTES);
+    }
+
+    #[test]
+    fn text_keys_go_as_they_are_and_others_in_base64() {
+        let plain = |key: &[u8]| WireKey {
+            text: key.to_vec(),
+            base64: false,
+        };
+        assert_eq!(WireKey::of(b"user:42"), Some(plain(b"user:42")));
+        assert_eq!(WireKey::of(&[b'k'; 250]), Some(plain(&[b'k'; 250])));
+        assert_eq!(WireKey::of("ünï".as_bytes()), Some(plain("ünï".as_bytes())));
+        let encoded = |key: &[u8]| WireKey::of(key).filter(|k| k.base64).map(|k| k.text);
+        assert_eq!(encoded(b"a b"), Some(b"YSBi".to_vec()));
+        assert_eq!(encoded(b"\x00"), Some(b"AA==".to_vec()));
+        assert!(encoded(&[b' '; 186]).is_some());
+        assert_eq!(WireKey::of(&[b' '; 187]), None);
+        assert_eq!(WireKey::of(&[b'k'; 251]), None);
+    }
+
+    #[test]
+    fn a_hit_header_gives_length_flags_and_ttl() {
+        assert_eq!(
+            parse_value_header(b"VA 5 f7 t100\r\n"),
+            Some(ValueHeader {
+                length: 5,
+                flags: 7,
+                ttl: Some(100)
+            })
+        );
+        assert_eq!(
+            parse_value_header(b"VA 3 f0 t-1\r\n"),
+            Some(ValueHeader {
+                length: 3,
+                flags: 0,
+                ttl: None
+            })
+        );
+    }
+
+    #[test]
+    fn anything_else_is_not_a_header() {
+        for bad in [
+            &b"EN\r\n"[..],
+            b"VA 5 f7\r\n",
+            b"VA x f7 t1\r\n",
+            b"VA 5 f7 t1",
+            b"SERVER_ERROR out of memory\r\n",
+            b"VA 5 f99999999999 t1\r\n",
+        ] {
+            assert_eq!(parse_value_header(bad), None, "{bad:?}");
+        }
+    }
+}

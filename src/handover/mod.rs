@@ -1,0 +1,162 @@
+//! Warm handover: copying a memcached server's items to another server, so a server that takes keys
+//! over starts with them instead of empty.
+//!
+//! One [`Copier`] copies one source server to one target server:
+//!
+//! - [`dump`]: the source's items, listed by `lru_crawler metadump all`, read a line at a time;
+//! - [`copy`](mod@copy): each batch of keys fetched from the source with `mg` (value, client flags,
+//!   remaining TTL) and stored on the target with `ms` in add mode, so a value a client wrote on the
+//!   target since is never overwritten;
+//! - [`rate`]: the byte rate limit (`spec.handover.maxBytesPerSecond`);
+//! - [`progress`]: counters readable while the copy runs, and the final summary;
+//! - [`metrics`]: the per-instance series the controller records each copy's outcome into.
+//!
+//! Connections are opened as the stats collector opens them ([`crate::connection`]): TLS verified against
+//! the instance's CA, memcached's ASCII authentication. A copy is bounded in time as a whole
+//! ([`Settings::timeout`]) and per request ([`Settings::request_timeout`]), so a server that refuses or
+//! stops answering ends it with a [`Failure`] that says why and how far it got. Dropping the future
+//! cancels the copy (its connections close).
+
+pub mod copy;
+pub mod dump;
+mod error;
+pub mod metrics;
+pub mod progress;
+pub mod rate;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use error::{CopyError, Failure, Side};
+pub use progress::{Progress, Snapshot};
+
+use crate::api::WarmHandover;
+use crate::connection::Target;
+
+/// The largest value a copy takes (memcached's `-I` allows up to 1 GiB): larger items are skipped, so
+/// what the operator holds stays within one batch plus this, whatever the servers' settings.
+pub const MAX_VALUE_BYTES: usize = 8 * 1024 * 1024;
+
+/// Selects the keys a copy takes (a scale handover: the keys that move to the target under the
+/// clients' hashing). Called once per item listed, with the raw key.
+pub type KeyFilter = Arc<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
+/// The bounds of one copy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settings {
+    /// Value bytes stored per second, at most.
+    pub max_bytes_per_second: u64,
+    /// The whole copy's time bound.
+    pub timeout: Duration,
+    /// The bound of each request: opening a connection (with TLS and authentication), one dump line, one
+    /// batch's fetch, one batch's store.
+    pub request_timeout: Duration,
+    /// Keys per batch, at most.
+    pub batch_items: usize,
+    /// The listed sizes of a batch's items, at most (a single larger item makes a batch of its own):
+    /// what bounds the values held in memory. Lowered at low rates, so that the rate limit never leaves
+    /// the source's dump unread for more than a quarter second per batch (see `copy`).
+    pub batch_bytes: u64,
+}
+
+/// The request bound: long enough for a 1 MiB batch over a slow link, short enough that a server that
+/// stopped answering is given up well within a copy's time bound.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self::from_spec(&WarmHandover::default())
+    }
+}
+
+impl Settings {
+    /// The bounds `spec.handover` sets; batches of 64 keys and 1 MiB (round trips per megabyte are then
+    /// few, and the values held stay small).
+    pub fn from_spec(spec: &WarmHandover) -> Self {
+        let timeout = Duration::from_secs(spec.timeout_seconds());
+        Self {
+            max_bytes_per_second: spec.max_bytes_per_second(),
+            timeout,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT.min(timeout),
+            batch_items: 64,
+            batch_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// One copy from a source server to a target server: build it, keep its [`Copier::progress`] to watch,
+/// then await [`Copier::run`] (or spawn it; dropping the future cancels it).
+pub struct Copier {
+    source: Target,
+    target: Target,
+    settings: Settings,
+    filter: Option<KeyFilter>,
+    progress: Arc<Progress>,
+}
+
+impl Copier {
+    /// Copies every live item of `source` to `target`.
+    pub fn new(source: Target, target: Target, settings: Settings) -> Self {
+        Self {
+            source,
+            target,
+            settings,
+            filter: None,
+            progress: Arc::default(),
+        }
+    }
+
+    /// Copies only the items whose key `filter` selects.
+    pub fn only(mut self, filter: KeyFilter) -> Self {
+        self.filter = Some(filter);
+        self
+    }
+
+    /// The live counters, readable while the copy runs.
+    pub fn progress(&self) -> Arc<Progress> {
+        self.progress.clone()
+    }
+
+    /// Copies, within the time bound: the final counts, or why it stopped and how far it got.
+    pub async fn run(self) -> Result<Snapshot, Failure> {
+        self.progress.start();
+        let copy = async {
+            copy::Copy::start(
+                &self.source,
+                &self.target,
+                &self.settings,
+                &self.progress,
+                self.filter.as_ref(),
+            )
+            .await?
+            .run()
+            .await
+        };
+        let result = tokio::time::timeout(self.settings.timeout, copy)
+            .await
+            .unwrap_or(Err(CopyError::Timeout(self.settings.timeout)));
+        let progress = self.progress.snapshot();
+        match result {
+            Ok(()) => Ok(progress),
+            Err(error) => Err(Failure { error, progress }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_follow_the_spec_and_the_request_bound_never_exceeds_the_whole() {
+        let settings = Settings::default();
+        assert_eq!(settings.max_bytes_per_second, 64 * 1024 * 1024);
+        assert_eq!(settings.timeout, Duration::from_secs(120));
+        assert_eq!(settings.request_timeout, DEFAULT_REQUEST_TIMEOUT);
+        let short = Settings::from_spec(&WarmHandover {
+            timeout_seconds: Some(3),
+            ..WarmHandover::default()
+        });
+        assert_eq!(short.request_timeout, Duration::from_secs(3));
+    }
+}

@@ -46,7 +46,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     let span = info_span!(
         "reconcile",
         memcached = %mc.name_any(),
-        namespace = mc.metadata.namespace.as_deref().unwrap_or_default(),
+        namespace = %mc.metadata.namespace.as_deref().unwrap_or_default(),
     );
     reconcile_in_span(mc, ctx).instrument(span).await
 }

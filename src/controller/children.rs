@@ -8,10 +8,10 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::cache::Cache;
-use super::compact::{Compact, Compactable};
-use super::foreign::Foreign;
-use super::written::Written;
+use super::runtime::cache::Cache;
+use super::runtime::compact::{Compact, Compactable};
+use super::runtime::foreign::Foreign;
+use super::runtime::written::Written;
 use crate::resources::{Instance, drift, labels};
 
 /// A child after [`ensure`]: what it looks like now and, when it was applied, what it looked like before.
@@ -97,7 +97,7 @@ where
 }
 
 /// Refuses to create child `name` when an object of its kind and name exists that the operator does not
-/// manage (see [`super::foreign`]): it is someone else's, and is left untouched.
+/// manage (see [`super::runtime::foreign`]): it is someone else's, and is left untouched.
 pub fn unclaimed<K>(
     instance: &Instance<'_>,
     name: &str,

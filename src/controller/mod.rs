@@ -1,26 +1,24 @@
-//! The reconciler: context, reconcile, error policy, and the watches that drive it.
+//! The reconciler: the reconcile flow here, and the [`runtime`] that drives it.
+//!
+//! The flow, in the order one reconcile goes: [`reconcile`] (validate, plan, apply, report), [`pool`]
+//! (slots, drain marks), [`secrets`] (the referenced Secrets' hashes), [`children`] (apply only what
+//! differs), [`changes`] and [`events`] (what changed, said once), [`pace`] (which status writes can wait),
+//! [`error`]. The runtime: the watches and their caches, the retry backoff, the API server's reachability
+//! and read-your-writes.
 //!
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
 
-mod backoff;
-pub mod cache;
 mod changes;
 mod children;
-pub mod compact;
-pub mod connectivity;
 mod error;
 mod events;
-pub mod foreign;
 mod legacy_finalizer;
 pub mod pace;
-mod pod_index;
 mod pool;
 mod reconcile;
+pub mod runtime;
 mod secrets;
-mod watch_retry;
-mod watches;
-mod written;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,17 +35,17 @@ use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 
-pub use backoff::Backoff;
-pub use cache::{Cache, CacheWriter, cache};
-pub use compact::{Compact, Compactable};
 pub use error::Error;
 pub use events::Publisher;
-pub use foreign::Foreign;
-pub use pod_index::PodIndex;
 pub use reconcile::{error_policy, reconcile};
+pub use runtime::backoff::Backoff;
+pub use runtime::cache::{Cache, CacheWriter, cache};
+pub use runtime::compact::{Compact, Compactable};
+pub use runtime::foreign::Foreign;
+pub use runtime::pod_index::PodIndex;
+pub use runtime::watches::{RunOptions, Watches, pod_owner, run, watch};
+pub use runtime::written::Written;
 pub use secrets::SecretHashes;
-pub use watches::{RunOptions, Watches, pod_owner, run, watch};
-pub use written::Written;
 
 use crate::api::Memcached;
 use crate::metrics::Metrics;

@@ -12,8 +12,8 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
-use super::cache::Cache;
-use super::compact::Compactable;
+use super::runtime::cache::Cache;
+use super::runtime::compact::Compactable;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
 use crate::resources::scaling::{self, Step};

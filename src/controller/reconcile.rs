@@ -21,13 +21,13 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::cache::Cache;
 use super::changes::Changes;
 use super::children::{self, Source};
-use super::compact::{Compact, Compactable};
 use super::events::{normal, publish, record, warning};
 use super::legacy_finalizer;
 use super::pool;
+use super::runtime::cache::Cache;
+use super::runtime::compact::{Compact, Compactable};
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
@@ -111,7 +111,7 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
             // Reconciled as stored now, and kept (read-your-writes): a reconcile that runs before the
             // watch brings the patch back must not send it again.
             let mut patched = patched;
-            super::compact::trim_instance(&mut patched);
+            super::runtime::compact::trim_instance(&mut patched);
             if let Ok(kept) = Compact::encode(&patched) {
                 ctx.written.remember(Arc::new(kept), &());
             }

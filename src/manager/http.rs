@@ -11,7 +11,7 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::controller::connectivity::{CRD_MISSING, Connectivity};
+use crate::controller::runtime::connectivity::{CRD_MISSING, Connectivity};
 use crate::manager::metrics_auth::{Gate, enforce};
 use crate::metrics::Metrics;
 

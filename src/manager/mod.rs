@@ -10,7 +10,7 @@
 //! API-server outages are survived in place: the client gives up on a connection attempt after
 //! [`CONNECT_TIMEOUT`] and on a request without an answer after [`REQUEST_TIMEOUT`], watches retry within
 //! seconds, `/readyz` reports the outage, and every instance is re-checked when the server answers again
-//! (see [`crate::controller::connectivity`]). Starting during an outage waits for the server.
+//! (see [`crate::controller::runtime::connectivity`]). Starting during an outage waits for the server.
 
 pub mod http;
 pub mod https;
@@ -33,7 +33,7 @@ use tower::timeout::TimeoutLayer;
 use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, bind_address, metrics_endpoint};
-use crate::controller::connectivity::Connectivity;
+use crate::controller::runtime::connectivity::Connectivity;
 use crate::controller::{self, RunOptions, Settings};
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};

@@ -22,9 +22,10 @@ pub use kube::runtime::reflector::{self, store::Writer};
 pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
+pub use memcached_operator::controller::runtime::foreign;
 pub use memcached_operator::controller::{
     Cache, CacheWriter, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings,
-    Stores, cache, error_policy, foreign, reconcile,
+    Stores, cache, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};

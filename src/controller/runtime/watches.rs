@@ -46,12 +46,13 @@ use super::cache::{Cache, cache};
 use super::compact::{Compact, Compactable, trim_instance};
 use super::connectivity::Connectivity;
 use super::foreign;
+use super::pod_index::PodIndex;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
-use super::{
-    Context, Error, PodIndex, SecretHashes, Settings, Stores, Written, error_policy, reconcile,
-    system_clock,
-};
+use super::written::Written;
 use crate::api::Memcached;
+use crate::controller::{
+    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile, system_clock,
+};
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, service_monitor};
 

@@ -139,7 +139,7 @@ mod tests {
 
     /// Feeds `events` to the index and the store alike, as the watch does.
     fn feed(events: Vec<watcher::Event<Cached>>) -> (PodIndex, Cache<Pod>) {
-        let (store, mut writer) = crate::controller::cache::cache::<Pod>();
+        let (store, mut writer) = super::super::cache::cache::<Pod>();
         let index = PodIndex::default();
         for event in events {
             index.observe(&event);

@@ -310,6 +310,66 @@ async fn a_new_instance_first_sends_its_workload_its_services_one_event_and_its_
     assert_eq!(status["status"]["observedGeneration"], 1);
 }
 
+/// Under a burst, reconciles queue for their turns (`--concurrency`); a new instance that has to wait says
+/// `Creating` at once, then gets its children when its turn comes, and no second status: still five
+/// requests.
+#[tokio::test]
+async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
+    let mut cluster = Cluster::new();
+    let mut script = vec![expect(Method::PATCH, STATUS).apply().answer(stored_status)];
+    script.extend(creation().into_iter().take(4));
+    let one_at_a_time = Settings {
+        concurrency: 1,
+        ..Settings::default()
+    };
+    let session = Session::start(&cluster, one_at_a_time, script, NOW);
+    // Another instance's reconcile holds the only turn.
+    let busy = session.ctx.turns.apply().await;
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Apply(memcached(1)));
+    let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), session.ctx.clone()));
+    let first_status = async {
+        while session
+            .ctx
+            .written
+            .fresher::<Memcached>(NS, NAME, &(), None)
+            .object
+            .is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(5), first_status)
+        .await
+        .expect("the first status is written while the reconcile waits for its turn");
+    assert!(!waiting.is_finished(), "it waits for its turn");
+    drop(busy);
+    let action = waiting.await.unwrap().unwrap();
+    assert_runs_again_within(&action, memcached_operator::controller::pace::CREATING_HOLD);
+    let seen = session.finish().await;
+    let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(
+        requests,
+        [STATUS, DEPLOYMENTS, SERVICES, HEADLESS, EVENTS],
+        "the first status, then the children and their event; the status after them says the same"
+    );
+    let progressing = condition(&seen[0].body, "Progressing");
+    assert_eq!(
+        (
+            &progressing["status"],
+            &progressing["reason"],
+            &progressing["message"]
+        ),
+        (
+            &json!("True"),
+            &json!("Creating"),
+            &json!("creating the Deployment; waiting for its controller to start the pods")
+        )
+    );
+    assert_eq!(condition(&seen[0].body, "Available")["status"], "False");
+}
+
 #[tokio::test]
 async fn a_new_instance_whose_pod_is_starting_writes_nothing_while_it_is_created() {
     let mut cluster = Cluster::new();

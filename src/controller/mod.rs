@@ -43,6 +43,7 @@ pub use runtime::cache::{Cache, CacheWriter, cache};
 pub use runtime::compact::{Compact, Compactable};
 pub use runtime::foreign::Foreign;
 pub use runtime::pod_index::PodIndex;
+pub use runtime::turns::Turns;
 pub use runtime::watches::{RunOptions, Watches, pod_owner, run, watch};
 pub use runtime::written::Written;
 pub use secrets::SecretHashes;
@@ -70,7 +71,12 @@ pub struct Settings {
     /// Least time between two status writes of one instance that only move counts and conditions (see
     /// `pace`); zero writes every change at once.
     pub status_pace: Duration,
+    /// Most reconciles applying at once (see [`runtime::turns`]).
+    pub concurrency: u16,
 }
+
+/// Default of [`Settings::concurrency`] (`--concurrency`).
+pub const DEFAULT_CONCURRENCY: u16 = 64;
 
 impl Default for Settings {
     fn default() -> Self {
@@ -81,6 +87,7 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             side_step_timeout: Duration::from_secs(5),
             status_pace: Duration::from_secs(1),
+            concurrency: DEFAULT_CONCURRENCY,
         }
     }
 }
@@ -133,6 +140,8 @@ pub struct Context {
     pub written: Arc<Written>,
     /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
+    /// Whose turn it is to reconcile, and to write a first status.
+    pub turns: Turns,
 }
 
 impl Context {
@@ -153,6 +162,7 @@ impl Context {
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
+        let turns = Turns::new(settings.concurrency);
         Self {
             client,
             settings,
@@ -164,6 +174,7 @@ impl Context {
             secret_hashes: SecretHashes::default(),
             written: Arc::default(),
             pace,
+            turns,
         }
     }
 

@@ -42,13 +42,76 @@ use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
 ///
 /// Everything logged on the way carries the instance through the `reconcile` span (`memcached`,
 /// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it).
+///
+/// It takes its turn first (see [`runtime::turns`](super::runtime::turns)). When it has to wait for one, a
+/// new instance's first status is written meanwhile, and the instance is read again from its cache
+/// afterwards: it may have changed, or gone, while it waited.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let span = info_span!(
         "reconcile",
         memcached = %mc.name_any(),
         namespace = %mc.metadata.namespace.as_deref().unwrap_or_default(),
     );
-    reconcile_in_span(mc, ctx).instrument(span).await
+    async move {
+        let (mc, turn) = match ctx.turns.try_apply() {
+            Some(turn) => (mc, turn),
+            None => {
+                let (_, turn) = tokio::join!(first_status(&mc, &ctx), ctx.turns.apply());
+                match ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc.as_ref())) {
+                    Some(latest) => (latest, turn),
+                    None => {
+                        debug!("deleted while waiting for its turn");
+                        return Ok(Action::await_change());
+                    }
+                }
+            }
+        };
+        // Boxed: a reconcile waiting for its turn stays a small future; this part's state is allocated
+        // when the turn comes.
+        let result = Box::pin(reconcile_in_span(mc, ctx.clone())).await;
+        drop(turn);
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Writes the first status of an instance that has none (`Progressing=True`, `Creating`, its counts) while
+/// its reconcile waits for its turn, so that `kubectl get memcached` shows progress right after
+/// `kubectl apply` however many reconciles are queued (see [`super::runtime::turns`]). It says what the
+/// reconcile would have written after creating the workload, and the reconcile finds it (read-your-writes),
+/// so it costs no request more. Skipped for an invalid spec, whose first status the reconcile writes as
+/// `Degraded` in one write. A failure is left to the reconcile.
+async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
+    let (Some(namespace), None) = (mc.namespace(), &mc.metadata.deletion_timestamp) else {
+        return;
+    };
+    let name = mc.name_any();
+    let Some(mc) = ctx
+        .written
+        .fresher(&namespace, &name, &(), Some(mc.clone()))
+        .object
+    else {
+        return;
+    };
+    if mc.status.is_some() || Instance::new(&mc, &ctx.settings.defaults).is_err() {
+        return;
+    }
+    let _slot = ctx.turns.first_status().await;
+    let workload = pool::cached_workload(ctx, &mc)
+        .unwrap_or_else(|| WorkloadStatus::pending(mc.spec.workload.as_str()));
+    // Boxed, as the reconcile is: allocated once its slot comes.
+    let write = Box::pin(report(
+        &mc,
+        ctx,
+        Some(workload),
+        None,
+        None,
+        valid_selector(&mc),
+    ));
+    if let Err(error) = write.await {
+        debug!(%error, "could not write the first status; the reconcile will");
+    }
 }
 
 async fn reconcile_in_span(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {

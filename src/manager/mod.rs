@@ -156,7 +156,6 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let options = RunOptions {
         namespace: args.namespace.clone(),
-        concurrency: args.concurrency,
         settings: Settings {
             defaults: Defaults {
                 image: args.memcached_image.clone(),
@@ -164,6 +163,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
                 stats_collected: collector.is_some(),
             },
             requeue_after: args.requeue_interval,
+            concurrency: args.concurrency,
             ..Settings::default()
         },
         reporter_instance: Some(identity),

@@ -205,7 +205,7 @@ fn progressing(
             true,
             CREATING,
             format!(
-                "created the {}; waiting for its controller to start the pods",
+                "creating the {}; waiting for its controller to start the pods",
                 workload.kind
             ),
         );

@@ -26,6 +26,18 @@ pub struct WorkloadStatus {
     pub deadline: Option<Problem>,
 }
 
+impl WorkloadStatus {
+    /// A workload of `kind` being created: its controller has not reported on it yet. A new instance's
+    /// first status, written before its workload (see `controller::reconcile`), says the same as the one
+    /// computed just after the workload was created, so the reconcile that creates it writes no second one.
+    pub fn pending(kind: &'static str) -> Self {
+        Self {
+            kind,
+            ..Self::default()
+        }
+    }
+}
+
 impl From<&Deployment> for WorkloadStatus {
     fn from(d: &Deployment) -> Self {
         let status = d.status.as_ref();

@@ -8,6 +8,15 @@
 //! [`Compact`] objects, with the metadata the owner mapping and the pod index read; only what stays is
 //! packed.
 //!
+//! The measurement that keeps these caches instead of kube's reflector stores: `make bench-caches`
+//! (`examples/cache_memory.rs`) fills both from the same objects, a default instance's Deployment, two
+//! Services, server list and pod as a real v1.28.7 API server returned them, the stores fed trimmed objects
+//! the way kube-rs recommends (no `managedFields`; of a pod, no spec and only the annotation read). On
+//! 2026-11-26: kube's stores held 25.6 kB per instance (7.3 MiB at 300 instances, 72.8 MiB at 3000), these
+//! caches 1.4 kB (0.4 MiB and 3.9 MiB). The operator peaks at about 17-18 MiB at 300 instances and 30 MiB at
+//! 3000 with these caches (`make bench`), so the stores would take it past the 20 MiB and 64 MiB it is
+//! held to.
+//!
 //! [`compact`]: super::compact
 
 use std::collections::HashMap;

@@ -60,8 +60,6 @@ use crate::resources::{labels, secrets, service_monitor};
 pub struct RunOptions {
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
-    /// Most reconciles running at once.
-    pub concurrency: u16,
     /// Reconciler tunables.
     pub settings: Settings,
     /// Identity of this replica in the events it records (the pod name).
@@ -389,7 +387,7 @@ pub async fn run(
 
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
-        concurrency = options.concurrency,
+        concurrency = ctx.settings.concurrency,
         "starting controller"
     );
     let instances = memcacheds.clone();
@@ -409,7 +407,8 @@ pub async fn run(
         controller = controller.owns_stream_with(stream, service_monitor);
     }
     controller
-        .with_config(ControllerConfig::default().concurrency(options.concurrency))
+        // Unbounded here: the reconciles take turns themselves, in order (see `turns`).
+        .with_config(ControllerConfig::default())
         .reconcile_on(streams.foreign)
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)

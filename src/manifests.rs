@@ -10,6 +10,7 @@ use kube::CustomResourceExt;
 use serde::Serialize;
 
 use crate::api::{GROUP, Memcached};
+use crate::controller::{ChildKind, EachKind, each_kind};
 use crate::resources::MAX_NAME_LEN;
 
 /// Path of the committed CRD, relative to the repository root.
@@ -100,48 +101,49 @@ pub fn manager_role() -> ClusterRole {
             name: Some(MANAGER_ROLE.to_owned()),
             ..ObjectMeta::default()
         },
-        rules: Some(vec![
-            rule(GROUP, &["memcacheds"], &["get", "list", "watch", "patch"]),
-            rule(GROUP, &["memcacheds/status"], &["get", "patch"]),
-            // Not for a finalizer (the operator sets none): what OwnerReferencesPermissionEnforcement
-            // asks of an owner reference with `blockOwnerDeletion: true` (see above).
-            rule(GROUP, &["memcacheds/finalizers"], &["update"]),
-            rule(
-                "apps",
-                &["deployments", "statefulsets"],
-                &["get", "list", "watch", "create", "patch"],
-            ),
-            rule(
-                "",
-                &["configmaps", "services"],
-                &["get", "list", "watch", "create", "patch"],
-            ),
-            rule("", &["pods"], &["get", "list", "watch", "patch"]),
-            rule("", &["secrets"], &["get", "list", "watch"]),
-            rule(
-                "policy",
-                &["poddisruptionbudgets"],
-                &["get", "list", "watch", "create", "patch", "delete"],
-            ),
-            rule(
-                "networking.k8s.io",
-                &["networkpolicies"],
-                &["get", "list", "watch", "create", "patch", "delete"],
-            ),
-            rule(
-                "autoscaling",
-                &["horizontalpodautoscalers"],
-                &["get", "list", "watch", "create", "patch", "delete"],
-            ),
-            rule(
-                "monitoring.coreos.com",
-                &["servicemonitors"],
-                &["get", "list", "watch", "create", "patch", "delete"],
-            ),
-            rule("events.k8s.io", &["events"], &["create", "patch"]),
-        ]),
+        rules: Some(
+            vec![
+                rule(GROUP, &["memcacheds"], &["get", "list", "watch", "patch"]),
+                rule(GROUP, &["memcacheds/status"], &["get", "patch"]),
+                // Not for a finalizer (the operator sets none): what OwnerReferencesPermissionEnforcement
+                // asks of an owner reference with `blockOwnerDeletion: true` (see above).
+                rule(GROUP, &["memcacheds/finalizers"], &["update"]),
+            ]
+            .into_iter()
+            .chain(child_rules())
+            .chain([
+                rule("", &["pods"], &["get", "list", "watch", "patch"]),
+                rule("", &["secrets"], &["get", "list", "watch"]),
+                rule(
+                    "monitoring.coreos.com",
+                    &["servicemonitors"],
+                    &["get", "list", "watch", "create", "patch", "delete"],
+                ),
+                rule("events.k8s.io", &["events"], &["create", "patch"]),
+            ])
+            .collect(),
+        ),
         ..ClusterRole::default()
     }
+}
+
+/// One rule per kind of child (see `controller::kinds`): read and applied by name; deleted too when the
+/// spec can ask for none.
+fn child_rules() -> Vec<PolicyRule> {
+    struct Rules(Vec<PolicyRule>);
+    impl EachKind for Rules {
+        fn kind<K: ChildKind>(&mut self) {
+            let verbs: &[&str] = if K::OPTIONAL {
+                &["get", "list", "watch", "create", "patch", "delete"]
+            } else {
+                &["get", "list", "watch", "create", "patch"]
+            };
+            self.0.push(rule(K::GROUP, &[K::URL_PATH_SEGMENT], verbs));
+        }
+    }
+    let mut rules = Rules(Vec::new());
+    each_kind(&mut rules);
+    rules.0
 }
 
 /// The rules of [`manager_role`] as a Role in the install's namespace, for `config/namespaced`: the operator

@@ -106,6 +106,7 @@ async fn statefulset_mode_applies_the_pool_shape_and_then_nothing() {
 
     let sts = cluster
         .stores
+        .children
         .statefulsets
         .state()
         .first()
@@ -117,7 +118,7 @@ async fn statefulset_mode_applies_the_pool_shape_and_then_nothing() {
     assert_eq!(spec.pod_management_policy.as_deref(), Some("Parallel"));
     assert_eq!(spec.min_ready_seconds, None, "no warmup: not sent");
     assert!(
-        cluster.stores.deployments.state().is_empty(),
+        cluster.stores.children.deployments.state().is_empty(),
         "no Deployment in StatefulSet mode"
     );
 
@@ -130,7 +131,14 @@ async fn statefulset_mode_applies_the_pool_shape_and_then_nothing() {
         ]
     );
     assert_eq!(status.servers[1].pod.as_deref(), Some("cache-1"));
-    let cm = cluster.stores.config_maps.state().first().cloned().unwrap();
+    let cm = cluster
+        .stores
+        .children
+        .config_maps
+        .state()
+        .first()
+        .cloned()
+        .unwrap();
     assert_eq!(
         cm.data.as_ref().unwrap()["servers"],
         "cache-0.cache-headless.default.svc:11211\ncache-1.cache-headless.default.svc:11211\n\

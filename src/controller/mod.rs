@@ -1,6 +1,6 @@
 //! The reconciler: the reconcile flow here, and the [`runtime`] that drives it.
 //!
-//! The flow, in the order one reconcile goes: [`reconcile`] (validate, plan, apply, report), [`pool`]
+//! The kinds of children are one table ([`kinds`]). The flow, in the order one reconcile goes: [`reconcile`] (validate, plan, apply, report), [`pool`]
 //! (slots, drain marks), [`secrets`] (the referenced Secrets' hashes), [`children`] (apply only what
 //! differs), [`changes`] and [`events`] (what changed, said once), [`pace`] (which status writes can wait),
 //! [`error`]. The runtime: the watches and their caches, the retry backoff, the API server's reachability
@@ -13,6 +13,7 @@ mod changes;
 mod children;
 mod error;
 mod events;
+pub mod kinds;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
@@ -23,11 +24,7 @@ mod secrets;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
@@ -37,6 +34,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 
 pub use error::Error;
 pub use events::Publisher;
+pub use kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 pub use reconcile::{error_policy, reconcile};
 pub use runtime::backoff::Backoff;
 pub use runtime::cache::{Cache, CacheWriter, cache};
@@ -97,21 +95,15 @@ impl Default for Settings {
 #[derive(Clone)]
 pub struct Stores {
     pub memcacheds: Store<Memcached>,
-    pub deployments: Cache<Deployment>,
-    pub statefulsets: Cache<StatefulSet>,
-    /// The published server lists (`<name>-servers`).
-    pub config_maps: Cache<ConfigMap>,
-    pub services: Cache<Service>,
+    /// One cache per kind of child (see [`kinds`]).
+    pub children: ChildCaches,
     pub pods: Cache<Pod>,
     /// The pods of each instance, by name (fed by the pod watch beside `pods`).
     pub pod_index: PodIndex,
-    pub pdbs: Cache<PodDisruptionBudget>,
     /// Secrets by metadata only: which exist, and their resourceVersion.
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// ServiceMonitors, when the cluster serves their API (checked once at start).
     pub service_monitors: Option<Cache<DynamicObject>>,
-    pub network_policies: Cache<NetworkPolicy>,
-    pub autoscalers: Cache<HorizontalPodAutoscaler>,
     /// Objects with a child's name that the operator does not manage (see [`foreign`]).
     pub foreign: Foreign,
 }

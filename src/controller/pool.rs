@@ -57,9 +57,9 @@ fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) ->
 /// (after a refused workload change the old one still runs and is what the status should describe).
 pub fn cached_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
     let deployment =
-        || cached(&ctx.stores.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()));
+        || cached(&ctx.stores.children.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()));
     let statefulset =
-        || cached(&ctx.stores.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()));
+        || cached(&ctx.stores.children.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()));
     match mc.spec.workload {
         Workload::Deployment => deployment().or_else(statefulset),
         Workload::StatefulSet => statefulset().or_else(deployment),
@@ -76,12 +76,12 @@ pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) 
     };
     let (existing, other) = match instance.spec.workload {
         Workload::Deployment => (
-            cached::<StatefulSet>(&ctx.stores.statefulsets, mc)
+            cached::<StatefulSet>(&ctx.stores.children.statefulsets, mc)
                 .is_some_and(|s| ours(s.owner_references())),
             Workload::StatefulSet,
         ),
         Workload::StatefulSet => (
-            cached::<Deployment>(&ctx.stores.deployments, mc)
+            cached::<Deployment>(&ctx.stores.children.deployments, mc)
                 .is_some_and(|d| ours(d.owner_references())),
             Workload::Deployment,
         ),

@@ -341,7 +341,7 @@ async fn apply_children(
     // then on it is kept current, an empty list included.
     let list = servers::config_map(instance, &plan.servers);
     let name = list.name_any();
-    let source = scope.source(&stores.config_maps, &());
+    let source = scope.source(&stores.children.config_maps, &());
     if servers::publishes(&plan.servers) || children::cached(instance, &name, &source)?.is_some() {
         let api = Api::namespaced(client.clone(), ns);
         let applied = children::ensure(instance, list, &source, api).await?;
@@ -373,7 +373,7 @@ async fn apply_children(
             let applied = ensure_workload(
                 &scope,
                 desired,
-                &stores.deployments,
+                &stores.children.deployments,
                 plan.replicas,
                 changes,
                 |d| d.spec.as_ref().and_then(|s| s.replicas),
@@ -383,7 +383,7 @@ async fn apply_children(
         }
         Workload::StatefulSet => {
             let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
-            let source = scope.source(&stores.statefulsets, &());
+            let source = scope.source(&stores.children.statefulsets, &());
             let live = children::cached(instance, instance.name, &source)?;
             let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
             let pace = rollout::pace(
@@ -398,7 +398,7 @@ async fn apply_children(
             let applied = ensure_workload(
                 &scope,
                 desired,
-                &stores.statefulsets,
+                &stores.children.statefulsets,
                 plan.replicas,
                 changes,
                 |s| s.spec.as_ref().and_then(|s| s.replicas),
@@ -425,7 +425,7 @@ async fn apply_children(
             &scope,
             &name,
             desired,
-            &scope.source(&stores.services, &()),
+            &scope.source(&stores.children.services, &()),
             services.clone(),
             changes,
         )
@@ -436,7 +436,7 @@ async fn apply_children(
         &scope,
         instance.name,
         pdb::pdb(instance),
-        &scope.source(&stores.pdbs, &()),
+        &scope.source(&stores.children.pdbs, &()),
         pdbs,
         changes,
     )
@@ -446,7 +446,7 @@ async fn apply_children(
         &scope,
         instance.name,
         network_policy::network_policy(instance),
-        &scope.source(&stores.network_policies, &()),
+        &scope.source(&stores.children.network_policies, &()),
         network_policies,
         changes,
     )
@@ -456,7 +456,7 @@ async fn apply_children(
         &scope,
         instance.name,
         autoscaler::autoscaler(instance),
-        &scope.source(&stores.autoscalers, &()),
+        &scope.source(&stores.children.autoscalers, &()),
         autoscalers,
         changes,
     )
@@ -559,17 +559,21 @@ fn unclaimed_names(scope: &Scope<'_>) -> Result<(), Error> {
     children::unclaimed(
         instance,
         &servers::config_map_name(name),
-        &scope.source(&stores.config_maps, &()),
+        &scope.source(&stores.children.config_maps, &()),
     )?;
     match instance.spec.workload {
-        Workload::Deployment => {
-            children::unclaimed(instance, name, &scope.source(&stores.deployments, &()))?
-        }
-        Workload::StatefulSet => {
-            children::unclaimed(instance, name, &scope.source(&stores.statefulsets, &()))?
-        }
+        Workload::Deployment => children::unclaimed(
+            instance,
+            name,
+            &scope.source(&stores.children.deployments, &()),
+        )?,
+        Workload::StatefulSet => children::unclaimed(
+            instance,
+            name,
+            &scope.source(&stores.children.statefulsets, &()),
+        )?,
     }
-    let services = scope.source(&stores.services, &());
+    let services = scope.source(&stores.children.services, &());
     children::unclaimed(instance, name, &services)?;
     children::unclaimed(instance, &service::headless_name(name), &services)
 }

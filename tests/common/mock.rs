@@ -24,8 +24,8 @@ pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::runtime::foreign;
 pub use memcached_operator::controller::{
-    Cache, CacheWriter, Compact, Compactable, Context, Error, PodIndex, SecretHashes, Settings,
-    Stores, cache, error_policy, reconcile,
+    Cache, CacheWriter, ChildCaches, Compact, Compactable, Context, Error, PodIndex, SecretHashes,
+    Settings, Stores, cache, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
 pub use serde_json::{Value, json};
@@ -303,17 +303,19 @@ impl Cluster {
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
-                deployments: deployments_r,
-                statefulsets: statefulsets_r,
-                config_maps: config_maps_r,
-                services: services_r,
+                children: ChildCaches {
+                    deployments: deployments_r,
+                    statefulsets: statefulsets_r,
+                    config_maps: config_maps_r,
+                    services: services_r,
+                    pdbs: pdbs_r,
+                    network_policies: network_policies_r,
+                    autoscalers: autoscalers_r,
+                },
                 pods: pods_r,
                 pod_index: PodIndex::default(),
-                pdbs: pdbs_r,
                 secrets: secrets_r,
                 service_monitors: None,
-                network_policies: network_policies_r,
-                autoscalers: autoscalers_r,
                 foreign: foreign.build(),
             },
             memcacheds,
@@ -385,7 +387,7 @@ impl Cluster {
     /// Whether the cache holds the instance's server list.
     pub fn has_config_map(&self) -> bool {
         let name = CONFIG_MAPS.rsplit('/').next().unwrap_or_default();
-        matches!(self.stores.config_maps.get(NS, name), Ok(Some(_)))
+        matches!(self.stores.children.config_maps.get(NS, name), Ok(Some(_)))
     }
     pub fn config_map(&mut self, c: ConfigMap) {
         self.config_maps

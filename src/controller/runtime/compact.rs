@@ -24,11 +24,7 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::api::DynamicObject;
@@ -53,13 +49,6 @@ pub trait Compactable: Resource + Clone + Serialize + DeserializeOwned + 'static
     fn trim_rest(_metadata: &mut ObjectMeta) {}
 }
 
-impl Compactable for Deployment {}
-impl Compactable for StatefulSet {}
-impl Compactable for Service {}
-impl Compactable for ConfigMap {}
-impl Compactable for PodDisruptionBudget {}
-impl Compactable for NetworkPolicy {}
-impl Compactable for HorizontalPodAutoscaler {}
 /// Instances are kept compact only as answers to this operator's own writes (read-your-writes); the
 /// controller's cache holds them whole, trimmed by the same rule ([`trim_instance`]): their
 /// annotations go (`kubectl apply` keeps a copy of the whole object in one).
@@ -354,6 +343,8 @@ pub fn trim_instance(mc: &mut Memcached) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::apps::v1::Deployment;
+    use k8s_openapi::api::core::v1::Service;
     use serde_json::json;
 
     fn text<K>(compact: &Compact<K>) -> String {

@@ -27,11 +27,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use futures::future::{BoxFuture, Shared};
 use futures::stream::BoxStream;
 use futures::{FutureExt, StreamExt, TryStreamExt};
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::NetworkPolicy;
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::{self, ObjectRef};
@@ -50,6 +46,7 @@ use super::pod_index::PodIndex;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use super::written::Written;
 use crate::api::Memcached;
+use crate::controller::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 use crate::controller::{
     Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile, system_clock,
 };
@@ -91,16 +88,11 @@ pub struct Watches {
     shutdown: Shared<BoxFuture<'static, ()>>,
 }
 
-/// The child watches' streams of touched objects, each triggering the instance it belongs to.
+/// The child watches' streams, each triggering the instance an object belongs to.
 struct ChildStreams {
-    deployments: Watched<Compact<Deployment>>,
-    statefulsets: Watched<Compact<StatefulSet>>,
-    services: Watched<Compact<Service>>,
-    config_maps: Watched<Compact<ConfigMap>>,
+    /// The instances owning a changed child of a kind in the table (see `kinds`).
+    children: BoxStream<'static, ObjectRef<Memcached>>,
     pods: Watched<Compact<Pod>>,
-    pdbs: Watched<Compact<PodDisruptionBudget>>,
-    network_policies: Watched<Compact<NetworkPolicy>>,
-    autoscalers: Watched<Compact<HorizontalPodAutoscaler>>,
     secrets: Watched<PartialObjectMeta<Secret>>,
     service_monitors: Option<Watched<Compact<DynamicObject>>>,
     /// The instances whose child names an object the operator does not manage was seen under.
@@ -122,6 +114,85 @@ impl Watches {
 /// Lists served from the API server's watch cache (`resourceVersion=0`) instead of etcd. kube leaves
 /// `resourceVersion=0` out of paginated lists, and the server ignores the page size for them anyway, so
 /// pagination is off.
+/// Makes the cache of each kind of child from its watch (labelled as managed by the operator), and keeps
+/// the stream of the instances its changes trigger: those named by a changed child's owner references.
+struct ChildWatches<'a> {
+    client: &'a Client,
+    namespace: Option<&'a str>,
+    metrics: &'a Arc<Metrics>,
+    config: &'a watcher::Config,
+    written: &'a Arc<Written>,
+    triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
+}
+
+impl MakeCache for ChildWatches<'_> {
+    fn make<K: ChildKind>(&mut self) -> Cache<K> {
+        let (cache, stream) = cached(
+            self.metrics,
+            K::URL_PATH_SEGMENT,
+            api::<Compact<K>>(self.client, self.namespace),
+            self.config.clone(),
+            forgets_seen(self.written, &()),
+        );
+        // The watch passes no errors on (see `watch_retry`).
+        let owners = stream
+            .filter_map(|child| futures::future::ready(child.ok()))
+            .flat_map(|child| futures::stream::iter(owners(child.meta())));
+        self.triggers.push(owners.boxed());
+        cache
+    }
+}
+
+/// The instances that own an object: its owner references to a `Memcached` (as kube's `owns` reads them).
+fn owners(meta: &kube::api::ObjectMeta) -> Vec<ObjectRef<Memcached>> {
+    meta.owner_references
+        .iter()
+        .flatten()
+        .filter_map(|owner| ObjectRef::from_owner_ref(meta.namespace.as_deref(), owner, ()))
+        .collect()
+}
+
+/// Watches, for each kind of child, the same-named objects the operator does not manage (see `foreign`).
+struct ForeignWatches<'a> {
+    client: &'a Client,
+    namespace: Option<&'a str>,
+    metrics: &'a Arc<Metrics>,
+    config: &'a watcher::Config,
+    builder: &'a mut foreign::Builder,
+    instances: &'a reflector::Store<Memcached>,
+    triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
+}
+
+impl EachKind for ForeignWatches<'_> {
+    fn kind<K: ChildKind>(&mut self) {
+        // Named apart from the managed watch of the kind in the watch-error metric and logs; made once per
+        // kind when the operator starts.
+        let resource = Box::leak(format!("unmanaged {}", K::URL_PATH_SEGMENT).into_boxed_str());
+        let stream = self.builder.watch::<K>(
+            self.metrics,
+            resource,
+            api::<PartialObjectMeta<K>>(self.client, self.namespace),
+            self.config.clone(),
+            self.instances.clone(),
+        );
+        self.triggers.push(stream.boxed());
+    }
+}
+
+/// The waits for each child cache's first complete list.
+struct ChildrenListed<'a> {
+    caches: &'a ChildCaches,
+    waits: Vec<BoxFuture<'static, Result<(), super::cache::WriterDropped>>>,
+}
+
+impl EachKind for ChildrenListed<'_> {
+    fn kind<K: ChildKind>(&mut self) {
+        let cache = K::cache(self.caches).clone();
+        self.waits
+            .push(async move { cache.wait_until_ready().await }.boxed());
+    }
+}
+
 fn from_cache(config: watcher::Config) -> watcher::Config {
     let mut config = config.any_semantic();
     config.page_size = None;
@@ -154,34 +225,16 @@ pub async fn watch(
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
     let mc_api = api::<Memcached>(client, ns);
 
-    let (deployments, deployment_stream) = cached(
-        &metrics,
-        "deployments",
-        api::<Compact<Deployment>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
-    let (statefulsets, statefulset_stream) = cached(
-        &metrics,
-        "statefulsets",
-        api::<Compact<StatefulSet>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
-    let (services, service_stream) = cached(
-        &metrics,
-        "services",
-        api::<Compact<Service>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
-    let (config_maps, config_map_stream) = cached(
-        &metrics,
-        "configmaps",
-        api::<Compact<ConfigMap>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
+    let mut child_watches = ChildWatches {
+        client,
+        namespace: ns,
+        metrics: &metrics,
+        config: &children,
+        written: &written,
+        triggers: Vec::new(),
+    };
+    let child_caches = ChildCaches::build(&mut child_watches);
+    let child_triggers = futures::stream::select_all(child_watches.triggers);
     let pod_index = PodIndex::default();
     let (pods, pod_stream) = {
         let index = pod_index.clone();
@@ -193,29 +246,6 @@ pub async fn watch(
             (move |event: &_| index.observe(event), |_: &_| {}),
         )
     };
-    let (pdbs, pdb_stream) = cached(
-        &metrics,
-        "poddisruptionbudgets",
-        api::<Compact<PodDisruptionBudget>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
-    let (network_policies, network_policy_stream) = cached(
-        &metrics,
-        "networkpolicies",
-        api::<Compact<NetworkPolicy>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
-    // An autoscaler's status changes whenever the metrics it sees do; each such change wakes a reconcile
-    // that finds nothing to do in the caches and sends nothing.
-    let (autoscalers, autoscaler_stream) = cached(
-        &metrics,
-        "horizontalpodautoscalers",
-        api::<Compact<HorizontalPodAutoscaler>>(client, ns),
-        children.clone(),
-        forgets_seen(&written, &()),
-    );
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = reflected(
         &metrics,
@@ -232,31 +262,17 @@ pub async fn watch(
     // `foreign`); ServiceMonitors are left out (an optional extra the operator only creates when asked).
     let mut foreign = foreign::Builder::default();
     let unmanaged = from_cache(watcher::Config::default());
-    macro_rules! foreign_watch {
-        ($kind:ty, $resource:literal) => {
-            foreign
-                .watch(
-                    &metrics,
-                    $resource,
-                    api::<PartialObjectMeta<$kind>>(client, ns),
-                    unmanaged.clone(),
-                    memcacheds.clone(),
-                )
-                .boxed()
-        };
-    }
-    let foreign_streams = futures::stream::select_all([
-        foreign_watch!(Deployment, "unmanaged deployments"),
-        foreign_watch!(StatefulSet, "unmanaged statefulsets"),
-        foreign_watch!(Service, "unmanaged services"),
-        foreign_watch!(ConfigMap, "unmanaged configmaps"),
-        foreign_watch!(PodDisruptionBudget, "unmanaged poddisruptionbudgets"),
-        foreign_watch!(NetworkPolicy, "unmanaged networkpolicies"),
-        foreign_watch!(
-            HorizontalPodAutoscaler,
-            "unmanaged horizontalpodautoscalers"
-        ),
-    ]);
+    let mut foreign_watches = ForeignWatches {
+        client,
+        namespace: ns,
+        metrics: &metrics,
+        config: &unmanaged,
+        builder: &mut foreign,
+        instances: &memcacheds,
+        triggers: Vec::new(),
+    };
+    each_kind(&mut foreign_watches);
+    let foreign_streams = futures::stream::select_all(foreign_watches.triggers);
     let service_monitor = service_monitor::api_resource();
     let (service_monitors, service_monitor_stream) = if service_monitors_served(
         client,
@@ -287,17 +303,11 @@ pub async fn watch(
 
     let stores = Stores {
         memcacheds: memcacheds.clone(),
-        deployments,
-        statefulsets,
-        config_maps,
-        services,
+        children: child_caches,
         pods,
         pod_index,
-        pdbs,
         secrets,
         service_monitors,
-        network_policies,
-        autoscalers,
         foreign: foreign.build(),
     };
     let children_synced = children_synced(&stores, shutdown.clone());
@@ -310,14 +320,8 @@ pub async fn watch(
         instances_listed: watch::channel(false),
         children_synced,
         streams: ChildStreams {
-            deployments: deployment_stream.boxed(),
-            statefulsets: statefulset_stream.boxed(),
-            services: service_stream.boxed(),
-            config_maps: config_map_stream.boxed(),
+            children: child_triggers.boxed(),
             pods: pod_stream.boxed(),
-            pdbs: pdb_stream.boxed(),
-            network_policies: network_policy_stream.boxed(),
-            autoscalers: autoscaler_stream.boxed(),
             secrets: secret_stream.boxed(),
             service_monitors: service_monitor_stream.map(StreamExt::boxed),
             foreign: foreign_streams.boxed(),
@@ -392,13 +396,6 @@ pub async fn run(
     );
     let instances = memcacheds.clone();
     let mut controller = Controller::for_stream(mc_stream, memcacheds)
-        .owns_stream(streams.deployments)
-        .owns_stream(streams.statefulsets)
-        .owns_stream(streams.services)
-        .owns_stream(streams.config_maps)
-        .owns_stream(streams.pdbs)
-        .owns_stream(streams.network_policies)
-        .owns_stream(streams.autoscalers)
         .watches_stream(streams.pods, pod_owner)
         .watches_stream(streams.secrets, move |secret| {
             referencing(&instances.state(), &secret)
@@ -409,6 +406,7 @@ pub async fn run(
     controller
         // Unbounded here: the reconciles take turns themselves, in order (see `turns`).
         .with_config(ControllerConfig::default())
+        .reconcile_on(streams.children)
         .reconcile_on(streams.foreign)
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
@@ -614,21 +612,20 @@ type Synced = Shared<BoxFuture<'static, bool>>;
 fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) -> Synced {
     let stores = stores.clone();
     async move {
-        let mut waits = vec![
-            stores.deployments.wait_until_ready().boxed(),
-            stores.statefulsets.wait_until_ready().boxed(),
-            stores.services.wait_until_ready().boxed(),
-            stores.config_maps.wait_until_ready().boxed(),
+        let mut children = ChildrenListed {
+            caches: &stores.children,
+            waits: Vec::new(),
+        };
+        each_kind(&mut children);
+        let mut waits = children.waits;
+        waits.extend([
             stores.pods.wait_until_ready().boxed(),
-            stores.pdbs.wait_until_ready().boxed(),
-            stores.network_policies.wait_until_ready().boxed(),
-            stores.autoscalers.wait_until_ready().boxed(),
             stores
                 .secrets
                 .wait_until_ready()
                 .map(|ready| ready.map_err(|_| super::cache::WriterDropped))
                 .boxed(),
-        ];
+        ]);
         if let Some(store) = &stores.service_monitors {
             waits.push(store.wait_until_ready().boxed());
         }

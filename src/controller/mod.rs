@@ -13,6 +13,7 @@ mod changes;
 mod children;
 mod error;
 mod events;
+pub mod handover;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
@@ -70,6 +71,9 @@ pub struct Settings {
     /// Least time between two status writes of one instance that only move counts and conditions (see
     /// `pace`); zero writes every change at once.
     pub status_pace: Duration,
+    /// The cluster's DNS domain: the names a server's certificate may be valid for, when a warm handover
+    /// connects to it over TLS.
+    pub cluster_domain: String,
 }
 
 impl Default for Settings {
@@ -81,6 +85,7 @@ impl Default for Settings {
             backoff_max: Duration::from_secs(300),
             side_step_timeout: Duration::from_secs(5),
             status_pace: Duration::from_secs(1),
+            cluster_domain: crate::connection::DEFAULT_CLUSTER_DOMAIN.to_owned(),
         }
     }
 }
@@ -133,6 +138,8 @@ pub struct Context {
     pub written: Arc<Written>,
     /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
+    /// The warm-handover copies of Deployment rollouts (see [`handover`]).
+    pub handovers: handover::Handovers,
 }
 
 impl Context {
@@ -164,6 +171,7 @@ impl Context {
             secret_hashes: SecretHashes::default(),
             written: Arc::default(),
             pace,
+            handovers: handover::Handovers::default(),
         }
     }
 
@@ -190,6 +198,7 @@ impl Context {
         };
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
+        self.handovers.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }

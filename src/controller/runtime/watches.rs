@@ -410,7 +410,11 @@ pub async fn run(
     }
     controller
         .with_config(ControllerConfig::default().concurrency(options.concurrency))
-        .reconcile_on(streams.foreign)
+        // The instances whose warm-handover copy ended, to open the new server's gate.
+        .reconcile_on(futures::stream::select(
+            streams.foreign,
+            ctx.handovers.triggers(),
+        ))
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(

@@ -574,4 +574,98 @@ mod tests {
             opened.message
         );
     }
+
+    /// A copy to a port nobody listens on: it ends at once with a refused connection.
+    fn refused_copier() -> Copier {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = closed.local_addr().unwrap();
+        drop(closed);
+        Copier::new(
+            Target::plain(address),
+            Target::plain(address),
+            Settings::default(),
+        )
+    }
+
+    fn candidate(name: &str, waiting: bool) -> Candidate {
+        Candidate {
+            name: name.into(),
+            waiting,
+            ..Candidate::default()
+        }
+    }
+
+    #[tokio::test]
+    async fn one_copy_per_pod_its_end_taken_once_and_the_instance_triggered() {
+        use futures::StreamExt;
+        let handovers = Handovers::default();
+        let mut triggers = Box::pin(handovers.triggers());
+        let key = ("ns".to_owned(), "new".to_owned());
+        handovers.start(key.clone(), "cache", 1, "old".into(), refused_copier());
+        handovers.start(key.clone(), "cache", 1, "other".into(), refused_copier());
+        assert_eq!(
+            handovers.open("ns", "cache"),
+            BTreeMap::from([("new".to_owned(), "old".to_owned())]),
+            "a second start for the same pod is no second copy"
+        );
+        assert_eq!(
+            triggers.next().await,
+            Some(ObjectRef::new("cache").within("ns"))
+        );
+        let done = handovers.take_done("ns", "cache");
+        assert_eq!(done.len(), 1);
+        let (pod, slot, source, result) = &done[0];
+        assert_eq!((pod.as_str(), *slot, source.as_str()), ("new", 1, "old"));
+        assert_eq!(
+            result.as_ref().map_err(|f| f.error.reason()).unwrap_err(),
+            "connect"
+        );
+        assert!(handovers.take_done("ns", "cache").is_empty(), "taken once");
+    }
+
+    #[tokio::test]
+    async fn an_opened_gate_is_remembered_until_the_pod_waits_no_more() {
+        let handovers = Handovers::default();
+        handovers.opened("ns", "cache", "new");
+        handovers.forget_gone("ns", "cache", &[candidate("new", true)]);
+        assert!(
+            handovers.open("ns", "cache").contains_key("new"),
+            "the cache does not show the condition yet: not waiting for a copy"
+        );
+        handovers.forget_gone("ns", "cache", &[candidate("new", false)]);
+        assert!(handovers.open("ns", "cache").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_copy_whose_pod_or_instance_goes_is_cancelled() {
+        let handovers = Handovers::default();
+        // A listener that accepts and never answers keeps the copy running.
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = Target::plain(silent.local_addr().unwrap());
+        let copier = || Copier::new(target.clone(), target.clone(), Settings::default());
+        handovers.start(("ns".into(), "a".into()), "cache", 0, "x".into(), copier());
+        handovers.start(("ns".into(), "b".into()), "cache", 1, "y".into(), copier());
+        assert_eq!(handovers.progress("ns", "cache").len(), 2);
+        handovers.forget_gone("ns", "cache", &[candidate("b", true)]);
+        assert_eq!(handovers.open("ns", "cache").len(), 1);
+        handovers.forget_instance("ns", "cache");
+        assert!(handovers.open("ns", "cache").is_empty());
+    }
+
+    #[tokio::test]
+    async fn stopping_the_operator_closes_the_copies_connections() {
+        use tokio::io::AsyncReadExt;
+        let handovers = Handovers::default();
+        let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = Target::plain(silent.local_addr().unwrap());
+        let copier = Copier::new(target.clone(), target, Settings::default());
+        handovers.start(("ns".into(), "a".into()), "cache", 0, "x".into(), copier);
+        let (mut accepted, _) = silent.accept().await.unwrap();
+        drop(handovers);
+        let mut buf = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), accepted.read_to_end(&mut buf))
+            .await
+            .expect("the copy's connection closes when the operator's handovers are dropped");
+        assert!(read.is_ok());
+    }
 }

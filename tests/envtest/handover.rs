@@ -112,11 +112,16 @@ async fn hits(servers: &[String], len: usize) -> usize {
     hits
 }
 
-/// `status.serverList`, once the instance is settled with `SIZE` servers none of which is in `not`.
-async fn settled_servers(s: &Scenario, not: &[String], timeout: Duration) -> Vec<String> {
+/// `status.serverList`, once the instance is settled with `size` servers none of which is in `not`.
+async fn settled_servers(
+    s: &Scenario,
+    size: usize,
+    not: &[String],
+    timeout: Duration,
+) -> Vec<String> {
     let api = memcacheds(s);
     wait_for(
-        &format!("the instance to settle with {SIZE} servers not in {not:?}"),
+        &format!("the instance to settle with {size} servers not in {not:?}"),
         timeout,
         || async {
             let mc = api.get("cache").await.map_err(|e| e.to_string())?;
@@ -125,7 +130,7 @@ async fn settled_servers(s: &Scenario, not: &[String], timeout: Duration) -> Vec
                 .as_ref()
                 .map(|st| st.server_list.clone())
                 .unwrap_or_default();
-            let fresh = list.len() == SIZE && list.iter().all(|a| !not.contains(a));
+            let fresh = list.len() == size && list.iter().all(|a| !not.contains(a));
             if settled(&mc) && fresh {
                 Ok(list)
             } else {
@@ -150,9 +155,9 @@ async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
         .collect()
 }
 
-fn spec(memory: i64, handover: Value) -> Value {
+fn spec(size: usize, memory: i64, handover: Value) -> Value {
     json!({
-        "size": SIZE, "workload": "Deployment",
+        "size": size, "workload": "Deployment",
         "memcached": {"maxMemoryMB": memory},
         "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
         "handover": handover,
@@ -165,17 +170,17 @@ async fn rollout(
     handover: Value,
     value_len: usize,
 ) -> (Vec<String>, usize, Duration) {
-    apply(s, "cache", spec(64, handover.clone())).await;
-    let old = settled_servers(s, &[], Duration::from_secs(90)).await;
+    apply(s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let old = settled_servers(s, SIZE, &[], Duration::from_secs(90)).await;
     fill(&old, value_len).await;
     let stored = hits(&old, value_len).await;
     s.step(&format!(
         "{stored} of {KEYS} keys stored on {old:?}; changing -m (a rollout)"
     ));
     assert_eq!(stored, KEYS, "every key is stored before the rollout");
-    apply(s, "cache", spec(65, handover)).await;
+    apply(s, "cache", spec(SIZE, 65, handover)).await;
     let started = Instant::now();
-    let new = settled_servers(s, &old, Duration::from_secs(240)).await;
+    let new = settled_servers(s, SIZE, &old, Duration::from_secs(240)).await;
     let took = started.elapsed();
     let read = hits(&new, value_len).await;
     (new, read, took)
@@ -243,5 +248,48 @@ async fn a_handover_out_of_time_ends_cold_and_the_rollout_proceeds() {
     assert!(
         read < KEYS / 2,
         "most keys were not copied in time ({read} of {KEYS} hit)"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
+    let Some(mut s) = Scenario::start_with_memcached("handover-restart", &[]).await else {
+        return;
+    };
+    // 2 servers of 10 000 items of 100 bytes at 64 KiB/s: about 15 s per copy, well within its 60 s.
+    let handover = json!({"maxBytesPerSecond": 65536, "timeoutSeconds": 60});
+    apply(&s, "cache", spec(2, 64, handover.clone())).await;
+    let old = settled_servers(&s, 2, &[], Duration::from_secs(90)).await;
+    fill(&old, 100).await;
+    apply(&s, "cache", spec(2, 65, handover)).await;
+    let api = memcacheds(&s);
+    let copying = wait_for(
+        "Progressing=HandingOver",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            match crate::instances::condition(&mc, "Progressing") {
+                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
+                _ => Err(conditions(&mc)),
+            }
+        },
+    )
+    .await;
+    s.step(&format!("copying: {copying}; restarting the operator"));
+    s.restart_operator().await;
+    let new = settled_servers(&s, 2, &old, Duration::from_secs(180)).await;
+    let read = hits(&new, 100).await;
+    let handed = notes(&s, "HandedOver").await;
+    s.step(&format!(
+        "settled on {new:?}: {read} of {KEYS} keys hit; HandedOver events: {handed:#?}"
+    ));
+    assert_eq!(
+        handed.len(),
+        2,
+        "each new server handed over once, the interrupted one by the restarted operator: {handed:#?}"
+    );
+    assert!(
+        read * 100 >= KEYS * 95,
+        "{read} of {KEYS} keys hit after a restart mid-copy"
     );
 }

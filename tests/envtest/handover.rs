@@ -277,7 +277,38 @@ async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
     .await;
     s.step(&format!("copying: {copying}; restarting the operator"));
     s.restart_operator().await;
+    let mark = s.control_plane().audit().mark().expect("the audit log");
     let new = settled_servers(&s, 2, &old, Duration::from_secs(180)).await;
+    let window = mark
+        .at()
+        .duration_until(k8s_openapi::jiff::Timestamp::now());
+    let writes: Vec<(String, String)> = s
+        .control_plane()
+        .audit()
+        .read_since(&mark)
+        .expect("the audit log")
+        .into_iter()
+        .filter(|e| e.user == s.credentials.user && e.namespace == s.namespace && e.verb == "patch")
+        .map(|e| (e.resource, e.subresource))
+        .collect();
+    let count = |resource: &str, subresource: &str| {
+        writes
+            .iter()
+            .filter(|(r, sub)| r == resource && sub == subresource)
+            .count()
+    };
+    let (status_writes, gates) = (count("memcacheds", "status"), count("pods", "status"));
+    s.step(&format!(
+        "after the restart: {status_writes} status writes and {gates} gate conditions in {:.1} s",
+        window.as_secs_f64()
+    ));
+    assert_eq!(gates, 2, "one gate opened per new server");
+    // Progress is shown at most once a second; a published server or a spec change is written at once.
+    assert!(
+        status_writes as f64 <= window.as_secs_f64() + 4.0,
+        "{status_writes} status writes in {window:?}"
+    );
+    assert_eq!(s.refused_requests(), Vec::<String>::new());
     let read = hits(&new, 100).await;
     let handed = notes(&s, "HandedOver").await;
     s.step(&format!(

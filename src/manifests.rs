@@ -89,7 +89,9 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 ///   server-side applied (a PATCH that may create, so `create` too); never deleted by the operator:
 ///   garbage collection does that.
 /// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
-///   (server-side apply of one annotation) to mark drained pods with a low pod-deletion cost.
+///   (server-side apply of one annotation) to mark drained pods, and the server a warm handover copies
+///   from, with a low pod-deletion cost. Their status is patched (`pods/status`) to open the warm-handover
+///   readiness gate of a Deployment rollout's new pod.
 /// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
 ///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
 ///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions.
@@ -113,6 +115,7 @@ pub fn manager_role() -> ClusterRole {
             .chain(child_rules())
             .chain([
                 rule("", &["pods"], &["get", "list", "watch", "patch"]),
+                rule("", &["pods/status"], &["patch"]),
                 rule("", &["secrets"], &["get", "list", "watch"]),
                 rule(
                     "monitoring.coreos.com",

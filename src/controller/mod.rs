@@ -14,6 +14,7 @@ mod children;
 mod error;
 mod events;
 pub mod kinds;
+pub mod handover;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
@@ -71,6 +72,9 @@ pub struct Settings {
     pub status_pace: Duration,
     /// Most reconciles applying at once (see [`runtime::turns`]).
     pub concurrency: u16,
+    /// The cluster's DNS domain: the names a server's certificate may be valid for, when a warm handover
+    /// connects to it over TLS.
+    pub cluster_domain: String,
 }
 
 /// Default of [`Settings::concurrency`] (`--concurrency`).
@@ -86,6 +90,7 @@ impl Default for Settings {
             side_step_timeout: Duration::from_secs(5),
             status_pace: Duration::from_secs(1),
             concurrency: DEFAULT_CONCURRENCY,
+            cluster_domain: crate::connection::DEFAULT_CLUSTER_DOMAIN.to_owned(),
         }
     }
 }
@@ -134,6 +139,8 @@ pub struct Context {
     pub pace: pace::Pace,
     /// Whose turn it is to reconcile, and to write a first status.
     pub turns: Turns,
+    /// The warm-handover copies of Deployment rollouts (see [`handover`]).
+    pub handovers: handover::Handovers,
 }
 
 impl Context {
@@ -167,6 +174,7 @@ impl Context {
             written: Arc::default(),
             pace,
             turns,
+            handovers: handover::Handovers::default(),
         }
     }
 
@@ -193,6 +201,7 @@ impl Context {
         };
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
+        self.handovers.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }

@@ -24,6 +24,7 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::changes::Changes;
 use super::children::{self, Source};
 use super::events::{normal, publish, record, warning};
+use super::handover;
 use super::legacy_finalizer;
 use super::pool;
 use super::runtime::cache::Cache;
@@ -33,10 +34,10 @@ use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, autoscaler, deployment, labels, network_policy, pdb, rollout, servers, service,
-    service_monitor, statefulset,
+    Instance, autoscaler, deployment, handover as gate, labels, network_policy, pdb, pod, rollout,
+    servers, service, service_monitor, statefulset,
 };
-use crate::status::{self, DEGRADED, Observed, Problem, WorkloadStatus};
+use crate::status::{self, DEGRADED, HandoverProgress, Observed, Problem, WorkloadStatus};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
 ///
@@ -246,6 +247,7 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
                 servers: applied.servers,
                 drain: applied.drain,
                 pods: applied.pods,
+                handovers: applied.handovers,
             });
             let held = report(
                 mc,
@@ -304,7 +306,10 @@ struct Children {
     pods: Vec<Arc<Pod>>,
     /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
     problem: Option<Problem>,
-    /// How long until a drain is due, or a paced rollout may replace the next server.
+    /// The warm-handover copies running.
+    handovers: Vec<HandoverProgress>,
+    /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
+    /// progress is shown.
     wait: Option<Duration>,
 }
 
@@ -365,11 +370,23 @@ async fn apply_children(
         }
     }
 
-    // How long until a StatefulSet rollout may move on to the next server.
-    let mut rollout_wait = None;
+    // How long until a StatefulSet rollout may move on to the next server, or a copy's progress is shown.
+    let rollout_wait;
+    let mut handovers = Vec::new();
     let workload = match instance.spec.workload {
         Workload::Deployment => {
-            let desired = deployment::deployment(instance, plan.replicas, secret_hash);
+            let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
+            let live = children::cached(
+                instance,
+                instance.name,
+                &scope.source(&stores.children.deployments, &()),
+            )?;
+            // Without a surge the old pod goes before the new one starts: nothing to copy from.
+            let handover =
+                instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
+            if gate::gate_wanted(handover, &desired, live.as_deref()) {
+                gate::add_gate(&mut desired);
+            }
             let applied = ensure_workload(
                 &scope,
                 desired,
@@ -379,6 +396,9 @@ async fn apply_children(
                 |d| d.spec.as_ref().and_then(|s| s.replicas),
             )
             .await?;
+            let step = handover::step(ctx, mc, instance, &plan.servers, &pods).await?;
+            handovers = step.progress;
+            rollout_wait = step.wait;
             WorkloadStatus::from(applied.as_ref())
         }
         Workload::StatefulSet => {
@@ -488,6 +508,7 @@ async fn apply_children(
         drain: plan.drain,
         pods,
         problem,
+        handovers,
         wait: [plan.wait, rollout_wait].into_iter().flatten().min(),
     })
 }
@@ -616,6 +637,7 @@ struct Published {
     servers: Vec<Server>,
     drain: Option<Drain>,
     pods: Vec<Arc<Pod>>,
+    handovers: Vec<HandoverProgress>,
 }
 
 /// Computes the status from what exists and writes it if it changed, unless the change can wait (see
@@ -634,12 +656,14 @@ async fn report(
         servers,
         drain,
         pods,
+        handovers,
     } = published.unwrap_or_else(|| {
         let stored = mc.status.clone().unwrap_or_default();
         Published {
             servers: stored.servers,
             drain: stored.drain,
             pods: pool::pods(ctx, mc),
+            handovers: Vec::new(),
         }
     });
     let observed = Observed {
@@ -651,6 +675,7 @@ async fn report(
         servers,
         drain,
         problem,
+        handovers,
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
     let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());

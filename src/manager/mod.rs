@@ -164,6 +164,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             },
             requeue_after: args.requeue_interval,
             concurrency: args.concurrency,
+            cluster_domain: args.cluster_domain.clone(),
             ..Settings::default()
         },
         reporter_instance: Some(identity),

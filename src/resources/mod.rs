@@ -7,6 +7,7 @@ pub mod auth_file;
 pub mod autoscaler;
 pub mod deployment;
 pub mod drift;
+pub mod handover;
 pub mod labels;
 pub mod network_policy;
 pub mod pdb;

@@ -25,6 +25,9 @@ pub const DEGRADED: &str = "Degraded";
 /// `Progressing` reason while a new instance's workload is created and its controller has not reported
 /// on it yet.
 pub const CREATING: &str = "Creating";
+/// `Progressing` reason while warm-handover copies run (a Deployment rollout's new servers being filled
+/// from the servers they replace).
+pub const HANDING_OVER: &str = "HandingOver";
 
 /// Something wrong, as a condition reason (CamelCase) and a message for people.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,6 +65,19 @@ pub struct Observed<'a> {
     pub drain: Option<Drain>,
     /// A problem only the operator can see (invalid spec, rejected apply, a Secret it cannot use).
     pub problem: Option<Problem>,
+    /// The warm-handover copies running, by slot.
+    pub handovers: Vec<HandoverProgress>,
+}
+
+/// How far one running warm-handover copy is: what `Progressing` says while it runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HandoverProgress {
+    /// The slot the copy's target takes over.
+    pub slot: i32,
+    /// Items copied so far.
+    pub items: u64,
+    /// Value bytes copied so far.
+    pub bytes: u64,
 }
 
 /// Computes the status for `observed`, keeping transition times from `previous` where nothing transitioned.
@@ -222,6 +238,24 @@ fn progressing(
     }
     if let Some(problem) = deadline {
         return (false, "ProgressDeadlineExceeded", problem.message.clone());
+    }
+    if !o.handovers.is_empty() {
+        let slots: Vec<String> = o
+            .handovers
+            .iter()
+            .map(|h| format!("slot {}: {} items, {} bytes", h.slot, h.items, h.bytes))
+            .collect();
+        return (
+            true,
+            HANDING_OVER,
+            format!(
+                "copying the items of the servers being replaced to their new servers ({}); {} of {} \
+                 servers updated",
+                slots.join("; "),
+                c.updated,
+                c.size
+            ),
+        );
     }
     if c.replicas > c.updated {
         (

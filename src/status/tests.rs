@@ -45,6 +45,7 @@ fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod
         servers: vec![],
         drain: None,
         problem: None,
+        handovers: vec![],
     }
 }
 
@@ -336,6 +337,31 @@ fn a_drain_is_progressing_with_reason_draining() {
     );
     assert!(progressing.message.contains("from 3 to 2"));
     assert_eq!(status.drain, obs.drain);
+}
+
+#[test]
+fn a_running_handover_is_progressing_with_each_slots_items_and_bytes() {
+    let d = deployment(json!({"replicas": 5, "readyReplicas": 4, "updatedReplicas": 2}));
+    let mut obs = observed(4, Some(&d), vec![]);
+    obs.handovers = vec![HandoverProgress {
+        slot: 1,
+        items: 1200,
+        bytes: 96000,
+    }];
+    let status = compute(&obs, None, &at(0));
+    let progressing = find(Some(&status), PROGRESSING).unwrap();
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_str()),
+        ("True", HANDING_OVER)
+    );
+    assert!(
+        progressing
+            .message
+            .contains("slot 1: 1200 items, 96000 bytes"),
+        "{}",
+        progressing.message
+    );
+    assert!(progressing.message.contains("2 of 4 servers updated"));
 }
 
 #[test]

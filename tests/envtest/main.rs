@@ -55,6 +55,7 @@ mod convergence;
 mod crd;
 mod drain;
 mod drift;
+mod handover;
 mod instances;
 mod leader;
 mod metrics;

@@ -407,7 +407,11 @@ pub async fn run(
         // Unbounded here: the reconciles take turns themselves, in order (see `turns`).
         .with_config(ControllerConfig::default())
         .reconcile_on(streams.children)
-        .reconcile_on(streams.foreign)
+        // The instances whose warm-handover copy ended, to open the new server's gate.
+        .reconcile_on(futures::stream::select(
+            streams.foreign,
+            ctx.handovers.triggers(),
+        ))
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(

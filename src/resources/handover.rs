@@ -1,0 +1,210 @@
+//! The pure side of a Deployment rollout's warm handover: whether the pod template carries the handover
+//! readiness gate, which pods wait behind it, and which old server each of them takes over from.
+//!
+//! During a Deployment rollout (`maxSurge: 1, maxUnavailable: 0`) the new pod runs beside the old ones;
+//! its readiness gate keeps it out of the Deployment controller's count (and out of the published list)
+//! until the operator sets the gate's condition, so the old server it replaces still answers while its
+//! items are copied over. The controller side (`controller::handover`) runs the copies and opens the gates.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodTemplateSpec};
+use k8s_openapi::jiff::Timestamp;
+
+use super::drift;
+use crate::api::Server;
+
+/// The pod condition (and readiness gate) the operator sets once a new server's handover is over.
+pub const GATE: &str = "cache.example.com/handover";
+/// The label the Deployment controller gives each pod: the hash of the template it was made from, so
+/// pods of the same ReplicaSet share it and a rollout's new pods differ from the old ones.
+pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+/// The pod-deletion cost given to the old server a copy reads, so that the ReplicaSet controller removes
+/// exactly that pod once the new one is ready (the default is 0; the drained cost, -1000, still goes
+/// first).
+pub const SOURCE_COST: &str = "-100";
+
+/// Whether the pod template carries the handover gate, given the `desired` Deployment (built without it)
+/// and the `live` one.
+///
+/// Adding or removing a readiness gate changes the pod template, which by itself would replace every
+/// server: so the gate moves only with a template change that replaces them anyway (one the live template,
+/// apart from the gate, does not contain yet). Then it is there when `handover` (`spec.handover.enabled`
+/// and a surge strategy: without a surge the old pod goes before the new one starts, and there is nothing
+/// to copy from) says so; otherwise the live template's gate stays as it is. A new Deployment starts
+/// without it: its servers have nothing to take over.
+pub fn gate_wanted(handover: bool, desired: &Deployment, live: Option<&Deployment>) -> bool {
+    let Some(live) = live.and_then(|d| d.spec.as_ref()) else {
+        return false;
+    };
+    let live_gated = has_gate(&live.template);
+    let (Ok(mut live_template), Ok(desired_template)) = (
+        serde_json::to_value(without_gate(&live.template)),
+        serde_json::to_value(desired.spec.as_ref().map(|s| &s.template)),
+    ) else {
+        return live_gated;
+    };
+    if let Some(spec) = live_template
+        .get_mut("spec")
+        .and_then(|s| s.as_object_mut())
+    {
+        // An empty list the gate leaves behind is an absent field to the API server.
+        if spec
+            .get("readinessGates")
+            .is_some_and(|g| g.as_array().is_some_and(Vec::is_empty))
+        {
+            spec.remove("readinessGates");
+        }
+    }
+    let changes_anyway = !drift::contains(&live_template, &desired_template);
+    if changes_anyway { handover } else { live_gated }
+}
+
+/// Whether `template` carries the handover gate.
+pub fn has_gate(template: &PodTemplateSpec) -> bool {
+    template
+        .spec
+        .as_ref()
+        .and_then(|s| s.readiness_gates.as_ref())
+        .is_some_and(|gates| gates.iter().any(|g| g.condition_type == GATE))
+}
+
+fn without_gate(template: &PodTemplateSpec) -> PodTemplateSpec {
+    let mut template = template.clone();
+    if let Some(gates) = template
+        .spec
+        .as_mut()
+        .and_then(|s| s.readiness_gates.as_mut())
+    {
+        gates.retain(|g| g.condition_type != GATE);
+    }
+    template
+}
+
+/// Adds the handover gate to `deployment`'s pod template.
+pub fn add_gate(deployment: &mut Deployment) {
+    if let Some(spec) = deployment
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+    {
+        spec.readiness_gates
+            .get_or_insert_with(Vec::new)
+            .push(PodReadinessGate {
+                condition_type: GATE.to_owned(),
+            });
+    }
+}
+
+/// What the handover reads of a pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Candidate {
+    pub name: String,
+    pub ip: Option<String>,
+    /// Its ReplicaSet's template hash ([`TEMPLATE_HASH_LABEL`]).
+    pub template_hash: Option<String>,
+    pub ready: bool,
+    pub terminating: bool,
+    pub created: Option<Timestamp>,
+    /// Its containers are ready but a readiness gate holds it, and the handover gate's condition is not
+    /// set yet: it waits for the operator.
+    pub waiting: bool,
+}
+
+impl Candidate {
+    /// The handover's view of `pod`; `None` for a pod without a name.
+    ///
+    /// The pods are cached without their spec (see `controller::runtime::compact`), so whether a pod is
+    /// gated is read from its status: a kubelet reports `Ready` as `ContainersReady` and every readiness
+    /// gate, so containers ready and the pod not is a gate holding it; the only gate the operator's
+    /// template has is the handover's, and its condition not set yet means the operator has not opened it.
+    pub fn of(pod: &Pod) -> Option<Self> {
+        let name = pod.metadata.name.clone()?;
+        let status = pod.status.as_ref();
+        let condition = |type_: &str| {
+            status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == type_))
+                .map(|c| c.status == "True")
+        };
+        let ready = condition("Ready") == Some(true);
+        let waiting =
+            condition("ContainersReady") == Some(true) && !ready && condition(GATE).is_none();
+        Some(Self {
+            name,
+            ip: status
+                .and_then(|s| s.pod_ip.clone())
+                .filter(|ip| !ip.is_empty()),
+            template_hash: pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(TEMPLATE_HASH_LABEL).cloned()),
+            ready,
+            terminating: pod.metadata.deletion_timestamp.is_some(),
+            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            waiting,
+        })
+    }
+}
+
+/// One gated pod and the server it takes over from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Takeover {
+    /// The gated pod (the copy's target).
+    pub pod: String,
+    /// The slot it takes and the pod holding that slot now (the copy's source); `None` when it takes a
+    /// vacant slot (a scale-up, or its old pod went first): nothing to copy.
+    pub source: Option<(i32, String)>,
+}
+
+/// What each waiting pod takes over, oldest first. A waiting pod without a slot is a rollout's surge pod:
+/// it takes over the lowest slot held by a ready, live pod of another ReplicaSet (the Deployment
+/// controller scales down only old ReplicaSets) that no other copy reads. A waiting pod that holds a slot
+/// took a vacant one (a scale-up, or its old pod went first), and a surge pod without such a slot left
+/// has no server to take over from either: both are listed without a source, so that their gates open
+/// instead of holding them forever. `running` maps the pods whose copy runs (left out) to their sources
+/// (read by no other copy).
+pub fn takeovers(
+    servers: &[Server],
+    pods: &[Candidate],
+    running: &BTreeMap<String, String>,
+) -> Vec<Takeover> {
+    let slotted: BTreeSet<&str> = servers.iter().filter_map(|s| s.pod.as_deref()).collect();
+    let mut waiting: Vec<&Candidate> = pods
+        .iter()
+        .filter(|p| p.waiting && !p.terminating && !running.contains_key(&p.name))
+        .collect();
+    waiting.sort_by(|a, b| {
+        (a.created.is_none(), a.created, &a.name).cmp(&(b.created.is_none(), b.created, &b.name))
+    });
+    let mut taken: BTreeSet<&str> = running.values().map(String::as_str).collect();
+    let mut out = Vec::new();
+    for pod in waiting {
+        let source = if slotted.contains(pod.name.as_str()) {
+            None
+        } else {
+            servers.iter().find_map(|server| {
+                let holder = pods.iter().find(|p| Some(&p.name) == server.pod.as_ref())?;
+                let usable = holder.ready
+                    && !holder.terminating
+                    && holder.ip.is_some()
+                    && holder.template_hash != pod.template_hash
+                    && !taken.contains(holder.name.as_str());
+                usable.then_some((server.slot, holder))
+            })
+        };
+        if let Some((_, holder)) = source {
+            taken.insert(holder.name.as_str());
+        }
+        out.push(Takeover {
+            pod: pod.name.clone(),
+            source: source.map(|(slot, holder)| (slot, holder.name.clone())),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,326 @@
+//! Warm handover of a Deployment rollout, on real memcached servers: each new server waits behind the
+//! handover readiness gate while the operator copies the items of the server it replaces, so a client
+//! hashing keys over the published list finds them after the rollout (issue 23: 0 % before).
+//!
+//! The client places keys as a jump-hash client does over the published list in slot order (the
+//! operator's own `hashing::Placement`, checked against the real library in tests/hashing.rs) and speaks
+//! the text protocol (`set` with `noreply`, multi-key `get`), pipelined per server.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::ListParams;
+use memcached_operator::hashing::{Placement, Scheme};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::instances::{apply, conditions, memcacheds, settled};
+use crate::{Scenario, wait_for};
+
+const SIZE: usize = 4;
+const KEYS: usize = 20_000;
+/// Keys per pipelined write or multi-key `get`.
+const BATCH: usize = 200;
+
+fn key(i: usize) -> String {
+    format!("handover-key-{i:05}")
+}
+
+fn value(i: usize, len: usize) -> Vec<u8> {
+    key(i).into_bytes().into_iter().cycle().take(len).collect()
+}
+
+/// The keys of `0..KEYS` by the index of their server in `servers` (jump hash over the list).
+fn placed(servers: &[String]) -> BTreeMap<usize, Vec<usize>> {
+    let placement = Placement::new(Scheme::Jump, servers).expect("host:port entries");
+    let mut by_server: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..KEYS {
+        let server = placement.server(key(i).as_bytes()).expect("a server");
+        by_server.entry(server).or_default().push(i);
+    }
+    by_server
+}
+
+async fn connect(address: &str) -> BufReader<TcpStream> {
+    BufReader::new(
+        TcpStream::connect(address)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {address}: {e}")),
+    )
+}
+
+/// Stores every key on its server (values of `len` bytes, no expiry).
+async fn fill(servers: &[String], len: usize) {
+    for (server, keys) in placed(servers) {
+        let mut conn = connect(&servers[server]).await;
+        for batch in keys.chunks(BATCH) {
+            let mut out = Vec::new();
+            for &i in batch {
+                out.extend_from_slice(format!("set {} 0 0 {len} noreply\r\n", key(i)).as_bytes());
+                out.extend_from_slice(&value(i, len));
+                out.extend_from_slice(b"\r\n");
+            }
+            conn.get_mut().write_all(&out).await.expect("set");
+        }
+        // `noreply` sends no answers: one that does tells that every set before it was read.
+        conn.get_mut()
+            .write_all(b"version\r\n")
+            .await
+            .expect("version");
+        let mut line = String::new();
+        conn.read_line(&mut line).await.expect("answer");
+        assert!(line.starts_with("VERSION"), "{line:?}");
+    }
+}
+
+/// How many keys their server under `servers` holds with the value they were stored with.
+async fn hits(servers: &[String], len: usize) -> usize {
+    let mut hits = 0;
+    for (server, keys) in placed(servers) {
+        let mut conn = connect(&servers[server]).await;
+        for batch in keys.chunks(BATCH) {
+            let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();
+            let request = format!("get {}\r\n", names.join(" "));
+            conn.get_mut()
+                .write_all(request.as_bytes())
+                .await
+                .expect("get");
+            loop {
+                let mut line = String::new();
+                conn.read_line(&mut line).await.expect("answer");
+                if line == "END\r\n" {
+                    break;
+                }
+                // VALUE <key> <flags> <bytes>
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(parts.first(), Some(&"VALUE"), "{line:?}");
+                let bytes: usize = parts[3].parse().expect("a length");
+                let mut data = vec![0; bytes + 2];
+                conn.read_exact(&mut data).await.expect("a value");
+                let i: usize = parts[1]["handover-key-".len()..]
+                    .parse()
+                    .expect("a key of ours");
+                if data[..bytes] == value(i, len)[..] {
+                    hits += 1;
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// `status.serverList`, once the instance is settled with `size` servers none of which is in `not`.
+async fn settled_servers(
+    s: &Scenario,
+    size: usize,
+    not: &[String],
+    timeout: Duration,
+) -> Vec<String> {
+    let api = memcacheds(s);
+    wait_for(
+        &format!("the instance to settle with {size} servers not in {not:?}"),
+        timeout,
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            let list = mc
+                .status
+                .as_ref()
+                .map(|st| st.server_list.clone())
+                .unwrap_or_default();
+            let fresh = list.len() == size && list.iter().all(|a| !not.contains(a));
+            if settled(&mc) && fresh {
+                Ok(list)
+            } else {
+                Err(format!("{list:?}; {}", conditions(&mc)))
+            }
+        },
+    )
+    .await
+}
+
+/// The operator's events about the instance with `reason`: their notes.
+async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.namespace);
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+fn spec(size: usize, memory: i64, handover: Value) -> Value {
+    json!({
+        "size": size, "workload": "Deployment",
+        "memcached": {"maxMemoryMB": memory},
+        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+        "handover": handover,
+    })
+}
+
+/// Fills a settled pool, changes a memcached flag, and reads every key back once the rollout settled.
+async fn rollout(
+    s: &Scenario,
+    handover: Value,
+    value_len: usize,
+) -> (Vec<String>, usize, Duration) {
+    apply(s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let old = settled_servers(s, SIZE, &[], Duration::from_secs(90)).await;
+    fill(&old, value_len).await;
+    let stored = hits(&old, value_len).await;
+    s.step(&format!(
+        "{stored} of {KEYS} keys stored on {old:?}; changing -m (a rollout)"
+    ));
+    assert_eq!(stored, KEYS, "every key is stored before the rollout");
+    apply(s, "cache", spec(SIZE, 65, handover)).await;
+    let started = Instant::now();
+    let new = settled_servers(s, SIZE, &old, Duration::from_secs(240)).await;
+    let took = started.elapsed();
+    let read = hits(&new, value_len).await;
+    (new, read, took)
+}
+
+#[tokio::test]
+async fn a_deployment_rollout_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("handover-rollout", &[]).await else {
+        return;
+    };
+    let (new, read, took) = rollout(&s, json!({}), 100).await;
+    let ratio = read as f64 / KEYS as f64;
+    s.step(&format!(
+        "rollout settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit ({:.1} %)",
+        took.as_secs_f64(),
+        ratio * 100.0
+    ));
+    let handed = notes(&s, "HandedOver").await;
+    s.step(&format!("HandedOver events: {handed:#?}"));
+    assert!(
+        ratio >= 0.95,
+        "{read} of {KEYS} keys hit after the rollout ({:.1} %)",
+        ratio * 100.0
+    );
+    assert_eq!(
+        handed.len(),
+        SIZE,
+        "one HandedOver event per replaced server: {handed:#?}"
+    );
+    let failed = notes(&s, "HandoverFailed").await;
+    assert!(failed.is_empty(), "{failed:#?}");
+}
+
+#[tokio::test]
+async fn a_handover_out_of_time_ends_cold_and_the_rollout_proceeds() {
+    let Some(s) = Scenario::start_with_memcached("handover-timeout", &[]).await else {
+        return;
+    };
+    // 20 000 items of 1 kB at 64 KiB/s is over a minute per server; each copy has 1 s.
+    let handover = json!({"timeoutSeconds": 1, "maxBytesPerSecond": 65536});
+    let (new, read, took) = rollout(&s, handover, 1000).await;
+    s.step(&format!(
+        "rollout settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit",
+        took.as_secs_f64()
+    ));
+    let failed = notes(&s, "HandoverFailed").await;
+    s.step(&format!("HandoverFailed events: {failed:#?}"));
+    assert_eq!(
+        failed.len(),
+        SIZE,
+        "one Warning per replaced server: {failed:#?}"
+    );
+    assert!(
+        failed
+            .iter()
+            .all(|note| note.contains("(timeout)") && note.contains("not finished within 1s")),
+        "{failed:#?}"
+    );
+    // Each copy ends within its second (plus its turn and the pods' own start): nothing waits for the
+    // minute a full copy would take.
+    assert!(
+        took < Duration::from_secs(60),
+        "the rollout took {took:?} with 1 s handovers"
+    );
+    assert!(
+        read < KEYS / 2,
+        "most keys were not copied in time ({read} of {KEYS} hit)"
+    );
+}
+
+#[tokio::test]
+async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
+    let Some(mut s) = Scenario::start_with_memcached("handover-restart", &[]).await else {
+        return;
+    };
+    // 2 servers of 10 000 items of 100 bytes at 64 KiB/s: about 15 s per copy, well within its 60 s.
+    let handover = json!({"maxBytesPerSecond": 65536, "timeoutSeconds": 60});
+    apply(&s, "cache", spec(2, 64, handover.clone())).await;
+    let old = settled_servers(&s, 2, &[], Duration::from_secs(90)).await;
+    fill(&old, 100).await;
+    apply(&s, "cache", spec(2, 65, handover)).await;
+    let api = memcacheds(&s);
+    let copying = wait_for(
+        "Progressing=HandingOver",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            match crate::instances::condition(&mc, "Progressing") {
+                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
+                _ => Err(conditions(&mc)),
+            }
+        },
+    )
+    .await;
+    s.step(&format!("copying: {copying}; restarting the operator"));
+    s.restart_operator().await;
+    let mark = s.control_plane().audit().mark().expect("the audit log");
+    let new = settled_servers(&s, 2, &old, Duration::from_secs(180)).await;
+    let window = mark
+        .at()
+        .duration_until(k8s_openapi::jiff::Timestamp::now());
+    let writes: Vec<(String, String)> = s
+        .control_plane()
+        .audit()
+        .read_since(&mark)
+        .expect("the audit log")
+        .into_iter()
+        .filter(|e| e.user == s.credentials.user && e.namespace == s.namespace && e.verb == "patch")
+        .map(|e| (e.resource, e.subresource))
+        .collect();
+    let count = |resource: &str, subresource: &str| {
+        writes
+            .iter()
+            .filter(|(r, sub)| r == resource && sub == subresource)
+            .count()
+    };
+    let (status_writes, gates) = (count("memcacheds", "status"), count("pods", "status"));
+    s.step(&format!(
+        "after the restart: {status_writes} status writes and {gates} gate conditions in {:.1} s",
+        window.as_secs_f64()
+    ));
+    assert_eq!(gates, 2, "one gate opened per new server");
+    // Progress is shown at most once a second; a published server or a spec change is written at once.
+    assert!(
+        status_writes as f64 <= window.as_secs_f64() + 4.0,
+        "{status_writes} status writes in {window:?}"
+    );
+    assert_eq!(s.refused_requests(), Vec::<String>::new());
+    let read = hits(&new, 100).await;
+    let handed = notes(&s, "HandedOver").await;
+    s.step(&format!(
+        "settled on {new:?}: {read} of {KEYS} keys hit; HandedOver events: {handed:#?}"
+    ));
+    assert_eq!(
+        handed.len(),
+        2,
+        "each new server handed over once, the interrupted one by the restarted operator: {handed:#?}"
+    );
+    assert!(
+        read * 100 >= KEYS * 95,
+        "{read} of {KEYS} keys hit after a restart mid-copy"
+    );
+}

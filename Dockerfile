@@ -30,16 +30,18 @@ WORKDIR /workspace
 
 # Dependencies first: this layer is rebuilt only when the manifests or Cargo.lock change. Placeholder
 # sources stand in for the operator's and for the other workspace members (xtask, the release tooling,
-# bench, the scale benchmark, and envtest, the tests' control plane), which cargo must find to read the
-# workspace but which the image does not build.
+# bench, the scale benchmark, envtest, the tests' control plane, and fake-apiserver, the fake API server of
+# the smoke tests and the bench), which cargo must find to read the workspace but which the image does not
+# build.
 COPY Cargo.toml Cargo.lock ./
 COPY xtask/Cargo.toml ./xtask/
 COPY bench/Cargo.toml ./bench/
 COPY envtest/Cargo.toml ./envtest/
-RUN mkdir -p src xtask/src bench/src envtest/src \
+COPY fake-apiserver/Cargo.toml ./fake-apiserver/
+RUN mkdir -p src xtask/src bench/src envtest/src fake-apiserver/src \
     && echo '' > src/lib.rs \
     && echo 'fn main() {}' > src/main.rs \
-    && for member in xtask bench envtest; do \
+    && for member in xtask bench envtest fake-apiserver; do \
          echo '' > "$member/src/lib.rs" && echo 'fn main() {}' > "$member/src/main.rs"; \
        done \
     && cargo build --release --locked --target "$(cat /rust-target)" --bin memcached-operator \

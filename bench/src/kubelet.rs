@@ -9,17 +9,28 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::mpsc;
 
-use crate::fake::{Fake, TIMESTAMP, Workload};
+use fake_apiserver::{ChangeKind, Fake, TIMESTAMP};
 
-/// Brings up every workload sent on `workloads` until the channel closes.
-pub async fn run(
-    fake: Arc<Fake>,
-    mut workloads: mpsc::UnboundedReceiver<Workload>,
-    start_up: Duration,
-) {
-    while let Some(workload) = workloads.recv().await {
-        tokio::spawn(bring_up(fake.clone(), workload, start_up));
-    }
+/// A workload to bring up: collection (`deployments` or `statefulsets`), namespace, name.
+type Workload = (&'static str, String, String);
+
+/// Brings up every workload of `fake` whose spec is written from now on, pods ready after `start_up`.
+pub fn start(fake: &Arc<Fake>, start_up: Duration) {
+    let (sender, mut workloads) = mpsc::unbounded_channel::<Workload>();
+    fake.store().on_change(Box::new(move |change| {
+        let workload = matches!(change.plural, "deployments" | "statefulsets");
+        if workload && change.spec_changed && change.kind != ChangeKind::Deleted {
+            let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+            let meta = &change.object["metadata"];
+            let _ = sender.send((change.plural, text(&meta["namespace"]), text(&meta["name"])));
+        }
+    }));
+    let fake = fake.clone();
+    tokio::spawn(async move {
+        while let Some(workload) = workloads.recv().await {
+            tokio::spawn(bring_up(fake.clone(), workload, start_up));
+        }
+    });
 }
 
 async fn bring_up(fake: Arc<Fake>, (plural, namespace, name): Workload, start_up: Duration) {
@@ -52,8 +63,7 @@ fn step(fake: &Fake, plural: &'static str, namespace: &str, name: &str, ready: b
                 old["metadata"]["labels"] = pod["metadata"]["labels"].clone();
                 old["spec"] = pod["spec"].clone();
                 old["status"] = pod["status"].clone();
-                store.update("pods", old);
-                Ok(())
+                store.update("pods", old).map(drop)
             }
         };
         result.ok()?;
@@ -67,12 +77,11 @@ fn step(fake: &Fake, plural: &'static str, namespace: &str, name: &str, ready: b
         if store.get("pods", namespace, &pod_name).is_none() {
             break;
         }
-        store.delete_pod(namespace, &pod_name);
+        store.delete("pods", namespace, &pod_name);
     }
     let mut updated = workload.clone();
     updated["status"] = workload_status(plural, &workload, replicas, ready);
-    store.update(plural, updated);
-    Some(())
+    store.update(plural, updated).ok().map(drop)
 }
 
 fn pod(

@@ -1,6 +1,7 @@
 //! Scale benchmark of memcached-operator (`make bench`): runs the operator binary against an in-process
-//! fake API server ([`fake`]) with a kubelet ([`kubelet`]), creates N instances at once, and measures how
-//! fast and how cheaply the operator converges ([`Report`]).
+//! fake API server (the workspace's `fake-apiserver`, which the smoke tests share) with a kubelet
+//! ([`kubelet`]), creates N instances at once, and measures how fast and how cheaply the operator
+//! converges ([`Report`], with [`progress`]).
 //!
 //! The phases: the operator starts and syncs its caches (its `/readyz` answers); the N `Memcached`
 //! objects are created at once (t0); the run waits until every instance has its workload and Services
@@ -9,8 +10,8 @@
 //! from t0 to the start of the settled window.
 //!
 //! The fake is served over TLS offering HTTP/2 and HTTP/1.1 by ALPN, as a real API server is, or with
-//! `--plain-http` over plain HTTP ([`endpoint`], [`tls`]); either way the report counts the operator's
-//! connections by protocol.
+//! `--plain-http` over plain HTTP ([`endpoint`], `fake_apiserver::tls`); either way the report counts the
+//! operator's connections by protocol.
 //!
 //! `--real` ([`real`]) runs the same scenario against a real control plane from `$KUBEBUILDER_ASSETS`
 //! (the workspace's `envtest`), counting the operator's requests from the API server's audit log, and
@@ -18,14 +19,12 @@
 
 pub mod cache_client;
 pub mod endpoint;
-pub mod fake;
 pub mod kubelet;
 pub mod operand;
-pub mod patch;
 pub mod process;
+pub mod progress;
 pub mod real;
 pub mod record;
-pub mod tls;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -33,11 +32,12 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde_json::json;
-use tokio::sync::mpsc;
 
-use crate::endpoint::{Connections, Endpoint};
-use crate::fake::Fake;
+use fake_apiserver::Fake;
+
+use crate::endpoint::Connections;
 use crate::process::{Operator, Scratch};
+use crate::progress::Tracker;
 
 /// Writes that land within this long after the last instance became Available still count as converging
 /// (the last status patches and events of the last reconciles), not as writes of a settled operator.
@@ -187,14 +187,19 @@ pub struct Restart {
 
 /// Runs the benchmark once.
 pub async fn run(options: &Options) -> Result<Report, String> {
-    let (kubelet_tx, kubelet_rx) = mpsc::unbounded_channel();
-    let fake = Fake::new(options.latency, kubelet_tx);
-    let endpoint = Endpoint::serve(&fake, options.tls).await?;
-    tokio::spawn(kubelet::run(fake.clone(), kubelet_rx, options.pod_start));
+    let fake = Fake::start(fake_apiserver::Options {
+        latency: options.latency,
+        tls: options.tls,
+        ..fake_apiserver::Options::default()
+    })
+    .await
+    .map_err(|e| e.to_string())?;
+    let tracker = Tracker::follow(&fake);
+    kubelet::start(&fake, options.pod_start);
 
     let scratch = Scratch::new()?;
     let kubeconfig = scratch.path().join("kubeconfig.yaml");
-    endpoint.write_kubeconfig(&kubeconfig)?;
+    endpoint::write_kubeconfig(&fake, &kubeconfig)?;
     let mut operator = Operator::start(options, &kubeconfig, options.record.is_some())?;
     operator.wait_ready(Duration::from_secs(60)).await?;
     let recorder = record::start_convergence(&operator, options)?;
@@ -212,40 +217,38 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     )));
     let first_request = {
         let mut store = fake.store();
-        let first_request = store.requests.len();
+        let first_request = store.requests().len();
         for i in 0..options.instances {
             let mc = json!({
                 "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
                 "metadata": {"name": format!("bench-{i:05}"), "namespace": "default"},
                 "spec": {"size": 1, "containerPort": 11211}
             });
-            let created = store
-                .create("memcacheds", mc)
-                .map_err(|(_, e)| e.to_string())?;
+            let created = store.create("memcacheds", mc).map_err(|e| e.to_string())?;
             let uid = created["metadata"]["uid"]
                 .as_str()
                 .unwrap_or_default()
                 .to_owned();
-            store.progress.expected.insert(uid);
+            tracker.lock().expected.insert(uid);
         }
         first_request
     };
 
     let deadline = t0 + options.timeout;
     let available_at = loop {
-        if let Some(at) = fake.store().progress.available_at {
+        if let Some(at) = tracker.lock().available_at {
             break at;
         }
         operator.check_running()?;
         if Instant::now() > deadline {
-            let store = fake.store();
+            let progress = tracker.lock();
             return Err(format!(
                 "after {:?}, {} of {} instances have their children and {} are Available; the \
                  operator's log: {}",
                 options.timeout,
-                store.progress.complete(),
+                progress.complete(),
                 options.instances,
-                store.progress.available(),
+                progress.available(),
                 operator.log_path().display()
             ));
         }
@@ -254,41 +257,43 @@ pub async fn run(options: &Options) -> Result<Report, String> {
     let cpu_converged = operator.cpu_seconds()?;
     marks.push(record::Mark::now("all Available"));
     tokio::time::sleep(GRACE).await;
-    let settle_from = fake.store().requests.len();
+    let settle_from = fake.count();
     tokio::time::sleep(options.settle).await;
     operator.check_running()?;
     record::finish_convergence(recorder, options, &marks).await?;
     let cpu_total = operator.cpu_seconds()?;
     let fake_cpu = process::own_cpu_seconds().unwrap_or_default() - fake_cpu_start;
     let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
-    let connections = endpoint.connections();
+    let connections = endpoint::connections(&fake);
     operator.stop();
 
     let store = fake.store();
-    let children_at = store.progress.children_at.unwrap_or(available_at);
-    let converging = &store.requests[first_request..settle_from];
+    let children_at = tracker.lock().children_at.unwrap_or(available_at);
+    let converging = &store.requests()[first_request..settle_from];
     let mut requests = BTreeMap::new();
     for record in converging {
         *requests
-            .entry(format!("{} {}", record.verb, record.resource))
+            .entry(format!("{} {}", record.verb(), record.resource()))
             .or_insert(0) += 1;
     }
     let mut refused = BTreeMap::new();
-    for record in converging.iter().filter(|r| r.code >= 400) {
+    for record in converging.iter().filter(|r| r.status >= 400) {
         *refused
             .entry(format!(
                 "{} {} {}",
-                record.verb, record.resource, record.code
+                record.verb(),
+                record.resource(),
+                record.status
             ))
             .or_insert(0) += 1;
     }
     let mut settled_writes_by = BTreeMap::new();
-    for record in store.requests[settle_from..]
+    for record in store.requests()[settle_from..]
         .iter()
         .filter(|r| r.is_write())
     {
         *settled_writes_by
-            .entry(format!("{} {}", record.verb, record.resource))
+            .entry(format!("{} {}", record.verb(), record.resource()))
             .or_insert(0) += 1;
     }
     Ok(Report {
@@ -305,7 +310,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
         refused,
-        events: store.events_by_reason(),
+        events: events_by_reason(&store),
         cpu_startup_seconds: cpu_startup,
         cpu_converge_seconds: cpu_converged - cpu_startup,
         cpu_total_seconds: cpu_total,
@@ -319,6 +324,16 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         responses_by_protocol: None,
         restart: None,
     })
+}
+
+/// The events recorded so far, counted by reason (an event patched as a series counts once).
+fn events_by_reason(store: &fake_apiserver::Store) -> BTreeMap<String, usize> {
+    let mut reasons = BTreeMap::new();
+    for event in store.objects("events") {
+        let reason = event["reason"].as_str().unwrap_or("<none>").to_owned();
+        *reasons.entry(reason).or_insert(0) += 1;
+    }
+    reasons
 }
 
 impl Report {

@@ -6,12 +6,12 @@ use std::time::Duration;
 use axum::http::Method;
 
 use crate::checks::{lines, of, writes};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{
+use crate::cluster::paths::{
     AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, NETWORK_POLICIES, PDBS,
     PODS, SECRETS, SERVER_LIST, SERVICES, STATUS,
 };
-use crate::fake_api::world::{World, memcached_named};
+use crate::cluster::world::{World, memcached_named};
+use crate::cluster::{self, lease_holder};
 use crate::harness::{IDENTITY, WAIT, http_get, run_once, start_run, stop_and_check_release};
 use crate::reconcile::ready_pod_of;
 
@@ -96,8 +96,9 @@ async fn caches_may_sync_in_any_order() {
                 lines(&requests)
             );
         }
-        // The first status at once, after the caches were filled (this fake runs no Deployment
-        // controller and its watches send no events, so nothing moves it on within the run).
+        // The first status at once, after the caches were filled, and once: the fake runs no Deployment
+        // controller, so nothing moves the instance on within the run, and the status read back through
+        // the watch is the one written.
         let statuses = of(
             &requests,
             &Method::PATCH,
@@ -132,10 +133,10 @@ async fn caches_that_never_sync_hold_reconciles_but_not_shutdown() {
         slow_lists: vec![(PODS, Duration::from_secs(120))],
         ..World::default()
     };
-    let fake = Fake::start_with(world, None).await;
+    let fake = cluster::start_with(world, None).await;
     let (_scratch, mut op, _metrics, probes) = start_run(&fake, "never-synced");
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
+        let holder = lease_holder(&fake);
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;

@@ -1,13 +1,12 @@
 //! Checks on the requests the fake recorded and on the operator's metrics.
 
 use axum::http::Method;
+use fake_apiserver::{Fake, Req};
 use serde_json::Value;
 
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{
+use crate::cluster::paths::{
     APPLY, DEPLOYMENT, EVENTS, HEADLESS, LEASE, LEASES, MONITORING, PDB, SERVICE,
 };
-use crate::fake_api::request::Req;
 
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=memcached-operator";
 /// The selector of the watches of same-named objects the operator does not manage.

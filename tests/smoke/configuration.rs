@@ -1,6 +1,6 @@
 //! Bad configuration fails fast, before the operator touches the cluster.
 
-use crate::fake_api::Fake;
+use crate::cluster;
 use crate::harness::{Operator, Scratch, WAIT};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -28,7 +28,7 @@ async fn run_fails_fast_on_bad_configuration() {
 
     // Leader election (no subcommand: `run` is the default) without a namespace for the Lease.
     // The endpoints are disabled through the environment so nothing binds the default ports.
-    let fake = Fake::start(None).await;
+    let fake = cluster::start(None).await;
     let scratch = Scratch::new("no-namespace");
     let kubeconfig = scratch.kubeconfig(&fake);
     let mut op = Operator::spawn(
@@ -57,7 +57,7 @@ async fn run_fails_fast_on_bad_configuration() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_http_metrics_are_refused_off_loopback() {
     // Unauthenticated metrics on every interface would show every tenant's names to the whole network.
-    let fake = Fake::start(None).await;
+    let fake = cluster::start(None).await;
     let scratch = Scratch::new("plain-metrics");
     let kubeconfig = scratch.kubeconfig(&fake);
     let mut op = Operator::spawn(

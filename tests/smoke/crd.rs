@@ -5,10 +5,11 @@
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
+use fake_apiserver::Fake;
 
 use crate::checks::of;
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, MEMCACHEDS, MONITORING};
+use crate::cluster;
+use crate::cluster::paths::{DEPLOYMENT, MEMCACHEDS, MONITORING};
 use crate::harness::{WAIT, http_get, is_ok, start_with};
 
 /// The line that names the missing CRD (in the log and on `/readyz`).
@@ -17,8 +18,8 @@ const MISSING: &str = "the Memcached CRD (memcacheds.cache.example.com) is not i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_crd_is_named_once_and_on_readyz_until_it_is_installed() {
-    let fake = Fake::start(None).await;
-    fake.state.lock().unwrap().crd_missing = true;
+    let fake = cluster::start(None).await;
+    fake.set_crd_missing(true);
     let (_scratch, mut op, _metrics, probes) = start_with(&fake, "crd-missing", &[]);
 
     op.wait_until("/readyz names the missing CRD", WAIT, || async {
@@ -50,7 +51,7 @@ async fn a_missing_crd_is_named_once_and_on_readyz_until_it_is_installed() {
 
     // The CRD is installed: the operator starts by itself.
     let installed_at = Instant::now();
-    fake.state.lock().unwrap().crd_missing = false;
+    fake.set_crd_missing(false);
     op.wait_until("the instance reconciled", WAIT, || {
         let requests = fake.requests();
         async move { !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty() }

@@ -9,14 +9,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::http::Method;
+use fake_apiserver::{Fake, Req};
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::checks::{assert_no_unexpected_requests, children_applied, sample};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{LEASE, STRATEGIC};
-use crate::fake_api::request::Req;
-use crate::fake_api::world::World;
+use crate::cluster::paths::{LEASE, STRATEGIC};
+use crate::cluster::world::World;
+use crate::cluster::{self, lease, lease_holder};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
 /// Runs another build of the operator instead of [`BIN`], to see a scenario fail on an earlier one:
@@ -47,7 +47,7 @@ impl Scratch {
     pub fn kubeconfig(&self, fake: &Fake) -> PathBuf {
         let path = self.0.join("kubeconfig.yaml");
         let server = fake.url();
-        let ca = match &fake.certificate_authority_data {
+        let ca = match fake.certificate_authority_data() {
             Some(data) => format!("\n    certificate-authority-data: {data}"),
             None => String::new(),
         };
@@ -329,7 +329,7 @@ pub async fn stop_and_check_release(op: &mut Operator, fake: &Fake) {
                 .is_some_and(|s| s.get("holderIdentity") == Some(&Value::Null))),
         "a patch after SIGTERM clears holderIdentity; after SIGTERM: {after:#?}"
     );
-    let lease = fake.lease().unwrap();
+    let lease = lease(fake).unwrap();
     assert!(
         lease["spec"].get("holderIdentity").is_none(),
         "released lease: {lease}"
@@ -348,7 +348,7 @@ pub async fn stop_and_check_release(op: &mut Operator, fake: &Fake) {
 /// event, and reports ready as the leader.
 pub async fn leads_and_creates_the_children(op: &mut Operator, fake: &Fake, probes: &str) {
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
+        let holder = lease_holder(fake);
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;
@@ -380,10 +380,10 @@ pub async fn run_once(world: World, name: &str) -> Vec<Req> {
 /// [`run_once`] with `extra` arguments instead of turning the stats collector off.
 pub async fn run_once_with(world: World, name: &str, extra: &[&str]) -> Vec<Req> {
     let instances = world.memcacheds.len() as f64;
-    let fake = Fake::start_with(world, None).await;
+    let fake = cluster::start_with(world, None).await;
     let (_scratch, mut op, metrics, probes) = start_run_with(&fake, name, extra);
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
+        let holder = lease_holder(&fake);
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;

@@ -1,5 +1,5 @@
 //! The operator over TLS, as it reaches a real API server: the fake offers HTTP/2 and HTTP/1.1 by ALPN
-//! ([`Fake::start_tls`]). The operator must negotiate HTTP/2, so that every request and watch of one kube
+//! ([`cluster::start_tls`]). The operator must negotiate HTTP/2, so that every request and watch of one kube
 //! client shares one connection instead of holding a connection each, and must come back on a new
 //! connection, with its watches, when the API server drops them all, or when the connection goes silent
 //! without a reset (found by the transport's HTTP/2 keep-alive pings).
@@ -10,14 +10,13 @@
 use std::time::{Duration, Instant};
 
 use axum::http::{Method, Version};
+use fake_apiserver::{Connections, Fake, Req};
 use memcached_operator::manager::transport::{KEEP_ALIVE_INTERVAL, KEEP_ALIVE_TIMEOUT};
 
 use crate::checks::{assert_created, assert_no_unexpected_requests, of, sample};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, DEPLOYMENTS, MEMCACHEDS};
-use crate::fake_api::request::Req;
-use crate::fake_api::tls::Connections;
-use crate::fake_api::world::{World, memcached_named};
+use crate::cluster::paths::{DEPLOYMENT, DEPLOYMENTS, MEMCACHEDS};
+use crate::cluster::world::{World, memcached_named};
+use crate::cluster::{self, add_memcached};
 use crate::harness::{
     http_get, is_ok, leads_and_creates_the_children, settled, start_run, stop_and_check_release,
 };
@@ -96,7 +95,7 @@ fn watching_again(requests: &[Req], since: Instant) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_the_operator_speaks_http2_on_one_connection() {
-    let fake = Fake::start_tls(World::default(), None).await;
+    let fake = cluster::start_tls(World::default(), None).await;
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "http2");
     leads_and_creates_the_children(&mut op, &fake, &probes).await;
     settled(&fake, Duration::from_millis(1500)).await;
@@ -127,15 +126,15 @@ async fn over_tls_the_operator_speaks_http2_on_one_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http2_the_operator_recovers_when_the_api_server_drops_every_connection() {
-    let fake = Fake::start_tls(World::default(), None).await;
+    let fake = cluster::start_tls(World::default(), None).await;
     let (_scratch, mut op, _metrics, probes) = started(&fake, "http2-restart").await;
     let before = fake.connections();
 
     // Every request and watch shared the dropped connections: they all fail at once.
     let restarted_at = Instant::now();
-    fake.restart();
+    fake.restart().expect("a TLS fake restarts");
     // Created right after the restart: the resumed watch gets a 410, re-lists and finds it.
-    fake.add_memcached(memcached_named("fresh", "uid-2"));
+    add_memcached(&fake, memcached_named("fresh", "uid-2"));
 
     let took = applied_within(&fake, &mut op, "fresh", restarted_at).await;
     assert!(
@@ -169,7 +168,7 @@ async fn over_http2_the_operator_recovers_when_the_api_server_drops_every_connec
 /// The new instance would never be reconciled.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
-    let fake = Fake::start_tls(World::default(), None).await;
+    let fake = cluster::start_tls(World::default(), None).await;
     let (_scratch, mut op, _metrics, probes) = started(&fake, "http2-vanish").await;
     // Quiet first, so that the operator had read every answer before the freeze.
     settled(&fake, Duration::from_millis(1500)).await;
@@ -178,7 +177,7 @@ async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
     // The watches and everything else shared the connection that goes silent: nothing fails, nothing
     // arrives. Only the pings can tell.
     let vanished_at = Instant::now();
-    fake.vanish();
+    fake.vanish().expect("a TLS fake vanishes");
     // The last request answered for sure (the fake answers at once; a second is ample) before the
     // freeze: the operator read its answer later, so the pings cannot have found the connection dead
     // before `quiet_since + KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT`.
@@ -190,7 +189,7 @@ async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
         .find(|&at| at + Duration::from_secs(1) <= vanished_at)
         .expect("the start-up requests");
     // Watches deliver events only when they start: this one waits for the resumed Memcached watch.
-    fake.add_memcached(memcached_named("fresh", "uid-2"));
+    add_memcached(&fake, memcached_named("fresh", "uid-2"));
 
     let found_by = KEEP_ALIVE_INTERVAL + KEEP_ALIVE_TIMEOUT;
     let deadline = found_by + AFTER_KEEP_ALIVE;

@@ -7,13 +7,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
+use fake_apiserver::Fake;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
 use crate::checks::{assert_no_unexpected_requests, of, only_lease_requests, sample};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, EVENTS, LEASE};
+use crate::cluster::paths::{DEPLOYMENT, EVENTS, LEASE};
+use crate::cluster::{self, change_lease, lease, lease_holder};
 use crate::harness::{
     IDENTITY, Operator, WAIT, http_get, is_ok, settled, start_run, stop_and_check_release,
 };
@@ -47,14 +48,7 @@ pub fn keep_renewing(fake: &Arc<Fake>, stop: &Arc<AtomicBool>) {
     let (fake, stop) = (fake.clone(), stop.clone());
     tokio::spawn(async move {
         while !stop.load(Ordering::Acquire) {
-            {
-                let mut state = fake.state.lock().unwrap();
-                let rv = state.next_rv();
-                if let Some(lease) = state.lease.as_mut() {
-                    lease["spec"]["renewTime"] = now();
-                    lease["metadata"]["resourceVersion"] = json!(rv);
-                }
-            }
+            change_lease(&fake, |lease| lease["spec"]["renewTime"] = now());
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     });
@@ -63,7 +57,7 @@ pub fn keep_renewing(fake: &Arc<Fake>, stop: &Arc<AtomicBool>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_waits_then_takes_over_an_expired_lease() {
     // Another replica holds the Lease (5 s, renewed every 500 ms) and has changed hands 3 times.
-    let fake = Fake::start(Some(lease_held_by("other-replica", 5, 3))).await;
+    let fake = cluster::start(Some(lease_held_by("other-replica", 5, 3))).await;
     let stop_renewing = Arc::new(AtomicBool::new(false));
     keep_renewing(&fake, &stop_renewing);
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "takeover");
@@ -85,7 +79,7 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert_eq!(lease_holder(&fake).as_deref(), Some("other-replica"));
     assert!(only_lease_requests(&fake), "{}", fake.log());
     assert!(
         fake.requests().iter().all(|r| r.method == Method::GET),
@@ -100,7 +94,7 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
         "the Lease is taken over by smoke-1, as its 4th transition",
         WAIT,
         || {
-            let lease = fake.lease().unwrap_or_default();
+            let lease = lease(&fake).unwrap_or_default();
             async move {
                 lease["spec"]["holderIdentity"] == IDENTITY
                     && lease["spec"]["leaseTransitions"] == 4
@@ -135,18 +129,16 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
 /// The other replica releases its Lease as this operator and kube-lease-manager do on a graceful stop:
 /// holder, times and duration removed, the transition count kept. Returns when it was released.
 pub fn release(fake: &Fake) -> Instant {
-    let mut state = fake.state.lock().unwrap();
-    let rv = state.next_rv();
-    let lease = state.lease.as_mut().expect("a Lease to release");
-    for field in [
-        "holderIdentity",
-        "acquireTime",
-        "renewTime",
-        "leaseDurationSeconds",
-    ] {
-        lease["spec"].as_object_mut().unwrap().remove(field);
-    }
-    lease["metadata"]["resourceVersion"] = json!(rv);
+    change_lease(fake, |lease| {
+        for field in [
+            "holderIdentity",
+            "acquireTime",
+            "renewTime",
+            "leaseDurationSeconds",
+        ] {
+            lease["spec"].as_object_mut().unwrap().remove(field);
+        }
+    });
     Instant::now()
 }
 
@@ -176,7 +168,7 @@ async fn standby_takes_over_a_released_lease_at_its_next_look() {
     let bound = RETRY_PERIOD + Duration::from_secs(8);
     assert!(bound * 3 <= Duration::from_secs(LEASE_SECONDS));
 
-    let fake = Fake::start(Some(lease_held_by("other-replica", LEASE_SECONDS, 3))).await;
+    let fake = cluster::start(Some(lease_held_by("other-replica", LEASE_SECONDS, 3))).await;
     let stop_renewing = Arc::new(AtomicBool::new(false));
     keep_renewing(&fake, &stop_renewing);
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "handover");
@@ -185,7 +177,7 @@ async fn standby_takes_over_a_released_lease_at_its_next_look() {
     // Several looks at a Lease that is held and renewed: none of them touches it.
     let standby_since = Instant::now();
     tokio::time::sleep(RETRY_PERIOD * 2 + Duration::from_millis(500)).await;
-    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert_eq!(lease_holder(&fake).as_deref(), Some("other-replica"));
     assert!(
         fake.requests().iter().all(|r| r.is(&Method::GET, LEASE)),
         "a standby only reads a Lease that another replica holds:\n{}",
@@ -211,7 +203,7 @@ async fn standby_takes_over_a_released_lease_at_its_next_look() {
         "the released Lease is taken over by smoke-1, as its 4th transition",
         Duration::from_secs(LEASE_SECONDS + 15),
         || {
-            let lease = fake.lease().unwrap_or_default();
+            let lease = lease(&fake).unwrap_or_default();
             async move {
                 lease["spec"]["holderIdentity"] == IDENTITY
                     && lease["spec"]["leaseTransitions"] == 4
@@ -245,7 +237,7 @@ async fn standby_takes_over_a_released_lease_at_its_next_look() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn standby_stops_on_sigterm_without_touching_the_lease() {
-    let fake = Fake::start(Some(lease_held_by("other-replica", 15, 1))).await;
+    let fake = cluster::start(Some(lease_held_by("other-replica", 15, 1))).await;
     let stop_renewing = Arc::new(AtomicBool::new(false));
     keep_renewing(&fake, &stop_renewing);
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "standby");
@@ -278,7 +270,7 @@ async fn standby_stops_on_sigterm_without_touching_the_lease() {
         stderr.contains("stopped before becoming leader"),
         "{stderr}"
     );
-    assert_eq!(fake.lease_holder().as_deref(), Some("other-replica"));
+    assert_eq!(lease_holder(&fake).as_deref(), Some("other-replica"));
     assert!(
         fake.requests().iter().all(|r| r.is(&Method::GET, LEASE)),
         "a standby reads the Lease and nothing else, and never writes it:\n{}",

@@ -2,16 +2,16 @@
 //! server, here a fake one served in-process on 127.0.0.1, over plain HTTP or, as a real API server is,
 //! over TLS with HTTP/2 and HTTP/1.1 offered by ALPN ([`http2`]).
 //!
-//! The fake answers what a real API server would for existing `Memcached` objects (`default/cache` by
-//! default): lists of the watched kinds, watches held open (with the events of instances added during a
-//! test), server-side applies echoed
-//! back, events, the status subresource, and a small but faithful Lease store (create, get, apply and
-//! strategic-merge patches where `null` removes a field). Lists can be made slow, and can hold existing
-//! children and pods. What the operator writes is not reflected in its caches. The fake can go away and
-//! come back on the same address, restarted or not. Every request is recorded, so the tests check what the operator asked for, with which
-//! selectors and parameters, as well as what it did with the answers: health probes, metrics, leader
-//! election (leader, standby, takeover), reconciles, restarts against settled instances, caches that
-//! fill in any order or never, and a clean SIGTERM that releases the Lease.
+//! The fake is the workspace's `fake-apiserver`, which the scale benchmark uses too: stateful, as a real
+//! API server is, so what the operator writes (children, status, the Lease) comes back in its later lists
+//! and watches, and a scenario shows what the operator does with its own writes read back (a settled
+//! operator writes nothing more). Each test seeds it with a [`cluster::world::World`] (`default/cache`
+//! by default, children and pods when a scenario needs them), can make its lists slow, take the CRD away,
+//! and make it go away and come back on the same address, restarted or not. Every request is recorded, so
+//! the tests check what the operator asked for, with which selectors and parameters, as well as what it
+//! did with the answers: health probes, metrics, leader election (leader, standby, takeover), reconciles,
+//! restarts against settled instances, caches that fill in any order or never, and a clean SIGTERM that
+//! releases the Lease.
 //!
 //! A request to any path the fake does not serve gets a 404 and fails the test. `SMOKE_DUMP=1 cargo
 //! test --test smoke -- --nocapture` prints each run's operator log and requests;
@@ -20,7 +20,8 @@
 //!
 //! Where things are:
 //!
-//! - [`fake_api`]: the fake API server (its paths, recorded requests, listed objects and answers);
+//! - [`cluster`]: the fake API server started for a test, the objects it holds at the start, the paths
+//!   the tests name, and the Lease;
 //! - [`harness`]: the operator process, its scratch directory and kubeconfig, HTTP probes, waits, and
 //!   the run-until-settled cycle;
 //! - [`checks`]: assertions on recorded requests and metrics;
@@ -30,9 +31,9 @@
 //!   in a new module listed here.
 
 mod checks;
+mod cluster;
 #[path = "../common/mod.rs"]
 mod common;
-mod fake_api;
 mod harness;
 
 mod caches;

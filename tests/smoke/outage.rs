@@ -8,11 +8,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::http::Method;
+use fake_apiserver::Fake;
 
 use crate::checks::{of, sample};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENTS, MEMCACHEDS};
-use crate::fake_api::world::memcached_named;
+use crate::cluster::paths::{DEPLOYMENTS, MEMCACHEDS};
+use crate::cluster::world::memcached_named;
+use crate::cluster::{self, add_memcached, lease_holder};
 use crate::harness::{IDENTITY, Operator, Scratch, WAIT, http_get, is_ok, start_run, start_with};
 
 /// The promise: watches resume and new work is reconciled within this long of the server answering.
@@ -57,7 +58,7 @@ fn warnings(stderr: &str) -> Vec<&str> {
 /// Takes the operator through an outage of `outage`: ready before, not ready (but alive) during it.
 async fn outage_of(fake: &Fake, op: &mut Operator, metrics: &str, probes: &str, outage: Duration) {
     let down = Instant::now();
-    fake.outage();
+    fake.outage().expect("the fake has a door");
     op.wait_until("/readyz answers 503 during the outage", RESUME, || async {
         matches!(http_get(probes, "/readyz").await, Some((503, _)))
     })
@@ -89,14 +90,14 @@ pub async fn applied_within(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_api_server_is_resumed_within_seconds_and_new_work_reconciled() {
-    let fake = Fake::start(None).await;
+    let fake = cluster::start(None).await;
     let (_scratch, mut op, metrics, probes) = started(&fake, "outage-restart").await;
 
     outage_of(&fake, &mut op, &metrics, &probes, Duration::from_secs(8)).await;
     let back_at = Instant::now();
-    fake.back(true);
+    fake.back(true).expect("the door opens again");
     // Created right after the server came back.
-    fake.add_memcached(memcached_named("fresh", "uid-2"));
+    add_memcached(&fake, memcached_named("fresh", "uid-2"));
 
     let took = applied_within(&fake, &mut op, "fresh", back_at).await;
     assert!(
@@ -149,14 +150,14 @@ async fn a_restarted_api_server_is_resumed_within_seconds_and_new_work_reconcile
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_a_network_blip_the_watches_resume_and_deliver_what_changed() {
-    let fake = Fake::start(None).await;
+    let fake = cluster::start(None).await;
     let (_scratch, mut op, metrics, probes) = started(&fake, "outage-blip").await;
 
     outage_of(&fake, &mut op, &metrics, &probes, Duration::from_secs(3)).await;
     // Created while the operator could not watch: the resumed watch delivers it.
-    fake.add_memcached(memcached_named("during", "uid-3"));
+    add_memcached(&fake, memcached_named("during", "uid-3"));
     let back_at = Instant::now();
-    fake.back(false);
+    fake.back(false).expect("the door opens again");
 
     let took = applied_within(&fake, &mut op, "during", back_at).await;
     assert!(
@@ -179,10 +180,10 @@ async fn after_a_network_blip_the_watches_resume_and_deliver_what_changed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
-    let fake = Fake::start(None).await;
+    let fake = cluster::start(None).await;
     let (_scratch, mut op, _metrics, probes) = start_run(&fake, "outage-leader");
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
+        let holder = lease_holder(&fake);
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;
@@ -192,7 +193,7 @@ async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
     // An outage longer than the 15 s Lease: the leader must stop before the Lease could pass to another
     // replica (it renews every 5 s and gives up 12 s after its last renewal).
     let down = Instant::now();
-    fake.outage();
+    fake.outage().expect("the fake has a door");
     let exit = op.wait_exit(Duration::from_secs(20)).await;
     let took = down.elapsed();
     let Some(exit) = exit else {
@@ -218,14 +219,14 @@ async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
     );
 
     // The kubelet restarts it; once the server is back it leads again and reconciles.
-    fake.back(true);
+    fake.back(true).expect("the door opens again");
     let restarted_at = Instant::now();
     let (_scratch2, mut op2, _metrics2, probes2) = start_run(&fake, "outage-leader-restart");
     op2.wait_until("/readyz answers 200 after the restart", WAIT, || {
         is_ok(&probes2, "/readyz")
     })
     .await;
-    assert_eq!(fake.lease_holder().as_deref(), Some(IDENTITY));
+    assert_eq!(lease_holder(&fake).as_deref(), Some(IDENTITY));
     let applies_after = of(
         &fake.requests(),
         &Method::PATCH,
@@ -240,8 +241,8 @@ async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn started_during_an_outage_it_waits_for_the_api_server() {
-    let fake = Fake::start(None).await;
-    fake.outage();
+    let fake = cluster::start(None).await;
+    fake.outage().expect("the fake has a door");
     let (_scratch, mut op, _metrics, probes) = start_run(&fake, "outage-start");
     op.wait_until(
         "/healthz answers 200 before the server is there",
@@ -253,9 +254,9 @@ async fn started_during_an_outage_it_waits_for_the_api_server() {
     assert!(op.poll_exit().is_none(), "it waits instead of exiting");
 
     let back_at = Instant::now();
-    fake.back(false);
+    fake.back(false).expect("the door opens again");
     op.wait_until("the Lease is held by smoke-1", WAIT, || {
-        let holder = fake.lease_holder();
+        let holder = lease_holder(&fake);
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;

@@ -4,9 +4,9 @@ use axum::http::Method;
 use serde_json::json;
 
 use crate::checks::{assert_no_unexpected_requests, lines, of, writes};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{DEPLOYMENT, EVENTS, SECRETS};
-use crate::fake_api::world::{World, memcached};
+use crate::cluster;
+use crate::cluster::paths::{DEPLOYMENT, EVENTS, SECRETS};
+use crate::cluster::world::{World, memcached};
 use std::time::Duration;
 
 use crate::harness::{WAIT, settled, start_run, stop_and_check_release};
@@ -27,7 +27,7 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
         })],
         ..World::default()
     };
-    let fake = Fake::start_with(world, None).await;
+    let fake = cluster::start_with(world, None).await;
     let (_scratch, mut op, _metrics, _probes) = start_run(&fake, "secret");
     op.wait_until(
         "the Deployment is applied and the creation recorded",

@@ -2,12 +2,12 @@
 //! never asked for where it is not.
 
 use axum::http::Method;
+use fake_apiserver::Req;
 use serde_json::json;
 
 use crate::checks::{MANAGED, assert_created, lines, of};
-use crate::fake_api::paths::{SERVICE_MONITORS, STATUS};
-use crate::fake_api::request::Req;
-use crate::fake_api::world::{World, memcached};
+use crate::cluster::paths::{SERVICE_MONITORS, STATUS};
+use crate::cluster::world::{World, memcached};
 use crate::harness::run_once;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

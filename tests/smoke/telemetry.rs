@@ -10,10 +10,10 @@ use axum::http::Method;
 use serde_json::{Value, json};
 
 use crate::checks::{of, sample, writes};
+use crate::cluster;
+use crate::cluster::paths::{APPLY, STATUS};
+use crate::cluster::world::World;
 use crate::common::memcached::{RealServer, exercise, real_binary};
-use crate::fake_api::Fake;
-use crate::fake_api::paths::{APPLY, STATUS};
-use crate::fake_api::world::World;
 use crate::harness::{WAIT, http_get, run_once_with, start_run_with, stop_and_check_release};
 use crate::reconcile::ready_pod;
 
@@ -35,7 +35,7 @@ fn world(server: &RealServer) -> World {
 }
 
 /// The `status.stats` applies among `requests`: the collector's, not the reconciler's.
-fn stats_applies(requests: &[crate::fake_api::request::Req]) -> Vec<Value> {
+fn stats_applies(requests: &[fake_apiserver::Req]) -> Vec<Value> {
     of(requests, &Method::PATCH, STATUS)
         .into_iter()
         .filter(|r| r.param("fieldManager") == Some("memcached-operator-stats"))
@@ -53,7 +53,7 @@ async fn the_binary_reads_a_real_memcached_into_metrics_and_status() {
         return;
     };
 
-    let fake = Fake::start_with(world(&server), None).await;
+    let fake = cluster::start_with(world(&server), None).await;
     let (_scratch, mut op, metrics, _probes) =
         start_run_with(&fake, "telemetry", &["--stats-interval=1s"]);
     let labels = "namespace=\"default\",memcached=\"cache\",pod=\"cache-a\"";

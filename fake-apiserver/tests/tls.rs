@@ -1,4 +1,4 @@
-//! The TLS server of the fakes (`bench::tls`), spoken to as clients would: HTTP/2 to a client that
+//! The TLS server of the fake (`fake_apiserver::tls`), spoken to as clients would: HTTP/2 to a client that
 //! negotiates `h2`, HTTP/1.1 to one that negotiates `http/1.1` or offers no ALPN at all, each connection
 //! counted under the protocol it spoke; a certificate that the kubeconfig's CA data vouches for, for
 //! `127.0.0.1` and `localhost`; and every open connection dropped, or frozen (open but silent), on demand
@@ -13,7 +13,7 @@ use axum::body::Body;
 use axum::extract::Request;
 use axum::http::Version;
 use base64::Engine as _;
-use bench::tls::{Certificates, Connections, TlsServer};
+use fake_apiserver::tls::{Certificates, Connections, TlsServer};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsConnector;

@@ -1,10 +1,12 @@
-//! What the fake's lists return: the cluster as the operator finds it when it starts.
+//! The cluster as the operator finds it when it starts: the objects the fake API server holds then, and
+//! which of its lists are slow.
 
 use std::time::Duration;
 
+use fake_apiserver::Fake;
 use serde_json::{Value, json};
 
-/// The objects the fake lists, and how slowly.
+/// The objects the fake holds at the start, and how slowly it lists them.
 #[derive(Clone)]
 pub struct World {
     pub memcacheds: Vec<Value>,
@@ -16,7 +18,7 @@ pub struct World {
     pub pdbs: Vec<Value>,
     pub network_policies: Vec<Value>,
     pub autoscalers: Vec<Value>,
-    /// Full Secrets: listed metadata-only, served whole on a GET by name.
+    /// Full Secrets: the operator lists and watches them metadata-only, and gets them whole by name.
     pub secrets: Vec<Value>,
     /// ServiceMonitors, or `None` when the cluster does not serve their API.
     pub service_monitors: Option<Vec<Value>>,
@@ -44,9 +46,36 @@ impl Default for World {
     }
 }
 
-/// A Secret as a metadata-only list returns it.
-pub fn metadata_only(secret: &Value) -> Value {
-    json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": secret["metadata"]})
+impl World {
+    /// Stores every object in `fake` (each keeps the uid, generation and creation time it has; the
+    /// store gives it a resource version) and makes its slow lists slow.
+    pub fn seed(self, fake: &Fake) {
+        let collections = [
+            ("memcacheds", self.memcacheds),
+            ("deployments", self.deployments),
+            ("statefulsets", self.statefulsets),
+            ("services", self.services),
+            ("configmaps", self.config_maps),
+            ("pods", self.pods),
+            ("poddisruptionbudgets", self.pdbs),
+            ("networkpolicies", self.network_policies),
+            ("horizontalpodautoscalers", self.autoscalers),
+            ("secrets", self.secrets),
+            ("servicemonitors", self.service_monitors.unwrap_or_default()),
+        ];
+        let mut store = fake.store();
+        for (plural, objects) in collections {
+            for obj in objects {
+                store
+                    .create(plural, obj)
+                    .unwrap_or_else(|e| panic!("cannot seed {plural}: {e}"));
+            }
+        }
+        drop(store);
+        for (path, delay) in self.slow_lists {
+            fake.slow_list(path, delay);
+        }
+    }
 }
 
 /// The instance of most tests.

@@ -1,4 +1,4 @@
-//! The API paths the fake serves, as the operator under test addresses them (namespace `default`,
+//! The API paths the tests name, as the operator under test addresses them (namespace `default`,
 //! instance `cache`, Lease in `op-system`), and the patch content types it accepts.
 
 pub const MEMCACHEDS: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds";
@@ -29,6 +29,4 @@ pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/op-system/leas
 pub const LEASE: &str =
     "/apis/coordination.k8s.io/v1/namespaces/op-system/leases/memcached-operator.cache.example.com";
 
-pub const APPLY: &str = "application/apply-patch+yaml";
-pub const STRATEGIC: &str = "application/strategic-merge-patch+json";
-pub const JSON_PATCH: &str = "application/json-patch+json";
+pub use fake_apiserver::request::{APPLY, JSON_PATCH, STRATEGIC};

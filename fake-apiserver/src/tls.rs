@@ -1,4 +1,4 @@
-//! TLS for the fake API servers, as a real API server serves: a throwaway certificate authority made at
+//! TLS for the fake API server, as a real API server serves: a throwaway certificate authority made at
 //! start, a server certificate for `127.0.0.1` and `localhost`, and a server that offers HTTP/2 and
 //! HTTP/1.1 by ALPN (`h2`, `http/1.1`). It counts the connections it accepted by the protocol each
 //! negotiated, which is what tells whether the operator's requests share one HTTP/2 connection or hold one
@@ -6,10 +6,8 @@
 //! does, or freeze them, as when the node behind them vanishes without a reset (power loss, a load balancer
 //! that drops the flow): open connections go silent while new ones are served.
 //!
-//! The scale benchmark (unless `--plain-http`) and the smoke tests' fake API server
-//! (`tests/smoke/fake_api`, which includes this file by path) share it, so it uses only crates both
-//! depend on: tokio, tokio-rustls (and the rustls it re-exports, on `ring`), rcgen, hyper-util, axum and
-//! base64.
+//! The fake API server serves through it when started with [`crate::Options::tls`]: the scale benchmark
+//! (unless `--plain-http`) and the smoke tests that check HTTP/2.
 
 use std::fmt;
 use std::sync::Arc;

@@ -145,9 +145,12 @@ async fn over_http2_the_operator_recovers_when_the_api_server_drops_every_connec
         is_ok(&probes, "/readyz")
     })
     .await;
+    // That the watch is back, not how fast: how soon the operator resumes is asserted above by the new
+    // instance's reconcile. With every smoke scenario running its own operator at once on two cores, the
+    // re-list can take longer than `RESUME` (seen once in a full run), so the bound here is a liveness one.
     op.wait_until(
         "the Memcached watch re-listed after its 410 and open again",
-        RESUME,
+        Duration::from_secs(30),
         || {
             let watching = watching_again(&fake.requests(), restarted_at);
             async move { watching }

@@ -1,10 +1,11 @@
 //! The reconciler: the reconcile flow here, and the [`runtime`] that drives it.
 //!
-//! The kinds of children are one table ([`kinds`]). The flow, in the order one reconcile goes: [`reconcile`] (validate, plan, apply, report), [`pool`]
-//! (slots, drain marks), [`secrets`] (the referenced Secrets' hashes), [`children`] (apply only what
-//! differs), [`changes`] and [`events`] (what changed, said once), [`pace`] (which status writes can wait),
-//! [`error`]. The runtime: the watches and their caches, the retry backoff, the API server's reachability
-//! and read-your-writes.
+//! The kinds of children are one table ([`kinds`]). The flow, in the order one reconcile goes:
+//! [`reconcile`] (validate, plan, apply, report), [`pool`] (slots, drain marks), [`secrets`] (the
+//! referenced Secrets' hashes), [`children`] (apply only what differs), [`changes`] and [`events`] (what
+//! changed, said once), [`pace`] (which status writes can wait), [`error`], and [`handover`] (the copies of
+//! Deployment rollouts). The runtime: the watches and their caches, the turns reconciles take, the retry
+//! backoff, the API server's reachability and read-your-writes.
 //!
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.

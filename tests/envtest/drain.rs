@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use crate::Scenario;
-use crate::instances::{apply, conditions, ready_pods, wait_settled, writes_during};
+use crate::instances::{
+    apply, conditions, ready_pods, wait_settled, wait_summarised, writes_during,
+};
 
 const DRAIN: u64 = 5;
 
@@ -27,6 +29,8 @@ async fn drains_and_settles(workload: &str) {
     };
     apply(&s, "cache", spec(4)).await;
     wait_settled(&s, "cache", Duration::from_secs(90)).await;
+    // The first statistics summary is written now, not in the window that counts writes below.
+    wait_summarised(&s, "cache", Duration::from_secs(60)).await;
     s.step("settled at 4; scaling to 3");
     let started = Instant::now();
     apply(&s, "cache", spec(3)).await;

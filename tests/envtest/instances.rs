@@ -92,6 +92,28 @@ pub async fn wait_settled(s: &Scenario, name: &str, timeout: Duration) -> Memcac
     .await
 }
 
+/// Waits until instance `name` carries its first statistics summary (`status.stats`). The stats
+/// collector writes it at its first collection after the servers are ready (every 30 s by default), and
+/// then at most once per `--stats-status-interval` (5 min): a window that counts a settled operator's
+/// writes opens after it, or it may count that one legitimate write (a CI run did, when the instance
+/// settled within a second, just before a collection).
+pub async fn wait_summarised(s: &Scenario, name: &str, timeout: Duration) -> Memcached {
+    let api = memcacheds(s);
+    wait_for(
+        &format!("Memcached {name}'s first statistics summary"),
+        timeout,
+        || async {
+            let mc = api.get(name).await.map_err(|e| e.to_string())?;
+            if mc.status.as_ref().is_some_and(|st| st.stats.is_some()) {
+                Ok(mc)
+            } else {
+                Err("no status.stats yet".to_owned())
+            }
+        },
+    )
+    .await
+}
+
 /// Waits until every instance in the namespace is settled; returns how long that took.
 pub async fn wait_all_settled(s: &Scenario, count: usize, timeout: Duration) -> Duration {
     let api = memcacheds(s);

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use crate::instances::{apply, wait_settled, writes_during};
+use crate::instances::{apply, wait_settled, wait_summarised, writes_during};
 use crate::secrets::{auth_secret, tls_secret};
 use crate::{Scenario, wait_for};
 
@@ -42,6 +42,7 @@ async fn the_default_sample_settles_with_no_writes() {
     };
     apply(&s, "sample", json!({"size": 1, "containerPort": 11211})).await;
     wait_settled(&s, "sample", Duration::from_secs(60)).await;
+    wait_summarised(&s, "sample", Duration::from_secs(60)).await;
     s.step("settled");
     assert_no_writes(&s, "default sample").await;
 }
@@ -63,6 +64,7 @@ async fn a_statefulset_pool_with_a_warmup_settles_with_no_writes() {
     )
     .await;
     wait_settled(&s, "pool", Duration::from_secs(90)).await;
+    wait_summarised(&s, "pool", Duration::from_secs(60)).await;
     s.step("settled");
     assert_no_writes(&s, "StatefulSet pool").await;
 }
@@ -110,6 +112,7 @@ async fn every_optional_feature_settles_with_no_writes() {
     )
     .await;
     let mc = wait_settled(&s, "secure", Duration::from_secs(120)).await;
+    wait_summarised(&s, "secure", Duration::from_secs(60)).await;
     s.step(&format!(
         "settled: {} servers published",
         mc.status.as_ref().map_or(0, |st| st.server_list.len())

@@ -5,6 +5,9 @@
 //! The client places keys as a jump-hash client does over the published list in slot order (the
 //! operator's own `hashing::Placement`, checked against the real library in tests/hashing.rs) and speaks
 //! the text protocol (`set` with `noreply`, multi-key `get`), pipelined per server.
+//!
+//! Also: a copy out of time, a target that refuses connections (both end cold and the rollout goes on),
+//! an operator restart mid-copy.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -323,4 +326,52 @@ async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
         read * 100 >= KEYS * 95,
         "{read} of {KEYS} keys hit after a restart mid-copy"
     );
+}
+
+/// The new servers refuse connections (their image is one the stand-in kubelet runs no server for, see
+/// `envtest::kubelet::image`): each copy fails at once on the target, says so in a Warning event, and
+/// the rollout goes on without waiting for the copies' time bound.
+#[tokio::test]
+async fn a_handover_whose_target_refuses_connections_ends_cold_and_the_rollout_proceeds() {
+    let Some(s) = Scenario::start_with_memcached("handover-refused", &[]).await else {
+        return;
+    };
+    const TIMEOUT: u64 = 60;
+    let handover = json!({"timeoutSeconds": TIMEOUT});
+    apply(&s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let old = settled_servers(&s, SIZE, &[], Duration::from_secs(90)).await;
+    fill(&old, 100).await;
+    s.step(&format!(
+        "{KEYS} keys stored on {old:?}; rolling out an image that serves nothing"
+    ));
+    let mut refusing = spec(SIZE, 64, handover);
+    refusing["image"] = json!("no-server.test/memcached:1.6");
+    apply(&s, "cache", refusing).await;
+    let started = Instant::now();
+    let new = settled_servers(&s, SIZE, &old, Duration::from_secs(120)).await;
+    let took = started.elapsed();
+    let failed = notes(&s, "HandoverFailed").await;
+    s.step(&format!(
+        "rollout settled in {:.1} s on {new:?}; HandoverFailed events: {failed:#?}",
+        took.as_secs_f64()
+    ));
+    assert_eq!(
+        failed.len(),
+        SIZE,
+        "one Warning per replaced server: {failed:#?}"
+    );
+    assert!(
+        failed.iter().all(
+            |note| note.contains("target server: cannot connect") && note.contains("(connect)")
+        ),
+        "each Warning says the target refused: {failed:#?}"
+    );
+    // Each copy ends when its target refuses, not when its time bound passes: the whole rollout of four
+    // servers takes less than one copy's bound.
+    assert!(
+        took < Duration::from_secs(TIMEOUT),
+        "the rollout took {took:?}; a copy's bound is {TIMEOUT} s"
+    );
+    let handed = notes(&s, "HandedOver").await;
+    assert!(handed.is_empty(), "nothing was handed over: {handed:#?}");
 }

@@ -7,6 +7,13 @@
 //! (10 s, doubling up to 5 minutes) between attempts; the container is never started, so the pod stays
 //! `Pending` and not ready.
 //!
+//! One more registry is special: images of `no-server.test` ([`NO_SERVER_REGISTRY`], under the reserved
+//! `.test` domain) are taken as pulled, and their container is reported running and ready, but the
+//! stand-in starts no memcached for it: connections to the pod's address are refused. That is a server
+//! that stopped accepting after it turned ready (a crash between two probes, a full connection table),
+//! which a scenario cannot otherwise bring about at a chosen moment; a real kubelet's readiness probe
+//! would mark it not ready a few seconds later, the stand-in runs no probes.
+//!
 //! Pure functions of the image and the time since the first attempt, so the rules are tested without a
 //! server.
 
@@ -56,6 +63,15 @@ pub fn pull_error(image: &str) -> Option<String> {
              dial tcp: lookup {host}: no such host"
         )
     })
+}
+
+/// The registry whose images run no server ([module docs](self)).
+pub const NO_SERVER_REGISTRY: &str = "no-server.test";
+
+/// Whether the stand-in runs a memcached for a container of `image`: every image but those of
+/// [`NO_SERVER_REGISTRY`].
+pub fn runs_server(image: &str) -> bool {
+    registry(image).as_deref() != Some(NO_SERVER_REGISTRY)
 }
 
 /// How long the back-off after failed attempt `attempt` (0 for the first) lasts.
@@ -122,6 +138,20 @@ mod tests {
             registry("quay.io/prometheus/memcached-exporter").as_deref(),
             Some("quay.io")
         );
+    }
+
+    #[test]
+    fn only_images_of_the_no_server_registry_run_no_server() {
+        assert!(!runs_server("no-server.test/memcached:1.6"));
+        assert!(!runs_server("No-Server.Test:5000/memcached:1.6"));
+        for serving in [
+            "memcached:1.6",
+            "no-server/memcached:1.6",
+            "registry.no-server.test/memcached:1.6",
+            "quay.io/no-server.test/memcached:1",
+        ] {
+            assert!(runs_server(serving), "{serving}");
+        }
     }
 
     #[test]

@@ -14,7 +14,8 @@
 //!   pod's TLS and auth settings and their files from its Secret volumes ([`volumes`]);
 //! - images: taken as pulled, except those of a registry under the reserved `.invalid` domain, which
 //!   no kubelet can pull: their containers wait with `ErrImagePull`, then `ImagePullBackOff`, and the
-//!   pod stays Pending and not ready ([`image`]);
+//!   pod stays Pending and not ready, and those of `no-server.test`, whose pods run and are ready but
+//!   serve nothing: connections are refused ([`image`]);
 //! - deletion: the process is killed and the pod deleted for good.
 //!
 //! Not done: probes, restarts, resource limits, volumes other than the Secret volumes of memcached,

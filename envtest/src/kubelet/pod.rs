@@ -241,10 +241,18 @@ async fn start(ctx: &Context, pod: &Pod, pulls: &Pulls, mounts: &Mounts) -> Opti
 }
 
 /// The memcached the kubelet runs for `pod`, if it runs one: it runs memcached, the pod has a `memcached`
-/// container, and its image was pulled.
+/// container, its image was pulled, and it is not an image that runs no server ([`image::runs_server`]).
 fn memcached_args(ctx: &Context, pod: &Pod, pulls: &Pulls) -> Option<memcached::ServerArgs> {
     ctx.options.memcached.as_ref()?;
-    memcached::server_args(pod).filter(|_| !pulls.fails(memcached::CONTAINER))
+    let serves = pod
+        .spec
+        .as_ref()?
+        .containers
+        .iter()
+        .find(|c| c.name == memcached::CONTAINER)
+        .and_then(|c| c.image.as_deref())
+        .is_none_or(image::runs_server);
+    memcached::server_args(pod).filter(|_| serves && !pulls.fails(memcached::CONTAINER))
 }
 
 /// How often the Secret volumes of a running pod are brought up to date. A kubelet does it at its sync

@@ -3,6 +3,7 @@
 
 use crate::env::{E2e, preflight};
 use crate::events::holder_contains;
+use crate::handover::step_handover;
 use crate::invalid::{step_degraded, step_invalid, step_invalid_config};
 use crate::isolation::step_isolation;
 use crate::kubectl::{cluster_configured, secs};
@@ -178,6 +179,12 @@ fn lifecycle() {
         "operand telemetry: sets and gets through the Service show in status.stats and /metrics",
     );
     step_telemetry(&env, &current);
+
+    env.step(
+        25,
+        "warm handover: a Deployment rollout copies each old server to the new pod taking its slot",
+    );
+    step_handover(&env);
 
     eprintln!(
         "\n==> all steps passed [t+{}s]; step {CLEANUP_STEP} (cleanup) follows",

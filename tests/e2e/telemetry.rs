@@ -206,7 +206,7 @@ pub fn session_through_service(
 
 /// The pod's node when it is a node of a stand-in kubelet (envtest's, which labels its Nodes
 /// [`STAND_IN_LABEL`]), else `None`.
-fn stand_in_node(pod: &Value) -> Option<String> {
+pub fn stand_in_node(pod: &Value) -> Option<String> {
     let node = pod["spec"]["nodeName"].as_str()?;
     let labels = kubectl_json(&["get", "node", node, "-o", "jsonpath={.metadata.labels}"]);
     labels[STAND_IN_LABEL]
@@ -323,7 +323,7 @@ fn service_backend(ns: &str, service: &str, pods: &[Value]) -> Result<SocketAddr
 
 /// Sends `script` (ending with `quit`) to the memcached at `addr` and returns all it answered (until it
 /// closed the connection, or stopped answering for 5 s after saying something).
-fn memcached_session(addr: SocketAddr, script: &str) -> Result<String, String> {
+pub fn memcached_session(addr: SocketAddr, script: &str) -> Result<String, String> {
     let timeout = Duration::from_secs(5);
     let mut stream = TcpStream::connect_timeout(&addr, timeout)
         .map_err(|e| format!("cannot connect to {addr}: {e}"))?;

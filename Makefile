@@ -112,6 +112,10 @@ bench: ## Run the scale benchmark: the release binary against a fake API server 
 bench-handover: ## Measure the warm-handover copy: 1 GiB between two real memcached servers, peak RSS growth.
 	$(CARGO) run --quiet --release --example handover_bench -- $(ARGS)
 
+.PHONY: bench-warm
+bench-warm: ## Measure warm handovers on a real control plane (needs KUBEBUILDER_ASSETS): keys kept by rollouts and scaling.
+	$(CARGO) run --quiet --release --package bench -- --handovers $(ARGS)
+
 .PHONY: bench-caches
 bench-caches: ## Compare the memory of the operator's packed caches with kube's reflector stores (300, 3000 instances).
 	$(CARGO) run --quiet --release --example cache_memory -- $(ARGS)

@@ -16,9 +16,13 @@
 //! `--real` ([`real`]) runs the same scenario against a real control plane from `$KUBEBUILDER_ASSETS`
 //! (the workspace's `envtest`), counting the operator's requests from the API server's audit log, and
 //! reports in the same [`Report`].
+//!
+//! `--handovers` ([`handovers`]) measures warm handovers instead: the keys a rollout or a scale keeps, on a
+//! real control plane with real memcached servers.
 
 pub mod cache_client;
 pub mod endpoint;
+pub mod handovers;
 pub mod kubelet;
 pub mod operand;
 pub mod process;

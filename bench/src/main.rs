@@ -79,6 +79,12 @@ struct Cli {
     /// --record.
     #[arg(long, requires = "record", conflicts_with_all = ["real", "plain_http", "runs", "restart_settled"])]
     operand: bool,
+    /// Instead of the convergence of --instances: warm handovers on a control plane from
+    /// $KUBEBUILDER_ASSETS whose stand-in kubelet runs Debian's memcached per pod. A rollout of each
+    /// workload, a scale-down and a scale-up, each of an instance filled with 20 000 keys: the keys that
+    /// hit afterwards, the time, the operator's requests and peak RSS.
+    #[arg(long, conflicts_with_all = ["real", "plain_http", "runs", "restart_settled", "operand", "record"])]
+    handovers: bool,
     /// With --operand: how long each phase goes on once the operator is done with it, in seconds.
     #[arg(long, default_value_t = 30, requires = "operand")]
     phase_seconds: u64,
@@ -87,7 +93,7 @@ struct Cli {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before a release build of minutes: without the binaries, --real cannot run at all.
-    if (cli.real || cli.operand)
+    if (cli.real || cli.operand || cli.handovers)
         && let Err(error) = bench::real::assets()
     {
         eprintln!("error: {error}");
@@ -130,6 +136,22 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if cli.handovers {
+        eprintln!(
+            "warm handovers against {}, on a real control plane",
+            options.operator.display()
+        );
+        return match runtime.block_on(bench::handovers::run(&options, root.join("config"))) {
+            Ok(report) => {
+                println!("{report}");
+                ExitCode::SUCCESS
+            }
+            Err(error) => {
+                eprintln!("error: {error}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let (true, Some(record_dir)) = (cli.operand, &cli.record) {
         let operand = OperandOptions {
             config_dir: root.join("config"),

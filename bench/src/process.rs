@@ -138,16 +138,32 @@ impl Operator {
             .ok_or_else(|| format!("cannot read the CPU times in {path}"))
     }
 
-    /// Peak resident set size (VmHWM), in KiB.
-    pub fn peak_rss_kib(&self) -> Result<u64, String> {
+    /// Resident set size now (VmRSS), in KiB.
+    pub fn rss_kib(&self) -> Result<u64, String> {
+        self.status_kib("VmRSS:")
+    }
+
+    /// Resets the peak resident set size to the current one (proc(5): `5` to `clear_refs`), so that
+    /// [`Operator::peak_rss_kib`] tells the peak of what follows.
+    pub fn reset_peak_rss(&self) -> Result<(), String> {
+        let path = format!("/proc/{}/clear_refs", self.child.id());
+        std::fs::write(&path, "5").map_err(|e| format!("cannot write {path}: {e}"))
+    }
+
+    fn status_kib(&self, field: &str) -> Result<u64, String> {
         let path = format!("/proc/{}/status", self.child.id());
         let status =
             std::fs::read_to_string(&path).map_err(|e| format!("cannot read {path}: {e}"))?;
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .find_map(|line| line.strip_prefix(field))
             .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
-            .ok_or_else(|| format!("no VmHWM in {path}"))
+            .ok_or_else(|| format!("no {field} in {path}"))
+    }
+
+    /// Peak resident set size (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self) -> Result<u64, String> {
+        self.status_kib("VmHWM:")
     }
 
     /// Stops the operator and removes its scratch directory.

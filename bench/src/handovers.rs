@@ -20,8 +20,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use envtest::kubelet::DEBIAN_MEMCACHED;
-use envtest::{AuditEvent, ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
+use envtest::{AuditEvent, Env};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, Client};
@@ -32,7 +31,7 @@ use tokio::net::TcpStream;
 
 use crate::Options;
 use crate::process::Operator;
-use crate::real::{assets, memcached_resource};
+use crate::real::{memcached_resource, start_with_memcached};
 
 /// Keys the client fills before each operation and reads after it.
 pub const KEYS: usize = 20_000;
@@ -147,21 +146,7 @@ impl fmt::Display for HandoversReport {
 
 /// Runs every operation against a control plane started for it, and stops everything.
 pub async fn run(options: &Options, config_dir: PathBuf) -> Result<HandoversReport, String> {
-    let assets = assets()?;
-    let env = Env::start(
-        &assets,
-        EnvOptions {
-            control_plane: ControlPlaneOptions::default(),
-            kubelet: KubeletOptions {
-                nodes: 3,
-                pod_start_delay: options.pod_start,
-                memcached: Some(DEBIAN_MEMCACHED.into()),
-                ..KubeletOptions::default()
-            },
-        },
-    )
-    .await
-    .map_err(|e| format!("the control plane did not start: {e:#}"))?;
+    let env = start_with_memcached(options).await?;
     let report = operate(&env, options, &config_dir).await;
     env.stop().await;
     report

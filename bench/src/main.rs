@@ -90,6 +90,20 @@ struct Cli {
     phase_seconds: u64,
 }
 
+/// Prints a one-report run's report, or its error.
+fn print_outcome(outcome: Result<impl std::fmt::Display, String>) -> ExitCode {
+    match outcome {
+        Ok(report) => {
+            println!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Before a release build of minutes: without the binaries, --real cannot run at all.
@@ -141,16 +155,9 @@ fn main() -> ExitCode {
             "warm handovers against {}, on a real control plane",
             options.operator.display()
         );
-        return match runtime.block_on(bench::handovers::run(&options, root.join("config"))) {
-            Ok(report) => {
-                println!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("error: {error}");
-                ExitCode::FAILURE
-            }
-        };
+        return print_outcome(
+            runtime.block_on(bench::handovers::run(&options, root.join("config"))),
+        );
     }
     if let (true, Some(record_dir)) = (cli.operand, &cli.record) {
         let operand = OperandOptions {
@@ -171,16 +178,7 @@ fn main() -> ExitCode {
             operand.size,
             options.operator.display()
         );
-        return match runtime.block_on(bench::operand::run(&options, &operand)) {
-            Ok(report) => {
-                println!("{report}");
-                ExitCode::SUCCESS
-            }
-            Err(error) => {
-                eprintln!("error: {error}");
-                ExitCode::FAILURE
-            }
-        };
+        return print_outcome(runtime.block_on(bench::operand::run(&options, &operand)));
     }
     let mut reports = Vec::new();
     for run in 1..=cli.runs {

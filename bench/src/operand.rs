@@ -17,8 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use envtest::kubelet::DEBIAN_MEMCACHED;
-use envtest::{ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
+use envtest::Env;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
@@ -28,7 +27,7 @@ use serde_json::{Value, json};
 use crate::Options;
 use crate::cache_client::{Counts, Reader, Server};
 use crate::process::Operator;
-use crate::real::{assets, memcached_resource};
+use crate::real::{memcached_resource, start_with_memcached};
 use crate::record::{Mark, Recorder, write_marks};
 
 /// The namespace and name of the instance.
@@ -99,21 +98,7 @@ impl std::fmt::Display for OperandReport {
 
 /// Runs the phases against a control plane started for it, and stops everything.
 pub async fn run(options: &Options, operand: &OperandOptions) -> Result<OperandReport, String> {
-    let assets = assets()?;
-    let env = Env::start(
-        &assets,
-        EnvOptions {
-            control_plane: ControlPlaneOptions::default(),
-            kubelet: KubeletOptions {
-                nodes: 3,
-                pod_start_delay: options.pod_start,
-                memcached: Some(DEBIAN_MEMCACHED.into()),
-                ..KubeletOptions::default()
-            },
-        },
-    )
-    .await
-    .map_err(|e| format!("the control plane did not start: {e:#}"))?;
+    let env = start_with_memcached(options).await?;
     let report = phases(&env, options, operand).await;
     env.stop().await;
     report

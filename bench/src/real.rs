@@ -87,6 +87,26 @@ pub fn assets() -> Result<envtest::Assets, String> {
     })
 }
 
+/// Starts a control plane from `$KUBEBUILDER_ASSETS` with 3 stand-in nodes that run Debian's memcached
+/// for each pod (the runs that need real servers: `--operand`, `--handovers`).
+pub async fn start_with_memcached(options: &Options) -> Result<Env, String> {
+    let assets = assets()?;
+    Env::start(
+        &assets,
+        EnvOptions {
+            control_plane: ControlPlaneOptions::default(),
+            kubelet: KubeletOptions {
+                nodes: 3,
+                pod_start_delay: options.pod_start,
+                memcached: Some(envtest::kubelet::DEBIAN_MEMCACHED.into()),
+                ..KubeletOptions::default()
+            },
+        },
+    )
+    .await
+    .map_err(|e| format!("the control plane did not start: {e:#}"))
+}
+
 /// Runs the scenario once against a control plane started for it, and stops the control plane.
 pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String> {
     let assets = assets()?;

@@ -118,6 +118,7 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         now: &now,
         drain_seconds: spec.drain_seconds(),
         removable: true,
+        published_list: &[],
     };
     // The published count does not depend on whether the drained pods can go yet.
     let published = scaling::plan(&input).published;

@@ -21,12 +21,13 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::instances::{apply, conditions, memcacheds, settled};
+use crate::instances::{apply, condition, conditions, memcacheds, settled};
 use crate::{Scenario, wait_for};
 
 const KEYS: usize = 20_000;
 /// Keys per pipelined write or multi-key `get`.
 const BATCH: usize = 200;
+/// Value bytes of the keys of most scenarios.
 const VALUE_LEN: usize = 100;
 /// A short drain: the scale-down's copies run within it.
 const DRAIN_SECONDS: u64 = 5;
@@ -35,13 +36,8 @@ fn key(i: usize) -> String {
     format!("scale-key-{i:05}")
 }
 
-fn value(i: usize) -> Vec<u8> {
-    key(i)
-        .into_bytes()
-        .into_iter()
-        .cycle()
-        .take(VALUE_LEN)
-        .collect()
+fn value(i: usize, len: usize) -> Vec<u8> {
+    key(i).into_bytes().into_iter().cycle().take(len).collect()
 }
 
 /// The client's placement: `jump.hash(int(md5(key).hexdigest(), 16), n)` of the PyPI package
@@ -96,16 +92,14 @@ async fn connect(address: &str) -> BufReader<TcpStream> {
 }
 
 /// Stores every key on its server among `servers` (addresses to connect to, in the published order).
-async fn fill(servers: &[String]) {
+async fn fill(servers: &[String], len: usize) {
     for (server, keys) in placed(servers.len()) {
         let mut conn = connect(&servers[server]).await;
         for batch in keys.chunks(BATCH) {
             let mut out = Vec::new();
             for &i in batch {
-                out.extend_from_slice(
-                    format!("set {} 0 0 {VALUE_LEN} noreply\r\n", key(i)).as_bytes(),
-                );
-                out.extend_from_slice(&value(i));
+                out.extend_from_slice(format!("set {} 0 0 {len} noreply\r\n", key(i)).as_bytes());
+                out.extend_from_slice(&value(i, len));
                 out.extend_from_slice(b"\r\n");
             }
             conn.get_mut().write_all(&out).await.expect("set");
@@ -122,7 +116,7 @@ async fn fill(servers: &[String]) {
 }
 
 /// How many keys their server among `servers` holds with the value they were stored with.
-async fn hits(servers: &[String]) -> usize {
+async fn hits(servers: &[String], len: usize) -> usize {
     let mut hits = 0;
     for (server, keys) in placed(servers.len()) {
         let mut conn = connect(&servers[server]).await;
@@ -148,7 +142,7 @@ async fn hits(servers: &[String]) -> usize {
                 let i: usize = parts[1]["scale-key-".len()..]
                     .parse()
                     .expect("a key of ours");
-                if data[..bytes] == value(i)[..] {
+                if data[..bytes] == value(i, len)[..] {
                     hits += 1;
                 }
             }
@@ -219,11 +213,16 @@ async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
 }
 
 fn spec(size: usize, workload: &str, hashing: &str) -> Value {
+    spec_with(size, workload, hashing, json!({}))
+}
+
+fn spec_with(size: usize, workload: &str, hashing: &str, handover: Value) -> Value {
     json!({
         "size": size, "workload": workload,
         "memcached": {"maxMemoryMB": 64},
         "clients": {"hashing": hashing},
         "scaling": {"drainSeconds": DRAIN_SECONDS},
+        "handover": handover,
         "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
     })
 }
@@ -242,8 +241,8 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     apply(s, "cache", spec(from, workload, hashing)).await;
     let old = settled_servers(s, from, Duration::from_secs(90)).await;
     let old = reachable(s, &old).await;
-    fill(&old).await;
-    let stored = hits(&old).await;
+    fill(&old, VALUE_LEN).await;
+    let stored = hits(&old, VALUE_LEN).await;
     assert_eq!(stored, KEYS, "every key is stored before the scale");
     s.step(&format!(
         "{workload}: {stored} keys on {old:?}; scaling {from} -> {to} (hashing {hashing})"
@@ -256,9 +255,7 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     let deadline = Instant::now() + Duration::from_secs(180);
     let new = loop {
         let mc = api.get("cache").await.expect("the instance");
-        if crate::instances::condition(&mc, "Progressing")
-            .is_some_and(|c| c.reason == "HandingOver")
-        {
+        if condition(&mc, "Progressing").is_some_and(|c| c.reason == "HandingOver") {
             saw_handing_over = true;
         }
         let status = mc.status.clone().unwrap_or_default();
@@ -274,7 +271,7 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     };
     let took = started.elapsed();
     let new = reachable(s, &new).await;
-    let read = hits(&new).await;
+    let read = hits(&new, VALUE_LEN).await;
     let (handed, failed) = (
         notes(s, "HandedOver").await,
         notes(s, "HandoverFailed").await,
@@ -372,5 +369,62 @@ async fn scales_without_a_declared_hashing_go_cold() {
         scaled.read * 100 < KEYS * 70,
         "{} of {KEYS} hit without copies",
         scaled.read
+    );
+}
+
+/// An operator restarted while a scale-down's copies run starts them again (the list before is in
+/// `status.drain.servers`), and the drained pod goes once they ended.
+#[tokio::test]
+async fn an_operator_restart_mid_scale_down_copies_again_and_the_scale_ends() {
+    let Some(mut s) = Scenario::start_with_memcached("scale-restart", &[]).await else {
+        return;
+    };
+    // 20 000 items of 400 bytes: about 670 kB to each of 3 targets from the one removed server, 10 s
+    // per copy at 64 KiB/s, one after the other; well within the 90 s bound.
+    let (len, handover) = (
+        400,
+        json!({"maxBytesPerSecond": 65536, "timeoutSeconds": 90}),
+    );
+    apply(
+        &s,
+        "cache",
+        spec_with(4, "Deployment", "jump", handover.clone()),
+    )
+    .await;
+    let old = settled_servers(&s, 4, Duration::from_secs(90)).await;
+    fill(&old, len).await;
+    apply(&s, "cache", spec_with(3, "Deployment", "jump", handover)).await;
+    let api = memcacheds(&s);
+    let copying = wait_for(
+        "Progressing=HandingOver",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            match condition(&mc, "Progressing") {
+                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
+                _ => Err(conditions(&mc)),
+            }
+        },
+    )
+    .await;
+    s.step(&format!("copying: {copying}; restarting the operator"));
+    let started = Instant::now();
+    s.restart_operator().await;
+    let new = settled_servers(&s, 3, Duration::from_secs(180)).await;
+    let read = hits(&new, len).await;
+    let (handed, failed) = (
+        notes(&s, "HandedOver").await,
+        notes(&s, "HandoverFailed").await,
+    );
+    s.step(&format!(
+        "settled {:.1} s after the restart on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
+         {handed:#?}; HandoverFailed: {failed:#?}",
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(read * 100 >= KEYS * 95, "{read} of {KEYS} keys hit");
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(
+        handed.len() >= 3,
+        "each target handed over (again) by the restarted operator: {handed:#?}"
     );
 }

@@ -429,6 +429,11 @@ impl Report {
         }
     }
 
+    /// Whether the copies ended without copying or failing anything.
+    fn is_empty(&self) -> bool {
+        self.copied == 0 && self.failures.is_empty()
+    }
+
     /// The event's reason and note.
     fn event(&self, change: &Change) -> (bool, String) {
         let scale = format!(
@@ -507,6 +512,12 @@ pub async fn step(
         metrics.record(instance.namespace, instance.name, result);
     });
     for report in reports {
+        if report.is_empty() {
+            // A server that joins a pool of empty servers (an instance's first pods, ready one by one):
+            // nothing was handed over, and an event per server would only be noise.
+            debug!(target = %report.target, "scale handover: nothing to copy");
+            continue;
+        }
         let (done, note) = report.event(change);
         let event = if done {
             normal("HandedOver", "Handover", note)
@@ -692,6 +703,11 @@ mod tests {
         assert_eq!(targets, [("t3", 3, 3), ("t4", 4, 3)]);
         let (done, note) = reports[0].event(&up);
         assert!(!done && note.contains("(connect)"), "{note}");
+        assert!(!reports[0].is_empty(), "a failure is worth its event");
+        assert!(
+            Report::default().is_empty(),
+            "nothing copied, nothing failed: no event"
+        );
         assert!(
             handovers.take_reports(&key(), |_| ()).is_empty(),
             "reported once"

@@ -14,9 +14,10 @@ use crate::hashing::Scheme;
 #[serde(rename_all = "camelCase")]
 pub struct Clients {
     /// How the clients place keys over the published server list (the `<name>-servers` ConfigMap's
-    /// `servers`, in slot order). It is what the operator will use to keep keys warm when scaling, by
-    /// copying items to the server clients will ask for them; it must then match every client of the
-    /// instance exactly, or copies go where no client looks. The operator copies no item yet. Default
+    /// `servers`, in slot order). With `spec.handover.enabled` the operator uses it to keep keys warm when
+    /// scaling: before a scale-down's drained servers go, and before a scale-up's new servers are
+    /// published, it copies each item that changes server to the one clients will ask for it. It must
+    /// then match every client of the instance exactly, or copies go where no client looks. Default
     /// `unknown`.
     ///
     /// `unknown`: the operator assumes nothing about the clients (scaling copies no item).

@@ -110,4 +110,11 @@ pub struct Drain {
     /// When the shrunk list was published; the pods go `spec.scaling.drainSeconds` later. Kept in the
     /// status so that an operator restart continues the drain instead of restarting its clock.
     pub started_at: Time,
+    /// The published list before the scale-down (`host:port` entries in slot order), kept when the
+    /// clients' hashing is declared (`spec.clients.hashing`) and `spec.handover.enabled`: the warm
+    /// handover copies each item the removed servers held to the server that owns it under the shorter
+    /// list, and a restarted operator needs to know which server held which keys (a Deployment's drained
+    /// pods hold no slot any more).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
 }

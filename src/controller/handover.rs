@@ -141,6 +141,12 @@ impl Handovers {
         })
     }
 
+    /// The copy turns and the trigger of a copy's end, shared with the scale handovers
+    /// ([`super::scale_handover`]): every copy of the operator counts against [`MOST_COPIES`].
+    pub(super) fn shared(&self) -> (Arc<Semaphore>, mpsc::UnboundedSender<ObjectRef<Memcached>>) {
+        (self.permits.clone(), self.triggers.clone())
+    }
+
     /// Cancels the copies of an instance that is gone.
     pub fn forget_instance(&self, namespace: &str, name: &str) {
         self.lock()
@@ -499,7 +505,7 @@ async fn mark_source(
 
 /// The copy from `source` to `target` ((pod, IP) each), bounded by `spec.handover`, reached as the
 /// stats collector reaches the servers (TLS, authentication); why not, when the Secrets cannot be used.
-async fn copier(
+pub(super) async fn copier(
     ctx: &Context,
     instance: &Instance<'_>,
     source: (&str, &str),

@@ -21,6 +21,7 @@ pub mod pace;
 mod pool;
 mod reconcile;
 pub mod runtime;
+pub mod scale_handover;
 mod secrets;
 
 use std::sync::Arc;
@@ -142,6 +143,9 @@ pub struct Context {
     pub turns: Turns,
     /// The warm-handover copies of Deployment rollouts (see [`handover`]).
     pub handovers: handover::Handovers,
+    /// The warm-handover copies of scales under a declared client hashing (see [`scale_handover`]),
+    /// sharing the copy turns of `handovers`.
+    pub scale_handovers: scale_handover::ScaleHandovers,
 }
 
 impl Context {
@@ -163,6 +167,8 @@ impl Context {
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
+        let handovers = handover::Handovers::default();
+        let scale_handovers = scale_handover::ScaleHandovers::new(handovers.shared());
         Self {
             client,
             settings,
@@ -175,7 +181,8 @@ impl Context {
             written: Arc::default(),
             pace,
             turns,
-            handovers: handover::Handovers::default(),
+            handovers,
+            scale_handovers,
         }
     }
 
@@ -203,6 +210,7 @@ impl Context {
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
         self.handovers.forget_instance(namespace, name);
+        self.scale_handovers.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }

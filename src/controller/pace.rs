@@ -256,6 +256,7 @@ mod tests {
                 from_size: 2,
                 to_size: 1,
                 started_at: Time(Timestamp::UNIX_EPOCH),
+                servers: Vec::new(),
             }),
             ..counts.clone()
         };

@@ -16,6 +16,7 @@ use super::runtime::cache::Cache;
 use super::runtime::compact::Compactable;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
+use crate::resources::scale_handover::{self, Change, Direction};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
@@ -35,6 +36,8 @@ pub struct Pool {
     pub wait: Option<Duration>,
     /// Pods to mark with the drained deletion cost (`true`) or to clear (`false`).
     pub marks: Vec<(String, bool)>,
+    /// The change of the published list whose items a scale handover copies, if any.
+    pub scale: Option<Change>,
 }
 
 /// The instance's pods in the cache.
@@ -100,8 +103,9 @@ pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) 
     })
 }
 
-/// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, and the marks a
-/// Deployment's drained pods need.
+/// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, the marks a
+/// Deployment's drained pods need, and the scale handover under a declared client hashing (which holds
+/// the drained pods' removal, or the joining servers' publication, while its copies run).
 pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<Pod>]) -> Pool {
     let spec = instance.spec;
     let members: Vec<Member> = pods.iter().filter_map(|p| Member::of(p)).collect();
@@ -111,17 +115,32 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         .ok()
         .filter(|n| *n > 0);
     let now = (ctx.clock)();
+    let handover = spec.handover();
+    let scheme = spec
+        .client_hashing()
+        .scheme()
+        .filter(|_| handover.enabled());
+    // Recorded in a drain that starts, for its handover (and a restarted operator's).
+    let published_list: Vec<String> = match scheme {
+        Some(_) => previous_servers
+            .iter()
+            .filter_map(|s| s.address.clone())
+            .collect(),
+        None => Vec::new(),
+    };
     let mut input = scaling::Input {
         size: spec.size,
         published_before,
         previous: previous.and_then(|s| s.drain.as_ref()),
         now: &now,
         drain_seconds: spec.drain_seconds(),
-        removable: true,
+        removable: false,
+        published_list: &published_list,
     };
-    // The published count does not depend on whether the drained pods can go yet.
-    let published = scaling::plan(&input).published;
-    let servers = match spec.workload {
+    // The published count and the drain in effect do not depend on whether the drained pods can go yet.
+    let pending = scaling::plan(&input);
+    let published = pending.published;
+    let mut servers = match spec.workload {
         Workload::Deployment => {
             servers::assign_deployment(previous_servers, &members, published, spec.container_port)
         }
@@ -129,19 +148,41 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
             servers::assign_statefulset(instance, previous_servers, &members, published)
         }
     };
+    let scale = match &pending.drain {
+        Some(drain) => scale_handover::scale_down(scheme, Some(drain), &servers),
+        None => scale_handover::scale_up(scheme, previous_servers, &servers),
+    };
+    let holds = scale.as_ref().is_some_and(|change| {
+        let copies = ctx
+            .scale_handovers
+            .copies(instance.namespace, instance.name, change);
+        scale_handover::holds(change, &copies, &now, handover.timeout_seconds())
+    });
+    let direction = scale.as_ref().map(|c| c.direction);
+    if holds && direction == Some(Direction::Up) {
+        scale_handover::withhold(previous_servers, &mut servers);
+    }
+    let copying_down = holds && direction == Some(Direction::Down);
     if spec.workload == Workload::StatefulSet {
         // Shrinking a StatefulSet removes the highest ordinals: exactly the drained slots.
-        return pool(scaling::plan(&input), servers, Vec::new());
+        input.removable = !copying_down;
+        return pool(scaling::plan(&input), servers, Vec::new(), scale);
     }
-    input.removable = servers::unslotted(&servers, &members)
-        .iter()
-        .all(|m| m.marked);
+    input.removable = !copying_down
+        && servers::unslotted(&servers, &members)
+            .iter()
+            .all(|m| m.marked);
     let plan = scaling::plan(&input);
     let marks = servers::drain_marks(&servers, &members, plan.drain.is_some());
-    pool(plan, servers, marks)
+    pool(plan, servers, marks, scale)
 }
 
-fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>) -> Pool {
+fn pool(
+    plan: scaling::Plan,
+    servers: Vec<Server>,
+    marks: Vec<(String, bool)>,
+    scale: Option<Change>,
+) -> Pool {
     Pool {
         replicas: plan.replicas,
         servers,
@@ -149,6 +190,7 @@ fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>) -
         steps: plan.steps,
         wait: plan.wait,
         marks,
+        scale,
     }
 }
 

@@ -29,6 +29,7 @@ use super::legacy_finalizer;
 use super::pool;
 use super::runtime::cache::Cache;
 use super::runtime::compact::{Compact, Compactable};
+use super::scale_handover;
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
@@ -370,6 +371,9 @@ async fn apply_children(
         }
     }
 
+    // The list a scale changes is published (or held back) above; its copies run from here on.
+    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), &pods).await?;
+
     // How long until a StatefulSet rollout may move on to the next server, or a copy's progress is shown.
     let rollout_wait;
     let mut handovers = Vec::new();
@@ -502,6 +506,7 @@ async fn apply_children(
         }
         None => {}
     }
+    handovers.extend(scaled.progress);
     Ok(Children {
         workload,
         servers: plan.servers,
@@ -509,7 +514,10 @@ async fn apply_children(
         pods,
         problem,
         handovers,
-        wait: [plan.wait, rollout_wait].into_iter().flatten().min(),
+        wait: [plan.wait, rollout_wait, scaled.wait]
+            .into_iter()
+            .flatten()
+            .min(),
     })
 }
 

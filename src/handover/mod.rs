@@ -112,6 +112,19 @@ impl Copier {
         self
     }
 
+    /// The same copy again (servers, bounds, filter and counters), to retry one the source refused at
+    /// its start: memcached runs one `lru_crawler` crawl at a time, so a second dump of a server
+    /// answers `BUSY` until the first ends.
+    pub fn again(&self) -> Copier {
+        Self {
+            source: self.source.clone(),
+            target: self.target.clone(),
+            settings: self.settings.clone(),
+            filter: self.filter.clone(),
+            progress: self.progress.clone(),
+        }
+    }
+
     /// The live counters, readable while the copy runs.
     pub fn progress(&self) -> Arc<Progress> {
         self.progress.clone()

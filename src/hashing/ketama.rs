@@ -61,7 +61,7 @@ impl Continuum {
 /// a weight), computed in `float` as libmemcached does: `floor(pct * 160 / 4 * live + 1e-10f) * 4`
 /// with `pct = 1 / n`. Rounding in `float` can make this 156 instead of 160 for some list sizes, and
 /// the client then has fewer points per server: the exact arithmetic is part of the placement.
-fn points_per_server(count: usize) -> u32 {
+pub(super) fn points_per_server(count: usize) -> u32 {
     if count == 0 {
         return 0;
     }

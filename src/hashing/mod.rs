@@ -28,6 +28,23 @@ pub enum Scheme {
     Modula,
 }
 
+impl Scheme {
+    /// Whether, from a list of `old` servers to one of `new`, a key changes server only when the server
+    /// it was on left the list or the one it goes to joined it (for [`Scheme::Jump`], which places over
+    /// slot indexes: only from an index at or past `new`, to an index at or past `old`, or at an index
+    /// whose entry changed). What lets a scale handover copy from the leaving servers (or to the joining
+    /// ones) alone instead of listing every server once per other server. Not [`Scheme::Modula`], which
+    /// moves most keys; not [`Scheme::Ketama`] between list sizes whose points per server differ (its
+    /// float rounding gives some sizes 156 points instead of 160, which moves points of every server).
+    pub fn consistent_between(self, old: usize, new: usize) -> bool {
+        match self {
+            Self::Jump | Self::Rendezvous => true,
+            Self::Ketama => ketama::points_per_server(old) == ketama::points_per_server(new),
+            Self::Modula => false,
+        }
+    }
+}
+
 /// Where one scheme puts keys over one published server list.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {

@@ -14,6 +14,7 @@ pub mod pdb;
 pub mod pod;
 pub mod quantity;
 pub mod rollout;
+pub mod scale_handover;
 pub mod scaling;
 pub mod secrets;
 pub mod servers;

@@ -28,8 +28,12 @@ pub struct Input<'a> {
     /// `spec.scaling.drainSeconds`.
     pub drain_seconds: i32,
     /// Whether the drained pods can be removed now: on a Deployment, whether every drained pod carries
-    /// the deletion cost (as the pod cache shows), so the ReplicaSet removes those and no other.
+    /// the deletion cost (as the pod cache shows), so the ReplicaSet removes those and no other; and
+    /// whether the scale handover's copies ended (see `resources::scale_handover`).
     pub removable: bool,
+    /// The published entries before this reconcile, recorded in a drain that starts (`Drain::servers`)
+    /// when a scale handover will need them; empty otherwise.
+    pub published_list: &'a [String],
 }
 
 /// A change worth an event.
@@ -73,6 +77,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
                     from_size: live,
                     to_size: size,
                     started_at: input.now.clone(),
+                    servers: input.published_list.to_vec(),
                 }
             }
             _ => return settled(size, steps),
@@ -107,6 +112,7 @@ pub fn plan(input: &Input<'_>) -> Plan {
                 from_size: d.from_size,
                 to_size: size,
                 started_at: input.now.clone(),
+                servers: d.servers.clone(),
             }
         }
         Some(d) => d.clone(),
@@ -163,6 +169,7 @@ mod tests {
             now,
             drain_seconds: 30,
             removable: true,
+            published_list: &[],
         }
     }
 
@@ -171,6 +178,7 @@ mod tests {
             from_size: from,
             to_size: to,
             started_at: at(started),
+            servers: Vec::new(),
         }
     }
 

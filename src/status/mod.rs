@@ -204,6 +204,41 @@ fn progressing(
     let Some(workload) = &o.workload else {
         return (true, CREATING, "the workload does not exist yet".to_owned());
     };
+    let copying = || {
+        o.handovers
+            .iter()
+            .map(|h| format!("slot {}: {} items, {} bytes", h.slot, h.items, h.bytes))
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    if let Some(drain) = &o.drain
+        && !o.handovers.is_empty()
+    {
+        return (
+            true,
+            HANDING_OVER,
+            format!(
+                "scaling down from {} to {} servers: copying the items that change server to the server \
+                 that owns them under the published list ({}); the removed servers' pods go once the \
+                 copies ended and spec.scaling.drainSeconds passed",
+                drain.from_size,
+                drain.to_size,
+                copying()
+            ),
+        );
+    }
+    // A scale-up's joining servers are ready and held out of the published list while they fill.
+    if !o.handovers.is_empty() && o.servers.iter().any(|s| s.ready && s.address.is_none()) {
+        return (
+            true,
+            HANDING_OVER,
+            format!(
+                "scaling up: copying the items that move to the joining servers before they are \
+                 published ({})",
+                copying()
+            ),
+        );
+    }
     if let Some(drain) = &o.drain {
         return (
             true,
@@ -240,18 +275,13 @@ fn progressing(
         return (false, "ProgressDeadlineExceeded", problem.message.clone());
     }
     if !o.handovers.is_empty() {
-        let slots: Vec<String> = o
-            .handovers
-            .iter()
-            .map(|h| format!("slot {}: {} items, {} bytes", h.slot, h.items, h.bytes))
-            .collect();
         return (
             true,
             HANDING_OVER,
             format!(
                 "copying the items of the servers being replaced to their new servers ({}); {} of {} \
                  servers updated",
-                slots.join("; "),
+                copying(),
                 c.updated,
                 c.size
             ),

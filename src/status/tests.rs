@@ -328,6 +328,7 @@ fn a_drain_is_progressing_with_reason_draining() {
         from_size: 3,
         to_size: 2,
         started_at: at(0),
+        servers: Vec::new(),
     });
     let status = compute(&obs, None, &at(5));
     let progressing = find(Some(&status), PROGRESSING).unwrap();
@@ -432,4 +433,60 @@ fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
         &at(0),
     );
     assert_eq!(status.ready_replicas, 2);
+}
+
+#[test]
+fn a_scale_down_handover_is_progressing_with_each_target_slots_items_and_bytes() {
+    let d = ready_deployment(4);
+    let mut obs = observed(3, Some(&d), vec![]);
+    obs.drain = Some(Drain {
+        from_size: 4,
+        to_size: 3,
+        started_at: at(0),
+        servers: vec![],
+    });
+    obs.handovers = vec![HandoverProgress {
+        slot: 0,
+        items: 300,
+        bytes: 3000,
+    }];
+    let status = compute(&obs, None, &at(1));
+    let progressing = find(Some(&status), PROGRESSING).unwrap();
+    assert_eq!(progressing.reason, HANDING_OVER);
+    assert!(
+        progressing.message.contains("from 4 to 3")
+            && progressing
+                .message
+                .contains("slot 0: 300 items, 3000 bytes"),
+        "{}",
+        progressing.message
+    );
+}
+
+#[test]
+fn a_scale_up_handover_says_the_joining_servers_wait_to_be_published() {
+    let d = ready_deployment(5);
+    let mut obs = observed(5, Some(&d), vec![]);
+    obs.servers = (0..5)
+        .map(|slot| Server {
+            slot,
+            pod: Some(format!("p{slot}")),
+            address: (slot < 3).then(|| format!("10.0.0.{slot}:11211")),
+            ready: true,
+        })
+        .collect();
+    obs.handovers = vec![HandoverProgress {
+        slot: 3,
+        items: 10,
+        bytes: 100,
+    }];
+    let status = compute(&obs, None, &at(1));
+    let progressing = find(Some(&status), PROGRESSING).unwrap();
+    assert_eq!(progressing.reason, HANDING_OVER);
+    assert!(
+        progressing.message.starts_with("scaling up")
+            && progressing.message.contains("slot 3: 10 items"),
+        "{}",
+        progressing.message
+    );
 }

@@ -63,6 +63,7 @@ mod namespaced;
 mod outage;
 mod restart;
 mod rollouts;
+mod scale_handover;
 mod secrets;
 mod settled;
 mod telemetry;

@@ -1,0 +1,430 @@
+//! Warm scale handover under a declared client hashing, on real memcached servers (issue 23): a client
+//! fills 20 000 keys over the published list, the instance scales, and the client reads every key back
+//! over the list published after. With `clients.hashing: jump` the operator copies the keys that change
+//! server, so at least 95 % hit; with `unknown` it copies nothing, and a scale-down 4 -> 3 loses the
+//! removed server's quarter (about 75 % hit), a scale-up 3 -> 5 the two fifths jump moves to the new
+//! servers (about 60 %).
+//!
+//! The client places keys with a jump hash of its own (below), independent of the operator's
+//! `hashing` module and checked against it key by key: the operator must reproduce the client, not itself.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use kube::Api;
+use kube::api::ListParams;
+use md5::{Digest, Md5};
+use memcached_operator::hashing::{Placement, Scheme};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::instances::{apply, condition, conditions, memcacheds, settled};
+use crate::{Scenario, wait_for};
+
+const KEYS: usize = 20_000;
+/// Keys per pipelined write or multi-key `get`.
+const BATCH: usize = 200;
+/// Value bytes of the keys of most scenarios.
+const VALUE_LEN: usize = 100;
+/// A short drain: the scale-down's copies run within it.
+const DRAIN_SECONDS: u64 = 5;
+
+fn key(i: usize) -> String {
+    format!("scale-key-{i:05}")
+}
+
+fn value(i: usize, len: usize) -> Vec<u8> {
+    key(i).into_bytes().into_iter().cycle().take(len).collect()
+}
+
+/// The client's placement: `jump.hash(int(md5(key).hexdigest(), 16), n)` of the PyPI package
+/// jump-consistent-hash. Its integer is the whole digest; the algorithm's first multiplication is modulo
+/// 2^64, so the digest's value modulo 2^64 is the key it hashes.
+fn jump(key: &[u8], buckets: usize) -> usize {
+    let digest: [u8; 16] = Md5::digest(key).into();
+    let mut k = u128::from_be_bytes(digest) as u64;
+    let (mut b, mut j): (i64, i64) = (-1, 0);
+    while j < buckets as i64 {
+        b = j;
+        k = k.wrapping_mul(2862933555777941757).wrapping_add(1);
+        j = ((b + 1) as f64 * (2f64.powi(31) / ((k >> 33) + 1) as f64)) as i64;
+    }
+    b as usize
+}
+
+/// The keys by the index of their server among `count`.
+fn placed(count: usize) -> BTreeMap<usize, Vec<usize>> {
+    let mut by_server: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+    for i in 0..KEYS {
+        by_server
+            .entry(jump(key(i).as_bytes(), count))
+            .or_default()
+            .push(i);
+    }
+    by_server
+}
+
+#[test]
+fn the_clients_jump_hash_is_the_operators() {
+    for count in [1, 3, 4, 5] {
+        let list: Vec<String> = (0..count).map(|i| format!("10.0.0.{i}:11211")).collect();
+        let placement = Placement::new(Scheme::Jump, &list).unwrap();
+        for i in 0..KEYS {
+            let k = key(i);
+            assert_eq!(
+                Some(jump(k.as_bytes(), count)),
+                placement.server(k.as_bytes()),
+                "{k} over {count}"
+            );
+        }
+    }
+}
+
+async fn connect(address: &str) -> BufReader<TcpStream> {
+    BufReader::new(
+        TcpStream::connect(address)
+            .await
+            .unwrap_or_else(|e| panic!("connecting to {address}: {e}")),
+    )
+}
+
+/// Stores every key on its server among `servers` (addresses to connect to, in the published order).
+async fn fill(servers: &[String], len: usize) {
+    for (server, keys) in placed(servers.len()) {
+        let mut conn = connect(&servers[server]).await;
+        for batch in keys.chunks(BATCH) {
+            let mut out = Vec::new();
+            for &i in batch {
+                out.extend_from_slice(format!("set {} 0 0 {len} noreply\r\n", key(i)).as_bytes());
+                out.extend_from_slice(&value(i, len));
+                out.extend_from_slice(b"\r\n");
+            }
+            conn.get_mut().write_all(&out).await.expect("set");
+        }
+        // `noreply` sends no answers: one that does tells that every set before it was read.
+        conn.get_mut()
+            .write_all(b"version\r\n")
+            .await
+            .expect("version");
+        let mut line = String::new();
+        conn.read_line(&mut line).await.expect("answer");
+        assert!(line.starts_with("VERSION"), "{line:?}");
+    }
+}
+
+/// How many keys their server among `servers` holds with the value they were stored with.
+async fn hits(servers: &[String], len: usize) -> usize {
+    let mut hits = 0;
+    for (server, keys) in placed(servers.len()) {
+        let mut conn = connect(&servers[server]).await;
+        for batch in keys.chunks(BATCH) {
+            let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();
+            let request = format!("get {}\r\n", names.join(" "));
+            conn.get_mut()
+                .write_all(request.as_bytes())
+                .await
+                .expect("get");
+            loop {
+                let mut line = String::new();
+                conn.read_line(&mut line).await.expect("answer");
+                if line == "END\r\n" {
+                    break;
+                }
+                // VALUE <key> <flags> <bytes>
+                let parts: Vec<&str> = line.split_whitespace().collect();
+                assert_eq!(parts.first(), Some(&"VALUE"), "{line:?}");
+                let bytes: usize = parts[3].parse().expect("a length");
+                let mut data = vec![0; bytes + 2];
+                conn.read_exact(&mut data).await.expect("a value");
+                let i: usize = parts[1]["scale-key-".len()..]
+                    .parse()
+                    .expect("a key of ours");
+                if data[..bytes] == value(i, len)[..] {
+                    hits += 1;
+                }
+            }
+        }
+    }
+    hits
+}
+
+/// The published entries as addresses the test can connect to: a StatefulSet's stable DNS names
+/// (`<pod>.<headless>.<ns>.svc:port`, which nothing resolves here) become their pods' IPs. Jump places
+/// keys by index, so the order is all that counts.
+async fn reachable(s: &Scenario, list: &[String]) -> Vec<String> {
+    let pods: Api<Pod> = Api::namespaced(s.client.clone(), &s.namespace);
+    let mut out = Vec::new();
+    for entry in list {
+        let (host, port) = entry.rsplit_once(':').expect("host:port");
+        if host.parse::<std::net::IpAddr>().is_ok() {
+            out.push(entry.clone());
+            continue;
+        }
+        let pod = host.split('.').next().unwrap_or_default();
+        let ip = pods
+            .get(pod)
+            .await
+            .ok()
+            .and_then(|p| p.status?.pod_ip)
+            .unwrap_or_else(|| panic!("pod {pod} of {entry} has an IP"));
+        out.push(format!("{ip}:{port}"));
+    }
+    out
+}
+
+/// `status.serverList`, once the instance is settled with `size` servers.
+async fn settled_servers(s: &Scenario, size: usize, timeout: Duration) -> Vec<String> {
+    let api = memcacheds(s);
+    wait_for(
+        &format!("the instance to settle with {size} servers"),
+        timeout,
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            let list = mc
+                .status
+                .as_ref()
+                .map(|st| st.server_list.clone())
+                .unwrap_or_default();
+            if settled(&mc) && list.len() == size && mc.status.as_ref().unwrap().drain.is_none() {
+                Ok(list)
+            } else {
+                Err(format!("{list:?}; {}", conditions(&mc)))
+            }
+        },
+    )
+    .await
+}
+
+/// The operator's events about the instance with `reason`: their notes.
+async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
+    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.namespace);
+    events
+        .list(&ListParams::default())
+        .await
+        .map(|list| list.items)
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.note)
+        .collect()
+}
+
+fn spec(size: usize, workload: &str, hashing: &str) -> Value {
+    spec_with(size, workload, hashing, json!({}))
+}
+
+fn spec_with(size: usize, workload: &str, hashing: &str, handover: Value) -> Value {
+    json!({
+        "size": size, "workload": workload,
+        "memcached": {"maxMemoryMB": 64},
+        "clients": {"hashing": hashing},
+        "scaling": {"drainSeconds": DRAIN_SECONDS},
+        "handover": handover,
+        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+    })
+}
+
+/// What a scale did to the keys.
+struct Scaled {
+    read: usize,
+    took: Duration,
+    handed: Vec<String>,
+    failed: Vec<String>,
+    saw_handing_over: bool,
+}
+
+/// Settles `from` servers, fills them, scales to `to` and reads every key back once settled.
+async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usize) -> Scaled {
+    apply(s, "cache", spec(from, workload, hashing)).await;
+    let old = settled_servers(s, from, Duration::from_secs(90)).await;
+    let old = reachable(s, &old).await;
+    fill(&old, VALUE_LEN).await;
+    let stored = hits(&old, VALUE_LEN).await;
+    assert_eq!(stored, KEYS, "every key is stored before the scale");
+    s.step(&format!(
+        "{workload}: {stored} keys on {old:?}; scaling {from} -> {to} (hashing {hashing})"
+    ));
+    apply(s, "cache", spec(to, workload, hashing)).await;
+    let started = Instant::now();
+    // Whether Progressing=HandingOver shows while the copies run (polled; a fast copy may be missed).
+    let api = memcacheds(s);
+    let mut saw_handing_over = false;
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let new = loop {
+        let mc = api.get("cache").await.expect("the instance");
+        if condition(&mc, "Progressing").is_some_and(|c| c.reason == "HandingOver") {
+            saw_handing_over = true;
+        }
+        let status = mc.status.clone().unwrap_or_default();
+        if settled(&mc) && status.server_list.len() == to && status.drain.is_none() {
+            break status.server_list;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the scale did not settle: {}",
+            conditions(&mc)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let took = started.elapsed();
+    let new = reachable(s, &new).await;
+    let read = hits(&new, VALUE_LEN).await;
+    let (handed, failed) = (
+        notes(s, "HandedOver").await,
+        notes(s, "HandoverFailed").await,
+    );
+    s.step(&format!(
+        "{workload} {from} -> {to} (hashing {hashing}) settled in {:.1} s on {new:?}: {read} of {KEYS} \
+         keys hit ({:.1} %); HandedOver: {handed:#?}; HandoverFailed: {failed:#?}",
+        took.as_secs_f64(),
+        read as f64 * 100.0 / KEYS as f64
+    ));
+    Scaled {
+        read,
+        took,
+        handed,
+        failed,
+        saw_handing_over,
+    }
+}
+
+fn assert_warm(scaled: &Scaled, targets: usize) {
+    assert!(
+        scaled.read * 100 >= KEYS * 95,
+        "{} of {KEYS} keys hit after the scale",
+        scaled.read
+    );
+    assert_eq!(
+        scaled.handed.len(),
+        targets,
+        "one HandedOver event per target server: {:#?}",
+        scaled.handed
+    );
+    assert!(scaled.failed.is_empty(), "{:#?}", scaled.failed);
+}
+
+#[tokio::test]
+async fn a_deployment_scale_down_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-down-warm", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "Deployment", "jump", 4, 3).await;
+    assert_warm(&scaled, 3);
+    assert!(
+        scaled.took >= Duration::from_secs(DRAIN_SECONDS),
+        "the drain was waited for"
+    );
+}
+
+#[tokio::test]
+async fn a_deployment_scale_up_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-up-warm", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "Deployment", "jump", 3, 5).await;
+    assert_warm(&scaled, 2);
+}
+
+#[tokio::test]
+async fn a_statefulset_scale_up_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-up-warm-sts", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "StatefulSet", "jump", 3, 5).await;
+    assert_warm(&scaled, 2);
+}
+
+#[tokio::test]
+async fn a_statefulset_scale_down_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-down-warm-sts", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "StatefulSet", "jump", 4, 3).await;
+    assert_warm(&scaled, 3);
+}
+
+/// The same scales without a declared hashing copy nothing: the figures the handover improves on.
+#[tokio::test]
+async fn scales_without_a_declared_hashing_go_cold() {
+    let Some(down) = Scenario::start_with_memcached("scale-down-cold", &[]).await else {
+        return;
+    };
+    let scaled = scale(&down, "Deployment", "unknown", 4, 3).await;
+    assert!(scaled.handed.is_empty() && !scaled.saw_handing_over);
+    assert!(
+        scaled.read * 100 < KEYS * 85,
+        "{} of {KEYS} hit without copies",
+        scaled.read
+    );
+    drop(down);
+    let Some(up) = Scenario::start_with_memcached("scale-up-cold", &[]).await else {
+        return;
+    };
+    let scaled = scale(&up, "Deployment", "unknown", 3, 5).await;
+    assert!(scaled.handed.is_empty());
+    assert!(
+        scaled.read * 100 < KEYS * 70,
+        "{} of {KEYS} hit without copies",
+        scaled.read
+    );
+}
+
+/// An operator restarted while a scale-down's copies run starts them again (the list before is in
+/// `status.drain.servers`), and the drained pod goes once they ended.
+#[tokio::test]
+async fn an_operator_restart_mid_scale_down_copies_again_and_the_scale_ends() {
+    let Some(mut s) = Scenario::start_with_memcached("scale-restart", &[]).await else {
+        return;
+    };
+    // 20 000 items of 400 bytes: about 670 kB to each of 3 targets from the one removed server, 10 s
+    // per copy at 64 KiB/s, one after the other; well within the 90 s bound.
+    let (len, handover) = (
+        400,
+        json!({"maxBytesPerSecond": 65536, "timeoutSeconds": 90}),
+    );
+    apply(
+        &s,
+        "cache",
+        spec_with(4, "Deployment", "jump", handover.clone()),
+    )
+    .await;
+    let old = settled_servers(&s, 4, Duration::from_secs(90)).await;
+    fill(&old, len).await;
+    apply(&s, "cache", spec_with(3, "Deployment", "jump", handover)).await;
+    let api = memcacheds(&s);
+    let copying = wait_for(
+        "Progressing=HandingOver",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            match condition(&mc, "Progressing") {
+                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
+                _ => Err(conditions(&mc)),
+            }
+        },
+    )
+    .await;
+    s.step(&format!("copying: {copying}; restarting the operator"));
+    let started = Instant::now();
+    s.restart_operator().await;
+    let new = settled_servers(&s, 3, Duration::from_secs(180)).await;
+    let read = hits(&new, len).await;
+    let (handed, failed) = (
+        notes(&s, "HandedOver").await,
+        notes(&s, "HandoverFailed").await,
+    );
+    s.step(&format!(
+        "settled {:.1} s after the restart on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
+         {handed:#?}; HandoverFailed: {failed:#?}",
+        started.elapsed().as_secs_f64()
+    ));
+    assert!(read * 100 >= KEYS * 95, "{read} of {KEYS} keys hit");
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert!(
+        handed.len() >= 3,
+        "each target handed over (again) by the restarted operator: {handed:#?}"
+    );
+}

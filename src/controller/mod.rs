@@ -22,6 +22,7 @@ mod pool;
 mod reconcile;
 pub mod runtime;
 mod secrets;
+pub mod spare;
 
 use std::sync::Arc;
 use std::time::Duration;

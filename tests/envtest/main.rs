@@ -65,6 +65,7 @@ mod restart;
 mod rollouts;
 mod secrets;
 mod settled;
+mod statefulset_handover;
 mod telemetry;
 
 use std::future::Future;

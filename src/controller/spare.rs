@@ -127,8 +127,12 @@ pub async fn step(
         .filter(|c| c.waiting && !c.terminating && !running.contains_key(&c.name))
     {
         let ordinal = spare::ordinal(name, &pod.name);
-        let from_spare = ordinal
-            .filter(|o| live_partition.is_some_and(|p| spare::takes_from_spare(*o, p, staged)));
+        // Without a spare (none was needed, or it could not be created: that was reported) there is
+        // nothing to copy from.
+        let from_spare = ordinal.filter(|o| {
+            spare.is_some()
+                && live_partition.is_some_and(|p| spare::takes_from_spare(*o, p, staged))
+        });
         let opened = match (enabled, from_spare) {
             (false, _) => Opened {
                 reason: "Disabled",
@@ -137,7 +141,7 @@ pub async fn step(
             (true, None) => Opened {
                 reason: "NothingToCopy",
                 message: format!(
-                    "{} takes a slot no other server held: nothing to copy",
+                    "{} takes a slot no spare server holds items for: nothing to copy",
                     pod.name
                 ),
             },
@@ -235,7 +239,12 @@ pub async fn step(
     // The spare goes once nothing is left for it to do.
     let progress = handovers.progress(namespace, name);
     let rolling = pace.next.is_some() || pace.partition > 0;
-    let waiting = candidates.iter().any(|c| c.waiting && !c.terminating);
+    let at_partition = live_partition.map(|p| format!("{name}-{p}"));
+    let partition_pod = pods
+        .iter()
+        .find(|p| p.metadata.name.as_ref() == at_partition.as_ref());
+    let waiting = candidates.iter().any(|c| c.waiting && !c.terminating)
+        || (at_partition.is_some() && spare::gate_pending(partition_pod.map(Arc::as_ref)));
     if let Some(state) = &spare
         && !state.terminating
         && !spare::needed(enabled, rolling, !progress.is_empty(), waiting)
@@ -299,8 +308,14 @@ impl Stage<'_> {
         let Some(spare) = spare.filter(|s| !s.terminating) else {
             if spare.is_none()
                 && let Some(template) = template
+                && let Err(error) = create(ctx, instance, template).await
             {
-                create(ctx, instance, template).await?;
+                // A refusal (an install without `create` on pods, a quota) must not hold the rollout.
+                if error.unanswered() {
+                    return Err(error);
+                }
+                self.cold(&error.to_string()).await;
+                return Ok(Started::Cold);
             }
             return Ok(Started::Waiting(None));
         };
@@ -400,7 +415,8 @@ async fn create(
     Ok(())
 }
 
-/// Deletes the spare server; one already gone needs nothing.
+/// Deletes the spare server; one already gone needs nothing. A refusal is logged, not failed: it must
+/// not hold the instance's reconciles (the spare is garbage-collected with the instance anyway).
 async fn remove(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     match api.delete(name, &DeleteParams::default()).await {
@@ -410,12 +426,16 @@ async fn remove(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error>
         }
         Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
         Err(source) => {
-            warn!(pod = %name, %source, "cannot remove the spare server");
-            Err(Error::Apply {
+            let error = Error::Delete {
                 kind: "Pod".into(),
                 name: name.to_owned(),
                 source,
-            })
+            };
+            if error.unanswered() {
+                return Err(error);
+            }
+            warn!(%error, "cannot remove the spare server");
+            Ok(())
         }
     }
 }

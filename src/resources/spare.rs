@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
-use super::handover::without_gate;
+use super::handover::{GATE, without_gate};
 use super::{Instance, labels};
 
 /// The spare's name: `<name>-handover` (the StatefulSet's pods are `<name>-<ordinal>`).
@@ -147,9 +147,28 @@ pub fn takes_from_spare(ordinal: i32, live_partition: i32, staged: Option<i32>) 
 }
 
 /// Whether the spare is still needed: a server is left to replace (`rolling`), a copy from or to it runs
-/// (`copying`), or a new pod waits behind its gate (`waiting`), which may be the spare's to fill.
+/// (`copying`), or a new pod waits behind its gate or is on its way there (`waiting`, see
+/// [`gate_pending`]), which may be the spare's to fill.
 pub fn needed(enabled: bool, rolling: bool, copying: bool, waiting: bool) -> bool {
     copying || (enabled && (rolling || waiting))
+}
+
+/// Whether the server at the live partition (`pod`, the last one the rollout let go) has yet to pass its
+/// handover gate: missing or terminating (being replaced), or not ready without the gate's condition
+/// (starting, or waiting behind the gate). Once a rollout's last server is replaced nothing is left to
+/// roll, but the spare holds its items until that server takes them.
+pub fn gate_pending(pod: Option<&Pod>) -> bool {
+    let Some(pod) = pod else {
+        return true;
+    };
+    let condition = |type_: &str| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == type_))
+    };
+    pod.metadata.deletion_timestamp.is_some()
+        || (condition(GATE).is_none() && condition("Ready").is_none_or(|c| c.status != "True"))
 }
 
 #[cfg(test)]

@@ -156,3 +156,41 @@ fn the_spare_stays_while_a_server_is_left_to_replace_or_a_copy_needs_it() {
         "handover disabled: no spare"
     );
 }
+
+fn server(ready: bool, gate: Option<&str>, terminating: bool) -> Pod {
+    let mut conditions =
+        vec![json!({"type": "Ready", "status": if ready { "True" } else { "False" }})];
+    if let Some(status) = gate {
+        conditions.push(json!({"type": GATE, "status": status}));
+    }
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "cache-0", "creationTimestamp": at(0)},
+        "status": {"conditions": conditions}
+    }))
+    .unwrap();
+    if terminating {
+        pod.metadata.deletion_timestamp = pod.metadata.creation_timestamp.clone();
+    }
+    pod
+}
+
+#[test]
+fn the_last_server_replaced_keeps_the_spare_until_it_passed_its_gate() {
+    assert!(gate_pending(None), "deleted, its replacement not there yet");
+    assert!(
+        gate_pending(Some(&server(true, None, true))),
+        "the old pod stopping"
+    );
+    assert!(
+        gate_pending(Some(&server(false, None, false))),
+        "starting, or waiting behind the gate"
+    );
+    assert!(
+        !gate_pending(Some(&server(false, Some("True"), false))),
+        "gate opened"
+    );
+    assert!(
+        !gate_pending(Some(&server(true, None, false))),
+        "ready without a gate"
+    );
+}

@@ -693,6 +693,43 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_copy_to_the_spare_is_staged_until_the_spare_goes() {
+        let handovers = Handovers::default();
+        handovers.start(
+            ("ns".into(), "cache-handover".into()),
+            "cache",
+            3,
+            "cache-3".into(),
+            refused_copier(),
+        );
+        assert_eq!(
+            handovers
+                .copy_to("ns", "cache-handover")
+                .map(|(slot, _)| slot),
+            Some(3)
+        );
+        let spare = candidate("cache-handover", false);
+        handovers.stage("ns", "cache", "cache-handover", 3);
+        assert_eq!(
+            handovers.copy_to("ns", "cache-handover"),
+            Some((3, Phase::Staged))
+        );
+        assert!(handovers.progress("ns", "cache").is_empty(), "no copy runs");
+        assert!(
+            handovers.take_done("ns", "cache").is_empty(),
+            "nothing to report"
+        );
+        handovers.forget_gone("ns", "cache", std::slice::from_ref(&spare));
+        assert!(handovers.copy_to("ns", "cache-handover").is_some());
+        handovers.forget_gone("ns", "cache", &[]);
+        assert_eq!(
+            handovers.copy_to("ns", "cache-handover"),
+            None,
+            "the spare went"
+        );
+    }
+
+    #[tokio::test]
     async fn a_copy_whose_pod_or_instance_goes_is_cancelled() {
         let handovers = Handovers::default();
         // A listener that accepts and never answers keeps the copy running.

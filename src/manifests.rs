@@ -91,7 +91,12 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 /// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
 ///   (server-side apply of one annotation) to mark drained pods, and the server a warm handover copies
 ///   from, with a low pod-deletion cost. Their status is patched (`pods/status`) to open the warm-handover
-///   readiness gate of a Deployment rollout's new pod.
+///   readiness gate of a rollout's new pod. `create` and `delete` are for one pod only: the spare server
+///   a StatefulSet rollout's warm handover runs while it lasts (`<name>-handover`, created by server-side
+///   apply and deleted when the rollout ends; see `resources::spare`). RBAC cannot narrow `create` to a
+///   name, and a pod the operator creates must be removed by it (garbage collection only removes it with
+///   the instance); nothing else is created or deleted, and no other verb is added (`update` and
+///   `deletecollection` stay out).
 /// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
 ///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
 ///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions.
@@ -114,7 +119,11 @@ pub fn manager_role() -> ClusterRole {
             .into_iter()
             .chain(child_rules())
             .chain([
-                rule("", &["pods"], &["get", "list", "watch", "patch"]),
+                rule(
+                    "",
+                    &["pods"],
+                    &["get", "list", "watch", "create", "patch", "delete"],
+                ),
                 rule("", &["pods/status"], &["patch"]),
                 rule("", &["secrets"], &["get", "list", "watch"]),
                 rule(

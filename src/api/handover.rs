@@ -18,12 +18,14 @@ pub const DEFAULT_HANDOVER_TIMEOUT_SECONDS: i32 = 120;
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WarmHandover {
-    /// Whether the operator copies items to a server that takes keys over: a Deployment rollout's new
-    /// server gets the items of the server it replaces before it is published; under a declared
-    /// `spec.clients.hashing`, a scale's items that change server are copied to their new owner (a
-    /// scale-down's before its drained pods go, a scale-up's before its new servers are published).
-    /// StatefulSet rollouts, and scaling with `hashing: unknown`, start their new servers empty. `false`
-    /// leaves every new server empty, as before handovers existed; a new pod already waiting behind the
+    /// Whether the operator copies items to a server that takes keys over: a rollout's new server gets
+    /// the items of the server it replaces before it is published (a Deployment's straight from the old
+    /// server; a StatefulSet's through a spare server, `<name>-handover`, that the operator runs while the
+    /// rollout lasts); under a declared `spec.clients.hashing`, a scale's items that change server are
+    /// copied to their new owner (a scale-down's before its drained pods go, a scale-up's before its new
+    /// servers are published); scaling with `hashing: unknown` starts its new servers empty. `false`
+    /// leaves every new server empty, as before handovers existed, and runs no spare server; a new pod
+    /// already waiting behind the
     /// handover readiness gate then has the gate opened at once, without a copy. Default true.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,

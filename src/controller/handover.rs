@@ -1,6 +1,7 @@
 //! Deployment rollout handovers, driven by the reconcile: which gated pod takes over from which old
 //! server ([`crate::resources::handover`] decides), the copies that run meanwhile, and the gates opened
-//! when they end.
+//! when they end. The registry of copies ([`Handovers`]) also serves StatefulSet rollouts, whose copies go
+//! through a spare server ([`super::spare`]).
 //!
 //! A copy runs in a task of its own, outside any reconcile (it may take minutes), at most
 //! [`MOST_COPIES`] at once per operator; the rest wait for a turn, their time bound starting with the
@@ -44,7 +45,7 @@ pub const MOST_COPIES: usize = 3;
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// (namespace, pod) of a copy's target.
-type Key = (String, String);
+pub(super) type Key = (String, String);
 
 /// One handover: the instance, the slot taken over, the pod read, and how far it is.
 struct Entry {
@@ -64,6 +65,18 @@ enum State {
     /// The gate was opened, and the pod cache does not show it yet: a reconcile meanwhile must not take
     /// the pod for one still waiting (read-your-writes).
     Opened,
+    /// A copy to a StatefulSet rollout's spare server ended and was reported: the spare holds the slot's
+    /// items (as far as the copy got), and the partition may step down to it (see `controller::spare`).
+    Staged,
+}
+
+/// Where the copy to a pod stands ([`Handovers::copy_to`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    Running,
+    Ended,
+    Opened,
+    Staged,
 }
 
 impl Drop for Entry {
@@ -117,9 +130,9 @@ pub struct Step {
 }
 
 /// How a gate was opened: the condition's reason and message, and the event that says so.
-struct Opened {
-    reason: &'static str,
-    message: String,
+pub(super) struct Opened {
+    pub(super) reason: &'static str,
+    pub(super) message: String,
 }
 
 impl Handovers {
@@ -155,7 +168,7 @@ impl Handovers {
 
     /// Cancels the copies of `instance` whose target pod is not among `live` any more, and forgets the
     /// opened gates the cache shows (their pods wait no more).
-    fn forget_gone(&self, namespace: &str, instance: &str, live: &[Candidate]) {
+    pub(super) fn forget_gone(&self, namespace: &str, instance: &str, live: &[Candidate]) {
         self.lock().retain(|(ns, pod), entry| {
             if ns != namespace || entry.instance != instance {
                 return true;
@@ -163,7 +176,7 @@ impl Handovers {
             let candidate = live.iter().find(|c| &c.name == pod && !c.terminating);
             match entry.state {
                 State::Opened => candidate.is_some_and(|c| c.waiting),
-                _ => candidate.is_some(),
+                State::Running { .. } | State::Done(_) | State::Staged => candidate.is_some(),
             }
         });
     }
@@ -181,9 +194,40 @@ impl Handovers {
         );
     }
 
+    /// Remembers that the copy to the spare server `pod` for `slot` ended and was reported.
+    pub(super) fn stage(&self, namespace: &str, instance: &str, pod: &str, slot: i32) {
+        self.lock().insert(
+            (namespace.to_owned(), pod.to_owned()),
+            Entry {
+                instance: instance.to_owned(),
+                slot,
+                source: String::new(),
+                state: State::Staged,
+            },
+        );
+    }
+
+    /// The slot of the copy to `pod` known here, and where it stands.
+    pub(super) fn copy_to(&self, namespace: &str, pod: &str) -> Option<(i32, Phase)> {
+        let entries = self.lock();
+        let entry = entries.get(&(namespace.to_owned(), pod.to_owned()))?;
+        let phase = match entry.state {
+            State::Running { .. } => Phase::Running,
+            State::Done(_) => Phase::Ended,
+            State::Opened => Phase::Opened,
+            State::Staged => Phase::Staged,
+        };
+        Some((entry.slot, phase))
+    }
+
+    /// Forgets (and cancels) the copy to `pod`.
+    pub(super) fn forget(&self, namespace: &str, pod: &str) {
+        self.lock().remove(&(namespace.to_owned(), pod.to_owned()));
+    }
+
     /// Target pod → source pod of the instance's handovers not closed yet (an empty source once its
     /// gate is opened).
-    fn open(&self, namespace: &str, instance: &str) -> BTreeMap<String, String> {
+    pub(super) fn open(&self, namespace: &str, instance: &str) -> BTreeMap<String, String> {
         self.lock()
             .iter()
             .filter(|((ns, _), entry)| ns == namespace && entry.instance == instance)
@@ -191,7 +235,7 @@ impl Handovers {
             .collect()
     }
 
-    fn progress(&self, namespace: &str, instance: &str) -> Vec<HandoverProgress> {
+    pub(super) fn progress(&self, namespace: &str, instance: &str) -> Vec<HandoverProgress> {
         let mut progress: Vec<HandoverProgress> = self
             .lock()
             .iter()
@@ -205,7 +249,7 @@ impl Handovers {
                         bytes: now.bytes,
                     })
                 }
-                State::Done(_) | State::Opened => None,
+                State::Done(_) | State::Opened | State::Staged => None,
             })
             .collect();
         progress.sort_by_key(|p| p.slot);
@@ -213,7 +257,7 @@ impl Handovers {
     }
 
     /// The ended copies of the instance: (pod, slot, source, result), taken out.
-    fn take_done(
+    pub(super) fn take_done(
         &self,
         namespace: &str,
         instance: &str,
@@ -240,14 +284,14 @@ impl Handovers {
                 );
                 match state {
                     State::Done(result) => Some((key.1, entry.slot, entry.source.clone(), result)),
-                    State::Running { .. } | State::Opened => None,
+                    State::Running { .. } | State::Opened | State::Staged => None,
                 }
             })
             .collect()
     }
 
     /// Puts back an ended copy whose gate could not be opened, for the retry.
-    fn put_back(
+    pub(super) fn put_back(
         &self,
         key: Key,
         instance: &str,
@@ -267,7 +311,14 @@ impl Handovers {
     }
 
     /// Starts `copier` to pod `key` in a task of its own, unless a copy to that pod is already known.
-    fn start(&self, key: Key, instance: &str, slot: i32, source: String, copier: Copier) {
+    pub(super) fn start(
+        &self,
+        key: Key,
+        instance: &str,
+        slot: i32,
+        source: String,
+        copier: Copier,
+    ) {
         let mut entries = self.lock();
         if entries.contains_key(&key) {
             return;
@@ -404,7 +455,12 @@ pub async fn step(
 }
 
 /// The gate condition an ended copy gets, and its event's note.
-fn outcome(pod: &str, slot: i32, source: &str, result: &Result<Snapshot, Failure>) -> Opened {
+pub(super) fn outcome(
+    pod: &str,
+    slot: i32,
+    source: &str,
+    result: &Result<Snapshot, Failure>,
+) -> Opened {
     match result {
         Ok(done) if done.copied == 0 => Opened {
             reason: "NothingToCopy",
@@ -439,7 +495,7 @@ fn outcome(pod: &str, slot: i32, source: &str, result: &Result<Snapshot, Failure
 /// Sets the pod's handover condition `True` through its status subresource: a strategic-merge patch,
 /// which merges conditions by type, so the kubelet's own conditions are left as they are. Remembered until
 /// the pod cache shows it. A pod gone meanwhile needs nothing.
-async fn open_gate(
+pub(super) async fn open_gate(
     ctx: &Context,
     (namespace, instance): (&str, &str),
     pod: &str,
@@ -640,6 +696,43 @@ mod tests {
         );
         handovers.forget_gone("ns", "cache", &[candidate("new", false)]);
         assert!(handovers.open("ns", "cache").is_empty());
+    }
+
+    #[tokio::test]
+    async fn a_copy_to_the_spare_is_staged_until_the_spare_goes() {
+        let handovers = Handovers::default();
+        handovers.start(
+            ("ns".into(), "cache-handover".into()),
+            "cache",
+            3,
+            "cache-3".into(),
+            refused_copier(),
+        );
+        assert_eq!(
+            handovers
+                .copy_to("ns", "cache-handover")
+                .map(|(slot, _)| slot),
+            Some(3)
+        );
+        let spare = candidate("cache-handover", false);
+        handovers.stage("ns", "cache", "cache-handover", 3);
+        assert_eq!(
+            handovers.copy_to("ns", "cache-handover"),
+            Some((3, Phase::Staged))
+        );
+        assert!(handovers.progress("ns", "cache").is_empty(), "no copy runs");
+        assert!(
+            handovers.take_done("ns", "cache").is_empty(),
+            "nothing to report"
+        );
+        handovers.forget_gone("ns", "cache", std::slice::from_ref(&spare));
+        assert!(handovers.copy_to("ns", "cache-handover").is_some());
+        handovers.forget_gone("ns", "cache", &[]);
+        assert_eq!(
+            handovers.copy_to("ns", "cache-handover"),
+            None,
+            "the spare went"
+        );
     }
 
     #[tokio::test]

@@ -23,6 +23,7 @@ mod reconcile;
 pub mod runtime;
 pub mod scale_handover;
 mod secrets;
+pub mod spare;
 
 use std::sync::Arc;
 use std::time::Duration;

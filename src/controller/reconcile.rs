@@ -11,6 +11,7 @@ use std::hash::Hash;
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -31,6 +32,7 @@ use super::runtime::cache::Cache;
 use super::runtime::compact::{Compact, Compactable};
 use super::scale_handover;
 use super::secrets::{self, Resolved};
+use super::spare;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
 use crate::resources::scaling::Step;
@@ -376,7 +378,7 @@ async fn apply_children(
 
     // How long until a StatefulSet rollout may move on to the next server, or a copy's progress is shown.
     let rollout_wait;
-    let mut handovers = Vec::new();
+    let mut handovers;
     let workload = match instance.spec.workload {
         Workload::Deployment => {
             let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
@@ -409,16 +411,39 @@ async fn apply_children(
             let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
             let source = scope.source(&stores.children.statefulsets, &());
             let live = children::cached(instance, instance.name, &source)?;
-            let pods: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
-            let pace = rollout::pace(
+            let enabled = instance.spec.handover().enabled();
+            let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
+            let live_template = live.as_deref().and_then(template);
+            if gate::template_gate_wanted(
+                enabled,
+                template(&desired).as_ref(),
+                live_template.as_ref(),
+            ) && let Some(spec) = desired.spec.as_mut()
+            {
+                gate::add_template_gate(&mut spec.template);
+            }
+            let pod_refs: Vec<&Pod> = pods.iter().map(Arc::as_ref).collect();
+            let pace = rollout::paced(
                 &desired,
                 live.as_deref(),
-                &pods,
+                &pod_refs,
                 instance.spec.warmup_seconds(),
+                enabled,
                 &(ctx.clock)(),
             );
-            statefulset::set_partition(&mut desired, pace.partition);
-            rollout_wait = pace.wait;
+            let staging = spare::step(
+                ctx,
+                mc,
+                instance,
+                desired.spec.as_ref().map(|s| &s.template),
+                &pace,
+                live.as_deref().map(rollout::partition_of),
+                &pods,
+            )
+            .await?;
+            statefulset::set_partition(&mut desired, staging.partition);
+            handovers = staging.progress;
+            rollout_wait = [pace.wait, staging.wait].into_iter().flatten().min();
             let applied = ensure_workload(
                 &scope,
                 desired,

@@ -171,6 +171,26 @@ async fn server_time(conn: &mut Conn, side: Side, line: &mut Vec<u8>) -> Result<
     })
 }
 
+/// Empties `target` (`flush_all`), so that it holds only what the copy brings: a StatefulSet rollout's
+/// spare server holds one server's items at a time (see `resources::spare`).
+pub(super) async fn flush(settings: &Settings, target: &Target) -> Result<(), CopyError> {
+    let mut conn = open(settings, Side::Target, target).await?;
+    bounded(settings, Side::Target, async {
+        send(&mut conn, Side::Target, b"flush_all\r\n").await?;
+        let mut line = Vec::with_capacity(16);
+        read_line(&mut conn, Side::Target, &mut line, LINE_REPLY_LIMIT).await?;
+        if line == b"OK\r\n" {
+            Ok(())
+        } else {
+            Err(CopyError::Protocol {
+                side: Side::Target,
+                answer: connection::shown(&line),
+            })
+        }
+    })
+    .await
+}
+
 fn elapsed_secs(since: Instant) -> i64 {
     i64::try_from(since.elapsed().as_secs()).unwrap_or(i64::MAX)
 }

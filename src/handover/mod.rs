@@ -91,6 +91,8 @@ pub struct Copier {
     target: Target,
     settings: Settings,
     filter: Option<KeyFilter>,
+    /// Whether the target is emptied first ([`Copier::emptying_target`]).
+    empty_target: bool,
     progress: Arc<Progress>,
 }
 
@@ -102,6 +104,7 @@ impl Copier {
             target,
             settings,
             filter: None,
+            empty_target: false,
             progress: Arc::default(),
         }
     }
@@ -121,8 +124,16 @@ impl Copier {
             target: self.target.clone(),
             settings: self.settings.clone(),
             filter: self.filter.clone(),
+            empty_target: self.empty_target,
             progress: self.progress.clone(),
         }
+    }
+
+    /// Empties the target (`flush_all`) before copying, within the copy's time bound: for a target that
+    /// is the operator's own server (a StatefulSet rollout's spare), which no client uses.
+    pub fn emptying_target(mut self) -> Self {
+        self.empty_target = true;
+        self
     }
 
     /// The live counters, readable while the copy runs.
@@ -134,6 +145,9 @@ impl Copier {
     pub async fn run(self) -> Result<Snapshot, Failure> {
         self.progress.start();
         let copy = async {
+            if self.empty_target {
+                copy::flush(&self.settings, &self.target).await?;
+            }
             copy::Copy::start(
                 &self.source,
                 &self.target,

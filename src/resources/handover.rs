@@ -35,13 +35,28 @@ pub const SOURCE_COST: &str = "-100";
 /// to copy from) says so; otherwise the live template's gate stays as it is. A new Deployment starts
 /// without it: its servers have nothing to take over.
 pub fn gate_wanted(handover: bool, desired: &Deployment, live: Option<&Deployment>) -> bool {
-    let Some(live) = live.and_then(|d| d.spec.as_ref()) else {
+    template_gate_wanted(
+        handover,
+        desired.spec.as_ref().map(|s| &s.template),
+        live.and_then(|d| d.spec.as_ref()).map(|s| &s.template),
+    )
+}
+
+/// [`gate_wanted`] for any workload's pod template: the `desired` one (built without the gate) and the
+/// `live` one. A StatefulSet rollout is handed over through the spare server (see [`super::spare`]), so
+/// there `handover` is `spec.handover.enabled` alone.
+pub fn template_gate_wanted(
+    handover: bool,
+    desired: Option<&PodTemplateSpec>,
+    live: Option<&PodTemplateSpec>,
+) -> bool {
+    let Some(live) = live else {
         return false;
     };
-    let live_gated = has_gate(&live.template);
+    let live_gated = has_gate(live);
     let (Ok(mut live_template), Ok(desired_template)) = (
-        serde_json::to_value(without_gate(&live.template)),
-        serde_json::to_value(desired.spec.as_ref().map(|s| &s.template)),
+        serde_json::to_value(without_gate(live)),
+        serde_json::to_value(desired),
     ) else {
         return live_gated;
     };
@@ -70,7 +85,8 @@ pub fn has_gate(template: &PodTemplateSpec) -> bool {
         .is_some_and(|gates| gates.iter().any(|g| g.condition_type == GATE))
 }
 
-fn without_gate(template: &PodTemplateSpec) -> PodTemplateSpec {
+/// `template` without the handover gate.
+pub fn without_gate(template: &PodTemplateSpec) -> PodTemplateSpec {
     let mut template = template.clone();
     if let Some(gates) = template
         .spec
@@ -84,11 +100,14 @@ fn without_gate(template: &PodTemplateSpec) -> PodTemplateSpec {
 
 /// Adds the handover gate to `deployment`'s pod template.
 pub fn add_gate(deployment: &mut Deployment) {
-    if let Some(spec) = deployment
-        .spec
-        .as_mut()
-        .and_then(|s| s.template.spec.as_mut())
-    {
+    if let Some(spec) = deployment.spec.as_mut() {
+        add_template_gate(&mut spec.template);
+    }
+}
+
+/// Adds the handover gate to `template`.
+pub fn add_template_gate(template: &mut PodTemplateSpec) {
+    if let Some(spec) = template.spec.as_mut() {
         spec.readiness_gates
             .get_or_insert_with(Vec::new)
             .push(PodReadinessGate {

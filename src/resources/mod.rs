@@ -20,6 +20,7 @@ pub mod secrets;
 pub mod servers;
 pub mod service;
 pub mod service_monitor;
+pub mod spare;
 pub mod statefulset;
 pub mod validate;
 

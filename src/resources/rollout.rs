@@ -13,6 +13,11 @@
 //! - once every server runs the new revision it is 0, where it stays between rollouts (a new pool's
 //!   servers, all on the current revision, are never held back).
 //!
+//! With a warm handover (`spec.handover.enabled`) the operator paces the rollout even without a warmup: a
+//! template change holds every server (the partition at `replicas`), and each step down waits until the
+//! server about to go has been copied to the spare server (see [`super::spare`]); [`Pace::next`] says
+//! which server that is.
+//!
 //! Everything is read from the live StatefulSet (its `updateRevision`) and the pods (their
 //! `controller-revision-hash` label and `Ready` condition), never from memory, so the pace survives an
 //! operator restart or a leader hand-over. Without a warmup the controller's own pace (the next pod once
@@ -35,10 +40,22 @@ pub const REVISION_LABEL: &str = "controller-revision-hash";
 pub struct Pace {
     pub partition: i32,
     pub wait: Option<Duration>,
+    /// The highest server still to be replaced, while a rollout the StatefulSet controller has taken in
+    /// is under way: the next one to go, or the one going now.
+    pub next: Option<i32>,
+}
+
+impl Pace {
+    /// The server this pace lets the StatefulSet replace that the `live` partition still holds: the one
+    /// a warm handover copies to the spare server before the partition steps down to it.
+    pub fn stepping(&self, live_partition: i32) -> Option<i32> {
+        self.next
+            .filter(|next| *next == self.partition && self.partition < live_partition)
+    }
 }
 
 /// The pace of `desired` (the StatefulSet about to be applied, `replicas` servers) given the `live` one
-/// and the instance's `pods`.
+/// and the instance's `pods`, without a warm handover.
 pub fn pace(
     desired: &StatefulSet,
     live: Option<&StatefulSet>,
@@ -46,17 +63,32 @@ pub fn pace(
     warmup_seconds: i32,
     now: &Time,
 ) -> Pace {
+    paced(desired, live, pods, warmup_seconds, false, now)
+}
+
+/// [`pace`], with a warm `handover` or not: with one, a template change replaces no server yet (the
+/// first has to be copied to the spare server before it goes), and the pace applies without a warmup too.
+pub fn paced(
+    desired: &StatefulSet,
+    live: Option<&StatefulSet>,
+    pods: &[&Pod],
+    warmup_seconds: i32,
+    handover: bool,
+    now: &Time,
+) -> Pace {
     let replicas = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let (Some(live), true) = (live, warmup_seconds > 0) else {
+    let (Some(live), true) = (live, warmup_seconds > 0 || handover) else {
         // A new StatefulSet has no servers to keep warm; without a warmup the controller paces itself.
         return Pace::default();
     };
     let live_partition = partition_of(live);
     if template_changes(desired, live) {
-        // One server goes, the highest; the rest wait for it to be warm.
+        // One server goes, the highest; the rest wait for it to be warm. With a handover none goes yet.
+        let partition = if handover { replicas } else { replicas - 1 };
         return Pace {
-            partition: (replicas - 1).max(0),
+            partition: partition.max(0),
             wait: None,
+            next: None,
         };
     }
     let status = live.status.as_ref();
@@ -67,6 +99,7 @@ pub fn pace(
         return Pace {
             partition: live_partition,
             wait: None,
+            next: None,
         };
     };
     let name = live.metadata.name.as_deref().unwrap_or_default();
@@ -96,11 +129,13 @@ pub fn pace(
         None => Pace {
             partition: next,
             wait: None,
+            next: Some(next),
         },
         Some(left) => Pace {
             partition: next + 1,
             // A server that is not ready yet wakes the reconciler when it is: no timer for it.
             wait: Some(left).filter(|l| !l.is_zero()),
+            next: Some(next),
         },
     }
 }

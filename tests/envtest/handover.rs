@@ -24,7 +24,7 @@ use crate::instances::{apply, conditions, memcacheds, settled};
 use crate::{Scenario, wait_for};
 
 const SIZE: usize = 4;
-const KEYS: usize = 20_000;
+pub const KEYS: usize = 20_000;
 /// Keys per pipelined write or multi-key `get`.
 const BATCH: usize = 200;
 
@@ -61,7 +61,7 @@ async fn connect(address: &str) -> BufReader<TcpStream> {
 }
 
 /// Stores every key on its server (values of `len` bytes, no expiry).
-async fn fill(servers: &[String], len: usize) {
+pub async fn fill(servers: &[String], len: usize) {
     for (server, keys) in placed(servers) {
         let mut conn = connect(&servers[server]).await;
         for batch in keys.chunks(BATCH) {
@@ -85,7 +85,7 @@ async fn fill(servers: &[String], len: usize) {
 }
 
 /// How many keys their server under `servers` holds with the value they were stored with.
-async fn hits(servers: &[String], len: usize) -> usize {
+pub async fn hits(servers: &[String], len: usize) -> usize {
     let mut hits = 0;
     for (server, keys) in placed(servers) {
         let mut conn = connect(&servers[server]).await;
@@ -150,7 +150,7 @@ async fn settled_servers(
 }
 
 /// The operator's events about the instance with `reason`: their notes.
-async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
+pub async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
     let events: Api<Event> = Api::namespaced(s.client.clone(), &s.namespace);
     events
         .list(&ListParams::default())

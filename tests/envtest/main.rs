@@ -66,6 +66,7 @@ mod rollouts;
 mod scale_handover;
 mod secrets;
 mod settled;
+mod statefulset_handover;
 mod telemetry;
 
 use std::future::Future;

@@ -48,7 +48,8 @@ async fn paced_rollout(workload: &str) {
     };
     apply(&s, "cache", spec(64)).await;
     wait_settled(&s, "cache", Duration::from_secs(90)).await;
-    let selector = "app.kubernetes.io/instance=cache";
+    // The servers, not the spare server a StatefulSet rollout's warm handover runs beside them.
+    let selector = "app.kubernetes.io/name=memcached,app.kubernetes.io/instance=cache";
     // A list that fails (a busy API server) says nothing about readiness: `None`, not zero pods.
     let list = || async {
         pods(&s)

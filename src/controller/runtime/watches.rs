@@ -597,10 +597,13 @@ fn recoveries(
     )
 }
 
-/// The instance a pod belongs to, from its labels.
+/// The instance a pod belongs to, from its labels: one of its servers, or its rollout's spare server
+/// (see `resources::spare`).
 pub fn pod_owner(pod: Compact<Pod>) -> Option<ObjectRef<Memcached>> {
     let labels = pod.labels();
-    if labels.get(labels::NAME_KEY).map(String::as_str) != Some(labels::APP_NAME) {
+    if labels.get(labels::NAME_KEY).map(String::as_str) != Some(labels::APP_NAME)
+        && !crate::resources::spare::is_spare(labels)
+    {
         return None;
     }
     let name = labels.get(labels::INSTANCE_KEY)?;

@@ -63,7 +63,8 @@ fn a_new_template_lets_exactly_the_highest_server_go() {
         pace,
         Pace {
             partition: 2,
-            wait: None
+            wait: None,
+            next: None,
         }
     );
 }
@@ -89,7 +90,8 @@ fn the_partition_moves_down_once_the_replaced_server_has_warmed_up() {
         run(&desired, Some(&live), &warming, 100),
         Pace {
             partition: 2,
-            wait: Some(Duration::from_secs(5))
+            wait: Some(Duration::from_secs(5)),
+            next: Some(1),
         }
     );
     // Warm: server 1 is next, and only server 1.
@@ -97,7 +99,8 @@ fn the_partition_moves_down_once_the_replaced_server_has_warmed_up() {
         run(&desired, Some(&live), &warming, 105),
         Pace {
             partition: 1,
-            wait: None
+            wait: None,
+            next: Some(1),
         }
     );
     // Every server warm on the new revision: done, partition 0.
@@ -167,4 +170,57 @@ fn a_settled_pool_stays_at_partition_zero() {
         run(&desired(2, "x"), Some(&live), &pods, 100),
         Pace::default()
     );
+}
+
+fn handed(desired: &StatefulSet, live: &StatefulSet, pods: &[Pod], warmup: i32, now: i64) -> Pace {
+    let pods: Vec<&Pod> = pods.iter().collect();
+    paced(desired, Some(live), &pods, warmup, true, &at(now))
+}
+
+#[test]
+fn with_a_handover_a_new_template_holds_every_server() {
+    let live = live(3, 0, "memcached:1.6.1");
+    let pods = [
+        pod(0, "old", Some(0)),
+        pod(1, "old", Some(0)),
+        pod(2, "old", Some(0)),
+    ];
+    let pace = handed(&desired(3, "memcached:1.6.2"), &live, &pods, WARMUP, 100);
+    assert_eq!(pace.partition, 3, "none goes before its copy to the spare");
+    assert_eq!(pace.stepping(0), None, "nothing to step yet");
+}
+
+#[test]
+fn with_a_handover_the_pace_applies_without_a_warmup_and_names_the_server_to_copy() {
+    let live = live(3, 3, "x");
+    let pods = [
+        pod(0, "old", Some(0)),
+        pod(1, "old", Some(0)),
+        pod(2, "old", Some(0)),
+    ];
+    let pace = handed(&desired(3, "x"), &live, &pods, 0, 100);
+    assert_eq!((pace.partition, pace.next), (2, Some(2)));
+    assert_eq!(
+        pace.stepping(3),
+        Some(2),
+        "server 2 is copied before it goes"
+    );
+    assert_eq!(pace.stepping(2), None, "already stepped: it is going");
+    // Server 2 replaced and ready, no warmup: server 1 is next.
+    let replaced = [
+        pod(0, "old", Some(0)),
+        pod(1, "old", Some(0)),
+        pod(2, "new", Some(99)),
+    ];
+    let live = super::tests::live(3, 2, "x");
+    let pace = handed(&desired(3, "x"), &live, &replaced, 0, 100);
+    assert_eq!(pace.stepping(2), Some(1));
+    // Not ready yet (behind its gate): held at 2, nothing to copy yet.
+    let gated = [
+        pod(0, "old", Some(0)),
+        pod(1, "old", Some(0)),
+        pod(2, "new", None),
+    ];
+    let pace = handed(&desired(3, "x"), &live, &gated, 0, 100);
+    assert_eq!((pace.partition, pace.stepping(2)), (2, None));
 }

@@ -1,0 +1,196 @@
+use k8s_openapi::api::core::v1::{Affinity, NodeAffinity, PodAntiAffinity};
+use serde_json::json;
+
+use super::*;
+use crate::api::{MemcachedSpec, Workload};
+use crate::resources::handover::{GATE, add_template_gate, has_gate};
+use crate::resources::testing::memcached;
+use crate::resources::{Defaults, pod};
+
+fn at(second: i64) -> Timestamp {
+    Timestamp::from_second(1_800_000_000 + second).unwrap()
+}
+
+#[test]
+fn the_spare_runs_the_new_template_but_is_no_server() {
+    let mc = memcached(
+        "cache",
+        MemcachedSpec {
+            size: 3,
+            workload: Workload::StatefulSet,
+            ..MemcachedSpec::default()
+        },
+    );
+    let defaults = Defaults::default();
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let mut template = pod::template(&instance, Some("hash"));
+    add_template_gate(&mut template);
+    let spec = template.spec.as_mut().unwrap();
+    spec.affinity = Some(Affinity {
+        node_affinity: Some(NodeAffinity::default()),
+        pod_anti_affinity: Some(PodAntiAffinity::default()),
+        ..Affinity::default()
+    });
+    let built = spare(&instance, &template);
+
+    assert_eq!(built.metadata.name.as_deref(), Some("cache-handover"));
+    let labels = built.metadata.labels.clone().unwrap();
+    assert!(is_spare(&labels));
+    // Not selected by the Services, the PodDisruptionBudget or the StatefulSet (all select these).
+    let selected = labels::selector_labels("cache")
+        .iter()
+        .all(|(k, v)| labels.get(k) == Some(v));
+    assert!(!selected, "{labels:?}");
+    assert_eq!(
+        labels.get(labels::MANAGED_BY_KEY).map(String::as_str),
+        Some(labels::MANAGER_NAME),
+        "within the operator's pod watch"
+    );
+    assert_eq!(
+        labels.get(labels::INSTANCE_KEY).map(String::as_str),
+        Some("cache")
+    );
+    let owner = &built.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Memcached", Some(true))
+    );
+    assert_eq!(
+        built.metadata.annotations,
+        template.metadata.as_ref().unwrap().annotations,
+        "the Secrets' hash, as the new servers"
+    );
+
+    let spec = built.spec.unwrap();
+    let wanted = template.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.containers, wanted.containers,
+        "the new servers' memcached"
+    );
+    assert_eq!(spec.volumes, wanted.volumes, "their TLS and auth files");
+    assert!(spec.readiness_gates.is_none(), "no gate: nothing opens it");
+    let affinity = spec.affinity.unwrap();
+    assert!(
+        affinity.pod_anti_affinity.is_none(),
+        "it is not spread with the servers"
+    );
+    assert!(
+        affinity.node_affinity.is_some(),
+        "it runs where servers may"
+    );
+    assert!(has_gate(&template), "the template itself is left as it was");
+    assert!(
+        !serde_json::to_string(&spec.readiness_gates)
+            .unwrap()
+            .contains(GATE)
+    );
+}
+
+fn spare_pod(ready: bool, ip: Option<&str>, created: i64) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "cache-handover", "creationTimestamp": at(created)},
+        "status": {
+            "podIP": ip,
+            "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}]
+        }
+    }))
+    .unwrap()
+}
+
+#[test]
+fn a_spare_takes_copies_once_ready_and_is_late_after_the_handover_timeout() {
+    let ready = Spare::of(&spare_pod(true, Some("10.0.0.9"), 0));
+    assert_eq!(ready.usable(), Some("10.0.0.9"));
+    assert!(!ready.late(120, at(500)), "a running spare is never late");
+    let starting = Spare::of(&spare_pod(false, None, 0));
+    assert_eq!(starting.usable(), None);
+    assert!(!starting.late(120, at(119)));
+    assert!(
+        starting.late(120, at(120)),
+        "unschedulable for the whole timeout"
+    );
+    let mut going = spare_pod(true, Some("10.0.0.9"), 0);
+    going.metadata.deletion_timestamp = going.metadata.creation_timestamp.clone();
+    assert_eq!(Spare::of(&going).usable(), None);
+}
+
+#[test]
+fn ordinals_are_read_from_the_statefulsets_pod_names_only() {
+    assert_eq!(ordinal("cache", "cache-0"), Some(0));
+    assert_eq!(ordinal("cache", "cache-12"), Some(12));
+    assert_eq!(ordinal("cache", "cache-handover"), None);
+    assert_eq!(ordinal("cache", "cache-"), None);
+    assert_eq!(ordinal("cache", "cache-x-1"), None);
+    assert_eq!(ordinal("cache", "other-1"), None);
+}
+
+#[test]
+fn only_the_server_just_replaced_takes_the_spares_items() {
+    // The partition stepped down to 2 after server 2 was copied to the spare.
+    assert!(takes_from_spare(2, 2, Some(2)));
+    assert!(
+        takes_from_spare(2, 2, None),
+        "after a restart: the partition only reaches a server once it is on the spare"
+    );
+    assert!(
+        !takes_from_spare(2, 2, Some(3)),
+        "the spare holds another server's items"
+    );
+    assert!(
+        !takes_from_spare(4, 2, None),
+        "a scale-up's new server: nothing to copy"
+    );
+}
+
+#[test]
+fn the_spare_stays_while_a_server_is_left_to_replace_or_a_copy_needs_it() {
+    assert!(needed(true, true, false, false));
+    assert!(
+        needed(true, false, false, true),
+        "the last server waits for its copy"
+    );
+    assert!(needed(false, false, true, false), "a copy runs");
+    assert!(!needed(true, false, false, false), "rollout over: removed");
+    assert!(
+        !needed(false, true, false, true),
+        "handover disabled: no spare"
+    );
+}
+
+fn server(ready: bool, gate: Option<&str>, terminating: bool) -> Pod {
+    let mut conditions =
+        vec![json!({"type": "Ready", "status": if ready { "True" } else { "False" }})];
+    if let Some(status) = gate {
+        conditions.push(json!({"type": GATE, "status": status}));
+    }
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "cache-0", "creationTimestamp": at(0)},
+        "status": {"conditions": conditions}
+    }))
+    .unwrap();
+    if terminating {
+        pod.metadata.deletion_timestamp = pod.metadata.creation_timestamp.clone();
+    }
+    pod
+}
+
+#[test]
+fn the_last_server_replaced_keeps_the_spare_until_it_passed_its_gate() {
+    assert!(gate_pending(None), "deleted, its replacement not there yet");
+    assert!(
+        gate_pending(Some(&server(true, None, true))),
+        "the old pod stopping"
+    );
+    assert!(
+        gate_pending(Some(&server(false, None, false))),
+        "starting, or waiting behind the gate"
+    );
+    assert!(
+        !gate_pending(Some(&server(false, Some("True"), false))),
+        "gate opened"
+    );
+    assert!(
+        !gate_pending(Some(&server(true, None, false))),
+        "ready without a gate"
+    );
+}

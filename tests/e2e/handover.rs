@@ -1,8 +1,15 @@
-//! Step 25: warm handover of a Deployment rollout. An instance of two servers gets a few keys on each
-//! server (the keys of slot N on the pod holding slot N); a changed memcached flag rolls the pods; each new
-//! pod waits behind the handover readiness gate while the operator copies the server it replaces, then
-//! takes that server's slot. Checked: both pods replaced, each new pod's `cache.example.com/handover`
-//! condition, one `HandedOver` event per slot, and every key back on the server now holding its slot.
+//! Step 25: warm handovers. Three cases, one instance each:
+//! - a Deployment rollout of two servers (a changed memcached flag): each new pod waits behind the handover
+//!   readiness gate while the operator copies the server it replaces, then takes that server's slot;
+//! - a StatefulSet rollout of two servers: each server's items go through the operator's spare server
+//!   (`<name>-handover`) to the pod that replaces it under the same name;
+//! - a scale-down 3 -> 2 of a Deployment declaring `clients.hashing: jump`: the drained server's items are
+//!   copied to their owners under the shorter list before its pod goes.
+//!
+//! Keys are placed by jump hash over the slots (the operator's own `hashing` module, checked against the
+//! library in tests/hashing.rs) before the change, and read back over the slots after it. Checked: every
+//! key on the server that owns it afterwards, the rollouts' pods all replaced with the gate condition
+//! `Copied`, and the `HandedOver` events.
 //!
 //! Keys are written to and read from each server directly: on a stand-in kubelet's node (pods are
 //! memcached processes on loopback addresses here, see [`crate::telemetry`]) from this machine, elsewhere
@@ -17,6 +24,7 @@ use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::time::Duration;
 
+use memcached_operator::hashing::{Placement, Scheme};
 use serde_json::Value;
 
 use crate::checks::{check_ready_status, live_pods};
@@ -29,32 +37,105 @@ use crate::telemetry::{memcached_session, stand_in_node};
 pub const HANDOVER_NAME: &str = "memcached-handover";
 /// The pod condition the operator sets when a new pod's copy ended (its readiness gate).
 const GATE: &str = "cache.example.com/handover";
-/// Keys written per slot.
-const KEYS: usize = 20;
+/// Keys written, in all.
+const KEYS: usize = 60;
 
-fn key(slot: i64, i: usize) -> String {
-    format!("e2e-handover-{slot}-{i}")
+/// One change to a settled instance, and what it must keep.
+struct Case {
+    name: &'static str,
+    workload: &'static str,
+    hashing: &'static str,
+    size: (usize, usize),
+    memory_mb: (u32, u32),
 }
 
-fn instance(ns: &str, memory_mb: u32) -> String {
-    format!(
-        "apiVersion: {API_VERSION}\nkind: Memcached\nmetadata:\n  name: {HANDOVER_NAME}\n  namespace: {ns}\n\
-         spec:\n  size: 2\n  memcached:\n    maxMemoryMB: {memory_mb}\n"
-    )
+const CASES: [Case; 3] = [
+    Case {
+        name: HANDOVER_NAME,
+        workload: "Deployment",
+        hashing: "unknown",
+        size: (2, 2),
+        memory_mb: (64, 65),
+    },
+    Case {
+        name: "memcached-handover-sts",
+        workload: "StatefulSet",
+        hashing: "unknown",
+        size: (2, 2),
+        memory_mb: (64, 65),
+    },
+    Case {
+        name: "memcached-handover-scale",
+        workload: "Deployment",
+        hashing: "jump",
+        size: (3, 2),
+        memory_mb: (64, 64),
+    },
+];
+
+impl Case {
+    fn rollout(&self) -> bool {
+        self.memory_mb.0 != self.memory_mb.1
+    }
+
+    fn instance(&self, ns: &str, size: usize, memory_mb: u32) -> String {
+        [
+            format!("apiVersion: {API_VERSION}"),
+            "kind: Memcached".to_owned(),
+            "metadata:".to_owned(),
+            format!("  name: {}", self.name),
+            format!("  namespace: {ns}"),
+            "spec:".to_owned(),
+            format!("  size: {size}"),
+            format!("  workload: {}", self.workload),
+            "  memcached:".to_owned(),
+            format!("    maxMemoryMB: {memory_mb}"),
+            "  clients:".to_owned(),
+            format!("    hashing: {}", self.hashing),
+            "  scaling:".to_owned(),
+            "    drainSeconds: 2".to_owned(),
+        ]
+        .join("\n")
+            + "\n"
+    }
 }
 
-/// (slot, pod name) of every slot in `status.servers`.
-fn slots(ns: &str) -> Result<Vec<(i64, String)>, String> {
-    let mc = get_required(MC, ns, HANDOVER_NAME)?;
+fn key(i: usize) -> String {
+    format!("e2e-handover-{i}")
+}
+
+/// The keys by the slot that owns them among `count` slots (jump hash over the slot order).
+fn placed(count: usize) -> Vec<Vec<String>> {
+    let slots: Vec<String> = (0..count)
+        .map(|slot| format!("slot-{slot}:{PORT}"))
+        .collect();
+    let placement = Placement::new(Scheme::Jump, &slots).expect("host:port entries");
+    let mut by_slot = vec![Vec::new(); count];
+    for i in 0..KEYS {
+        let slot = placement.server(key(i).as_bytes()).expect("a slot");
+        by_slot[slot].push(key(i));
+    }
+    by_slot
+}
+
+/// (slot, pod name) of every slot in `status.servers`, once there are `size`.
+fn slots(ns: &str, name: &str, size: usize) -> Result<Vec<(usize, String)>, String> {
+    let mc = get_required(MC, ns, name)?;
     let servers = mc["status"]["servers"]
         .as_array()
         .cloned()
         .unwrap_or_default();
-    let slots: Vec<(i64, String)> = servers
+    let mut slots: Vec<(usize, String)> = servers
         .iter()
-        .filter_map(|s| Some((s["slot"].as_i64()?, s["pod"].as_str()?.to_owned())))
+        .filter_map(|s| {
+            Some((
+                usize::try_from(s["slot"].as_u64()?).ok()?,
+                s["pod"].as_str()?.to_owned(),
+            ))
+        })
         .collect();
-    if slots.len() == 2 {
+    slots.sort();
+    if slots.len() == size && slots.iter().enumerate().all(|(i, (slot, _))| i == *slot) {
         Ok(slots)
     } else {
         Err(format!(
@@ -85,13 +166,13 @@ fn pod_session(ns: &str, pod: &Value, script: &str) -> String {
     }
 }
 
-/// The live pod named `name`.
-fn pod(ns: &str, name: &str) -> Value {
-    live_pods(ns, HANDOVER_NAME)
+/// The live pod named `pod` of instance `name`.
+fn pod(ns: &str, name: &str, pod: &str) -> Value {
+    live_pods(ns, name)
         .unwrap_or_else(|e| panic!("{e}"))
         .into_iter()
-        .find(|p| p["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("pod {name} is not live"))
+        .find(|p| p["metadata"]["name"] == pod)
+        .unwrap_or_else(|| panic!("pod {pod} is not live"))
 }
 
 /// Whether the operator, on this machine, can reach `pod`'s memcached.
@@ -105,92 +186,115 @@ fn reachable(pod: &Value) -> bool {
         })
 }
 
+/// The live pods' UIDs of instance `name`.
+fn uids(ns: &str, name: &str) -> Result<BTreeSet<String>, String> {
+    Ok(live_pods(ns, name)?
+        .iter()
+        .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_owned))
+        .collect())
+}
+
 pub fn step_handover(env: &E2e) {
+    for case in &CASES {
+        handover(env, case);
+    }
+}
+
+fn handover(env: &E2e, case: &Case) {
     let ns = env.ns.as_str();
-    apply_yaml_ok(&instance(ns, 64));
-    env.wait(
-        &format!("Memcached {HANDOVER_NAME}: 2 ready pods in 2 slots"),
-        secs(180),
-        || check_ready_status(ns, HANDOVER_NAME, 2).and_then(|()| slots(ns)),
+    let name = case.name;
+    let ((before_size, after_size), (before_mb, after_mb)) = (case.size, case.memory_mb);
+    eprintln!(
+        "    -- {name}: {} {before_size} -> {after_size} servers, maxMemoryMB {before_mb} -> {after_mb}, \
+         hashing {}",
+        case.workload, case.hashing
     );
-    let before = slots(ns).unwrap_or_else(|e| panic!("{e}"));
+    apply_yaml_ok(&case.instance(ns, before_size, before_mb));
+    let before = env.wait(
+        &format!("Memcached {name}: {before_size} ready pods in {before_size} slots"),
+        secs(180),
+        || {
+            check_ready_status(ns, name, before_size as i64)?;
+            slots(ns, name, before_size)
+        },
+    );
     let mut copies = true;
-    for (slot, name) in &before {
-        let pod = pod(ns, name);
+    for ((slot, pod_name), keys) in before.iter().zip(placed(before_size)) {
+        let pod = pod(ns, name, pod_name);
         copies &= reachable(&pod);
         let mut script = String::new();
-        for i in 0..KEYS {
-            let value = key(*slot, i);
-            script.push_str(&format!("set {value} 0 0 {}\r\n{value}\r\n", value.len()));
+        for key in &keys {
+            script.push_str(&format!("set {key} 0 0 {}\r\n{key}\r\n", key.len()));
         }
         script.push_str("quit\r\n");
         let out = pod_session(ns, &pod, &script);
         assert_eq!(
             out.matches("STORED").count(),
-            KEYS,
-            "sets on pod {name} (slot {slot}): {out:?}"
+            keys.len(),
+            "sets on pod {pod_name} (slot {slot}): {out:?}"
         );
     }
-    eprintln!(
-        "    {KEYS} keys on each of {before:?}; rolling the pods (memcached.maxMemoryMB 64 -> 65)"
-    );
+    eprintln!("    {KEYS} keys placed by jump hash on {before:?}; changing the spec");
     if !copies {
         eprintln!(
             "    NOTE: the pod IPs are not reachable from this machine, where the operator runs: the copies \
-             cannot connect, so the step checks that the rollout ends cold and says why"
+             cannot connect, so the step checks that the handovers end cold and say why"
         );
     }
 
-    apply_yaml_ok(&instance(ns, 65));
-    let old: Vec<&String> = before.iter().map(|(_, name)| name).collect();
+    let old = uids(ns, name).unwrap_or_else(|e| panic!("{e}"));
+    apply_yaml_ok(&case.instance(ns, after_size, after_mb));
     let after = env.wait(
-        &format!("Memcached {HANDOVER_NAME}: both pods replaced, 2 ready, settled"),
+        &format!("Memcached {name}: {after_size} ready pods, settled, the change done"),
         secs(300),
         || {
-            check_ready_status(ns, HANDOVER_NAME, 2)?;
-            let after = slots(ns)?;
-            if after.iter().any(|(_, name)| old.contains(&name)) {
-                return Err(format!("slots {after:?}, old pods {old:?}"));
+            check_ready_status(ns, name, after_size as i64)?;
+            let after = slots(ns, name, after_size)?;
+            let now = uids(ns, name)?;
+            if now.len() != after_size {
+                return Err(format!("{} live pods", now.len()));
             }
-            let live = live_pods(ns, HANDOVER_NAME)?;
-            if live.len() == 2 {
-                Ok(after)
-            } else {
-                Err(format!("{} live pods", live.len()))
+            if case.rollout() && !now.is_disjoint(&old) {
+                return Err(format!("not every pod replaced yet: {after:?}"));
             }
+            Ok(after)
         },
     );
 
-    let want_reason = if copies { "Copied" } else { "Failed" };
-    for (slot, name) in &after {
-        let pod = pod(ns, name);
-        let condition = pod["status"]["conditions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .find(|c| c["type"] == GATE)
-            .cloned()
-            .unwrap_or(Value::Null);
-        assert!(
-            condition["status"] == "True" && condition["reason"] == want_reason,
-            "pod {name} (slot {slot}): condition {GATE} should be True/{want_reason}: {}",
-            compact(&condition)
-        );
+    if case.rollout() {
+        let want_reason = if copies { "Copied" } else { "Failed" };
+        for (slot, pod_name) in &after {
+            let pod = pod(ns, name, pod_name);
+            let condition = pod["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|c| c["type"] == GATE)
+                .cloned()
+                .unwrap_or(Value::Null);
+            assert!(
+                condition["status"] == "True" && condition["reason"] == want_reason,
+                "pod {pod_name} (slot {slot}): condition {GATE} should be True/{want_reason}: {}",
+                compact(&condition)
+            );
+        }
     }
     let (reason, event_type) = if copies {
         ("HandedOver", "Normal")
     } else {
         ("HandoverFailed", "Warning")
     };
-    let events = env.wait(&format!("one {reason} event per slot"), secs(30), || {
+    // A rollout hands each slot over; this scale-down the drained server's keys to both others.
+    let want = if case.rollout() { after_size } else { 2 };
+    let events = env.wait(&format!("{want} {reason} events"), secs(30), || {
         let events = list_events(ns)?;
         // Each event is listed twice: by events.k8s.io and by core/v1.
         let ours: BTreeSet<String> = events
             .iter()
-            .filter(|e| e.name == HANDOVER_NAME && e.reason == reason && e.type_ == event_type)
+            .filter(|e| e.name == name && e.reason == reason && e.type_ == event_type)
             .map(|e| e.note.clone())
             .collect();
-        if ours.len() == 2 {
+        if ours.len() == want {
             Ok(ours)
         } else {
             Err(summarize_events(&events))
@@ -199,20 +303,19 @@ pub fn step_handover(env: &E2e) {
     eprintln!("    {reason}: {events:#?}");
 
     if copies {
-        for (slot, name) in &after {
-            let keys: Vec<String> = (0..KEYS).map(|i| key(*slot, i)).collect();
+        for ((slot, pod_name), keys) in after.iter().zip(placed(after_size)) {
             let out = pod_session(
                 ns,
-                &pod(ns, name),
+                &pod(ns, name, pod_name),
                 &format!("get {}\r\nquit\r\n", keys.join(" ")),
             );
             assert_eq!(
                 out.matches("VALUE e2e-handover-").count(),
-                KEYS,
-                "slot {slot}'s keys on its new pod {name}: {out:?}"
+                keys.len(),
+                "slot {slot}'s keys on its pod {pod_name} after the change: {out:?}"
             );
         }
-        eprintln!("    ok: every key of each slot is on the new pod holding the slot: {after:?}");
+        eprintln!("    ok: every key is on the server that owns it after the change: {after:?}");
     }
-    delete_instance(env, HANDOVER_NAME);
+    delete_instance(env, name);
 }

@@ -182,7 +182,7 @@ fn lifecycle() {
 
     env.step(
         25,
-        "warm handover: a Deployment rollout copies each old server to the new pod taking its slot",
+        "warm handovers: Deployment and StatefulSet rollouts, a scale-down under a declared hashing",
     );
     step_handover(&env);
 

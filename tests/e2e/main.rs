@@ -74,10 +74,12 @@
 //!     `status.stats`, the `HIT%`/`MEM%` columns and `/metrics` show the hits and items (where the pod IPs
 //!     are routable from the machine running the operator; elsewhere: reported as not readable); its
 //!     series go with it
-//! 25. warm handover: a Deployment rollout of 2 servers holding keys; each new pod waits behind the handover
-//!     readiness gate while the operator copies the server it replaces (condition `Copied`, one `HandedOver`
-//!     event per slot), and every key is on the new pod holding its slot (where pod IPs are not routable from
-//!     the operator's machine: each copy ends cold, `Failed` and `HandoverFailed`, and the rollout proceeds)
+//! 25. warm handovers, keys placed by jump hash before and read back after: a Deployment rollout of 2 servers
+//!     (each new pod waits behind the handover readiness gate while the operator copies the server it
+//!     replaces: condition `Copied`, one `HandedOver` event per slot), a StatefulSet rollout of 2 (through the
+//!     operator's spare server), a 3 -> 2 scale-down declaring `clients.hashing: jump` (the drained server's
+//!     keys copied to their owners); every key is on the server that owns it afterwards (where pod IPs are
+//!     not routable from the operator's machine: each copy ends cold, `Failed` and `HandoverFailed`)
 //! 26. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
 //! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a

@@ -5,151 +5,24 @@
 //! removed server's quarter (about 75 % hit), a scale-up 3 -> 5 the two fifths jump moves to the new
 //! servers (about 60 %).
 //!
-//! The client places keys with a jump hash of its own (below), independent of the operator's
-//! `hashing` module and checked against it key by key: the operator must reproduce the client, not itself.
+//! The client is the rollout scenarios' (`handover.rs`): it places keys as a jump-hash client does, through
+//! the operator's `hashing::Placement`, which tests/hashing.rs checks against vectors the real library
+//! produced, so the operator reproduces the client, not itself.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
-use kube::api::ListParams;
-use md5::{Digest, Md5};
-use memcached_operator::hashing::{Placement, Scheme};
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
+use crate::handover::{KEYS, fill, hits, notes};
 use crate::instances::{apply, condition, conditions, memcacheds, settled};
 use crate::{Scenario, wait_for};
 
-const KEYS: usize = 20_000;
-/// Keys per pipelined write or multi-key `get`.
-const BATCH: usize = 200;
 /// Value bytes of the keys of most scenarios.
 const VALUE_LEN: usize = 100;
 /// A short drain: the scale-down's copies run within it.
 const DRAIN_SECONDS: u64 = 5;
-
-fn key(i: usize) -> String {
-    format!("scale-key-{i:05}")
-}
-
-fn value(i: usize, len: usize) -> Vec<u8> {
-    key(i).into_bytes().into_iter().cycle().take(len).collect()
-}
-
-/// The client's placement: `jump.hash(int(md5(key).hexdigest(), 16), n)` of the PyPI package
-/// jump-consistent-hash. Its integer is the whole digest; the algorithm's first multiplication is modulo
-/// 2^64, so the digest's value modulo 2^64 is the key it hashes.
-fn jump(key: &[u8], buckets: usize) -> usize {
-    let digest: [u8; 16] = Md5::digest(key).into();
-    let mut k = u128::from_be_bytes(digest) as u64;
-    let (mut b, mut j): (i64, i64) = (-1, 0);
-    while j < buckets as i64 {
-        b = j;
-        k = k.wrapping_mul(2862933555777941757).wrapping_add(1);
-        j = ((b + 1) as f64 * (2f64.powi(31) / ((k >> 33) + 1) as f64)) as i64;
-    }
-    b as usize
-}
-
-/// The keys by the index of their server among `count`.
-fn placed(count: usize) -> BTreeMap<usize, Vec<usize>> {
-    let mut by_server: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
-    for i in 0..KEYS {
-        by_server
-            .entry(jump(key(i).as_bytes(), count))
-            .or_default()
-            .push(i);
-    }
-    by_server
-}
-
-#[test]
-fn the_clients_jump_hash_is_the_operators() {
-    for count in [1, 3, 4, 5] {
-        let list: Vec<String> = (0..count).map(|i| format!("10.0.0.{i}:11211")).collect();
-        let placement = Placement::new(Scheme::Jump, &list).unwrap();
-        for i in 0..KEYS {
-            let k = key(i);
-            assert_eq!(
-                Some(jump(k.as_bytes(), count)),
-                placement.server(k.as_bytes()),
-                "{k} over {count}"
-            );
-        }
-    }
-}
-
-async fn connect(address: &str) -> BufReader<TcpStream> {
-    BufReader::new(
-        TcpStream::connect(address)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {address}: {e}")),
-    )
-}
-
-/// Stores every key on its server among `servers` (addresses to connect to, in the published order).
-async fn fill(servers: &[String], len: usize) {
-    for (server, keys) in placed(servers.len()) {
-        let mut conn = connect(&servers[server]).await;
-        for batch in keys.chunks(BATCH) {
-            let mut out = Vec::new();
-            for &i in batch {
-                out.extend_from_slice(format!("set {} 0 0 {len} noreply\r\n", key(i)).as_bytes());
-                out.extend_from_slice(&value(i, len));
-                out.extend_from_slice(b"\r\n");
-            }
-            conn.get_mut().write_all(&out).await.expect("set");
-        }
-        // `noreply` sends no answers: one that does tells that every set before it was read.
-        conn.get_mut()
-            .write_all(b"version\r\n")
-            .await
-            .expect("version");
-        let mut line = String::new();
-        conn.read_line(&mut line).await.expect("answer");
-        assert!(line.starts_with("VERSION"), "{line:?}");
-    }
-}
-
-/// How many keys their server among `servers` holds with the value they were stored with.
-async fn hits(servers: &[String], len: usize) -> usize {
-    let mut hits = 0;
-    for (server, keys) in placed(servers.len()) {
-        let mut conn = connect(&servers[server]).await;
-        for batch in keys.chunks(BATCH) {
-            let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();
-            let request = format!("get {}\r\n", names.join(" "));
-            conn.get_mut()
-                .write_all(request.as_bytes())
-                .await
-                .expect("get");
-            loop {
-                let mut line = String::new();
-                conn.read_line(&mut line).await.expect("answer");
-                if line == "END\r\n" {
-                    break;
-                }
-                // VALUE <key> <flags> <bytes>
-                let parts: Vec<&str> = line.split_whitespace().collect();
-                assert_eq!(parts.first(), Some(&"VALUE"), "{line:?}");
-                let bytes: usize = parts[3].parse().expect("a length");
-                let mut data = vec![0; bytes + 2];
-                conn.read_exact(&mut data).await.expect("a value");
-                let i: usize = parts[1]["scale-key-".len()..]
-                    .parse()
-                    .expect("a key of ours");
-                if data[..bytes] == value(i, len)[..] {
-                    hits += 1;
-                }
-            }
-        }
-    }
-    hits
-}
 
 /// The published entries as addresses the test can connect to: a StatefulSet's stable DNS names
 /// (`<pod>.<headless>.<ns>.svc:port`, which nothing resolves here) become their pods' IPs. Jump places
@@ -196,20 +69,6 @@ async fn settled_servers(s: &Scenario, size: usize, timeout: Duration) -> Vec<St
         },
     )
     .await
-}
-
-/// The operator's events about the instance with `reason`: their notes.
-async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
-    let events: Api<Event> = Api::namespaced(s.client.clone(), &s.namespace);
-    events
-        .list(&ListParams::default())
-        .await
-        .map(|list| list.items)
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|e| e.reason.as_deref() == Some(reason))
-        .filter_map(|e| e.note)
-        .collect()
 }
 
 fn spec(size: usize, workload: &str, hashing: &str) -> Value {

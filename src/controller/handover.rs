@@ -377,22 +377,7 @@ pub async fn step(
     handovers.forget_gone(namespace, name, &candidates);
 
     for (pod, slot, source, result) in handovers.take_done(namespace, name) {
-        let opened = outcome(&pod, slot, &source, &result);
-        match open_gate(ctx, (namespace, name), &pod, &opened).await {
-            Ok(()) => {
-                ctx.metrics.handovers().record(namespace, name, &result);
-                let event = match &result {
-                    Ok(_) => normal("HandedOver", "Handover", opened.message),
-                    Err(_) => warning("HandoverFailed", "Handover", opened.message),
-                };
-                record(ctx, &mc.object_ref(&()), event).await;
-            }
-            Err(error) => {
-                let key = (namespace.to_owned(), pod);
-                handovers.put_back(key, name, slot, source, result);
-                return Err(error);
-            }
-        }
+        finish(ctx, mc, (namespace, name), pod, slot, source, result).await?;
     }
 
     let enabled = instance.spec.handover().enabled();
@@ -454,13 +439,39 @@ pub async fn step(
     Ok(Step { progress, wait })
 }
 
-/// The gate condition an ended copy gets, and its event's note.
-pub(super) fn outcome(
-    pod: &str,
+/// A copy into a gated pod ended: opens the pod's gate, counts the copy in the metrics and says so in one
+/// event (`HandedOver`, or a `HandoverFailed` Warning). A gate that cannot be opened puts the copy back,
+/// for the retry of the reconcile this error brings.
+pub(super) async fn finish(
+    ctx: &Context,
+    mc: &Memcached,
+    (namespace, name): (&str, &str),
+    pod: String,
     slot: i32,
-    source: &str,
-    result: &Result<Snapshot, Failure>,
-) -> Opened {
+    source: String,
+    result: Result<Snapshot, Failure>,
+) -> Result<(), Error> {
+    let opened = outcome(&pod, slot, &source, &result);
+    match open_gate(ctx, (namespace, name), &pod, &opened).await {
+        Ok(()) => {
+            ctx.metrics.handovers().record(namespace, name, &result);
+            let event = match &result {
+                Ok(_) => normal("HandedOver", "Handover", opened.message),
+                Err(_) => warning("HandoverFailed", "Handover", opened.message),
+            };
+            record(ctx, &mc.object_ref(&()), event).await;
+            Ok(())
+        }
+        Err(error) => {
+            let key = (namespace.to_owned(), pod);
+            ctx.handovers.put_back(key, name, slot, source, result);
+            Err(error)
+        }
+    }
+}
+
+/// The gate condition an ended copy gets, and its event's note.
+fn outcome(pod: &str, slot: i32, source: &str, result: &Result<Snapshot, Failure>) -> Opened {
     match result {
         Ok(done) if done.copied == 0 => Opened {
             reason: "NothingToCopy",

@@ -19,8 +19,8 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource};
 use tracing::{debug, info, warn};
 
-use super::events::{normal, record, warning};
-use super::handover::{Opened, PROGRESS_EVERY, Phase, copier, open_gate, outcome};
+use super::events::{record, warning};
+use super::handover::{Opened, PROGRESS_EVERY, Phase, copier, finish, open_gate};
 use super::{Context, Error};
 use crate::api::Memcached;
 use crate::resources::handover::Candidate;
@@ -99,22 +99,7 @@ pub async fn step(
             handovers.stage(namespace, name, &spare_name, slot);
             continue;
         }
-        let opened = outcome(&pod, slot, &source, &result);
-        match open_gate(ctx, (namespace, name), &pod, &opened).await {
-            Ok(()) => {
-                ctx.metrics.handovers().record(namespace, name, &result);
-                let event = match &result {
-                    Ok(_) => normal("HandedOver", "Handover", opened.message),
-                    Err(_) => warning("HandoverFailed", "Handover", opened.message),
-                };
-                record(ctx, &mc.object_ref(&()), event).await;
-            }
-            Err(error) => {
-                let key = (namespace.to_owned(), pod);
-                handovers.put_back(key, name, slot, source, result);
-                return Err(error);
-            }
-        }
+        finish(ctx, mc, (namespace, name), pod, slot, source, result).await?;
     }
 
     // New pods waiting behind their gate: the one the rollout just replaced takes the spare's items.

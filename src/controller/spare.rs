@@ -139,16 +139,7 @@ pub async fn step(
                         "Handover to {} (slot {slot}) ended cold: no spare server holds its items",
                         pod.name
                     );
-                    record(
-                        ctx,
-                        &mc.object_ref(&()),
-                        warning("HandoverFailed", "Handover", message.clone()),
-                    )
-                    .await;
-                    let opened = Opened {
-                        reason: "Failed",
-                        message,
-                    };
+                    let opened = cold(ctx, mc, message).await;
                     open_gate(ctx, (namespace, name), &pod.name, &opened).await?;
                     continue;
                 };
@@ -171,16 +162,7 @@ pub async fn step(
                             "Handover to {} (slot {slot}) from {spare_name} ended cold: {why}",
                             pod.name
                         );
-                        record(
-                            ctx,
-                            &mc.object_ref(&()),
-                            warning("HandoverFailed", "Handover", message.clone()),
-                        )
-                        .await;
-                        Opened {
-                            reason: "Failed",
-                            message,
-                        }
+                        cold(ctx, mc, message).await
                     }
                 }
             }
@@ -422,5 +404,20 @@ async fn remove(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error>
             warn!(%error, "cannot remove the spare server");
             Ok(())
         }
+    }
+}
+
+/// A new pod that gets nothing from the spare: one `HandoverFailed` Warning saying why, and the gate's
+/// `Failed` condition to set.
+async fn cold(ctx: &Context, mc: &Memcached, message: String) -> Opened {
+    record(
+        ctx,
+        &mc.object_ref(&()),
+        warning("HandoverFailed", "Handover", message.clone()),
+    )
+    .await;
+    Opened {
+        reason: "Failed",
+        message,
     }
 }

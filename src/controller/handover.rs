@@ -616,6 +616,7 @@ pub(super) async fn copier(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handover::refused_copier;
     use std::time::Duration;
 
     #[test]
@@ -646,18 +647,6 @@ mod tests {
             "{}",
             opened.message
         );
-    }
-
-    /// A copy to a port nobody listens on: it ends at once with a refused connection.
-    fn refused_copier() -> Copier {
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let address = closed.local_addr().unwrap();
-        drop(closed);
-        Copier::new(
-            Target::plain(address),
-            Target::plain(address),
-            Settings::default(),
-        )
     }
 
     fn candidate(name: &str, waiting: bool) -> Candidate {

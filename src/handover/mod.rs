@@ -170,6 +170,20 @@ impl Copier {
     }
 }
 
+/// A copy to a port nobody listens on, for the controller's tests: it ends at once with a refused
+/// connection.
+#[cfg(test)]
+pub(crate) fn refused_copier() -> Copier {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let address = closed.local_addr().expect("its address");
+    drop(closed);
+    Copier::new(
+        Target::plain(address),
+        Target::plain(address),
+        Settings::default(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

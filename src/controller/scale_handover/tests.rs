@@ -1,6 +1,6 @@
 use super::*;
 use crate::connection::Target;
-use crate::handover::Settings;
+use crate::handover::{Settings, refused_copier};
 use crate::hashing::Scheme;
 use crate::resources::scale_handover::Direction;
 use k8s_openapi::jiff::Timestamp;
@@ -33,18 +33,6 @@ fn handovers() -> (
     )
 }
 
-/// A copy to a port nobody listens on: it ends at once with a refused connection.
-fn refused() -> Copier {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let address = closed.local_addr().unwrap();
-    drop(closed);
-    Copier::new(
-        Target::plain(address),
-        Target::plain(address),
-        Settings::default(),
-    )
-}
-
 /// A copy to a listener that accepts and never answers: it runs until cancelled.
 async fn silent() -> (tokio::net::TcpListener, Copier) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -74,7 +62,12 @@ fn key() -> Key {
 async fn each_target_is_reported_once_when_all_its_copies_ended() {
     let (handovers, mut triggers) = handovers();
     let up = change(3, 5);
-    handovers.start(key(), up.clone(), at(0), prepared(&up, || Ok(refused())));
+    handovers.start(
+        key(),
+        up.clone(),
+        at(0),
+        prepared(&up, || Ok(refused_copier())),
+    );
     assert!(matches!(
         handovers.copies("ns", "cache", &up),
         Copies::Running { .. }

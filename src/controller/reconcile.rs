@@ -437,7 +437,7 @@ async fn apply_children(
                 instance,
                 desired.spec.as_ref().map(|s| &s.template),
                 &pace,
-                live.as_deref().map(rollout::partition_of),
+                live.as_deref(),
                 &pods,
             )
             .await?;

@@ -14,6 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource};
@@ -24,7 +25,7 @@ use super::handover::{Opened, PROGRESS_EVERY, Phase, copier, finish, open_gate};
 use super::{Context, Error};
 use crate::api::Memcached;
 use crate::resources::handover::Candidate;
-use crate::resources::rollout::Pace;
+use crate::resources::rollout::{self, Pace};
 use crate::resources::spare::{self, Spare};
 use crate::resources::{Instance, labels};
 use crate::status::HandoverProgress;
@@ -42,16 +43,20 @@ pub struct Staging {
 }
 
 /// The handover step of a StatefulSet instance's reconcile, given the rollout's `pace`, the `live`
-/// partition (none before the StatefulSet exists), the new pod `template` and the instance's server `pods`.
+/// StatefulSet (none before it exists), the new pod `template` and the instance's server `pods`.
 pub async fn step(
     ctx: &Context,
     mc: &Memcached,
     instance: &Instance<'_>,
     template: Option<&PodTemplateSpec>,
     pace: &Pace,
-    live_partition: Option<i32>,
+    live: Option<&StatefulSet>,
     pods: &[Arc<Pod>],
 ) -> Result<Staging, Error> {
+    let live_partition = live.map(rollout::partition_of);
+    let update_revision = live
+        .and_then(|s| s.status.as_ref())
+        .and_then(|s| s.update_revision.as_deref());
     let (namespace, name) = (instance.namespace, instance.name);
     let handovers = &ctx.handovers;
     let enabled = instance.spec.handover().enabled();
@@ -211,7 +216,8 @@ pub async fn step(
         .iter()
         .find(|p| p.metadata.name.as_ref() == at_partition.as_ref());
     let waiting = candidates.iter().any(|c| c.waiting && !c.terminating)
-        || (at_partition.is_some() && spare::gate_pending(partition_pod.map(Arc::as_ref)));
+        || (at_partition.is_some()
+            && spare::gate_pending(partition_pod.map(Arc::as_ref), update_revision));
     if let Some(state) = &spare
         && !state.terminating
         && !spare::needed(enabled, rolling, !progress.is_empty(), waiting)

@@ -19,6 +19,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::handover::{GATE, without_gate};
+use super::rollout::REVISION_LABEL;
 use super::{Instance, labels};
 
 /// The spare's name: `<name>-handover` (the StatefulSet's pods are `<name>-<ordinal>`).
@@ -154,13 +155,25 @@ pub fn needed(enabled: bool, rolling: bool, copying: bool, waiting: bool) -> boo
 }
 
 /// Whether the server at the live partition (`pod`, the last one the rollout let go) has yet to pass its
-/// handover gate: missing or terminating (being replaced), or not ready without the gate's condition
-/// (starting, or waiting behind the gate). Once a rollout's last server is replaced nothing is left to
-/// roll, but the spare holds its items until that server takes them.
-pub fn gate_pending(pod: Option<&Pod>) -> bool {
+/// handover gate: missing or terminating (being replaced), still on another revision than the
+/// StatefulSet's `update_revision` (the partition just stepped down to it, and the StatefulSet controller
+/// has not replaced it yet, nor perhaps even taken in the step), or not ready without the gate's
+/// condition (starting, or waiting behind the gate). Once a rollout's last server is let go nothing is
+/// left to roll, but the spare holds its items until that server takes them.
+pub fn gate_pending(pod: Option<&Pod>, update_revision: Option<&str>) -> bool {
     let Some(pod) = pod else {
         return true;
     };
+    let revision = pod
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(REVISION_LABEL));
+    if let Some(update) = update_revision
+        && revision.is_none_or(|r| r != update)
+    {
+        return true;
+    }
     let condition = |type_: &str| {
         pod.status
             .as_ref()

@@ -176,21 +176,51 @@ fn server(ready: bool, gate: Option<&str>, terminating: bool) -> Pod {
 
 #[test]
 fn the_last_server_replaced_keeps_the_spare_until_it_passed_its_gate() {
-    assert!(gate_pending(None), "deleted, its replacement not there yet");
     assert!(
-        gate_pending(Some(&server(true, None, true))),
+        gate_pending(None, None),
+        "deleted, its replacement not there yet"
+    );
+    assert!(
+        gate_pending(Some(&server(true, None, true)), None),
         "the old pod stopping"
     );
     assert!(
-        gate_pending(Some(&server(false, None, false))),
+        gate_pending(Some(&server(false, None, false)), None),
         "starting, or waiting behind the gate"
     );
     assert!(
-        !gate_pending(Some(&server(false, Some("True"), false))),
+        !gate_pending(Some(&server(false, Some("True"), false)), None),
         "gate opened"
     );
     assert!(
-        !gate_pending(Some(&server(true, None, false))),
+        !gate_pending(Some(&server(true, None, false)), None),
         "ready without a gate"
+    );
+}
+
+fn on_revision(mut pod: Pod, revision: &str) -> Pod {
+    pod.metadata.labels = Some([(REVISION_LABEL.to_owned(), revision.to_owned())].into());
+    pod
+}
+
+#[test]
+fn a_server_the_partition_just_stepped_to_keeps_the_spare_until_it_is_replaced() {
+    // The partition stepped down to cache-0, whose old server still runs, its gate opened long ago: the
+    // StatefulSet controller has yet to replace it (or even to see the step), and the spare holds the
+    // items its replacement takes.
+    let old = on_revision(server(true, Some("True"), false), "cache-old");
+    assert!(
+        gate_pending(Some(&old), Some("cache-new")),
+        "the old server, not replaced yet"
+    );
+    let new = on_revision(server(true, Some("True"), false), "cache-new");
+    assert!(
+        !gate_pending(Some(&new), Some("cache-new")),
+        "replaced, gate opened"
+    );
+    let unlabelled = server(true, Some("True"), false);
+    assert!(
+        gate_pending(Some(&unlabelled), Some("cache-new")),
+        "no revision: not known to be replaced"
     );
 }

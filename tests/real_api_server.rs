@@ -142,6 +142,15 @@ fn live<K: serde::de::DeserializeOwned>(file: &str) -> (Value, K) {
     (value, object)
 }
 
+/// Deliberate changes to a child since the recording (file, JSON pointer, why): an upgrade from the
+/// recording's build writes each once. Here the recorded value stands in for the new one; the envtest
+/// tier's settled scenarios check on a live server that the new form, once applied, is left alone.
+const CHANGED_SINCE_RECORDING: &[(&str, &str, &str)] = &[(
+    "networkpolicies.memcached-secure.json",
+    "/spec/podSelector",
+    "the policy selects the StatefulSet rollout's spare server too, whose app.kubernetes.io/name differs",
+)];
+
 /// Builds each child of `name` as the operator of this tree would, and checks that the recorded live
 /// child already holds it: a settled instance causes no write after an upgrade to this build beyond the
 /// one that moves the desired hash.
@@ -151,8 +160,22 @@ fn check_built_children(name: &str) {
     let instance = Instance::new(&mc, &defaults).expect("a valid recorded instance");
     let status = mc.status.clone().unwrap_or_default();
     let size = mc.spec.size;
-    let stamp = |file: &str, desired: Value| {
+    let stamp = |file: &str, mut desired: Value| {
         let (live, _): (Value, Value) = live(file);
+        for (changed, pointer, why) in CHANGED_SINCE_RECORDING {
+            if *changed != file {
+                continue;
+            }
+            let recorded = live.pointer(pointer).cloned().unwrap_or(Value::Null);
+            let wanted = desired
+                .pointer_mut(pointer)
+                .unwrap_or_else(|| panic!("{file}: the operator sets no {pointer}"));
+            assert_ne!(
+                *wanted, recorded,
+                "{file}: {pointer} is no longer changed since the recording ({why}): drop its entry"
+            );
+            *wanted = recorded;
+        }
         assert_found(file, &live, &desired);
     };
     let json = |object: &dyn erased::Json| object.json();

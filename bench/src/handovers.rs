@@ -1,9 +1,14 @@
 //! `--handovers`: what the operator's warm handovers keep, what they cost, and how long they take, on a
 //! real control plane from `$KUBEBUILDER_ASSETS` whose stand-in kubelet runs Debian's memcached for each
-//! pod. For each [`Operation`] (a rollout of either workload, a scale-down, a scale-up), in a namespace of
-//! its own: an instance is created and settles; a client fills [`KEYS`] keys over the published list in
-//! slot order with jump hash (the instances declare `clients.hashing: jump`); the change is applied; once
-//! the instance has settled again, the client reads every key back over the new list.
+//! pod. For each [`Operation`] (a rollout of either workload, a scale-down, a scale-up, a rollout to
+//! servers that refuse connections, a rollout of a 1 GiB cache), in a namespace of its own: an instance
+//! is created and settles; a client fills [`KEYS`] keys over the published list in slot order with jump
+//! hash (the instances declare `clients.hashing: jump`); the change is applied; once the instance has
+//! settled again, the client reads every key back over the new list.
+//!
+//! The refusing rollout's new pods come from an image of the registry `no-server.test`, for which the
+//! stand-in kubelet starts no memcached: every copy's target refuses the connection, so its row shows how
+//! long the rollout took against the copies' time bound, and one `HandoverFailed` per server.
 //!
 //! Each row says how many keys hit, how long the operation took (from the change to the settled
 //! instance), the operator's requests meanwhile (from the API server's audit log; all of them, writes
@@ -35,10 +40,16 @@ use crate::real::{memcached_resource, start_with_memcached};
 
 /// Keys the client fills before each operation and reads after it.
 pub const KEYS: usize = 20_000;
-/// Bytes of each value.
+/// Bytes of each value, but in the 1 GiB rollout.
 const VALUE_BYTES: usize = 100;
-/// Keys per pipelined write or multi-key `get`.
+/// Bytes of each value in the 1 GiB rollout: [`KEYS`] of them make a gibibyte.
+const GIB_VALUE_BYTES: usize = (1 << 30) / KEYS + 1;
+/// Keys per pipelined write or multi-key `get`, at most.
 const BATCH: usize = 200;
+/// Bytes of values per pipelined write, at most: the bench's own memory stays small when values are large.
+const BATCH_BYTES: usize = 1 << 20;
+/// The copies' time bound in the refusing rollout (`spec.handover.timeoutSeconds`).
+const REFUSED_TIMEOUT_SECONDS: u64 = 60;
 /// The instance of each operation.
 const INSTANCE: &str = "cache";
 const FIELD_MANAGER: &str = "bench-handovers";
@@ -52,9 +63,14 @@ pub struct Operation {
     /// The instance's spec before, and after the change.
     pub before: Value,
     pub after: Value,
+    /// Bytes of each of the [`KEYS`] values the client stores.
+    pub value_bytes: usize,
+    /// Whether the servers after the change serve anything to read the keys back from.
+    pub serves: bool,
 }
 
-/// The operations: a rollout of each workload, a scale-down and a scale-up of a Deployment pool.
+/// The operations: a rollout of each workload, a scale-down and a scale-up of a Deployment pool, a
+/// rollout whose new servers refuse connections, and a rollout of a 1 GiB cache.
 pub fn operations() -> Vec<Operation> {
     let spec = |workload: &str, size: i32, memory: i32, image: &str| {
         json!({
@@ -62,30 +78,54 @@ pub fn operations() -> Vec<Operation> {
             "memcached": {"maxMemoryMB": memory},
             "clients": {"hashing": "jump"},
             "scaling": {"drainSeconds": 5},
+            "handover": {"timeoutSeconds": REFUSED_TIMEOUT_SECONDS},
             "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
         })
     };
     let image = "memcached:1.6.18";
+    let operation = |name, before, after| Operation {
+        name,
+        before,
+        after,
+        value_bytes: VALUE_BYTES,
+        serves: true,
+    };
     vec![
+        operation(
+            "Deployment rollout, 4 servers (-m changed)",
+            spec("Deployment", 4, 64, image),
+            spec("Deployment", 4, 65, image),
+        ),
+        operation(
+            "StatefulSet rollout, 4 servers (image changed)",
+            spec("StatefulSet", 4, 64, image),
+            spec("StatefulSet", 4, 64, "memcached:1.6.19"),
+        ),
+        operation(
+            "scale-down 4 -> 3 (Deployment)",
+            spec("Deployment", 4, 64, image),
+            spec("Deployment", 3, 64, image),
+        ),
+        operation(
+            "scale-up 3 -> 5 (Deployment)",
+            spec("Deployment", 3, 64, image),
+            spec("Deployment", 5, 64, image),
+        ),
         Operation {
-            name: "Deployment rollout, 4 servers (-m changed)",
-            before: spec("Deployment", 4, 64, image),
-            after: spec("Deployment", 4, 65, image),
+            serves: false,
+            ..operation(
+                "Deployment rollout, 4 servers, to servers refusing connections (copies bounded at 60 s)",
+                spec("Deployment", 4, 64, image),
+                spec("Deployment", 4, 64, "no-server.test/memcached:1.6.18"),
+            )
         },
         Operation {
-            name: "StatefulSet rollout, 4 servers (image changed)",
-            before: spec("StatefulSet", 4, 64, image),
-            after: spec("StatefulSet", 4, 64, "memcached:1.6.19"),
-        },
-        Operation {
-            name: "scale-down 4 -> 3 (Deployment)",
-            before: spec("Deployment", 4, 64, image),
-            after: spec("Deployment", 3, 64, image),
-        },
-        Operation {
-            name: "scale-up 3 -> 5 (Deployment)",
-            before: spec("Deployment", 3, 64, image),
-            after: spec("Deployment", 5, 64, image),
+            value_bytes: GIB_VALUE_BYTES,
+            ..operation(
+                "Deployment rollout, 4 servers holding 1 GiB (-m changed)",
+                spec("Deployment", 4, 400, image),
+                spec("Deployment", 4, 401, image),
+            )
         },
     ]
 }
@@ -94,7 +134,8 @@ pub fn operations() -> Vec<Operation> {
 #[derive(Clone, Debug)]
 pub struct Row {
     pub operation: &'static str,
-    pub hits: usize,
+    /// Keys read back after the change; none where the servers after it serve nothing.
+    pub hits: Option<usize>,
     pub seconds: f64,
     pub requests: usize,
     pub writes: usize,
@@ -115,7 +156,8 @@ impl fmt::Display for HandoversReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(
             f,
-            "warm handovers on {}: {KEYS} keys of {VALUE_BYTES} bytes, jump hash over the published list",
+            "warm handovers on {}: {KEYS} keys of {VALUE_BYTES} bytes ({GIB_VALUE_BYTES} in the 1 GiB \
+             rollout), jump hash over the published list",
             self.server
         )?;
         writeln!(
@@ -124,12 +166,17 @@ impl fmt::Display for HandoversReport {
         )?;
         writeln!(f, "| --- | --- | --- | --- | --- | --- |")?;
         for r in &self.rows {
+            let hits = match r.hits {
+                Some(hits) => format!(
+                    "{hits} of {KEYS} ({:.1} %)",
+                    hits as f64 * 100.0 / KEYS as f64
+                ),
+                None => "none: the new servers serve nothing".to_owned(),
+            };
             writeln!(
                 f,
-                "| {} | {} of {KEYS} ({:.1} %) | {:.1} s | {} ({}) | {} / {} | {:.1} -> {:.1} MiB (+{:.1}) |",
+                "| {} | {hits} | {:.1} s | {} ({}) | {} / {} | {:.1} -> {:.1} MiB (+{:.1}) |",
                 r.operation,
-                r.hits,
-                r.hits as f64 * 100.0 / KEYS as f64,
                 r.seconds,
                 r.requests,
                 r.writes,
@@ -183,8 +230,9 @@ async fn operate(
         eprintln!("{}: creating the instance", operation.name);
         ns.apply(&operation.before).await?;
         let old = ns.settled(0, &mut operator).await?;
-        fill(&old).await?;
-        let stored = hits(&old).await?;
+        let bytes = operation.value_bytes;
+        fill(&old, bytes).await?;
+        let stored = hits(&old, bytes).await?;
         if stored != KEYS {
             return Err(format!(
                 "{}: {stored} of {KEYS} keys stored before the change",
@@ -201,7 +249,10 @@ async fn operate(
         let new = ns.settled(generation, &mut operator).await?;
         let seconds = started.elapsed().as_secs_f64();
         let rss_peak_kib = operator.peak_rss_kib()?;
-        let hit = hits(&new).await?;
+        let hit = match operation.serves {
+            true => Some(hits(&new, bytes).await?),
+            false => None,
+        };
         let events: Vec<AuditEvent> = audit
             .read_since(&mark)
             .map_err(|e| format!("{e:#}"))?
@@ -224,7 +275,7 @@ async fn operate(
             rss_peak_kib,
         };
         eprintln!(
-            "{}: {hit} of {KEYS} keys hit after {seconds:.1} s",
+            "{}: {hit:?} of {KEYS} keys hit after {seconds:.1} s, events {reasons:?}",
             operation.name
         );
         rows.push(row);
@@ -389,11 +440,17 @@ fn key(i: usize) -> String {
     format!("bench-handover-{i:05}")
 }
 
-fn value(i: usize) -> Vec<u8> {
+/// Key `i`'s value of `bytes` bytes (the key repeated).
+fn value(i: usize, bytes: usize) -> Vec<u8> {
     let key = key(i);
-    let mut value = key.repeat(VALUE_BYTES / key.len() + 1).into_bytes();
-    value.truncate(VALUE_BYTES);
+    let mut value = key.repeat(bytes / key.len() + 1).into_bytes();
+    value.truncate(bytes);
     value
+}
+
+/// Keys per pipelined write or multi-key `get` for values of `bytes` bytes.
+fn batch(bytes: usize) -> usize {
+    (BATCH_BYTES / bytes.max(1)).clamp(1, BATCH)
 }
 
 /// The slot of `key` among `count` servers, as the operator's `jump` scheme places it (and the PyPI
@@ -432,18 +489,16 @@ async fn connect(addr: SocketAddr) -> Result<BufReader<TcpStream>, String> {
         .map_err(|e| format!("connecting to {addr}: {e}"))
 }
 
-/// Stores every key on its server (no expiry).
-async fn fill(servers: &[SocketAddr]) -> Result<(), String> {
+/// Stores every key on its server (no expiry), with values of `bytes` bytes.
+async fn fill(servers: &[SocketAddr], bytes: usize) -> Result<(), String> {
     for (server, keys) in placed(servers.len()) {
         let addr = servers[server];
         let mut conn = connect(addr).await?;
-        for batch in keys.chunks(BATCH) {
+        for batch in keys.chunks(batch(bytes)) {
             let mut out = Vec::new();
             for &i in batch {
-                out.extend_from_slice(
-                    format!("set {} 0 0 {VALUE_BYTES} noreply\r\n", key(i)).as_bytes(),
-                );
-                out.extend_from_slice(&value(i));
+                out.extend_from_slice(format!("set {} 0 0 {bytes} noreply\r\n", key(i)).as_bytes());
+                out.extend_from_slice(&value(i, bytes));
                 out.extend_from_slice(b"\r\n");
             }
             conn.get_mut()
@@ -467,13 +522,13 @@ async fn fill(servers: &[SocketAddr]) -> Result<(), String> {
     Ok(())
 }
 
-/// How many keys their server holds with the value they were stored with.
-async fn hits(servers: &[SocketAddr]) -> Result<usize, String> {
+/// How many keys their server holds with the value (of `bytes` bytes) they were stored with.
+async fn hits(servers: &[SocketAddr], bytes: usize) -> Result<usize, String> {
     let mut hits = 0;
     for (server, keys) in placed(servers.len()) {
         let addr = servers[server];
         let mut conn = connect(addr).await?;
-        for batch in keys.chunks(BATCH) {
+        for batch in keys.chunks(batch(bytes)) {
             let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();
             conn.get_mut()
                 .write_all(format!("get {}\r\n", names.join(" ")).as_bytes())
@@ -489,22 +544,22 @@ async fn hits(servers: &[SocketAddr]) -> Result<usize, String> {
                 }
                 // VALUE <key> <flags> <bytes>
                 let parts: Vec<&str> = line.split_whitespace().collect();
-                let (Some(&"VALUE"), Some(name), Some(bytes)) =
+                let (Some(&"VALUE"), Some(name), Some(length)) =
                     (parts.first(), parts.get(1), parts.get(3))
                 else {
                     return Err(format!("{addr} answered {line:?}"));
                 };
-                let bytes: usize = bytes
+                let length: usize = length
                     .parse()
                     .map_err(|_| format!("{addr} answered {line:?}"))?;
-                let mut data = vec![0; bytes + 2];
+                let mut data = vec![0; length + 2];
                 conn.read_exact(&mut data)
                     .await
                     .map_err(|e| format!("reading a value from {addr}: {e}"))?;
                 let i = name
                     .strip_prefix("bench-handover-")
                     .and_then(|n| n.parse::<usize>().ok());
-                if i.is_some_and(|i| data[..bytes] == value(i)[..]) {
+                if i.is_some_and(|i| data[..length] == value(i, bytes)[..]) {
                     hits += 1;
                 }
             }

@@ -37,7 +37,7 @@ use crate::controller::runtime::connectivity::Connectivity;
 use crate::controller::{self, RunOptions, Settings};
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
-use crate::resources::{Defaults, StatsReader};
+use crate::resources::{Defaults, OperatorPods};
 use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
@@ -159,7 +159,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         settings: Settings {
             defaults: Defaults {
                 image: args.memcached_image.clone(),
-                stats_reader: stats_reader(&args),
+                operator_pods: operator_pods(),
                 stats_collected: collector.is_some(),
             },
             requeue_after: args.requeue_interval,
@@ -250,13 +250,13 @@ fn client(
     Ok(client)
 }
 
-/// The operator's own pods as instance NetworkPolicies must admit them: when it reads operand stats and
-/// runs in a pod (the install sets `POD_NAMESPACE` from the downward API).
-fn stats_reader(args: &RunArgs) -> Option<StatsReader> {
+/// The operator's own pods as instance NetworkPolicies must admit them, when it runs in a pod (the install
+/// sets `POD_NAMESPACE` from the downward API).
+fn operator_pods() -> Option<OperatorPods> {
     let namespace = std::env::var("POD_NAMESPACE")
         .ok()
         .filter(|s| !s.is_empty())?;
-    (!args.stats_interval.is_zero()).then_some(StatsReader { namespace })
+    Some(OperatorPods { namespace })
 }
 
 /// Starts the election, waiting (until `stop`) for an API server that does not answer yet.

@@ -37,9 +37,10 @@ pub const DEFAULT_IMAGE: &str = "memcached:1.6-alpine";
 pub struct Defaults {
     /// Image for instances whose spec has none (`MEMCACHED_IMAGE`).
     pub image: String,
-    /// Where the operator's own pods run, when it reads its instances' stats: their NetworkPolicies
-    /// must admit it to the memcached port. `None` when it does not read them, or does not run in a pod.
-    pub stats_reader: Option<StatsReader>,
+    /// Where the operator's own pods run: an instance's NetworkPolicy admits them to the memcached port
+    /// while the operator connects to its servers (stats reads, handover copies). `None` when the
+    /// operator does not run in a pod.
+    pub operator_pods: Option<OperatorPods>,
     /// Whether the operator reads its instances' stats (`--stats-interval` not 0), wherever it runs: the
     /// collector is what asks servers to reload a rotated certificate ([`secrets::tls_reload`]).
     pub stats_collected: bool,
@@ -48,7 +49,7 @@ pub struct Defaults {
 /// The operator's pods, as a NetworkPolicy peer: those labelled [`labels::OPERATOR_POD_LABEL`] in
 /// `namespace` (the install's manager Deployment carries the label).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct StatsReader {
+pub struct OperatorPods {
     pub namespace: String,
 }
 
@@ -56,7 +57,7 @@ impl Default for Defaults {
     fn default() -> Self {
         Self {
             image: DEFAULT_IMAGE.to_owned(),
-            stats_reader: None,
+            operator_pods: None,
             stats_collected: true,
         }
     }
@@ -92,8 +93,8 @@ pub struct Instance<'a> {
     pub namespace: &'a str,
     pub spec: &'a MemcachedSpec,
     pub image: &'a str,
-    /// The operator's pods, when they read the instance's stats (see [`Defaults::stats_reader`]).
-    pub stats_reader: Option<&'a StatsReader>,
+    /// The operator's pods, when it runs in a pod (see [`Defaults::operator_pods`]).
+    pub operator_pods: Option<&'a OperatorPods>,
     /// See [`Defaults::stats_collected`].
     pub stats_collected: bool,
     owner: OwnerReference,
@@ -121,7 +122,7 @@ impl<'a> Instance<'a> {
             namespace,
             spec: &mc.spec,
             image: mc.image_or(&defaults.image),
-            stats_reader: defaults.stats_reader.as_ref(),
+            operator_pods: defaults.operator_pods.as_ref(),
             stats_collected: defaults.stats_collected,
             owner,
         })

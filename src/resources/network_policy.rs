@@ -3,26 +3,29 @@
 //! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
 //! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
 //! across them), and the exporter reaches memcached over the pod's loopback, which no policy filters.
-//! Kubelet probes come from the pod's node, which NetworkPolicy always admits. The operator itself reads
-//! memcached's stats (operand telemetry): when it does, its own pods are admitted to the memcached port
-//! too, or every read would time out.
+//! Kubelet probes come from the pod's node, which NetworkPolicy always admits. The operator itself
+//! connects to memcached, to read its stats (operand telemetry) and to copy items in warm handovers: while
+//! it does either, its own pods are admitted to the memcached port too, or every read and copy would time
+//! out. The policy selects the spare server of a StatefulSet rollout's handover as well (it carries
+//! another `app.kubernetes.io/name`, see [`super::spare`]): the operator copies to and from it, and a
+//! namespace-wide default-deny would otherwise cut it off.
 
 use k8s_openapi::api::networking::v1::{
     NetworkPolicy, NetworkPolicyIngressRule, NetworkPolicyPeer, NetworkPolicyPort,
     NetworkPolicySpec,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::deployment::METRICS_PORT;
-use super::{Instance, InvalidSpec, labels};
+use super::{Instance, InvalidSpec, labels, spare};
 use crate::api::{AllowedClient, MemcachedSpec};
 
 /// The policy for `instance`, or `None` when none is wanted.
 ///
 /// Rule 1 admits the memcached port (`containerPort`: a policy matches the pod's port, not the Service's)
 /// from `allowedClients`, or from every pod of the instance's namespace when the list is empty, and from
-/// the operator's pods when it reads stats (see [`crate::resources::Defaults::stats_reader`]). Rule 2,
+/// the operator's pods when it connects to the servers (see [`operator_connects`]). Rule 2,
 /// with the exporter on, admits the metrics port from the monitoring namespaces, or from the instance's
 /// namespace when none are selected.
 pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
@@ -32,11 +35,14 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     } else {
         config.allowed_clients.iter().map(peer).collect()
     };
-    if let Some(reader) = instance.stats_reader {
+    if let Some(operator) = instance
+        .operator_pods
+        .filter(|_| operator_connects(instance))
+    {
         let (key, value) = labels::OPERATOR_POD_LABEL;
         clients.push(NetworkPolicyPeer {
             pod_selector: Some(match_labels(key, value)),
-            namespace_selector: Some(match_labels(NAMESPACE_NAME_LABEL, &reader.namespace)),
+            namespace_selector: Some(match_labels(NAMESPACE_NAME_LABEL, &operator.namespace)),
             ip_block: None,
         });
     }
@@ -54,15 +60,36 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     Some(NetworkPolicy {
         metadata: instance.child_meta(),
         spec: Some(NetworkPolicySpec {
-            pod_selector: Some(LabelSelector {
-                match_labels: Some(labels::selector_labels(instance.name)),
-                ..LabelSelector::default()
-            }),
+            pod_selector: Some(servers_and_spare(instance.name)),
             policy_types: Some(vec!["Ingress".to_owned()]),
             ingress: Some(ingress),
             egress: None,
         }),
     })
+}
+
+/// Whether the operator connects to the instance's servers: it reads their stats (`--stats-interval` not
+/// 0), or copies items between them in warm handovers (`spec.handover.enabled`, the default).
+fn operator_connects(instance: &Instance<'_>) -> bool {
+    instance.stats_collected || instance.spec.handover().enabled()
+}
+
+/// The instance's servers (its selector labels) and its spare server: its `app.kubernetes.io/instance`,
+/// with `app.kubernetes.io/name` either [`labels::APP_NAME`] or [`spare::SPARE_APP_NAME`].
+fn servers_and_spare(instance: &str) -> LabelSelector {
+    let mut match_labels = labels::selector_labels(instance);
+    match_labels.remove(labels::NAME_KEY);
+    LabelSelector {
+        match_labels: Some(match_labels),
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: labels::NAME_KEY.to_owned(),
+            operator: "In".to_owned(),
+            values: Some(vec![
+                labels::APP_NAME.to_owned(),
+                spare::SPARE_APP_NAME.to_owned(),
+            ]),
+        }]),
+    }
 }
 
 /// The label every namespace carries with its own name (set by the API server since Kubernetes 1.22).
@@ -180,11 +207,34 @@ mod tests {
         }
     }
 
+    /// The policy's first rule's peers for `spec`, with the operator running in a pod of
+    /// `memcached-operator-system`, and collecting stats or not.
+    fn memcached_peers(spec: MemcachedSpec, stats_collected: bool) -> serde_json::Value {
+        let mc = memcached("cache", spec);
+        let defaults = Defaults {
+            operator_pods: Some(crate::resources::OperatorPods {
+                namespace: "memcached-operator-system".into(),
+            }),
+            stats_collected,
+            ..Defaults::default()
+        };
+        let policy = network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
+        serde_json::to_value(policy).unwrap()["spec"]["ingress"][0]["from"].clone()
+    }
+
+    fn operator_peer() -> serde_json::Value {
+        json!({
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "memcached-operator"}},
+            "namespaceSelector": {"matchLabels": {
+                "kubernetes.io/metadata.name": "memcached-operator-system"}}
+        })
+    }
+
     #[test]
     fn the_operator_is_admitted_to_memcached_when_it_reads_stats() {
         let mc = memcached("cache", spec(enabled(), true));
         let defaults = Defaults {
-            stats_reader: Some(crate::resources::StatsReader {
+            operator_pods: Some(crate::resources::OperatorPods {
                 namespace: "memcached-operator-system".into(),
             }),
             ..Defaults::default()
@@ -193,18 +243,62 @@ mod tests {
         let policy = serde_json::to_value(policy).unwrap();
         assert_eq!(
             policy["spec"]["ingress"][0]["from"],
-            json!([
-                {"podSelector": {}},
-                {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "memcached-operator"}},
-                 "namespaceSelector": {"matchLabels": {
-                     "kubernetes.io/metadata.name": "memcached-operator-system"}}}
-            ])
+            json!([{"podSelector": {}}, operator_peer()])
         );
         assert_eq!(
             policy["spec"]["ingress"][1]["from"],
             json!([{"podSelector": {}}]),
             "the exporter's port is not the operator's business"
         );
+    }
+
+    #[test]
+    fn the_operator_is_admitted_to_memcached_for_its_handover_copies_without_stats() {
+        // `--stats-interval=0`: the operator still copies items between servers in warm handovers
+        // (on by default), and a policy without it would time every copy out.
+        assert_eq!(
+            memcached_peers(spec(enabled(), false), false),
+            json!([{"podSelector": {}}, operator_peer()])
+        );
+        let mut without_handover = spec(enabled(), false);
+        without_handover.handover = Some(crate::api::WarmHandover {
+            enabled: Some(false),
+            ..Default::default()
+        });
+        assert_eq!(
+            memcached_peers(without_handover, false),
+            json!([{"podSelector": {}}]),
+            "no stats read, no handover: the operator never connects"
+        );
+    }
+
+    #[test]
+    fn the_policy_selects_the_servers_and_the_spare_server_but_not_the_operator() {
+        let mc = memcached("cache", spec(enabled(), false));
+        let defaults = Defaults::default();
+        let policy = network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
+        let selector = policy.spec.and_then(|s| s.pod_selector).unwrap();
+        let selects = |name: &str, instance: &str| {
+            let pod = [
+                (labels::NAME_KEY.to_owned(), name.to_owned()),
+                (labels::INSTANCE_KEY.to_owned(), instance.to_owned()),
+            ];
+            let labelled = |key: &str| pod.iter().find(|(k, _)| k == key).map(|(_, v)| v);
+            let labels_match = selector
+                .match_labels
+                .iter()
+                .flatten()
+                .all(|(k, v)| labelled(k) == Some(v));
+            let expressions_match = selector.match_expressions.iter().flatten().all(|e| {
+                e.operator == "In"
+                    && labelled(&e.key).is_some_and(|v| e.values.iter().flatten().any(|x| x == v))
+            });
+            labels_match && expressions_match
+        };
+        assert!(selects("memcached", "cache"), "a server");
+        assert!(selects(spare::SPARE_APP_NAME, "cache"), "the spare server");
+        assert!(!selects("memcached", "other"), "another instance's server");
+        assert!(!selects("memcached-operator", "cache"), "the operator");
     }
 
     #[test]
@@ -216,9 +310,13 @@ mod tests {
                 "kind": "NetworkPolicy",
                 "metadata": child_meta_json(),
                 "spec": {
-                    "podSelector": {"matchLabels": {
-                        "app.kubernetes.io/instance": "cache", "app.kubernetes.io/name": "memcached"
-                    }},
+                    "podSelector": {
+                        "matchLabels": {"app.kubernetes.io/instance": "cache"},
+                        "matchExpressions": [{
+                            "key": "app.kubernetes.io/name", "operator": "In",
+                            "values": ["memcached", "memcached-handover"]
+                        }]
+                    },
                     "policyTypes": ["Ingress"],
                     "ingress": [{
                         "from": [{"podSelector": {}}],

@@ -8,12 +8,15 @@
 use serde_json::{Value, json};
 
 use crate::checks::{
-    check_owner, common_labels, expect_eq, expect_labels, labels, push_err, result, selector_labels,
+    check_owner, common_labels, expect_eq, expect_labels, labels, push_err, result,
 };
 use crate::env::{E2e, delete_instance};
 use crate::events::expect_event;
 use crate::kubectl::{apply_yaml_ok, get_required, gone, kubectl_ok, secs, uid_of};
-use crate::names::{API_VERSION, MANAGER_NAME, MC, METRICS_PORT, NAME_KEY, OPERATOR_NS, PORT};
+use crate::names::{
+    API_VERSION, APP_NAME, INSTANCE_KEY, MANAGER_NAME, MC, METRICS_PORT, NAME_KEY, OPERATOR_NS,
+    PORT,
+};
 
 pub const ISOLATED: &str = "memcached-isolated";
 const NETWORK_POLICY: &str = "networkpolicies.networking.k8s.io";
@@ -164,12 +167,19 @@ fn check_network_policy(policy: &Value, mc_uid: &str) -> Result<(), String> {
         ),
     );
     let spec = &policy["spec"];
+    // The servers and the spare server a StatefulSet rollout's handover runs (another
+    // app.kubernetes.io/name): the operator copies to and from it.
     push_err(
         &mut problems,
         expect_eq(
             "spec.podSelector",
             &spec["podSelector"],
-            &json!({"matchLabels": selector_labels(ISOLATED)}),
+            &json!({
+                "matchLabels": {INSTANCE_KEY: ISOLATED},
+                "matchExpressions": [{
+                    "key": NAME_KEY, "operator": "In", "values": [APP_NAME, "memcached-handover"]
+                }]
+            }),
         ),
     );
     push_err(

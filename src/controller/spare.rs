@@ -83,6 +83,9 @@ pub async fn step(
     // Copies that ended: to the spare, the slot it now holds; to a new pod, its gate.
     for (pod, slot, source, result) in handovers.take_done(namespace, name) {
         if pod == spare_name {
+            // Counted as every copy is: a StatefulSet server's handover is two copies, to the spare and
+            // from it, and a failure of either is one `HandoverFailed` event and one failure in the metrics.
+            ctx.metrics.handovers().record(namespace, name, &result);
             match &result {
                 Ok(done) => info!(
                     source = %source, slot, items = done.copied, "copied to the spare server"

@@ -163,6 +163,50 @@ pub async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
         .collect()
 }
 
+/// The operator's `memcached_operator_handover*` series for the scenario's namespace, from its
+/// `/metrics` (plain HTTP here): keyed by name and the labels other than `namespace` and `memcached`,
+/// e.g. `memcached_operator_handover_items_total{outcome="copied"}`.
+pub async fn handover_metrics(s: &Scenario) -> BTreeMap<String, f64> {
+    let port = s.operator.metrics_port().expect("a metrics port chosen");
+    let mut conn = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connecting to /metrics");
+    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .expect("asking for /metrics");
+    let mut text = String::new();
+    conn.read_to_string(&mut text)
+        .await
+        .expect("reading /metrics");
+    let namespace = format!("namespace=\"{}\"", s.namespace);
+    let mut series = BTreeMap::new();
+    for line in text.lines() {
+        // name{label="value",...} value
+        let Some((name, rest)) = line
+            .strip_prefix("memcached_operator_handover")
+            .and_then(|rest| rest.split_once('{'))
+        else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once("} ") else {
+            continue;
+        };
+        if !labels.split(',').any(|l| l == namespace) {
+            continue;
+        }
+        let others: Vec<&str> = labels
+            .split(',')
+            .filter(|l| !l.starts_with("namespace=") && !l.starts_with("memcached="))
+            .collect();
+        let key = match others.is_empty() {
+            true => format!("memcached_operator_handover{name}"),
+            false => format!("memcached_operator_handover{name}{{{}}}", others.join(",")),
+        };
+        series.insert(key, value.trim().parse().unwrap_or(f64::NAN));
+    }
+    series
+}
+
 fn spec(size: usize, memory: i64, handover: Value) -> Value {
     json!({
         "size": size, "workload": "Deployment",
@@ -220,6 +264,28 @@ async fn a_deployment_rollout_keeps_the_keys_warm() {
     );
     let failed = notes(&s, "HandoverFailed").await;
     assert!(failed.is_empty(), "{failed:#?}");
+    let metrics = handover_metrics(&s).await;
+    s.step(&format!("handover metrics: {metrics:#?}"));
+    let series = |key: &str| metrics.get(key).copied().unwrap_or(0.0);
+    assert_eq!(
+        series("memcached_operator_handovers_total"),
+        SIZE as f64,
+        "one copy per replaced server"
+    );
+    assert!(
+        series("memcached_operator_handover_items_total{outcome=\"copied\"}") >= read as f64,
+        "every key hit was copied: {metrics:#?}"
+    );
+    assert!(
+        series("memcached_operator_handover_bytes_total") >= (read * 100) as f64,
+        "{metrics:#?}"
+    );
+    assert!(
+        !metrics
+            .keys()
+            .any(|k| k.starts_with("memcached_operator_handover_failures_total")),
+        "{metrics:#?}"
+    );
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
-use crate::handover::{KEYS, fill, hits, notes};
+use crate::handover::{KEYS, fill, handover_metrics, hits, notes};
 use crate::instances::{apply, conditions, memcacheds, pods, settled};
 use crate::{Scenario, wait_for};
 
@@ -139,6 +139,25 @@ async fn a_statefulset_rollout_keeps_the_keys_warm() {
         "one HandedOver event per replaced server: {handed:#?}"
     );
     assert!(failed.is_empty(), "{failed:#?}");
+    // Two copies per server, to the spare and from it, each counted.
+    let metrics = handover_metrics(&s).await;
+    s.step(&format!("handover metrics: {metrics:#?}"));
+    let series = |key: &str| metrics.get(key).copied().unwrap_or(0.0);
+    assert_eq!(
+        series("memcached_operator_handovers_total"),
+        (2 * SIZE) as f64,
+        "two copies per replaced server"
+    );
+    assert!(
+        series("memcached_operator_handover_items_total{outcome=\"copied\"}") >= (2 * read) as f64,
+        "every key hit was copied twice: {metrics:#?}"
+    );
+    assert!(
+        !metrics
+            .keys()
+            .any(|k| k.starts_with("memcached_operator_handover_failures_total")),
+        "{metrics:#?}"
+    );
 }
 
 #[tokio::test]
@@ -177,6 +196,24 @@ async fn a_statefulset_handover_out_of_time_ends_cold_and_the_rollout_proceeds()
     assert!(
         failed.iter().any(|note| note.contains("(timeout)")),
         "{failed:#?}"
+    );
+    // The copies that timed out are failures in the metrics, the copies to the spare included; the
+    // Warnings also count servers that went cold without a copy (a spare not started within 1 s).
+    let metrics = handover_metrics(&s).await;
+    s.step(&format!("handover metrics: {metrics:#?}"));
+    let failures: f64 = metrics
+        .iter()
+        .filter(|(k, _)| k.starts_with("memcached_operator_handover_failures_total"))
+        .map(|(_, v)| v)
+        .sum();
+    assert!(
+        failures >= 1.0 && failures <= failed.len() as f64,
+        "{failures} failed copies, {} Warnings: {metrics:#?}",
+        failed.len()
+    );
+    assert!(
+        metrics.contains_key("memcached_operator_handover_failures_total{reason=\"timeout\"}"),
+        "{metrics:#?}"
     );
     assert!(
         took < Duration::from_secs(90),

@@ -41,9 +41,9 @@ fn value(i: usize, len: usize) -> Vec<u8> {
     value
 }
 
-/// The keys of `0..KEYS` by the index of their server in `servers` (jump hash over the list).
-fn placed(servers: &[String]) -> BTreeMap<usize, Vec<usize>> {
-    let placement = Placement::new(Scheme::Jump, servers).expect("host:port entries");
+/// The keys of `0..KEYS` by the index of their server in `servers` (`scheme` over the list).
+fn placed(scheme: Scheme, servers: &[String]) -> BTreeMap<usize, Vec<usize>> {
+    let placement = Placement::new(scheme, servers).expect("host:port entries");
     let mut by_server: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
     for i in 0..KEYS {
         let server = placement.server(key(i).as_bytes()).expect("a server");
@@ -60,9 +60,14 @@ async fn connect(address: &str) -> BufReader<TcpStream> {
     )
 }
 
-/// Stores every key on its server (values of `len` bytes, no expiry).
+/// Stores every key on its server under jump hash (values of `len` bytes, no expiry).
 pub async fn fill(servers: &[String], len: usize) {
-    for (server, keys) in placed(servers) {
+    fill_placed(Scheme::Jump, servers, len).await;
+}
+
+/// Stores every key on its server under `scheme` (values of `len` bytes, no expiry).
+pub async fn fill_placed(scheme: Scheme, servers: &[String], len: usize) {
+    for (server, keys) in placed(scheme, servers) {
         let mut conn = connect(&servers[server]).await;
         for batch in keys.chunks(BATCH) {
             let mut out = Vec::new();
@@ -84,10 +89,15 @@ pub async fn fill(servers: &[String], len: usize) {
     }
 }
 
-/// How many keys their server under `servers` holds with the value they were stored with.
+/// How many keys their server under `servers` (jump hash) holds with the value they were stored with.
 pub async fn hits(servers: &[String], len: usize) -> usize {
+    hits_placed(Scheme::Jump, servers, len).await
+}
+
+/// How many keys their server under `servers` (`scheme`) holds with the value they were stored with.
+pub async fn hits_placed(scheme: Scheme, servers: &[String], len: usize) -> usize {
     let mut hits = 0;
-    for (server, keys) in placed(servers) {
+    for (server, keys) in placed(scheme, servers) {
         let mut conn = connect(&servers[server]).await;
         for batch in keys.chunks(BATCH) {
             let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();

@@ -5,9 +5,11 @@
 //! removed server's quarter (about 75 % hit), a scale-up 3 -> 5 the two fifths jump moves to the new
 //! servers (about 60 %).
 //!
-//! The client is the rollout scenarios' (`handover.rs`): it places keys as a jump-hash client does, through
-//! the operator's `hashing::Placement`, which tests/hashing.rs checks against vectors the real library
-//! produced, so the operator reproduces the client, not itself.
+//! The client is the rollout scenarios' (`handover.rs`): it places keys as a client of the declared scheme
+//! does (jump where none is declared), through the operator's `hashing::Placement`, which tests/hashing.rs
+//! checks against vectors the real libraries produced, so the operator reproduces the client, not itself.
+//! Jump runs in both workloads; ketama, rendezvous and modula, which place keys by the published entries'
+//! text, run in Deployments, whose published entries (pod IPs) the test reaches as they are.
 
 use std::time::{Duration, Instant};
 
@@ -15,7 +17,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::Api;
 use serde_json::{Value, json};
 
-use crate::handover::{KEYS, fill, hits, notes};
+use memcached_operator::hashing::Scheme;
+
+use crate::handover::{KEYS, fill, fill_placed, hits, hits_placed, notes};
 use crate::instances::{apply, condition, conditions, memcacheds, settled};
 use crate::{Scenario, wait_for};
 
@@ -95,13 +99,24 @@ struct Scaled {
     saw_handing_over: bool,
 }
 
+/// The client's placement for `spec.clients.hashing` (jump where none is declared).
+fn client_scheme(hashing: &str) -> Scheme {
+    match hashing {
+        "ketama" => Scheme::Ketama,
+        "rendezvous" => Scheme::Rendezvous,
+        "modula" => Scheme::Modula,
+        _ => Scheme::Jump,
+    }
+}
+
 /// Settles `from` servers, fills them, scales to `to` and reads every key back once settled.
 async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usize) -> Scaled {
+    let scheme = client_scheme(hashing);
     apply(s, "cache", spec(from, workload, hashing)).await;
     let old = settled_servers(s, from, Duration::from_secs(90)).await;
     let old = reachable(s, &old).await;
-    fill(&old, VALUE_LEN).await;
-    let stored = hits(&old, VALUE_LEN).await;
+    fill_placed(scheme, &old, VALUE_LEN).await;
+    let stored = hits_placed(scheme, &old, VALUE_LEN).await;
     assert_eq!(stored, KEYS, "every key is stored before the scale");
     s.step(&format!(
         "{workload}: {stored} keys on {old:?}; scaling {from} -> {to} (hashing {hashing})"
@@ -130,7 +145,7 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     };
     let took = started.elapsed();
     let new = reachable(s, &new).await;
-    let read = hits(&new, VALUE_LEN).await;
+    let read = hits_placed(scheme, &new, VALUE_LEN).await;
     let (handed, failed) = (
         notes(s, "HandedOver").await,
         notes(s, "HandoverFailed").await,
@@ -202,6 +217,37 @@ async fn a_statefulset_scale_down_keeps_the_keys_warm() {
         return;
     };
     let scaled = scale(&s, "StatefulSet", "jump", 4, 3).await;
+    assert_warm(&scaled, 3);
+}
+
+/// Ketama (libmemcached's consistent hashing) between 4 and 3 servers: 160 points per server both, so only
+/// the leaving server's keys move, from it to the servers that own them after.
+#[tokio::test]
+async fn a_scale_down_under_ketama_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-down-ketama", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "Deployment", "ketama", 4, 3).await;
+    assert_warm(&scaled, 3);
+}
+
+/// Rendezvous (pymemcache's `HashClient`): a scale-up moves to each new server the keys it wins.
+#[tokio::test]
+async fn a_scale_up_under_rendezvous_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-up-rendezvous", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "Deployment", "rendezvous", 3, 5).await;
+    assert_warm(&scaled, 2);
+}
+
+/// Modula (libmemcached's default) moves most keys on any scale: every server copies to every other one.
+#[tokio::test]
+async fn a_scale_down_under_modula_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("scale-down-modula", &[]).await else {
+        return;
+    };
+    let scaled = scale(&s, "Deployment", "modula", 4, 3).await;
     assert_warm(&scaled, 3);
 }
 

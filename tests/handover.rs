@@ -180,6 +180,34 @@ async fn values_flags_and_remaining_ttls_are_copied() {
     );
 }
 
+/// The copy reads the source without touching its LRU: an item no client read is still "not hit before"
+/// afterwards (`mg … h` answers `h0`), as a client's `get` would have made it `h1`.
+#[tokio::test]
+async fn a_copy_leaves_the_source_items_unread() {
+    let (Some(source), Some(target)) =
+        (server("src", &[], &[]).await, server("dst", &[], &[]).await)
+    else {
+        return;
+    };
+    let mut client = Client::connect(source.address, None).await;
+    // A text key and one with a space (base64): the copy fetches them by the two forms of `mg`.
+    for key in [&b"cold"[..], b"read", b"cold key"] {
+        client.set(key, b"value", 0, None).await;
+    }
+    let hit = |key: &[u8]| format!("mg {} b h u\r\n", BASE64.encode(key));
+    assert!(client.get(b"read").await.is_some());
+    assert_eq!(client.ask(hit(b"read").as_bytes()).await, "HD h1\r\n");
+    let summary = copy(&plain(source.address), &plain(target.address), settings()).await;
+    assert_eq!(summary.copied, 3, "{summary:?}");
+    for key in [&b"cold"[..], b"cold key"] {
+        assert_eq!(
+            client.ask(hit(key).as_bytes()).await,
+            "HD h0\r\n",
+            "the copy marked {key:?}, which no client read, as hit"
+        );
+    }
+}
+
 #[tokio::test]
 async fn binary_and_odd_keys_are_copied_byte_for_byte() {
     let (Some(source), Some(target)) =

@@ -301,16 +301,18 @@ impl<'a> Copy<'a> {
         }
     }
 
-    /// Fetches the batch's keys from the source: value, client flags and remaining TTL of each.
+    /// Fetches the batch's keys from the source: value, client flags and remaining TTL of each. With `u`:
+    /// the copy's reads leave each item where the source's LRU had it, neither bumped nor marked as hit,
+    /// so a source that keeps serving (a scale-up's) does not take every copied item for a hot one.
     async fn fetch_batch(&mut self) -> Result<(), CopyError> {
         self.out.clear();
         for key in &self.keys {
             self.out.extend_from_slice(b"mg ");
             self.out.extend_from_slice(&key.text);
             self.out.extend_from_slice(if key.base64 {
-                b" b v f t\r\n"
+                b" b v f t u\r\n"
             } else {
-                b" v f t\r\n"
+                b" v f t u\r\n"
             });
         }
         self.values.clear();
@@ -477,7 +479,7 @@ impl WireKey {
     }
 }
 
-/// The header of an `mg … v f t` hit: `VA <length> f<flags> t<ttl>`.
+/// The header of an `mg … v f t u` hit: `VA <length> f<flags> t<ttl>`.
 #[derive(Debug, PartialEq, Eq)]
 struct ValueHeader {
     length: usize,

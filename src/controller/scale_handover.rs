@@ -401,6 +401,9 @@ struct Report {
     slot: i32,
     copied: u64,
     bytes: u64,
+    /// Items the target held already: written by clients since, or copied by a plan this one replaced
+    /// (a scale-up 3 -> 4 that became 3 -> 5 when the next server was ready).
+    existing: u64,
     sources: usize,
     /// Why copies ended cold, by source.
     failures: Vec<String>,
@@ -415,10 +418,12 @@ impl Report {
             Ended::Copied(Ok(done)) => {
                 self.copied += done.copied;
                 self.bytes += done.bytes;
+                self.existing += done.existing;
             }
             Ended::Copied(Err(failure)) => {
                 self.copied += failure.progress.copied;
                 self.bytes += failure.progress.bytes;
+                self.existing += failure.progress.existing;
                 self.timed_out |= matches!(failure.error, CopyError::Timeout(_));
                 self.failures.push(format!(
                     "from {source} ({}): {failure}",
@@ -429,9 +434,10 @@ impl Report {
         }
     }
 
-    /// Whether the copies ended without copying or failing anything.
+    /// Whether the copies ended without finding anything to hand over or failing: no item moves to the
+    /// target (copied, or there already).
     fn is_empty(&self) -> bool {
-        self.copied == 0 && self.failures.is_empty()
+        self.copied == 0 && self.existing == 0 && self.failures.is_empty()
     }
 
     /// The event's reason and note.
@@ -441,11 +447,15 @@ impl Report {
             change.old.len(),
             change.new.len()
         );
+        let there = match self.existing {
+            0 => String::new(),
+            n => format!("; {n} were there already"),
+        };
         if self.failures.is_empty() {
             (
                 true,
                 format!(
-                    "Copied {} items ({} bytes) that move to {} (slot {}) from {} servers for {scale}",
+                    "Copied {} items ({} bytes) that move to {} (slot {}) from {} servers for {scale}{there}",
                     self.copied, self.bytes, self.target, self.slot, self.sources
                 ),
             )

@@ -101,6 +101,33 @@ async fn each_target_is_reported_once_when_all_its_copies_ended() {
     );
 }
 
+/// A target whose items were all there already (a plan 3 -> 4 copied them before 3 -> 5 replaced it)
+/// was handed over all the same: one `HandedOver` event saying so, not silence.
+#[test]
+fn a_target_that_held_its_items_already_still_gets_its_event() {
+    let up = change(3, 5);
+    let mut report = Report {
+        target: "t3".into(),
+        slot: 3,
+        ..Report::default()
+    };
+    for source in ["s0", "s1", "s2"] {
+        let done = Snapshot {
+            existing: 100,
+            ..Snapshot::default()
+        };
+        report.add(source, &Ended::Copied(Ok(done)));
+    }
+    assert!(!report.is_empty(), "items there already are a handover");
+    let (done, note) = report.event(&up);
+    assert!(done, "{note}");
+    assert_eq!(
+        note,
+        "Copied 0 items (0 bytes) that move to t3 (slot 3) from 3 servers for the scale from 3 to 5 \
+         servers; 300 were there already"
+    );
+}
+
 #[tokio::test]
 async fn a_copy_that_cannot_start_ends_the_plan_at_once() {
     let (handovers, mut triggers) = handovers();

@@ -78,8 +78,8 @@
 //!     (each new pod waits behind the handover readiness gate while the operator copies the server it
 //!     replaces: condition `Copied`, one `HandedOver` event per slot), a StatefulSet rollout of 2 (through the
 //!     operator's spare server), a 3 -> 2 scale-down and a 3 -> 5 scale-up declaring `clients.hashing: jump`
-//!     (the keys that change server copied to their new owners, one `HandedOver` event per receiving
-//!     server); every key is on the server that owns it afterwards (where pod IPs are not routable from the
+//!     (the keys that change server copied to their new owners, `HandedOver` events for the servers that
+//!     receive them); every key is on the server that owns it afterwards (where pod IPs are not routable from the
 //!     operator's machine: each copy ends cold, `Failed` and `HandoverFailed`). Then, on a stand-in
 //!     kubelet's nodes only (elsewhere a NOTE says it is skipped), a rollout to servers that refuse
 //!     connections (an image of `no-server.test`) with `handover.timeoutSeconds: 20`: each gate opens

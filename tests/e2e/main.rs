@@ -77,13 +77,23 @@
 //! 25. warm handovers, keys placed by jump hash before and read back after: a Deployment rollout of 2 servers
 //!     (each new pod waits behind the handover readiness gate while the operator copies the server it
 //!     replaces: condition `Copied`, one `HandedOver` event per slot), a StatefulSet rollout of 2 (through the
-//!     operator's spare server), a 3 -> 2 scale-down declaring `clients.hashing: jump` (the drained server's
-//!     keys copied to their owners); every key is on the server that owns it afterwards (where pod IPs are
-//!     not routable from the operator's machine: each copy ends cold, `Failed` and `HandoverFailed`)
-//! 26. cleanup (always, also after a failure): see `impl Drop for E2e`
+//!     operator's spare server), a 3 -> 2 scale-down and a 3 -> 5 scale-up declaring `clients.hashing: jump`
+//!     (the keys that change server copied to their new owners, `HandedOver` events for the servers that
+//!     receive them); every key is on the server that owns it afterwards (where pod IPs are not routable from the
+//!     operator's machine: each copy ends cold, `Failed` and `HandoverFailed`). Then, on a stand-in
+//!     kubelet's nodes only (elsewhere a NOTE says it is skipped), a rollout to servers that refuse
+//!     connections (an image of `no-server.test`) with `handover.timeoutSeconds: 20`: each gate opens
+//!     `Failed`, one `HandoverFailed` Warning per slot names the refusal, and the rollout is done within
+//!     one copy's bound
+//! 26. handing over 1 GiB (a 2-server Deployment filled with 100 KiB items from this machine, then rolled
+//!     out) grows the operator's peak RSS (`VmHWM`, reset before) by less than 10 MiB, and at least 95 % of
+//!     the items arrive with their values; where pod IPs are not reachable from here, skipped with a NOTE
+//! 27. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
 //! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
-//! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left.
+//! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left. Step 26 runs two
+//! pods with `maxMemoryMB: 800` (three during its rollout), which request about 2.5 GiB and hold 1 GiB of
+//! items each side of the copy.
 //!
 //! Knobs: `E2E_KEEP=1` keeps the test namespace and the installed objects (the operator is stopped anyway);
 //! `E2E_TIMEOUT_SCALE=2` multiplies every timeout (slow clusters); `KUBECTL=/path/to/kubectl`.
@@ -97,7 +107,7 @@
 //! - one module per scenario, holding its steps and the checks only it needs: [`sample`] (steps 4, 6
 //!   to 8, 11), [`leader_election`] (5), [`invalid`] (9, 10, 16), [`production`] (12 to 14),
 //!   [`secrets`] (15), [`service_monitor`] (17), [`tls`] (18), [`isolation`] (19), [`pools`] (20 to 23),
-//!   [`telemetry`] (24);
+//!   [`telemetry`] (24), [`handover`] (25), [`handover_memory`] (26);
 //! - shared helpers: [`env`] (setup, the operator processes, diagnostics and cleanup), [`checks`]
 //!   (expectations on the operator's objects), [`events`] (events and the leader Lease), [`kubectl`]
 //!   (kubectl and process helpers), [`poll`] (waits with timeouts), [`http`] (the operator's
@@ -115,6 +125,7 @@ mod timings;
 mod lifecycle;
 
 mod handover;
+mod handover_memory;
 mod invalid;
 mod isolation;
 mod leader_election;

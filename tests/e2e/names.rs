@@ -33,7 +33,7 @@ pub const STAND_IN_LABEL: &str = "envtest.memcached-operator/stand-in-kubelet";
 pub const POD_SECURITY_LEVEL: &str = "restricted";
 
 /// Number of the cleanup step, printed by `impl Drop for E2e`.
-pub const CLEANUP_STEP: u32 = 26;
+pub const CLEANUP_STEP: u32 = 27;
 pub const NAME_KEY: &str = "app.kubernetes.io/name";
 pub const INSTANCE_KEY: &str = "app.kubernetes.io/instance";
 pub const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";

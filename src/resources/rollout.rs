@@ -170,7 +170,7 @@ enum Warmth {
 }
 
 /// Whether `pod` runs `revision` (and is not on its way out).
-fn on_revision(pod: &Pod, revision: &str) -> bool {
+pub fn on_revision(pod: &Pod, revision: &str) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod
             .metadata

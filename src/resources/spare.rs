@@ -19,7 +19,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 
 use super::handover::{GATE, without_gate};
-use super::rollout::REVISION_LABEL;
+use super::rollout::on_revision;
+use super::servers::is_ready;
 use super::{Instance, labels};
 
 /// The spare's name: `<name>-handover` (the StatefulSet's pods are `<name>-<ordinal>`).
@@ -98,14 +99,11 @@ impl Spare {
     /// The spare's state from its (cached) `pod`.
     pub fn of(pod: &Pod) -> Self {
         let status = pod.status.as_ref();
-        let ready = status
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
         Self {
             ip: status
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
-            ready,
+            ready: is_ready(pod),
             terminating: pod.metadata.deletion_timestamp.is_some(),
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
         }
@@ -164,24 +162,14 @@ pub fn gate_pending(pod: Option<&Pod>, update_revision: Option<&str>) -> bool {
     let Some(pod) = pod else {
         return true;
     };
-    let revision = pod
-        .metadata
-        .labels
+    let gate_condition = pod
+        .status
         .as_ref()
-        .and_then(|l| l.get(REVISION_LABEL));
-    if let Some(update) = update_revision
-        && revision.is_none_or(|r| r != update)
-    {
-        return true;
-    }
-    let condition = |type_: &str| {
-        pod.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == type_))
-    };
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == GATE));
     pod.metadata.deletion_timestamp.is_some()
-        || (condition(GATE).is_none() && condition("Ready").is_none_or(|c| c.status != "True"))
+        || update_revision.is_some_and(|update| !on_revision(pod, update))
+        || (!gate_condition && !is_ready(pod))
 }
 
 #[cfg(test)]

@@ -217,6 +217,26 @@ pub async fn handover_metrics(s: &Scenario) -> BTreeMap<String, f64> {
     series
 }
 
+/// Waits until the instance `cache` says `Progressing=HandingOver` (a copy runs), then restarts the
+/// operator mid-copy.
+pub async fn restart_while_handing_over(s: &mut Scenario) {
+    let api = memcacheds(s);
+    let copying = wait_for(
+        "Progressing=HandingOver",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            match crate::instances::condition(&mc, "Progressing") {
+                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
+                _ => Err(conditions(&mc)),
+            }
+        },
+    )
+    .await;
+    s.step(&format!("copying: {copying}; restarting the operator"));
+    s.restart_operator().await;
+}
+
 fn spec(size: usize, memory: i64, handover: Value) -> Value {
     json!({
         "size": size, "workload": "Deployment",
@@ -346,21 +366,7 @@ async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
     let old = settled_servers(&s, 2, &[], Duration::from_secs(90)).await;
     fill(&old, 100).await;
     apply(&s, "cache", spec(2, 65, handover)).await;
-    let api = memcacheds(&s);
-    let copying = wait_for(
-        "Progressing=HandingOver",
-        Duration::from_secs(60),
-        || async {
-            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
-            match crate::instances::condition(&mc, "Progressing") {
-                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
-                _ => Err(conditions(&mc)),
-            }
-        },
-    )
-    .await;
-    s.step(&format!("copying: {copying}; restarting the operator"));
-    s.restart_operator().await;
+    restart_while_handing_over(&mut s).await;
     let mark = s.control_plane().audit().mark().expect("the audit log");
     let new = settled_servers(&s, 2, &old, Duration::from_secs(180)).await;
     let window = mark

@@ -15,7 +15,7 @@ use kube::ResourceExt;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
-use crate::handover::{KEYS, fill, handover_metrics, hits, notes};
+use crate::handover::{KEYS, fill, handover_metrics, hits, notes, restart_while_handing_over};
 use crate::instances::{apply, conditions, memcacheds, pods, settled};
 use crate::{Scenario, wait_for};
 
@@ -236,21 +236,7 @@ async fn an_operator_restart_mid_copy_starts_a_fresh_copy_to_the_spare() {
     let (old, uids) = settled_addresses(&s, 2, &BTreeSet::new(), Duration::from_secs(90)).await;
     fill(&old, 100).await;
     apply(&s, "cache", spec(2, 65, handover)).await;
-    let api = memcacheds(&s);
-    let copying = wait_for(
-        "Progressing=HandingOver",
-        Duration::from_secs(60),
-        || async {
-            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
-            match crate::instances::condition(&mc, "Progressing") {
-                Some(c) if c.reason == "HandingOver" => Ok(c.message.clone()),
-                _ => Err(conditions(&mc)),
-            }
-        },
-    )
-    .await;
-    s.step(&format!("copying: {copying}; restarting the operator"));
-    s.restart_operator().await;
+    restart_while_handing_over(&mut s).await;
     let (new, _) = settled_addresses(&s, 2, &uids, Duration::from_secs(240)).await;
     let read = hits(&new, 100).await;
     let handed = notes(&s, "HandedOver").await;

@@ -4,6 +4,7 @@ use serde_json::json;
 use super::*;
 use crate::api::{MemcachedSpec, Workload};
 use crate::resources::handover::{GATE, add_template_gate, has_gate};
+use crate::resources::rollout::REVISION_LABEL;
 use crate::resources::testing::memcached;
 use crate::resources::{Defaults, pod};
 

@@ -50,5 +50,7 @@ pub async fn client(path: &Path) -> Result<kube::Client> {
             .with_context(|| format!("cannot use the kubeconfig {}", path.display()))?;
     // Requests fail fast during an API server outage instead of hanging for kube's default.
     config.connect_timeout = Some(Duration::from_secs(5));
-    kube::Client::try_from(config).context("cannot build a client")
+    // Lost connections are retried (see [`crate::retry`]).
+    let builder = kube::client::ClientBuilder::try_from(config).context("cannot build a client")?;
+    Ok(builder.with_layer(&crate::retry::RetryLayer).build())
 }

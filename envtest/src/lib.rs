@@ -29,6 +29,7 @@ pub mod net;
 pub mod operator;
 pub mod pki;
 pub mod process;
+pub mod retry;
 
 pub use assets::{Assets, assets};
 pub use audit::{AuditEvent, AuditLog, Mark, RequestCounts, RequestKey};

@@ -66,6 +66,12 @@ struct Cli {
     /// and writes from its start until --settle-seconds after it is ready.
     #[arg(long, requires = "real")]
     restart_settled: bool,
+    /// With --real: no operator. A stand-in controller in the bench writes each new instance's Deployment
+    /// and first status only, 64 instances at a time, as soon as its watch sees the instance: the least
+    /// time to a workload and to a first status that this control plane allows, to read the operator's
+    /// figures against.
+    #[arg(long, requires = "real", conflicts_with_all = ["restart_settled", "record", "runs", "operator", "operator_args", "operator_env"])]
+    floor: bool,
     /// With --real: instances created at once through the admin client.
     #[arg(long, default_value_t = CREATES_IN_FLIGHT, requires = "real")]
     creates_in_flight: usize,
@@ -121,6 +127,36 @@ fn main() -> ExitCode {
         restart_settled: cli.restart_settled,
         creates_in_flight: cli.creates_in_flight,
     };
+    if cli.floor {
+        let floor = bench::real::floor::FloorOptions {
+            instances: cli.instances,
+            pod_start: Duration::from_millis(cli.pod_start_ms),
+            timeout: Duration::from_secs(cli.timeout_seconds),
+            creates_in_flight: cli.creates_in_flight,
+            config_dir: real.config_dir.clone(),
+        };
+        eprintln!(
+            "the floor: {} instances on a real control plane, no operator",
+            floor.instances
+        );
+        let outcome = match tokio::runtime::Runtime::new() {
+            Ok(runtime) => runtime.block_on(bench::real::floor::run(&floor)),
+            Err(error) => Err(format!("cannot start the async runtime: {error}")),
+        };
+        return match (cli.json, outcome) {
+            (true, Ok(report)) => match serde_json::to_string_pretty(&report) {
+                Ok(json) => {
+                    println!("{json}");
+                    ExitCode::SUCCESS
+                }
+                Err(error) => {
+                    eprintln!("error: {error}");
+                    ExitCode::FAILURE
+                }
+            },
+            (_, outcome) => print_outcome(outcome),
+        };
+    }
     let operator = match &cli.operator {
         Some(path) => path.clone(),
         None => match build_release() {
@@ -346,6 +382,13 @@ mod tests {
         assert_eq!(cli.creates_in_flight, CREATES_IN_FLIGHT);
         assert!(Cli::try_parse_from(["bench", "--restart-settled"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--creates-in-flight", "8"]).is_err());
+        assert!(
+            Cli::try_parse_from(["bench", "--real", "--floor"])
+                .unwrap()
+                .floor
+        );
+        assert!(Cli::try_parse_from(["bench", "--floor"]).is_err());
+        assert!(Cli::try_parse_from(["bench", "--real", "--floor", "--restart-settled"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--real", "--plain-http"]).is_err());
     }
 

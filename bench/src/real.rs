@@ -42,6 +42,8 @@ use crate::process::{self, Operator};
 use crate::record;
 use crate::{Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
 
+pub mod floor;
+
 /// The namespace the instances are created in.
 pub const NAMESPACE: &str = "bench";
 
@@ -109,6 +111,15 @@ pub async fn start_with_memcached(options: &Options) -> Result<Env, String> {
 
 /// Runs the scenario once against a control plane started for it, and stops the control plane.
 pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String> {
+    let env = start_env(options.instances, options.pod_start).await?;
+    let report = measure(&env, options, real).await;
+    env.stop().await;
+    report
+}
+
+/// A control plane with stand-in nodes enough for `instances` pods (status only, Ready `pod_start` after
+/// they are bound).
+async fn start_env(instances: usize, pod_start: Duration) -> Result<Env, String> {
     let assets = assets()?;
     let started = Instant::now();
     let env = Env::start(
@@ -116,12 +127,12 @@ pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String
         EnvOptions {
             control_plane: ControlPlaneOptions::default(),
             kubelet: KubeletOptions {
-                nodes: options.instances / 100 + 3,
+                nodes: instances / 100 + 3,
                 capacity: Capacity {
                     pods: PODS_PER_NODE,
                     ..Capacity::default()
                 },
-                pod_start_delay: options.pod_start,
+                pod_start_delay: pod_start,
                 memcached: None,
                 ..KubeletOptions::default()
             },
@@ -135,9 +146,7 @@ pub async fn run(options: &Options, real: &RealOptions) -> Result<Report, String
         env.kubelet().map_or(0, |k| k.nodes().len()),
         env.control_plane().dir().display()
     );
-    let report = measure(&env, options, real).await;
-    env.stop().await;
-    report
+    Ok(env)
 }
 
 async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Report, String> {

@@ -370,6 +370,77 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
     assert_eq!(condition(&seen[0].body, "Available")["status"], "False");
 }
 
+/// Under a burst of new instances, one whose turn comes creates its workload and then gives the turn up to
+/// the new instances waiting for theirs; its Services and its one `Created` event come in a second turn,
+/// once no new instance waits. The same five requests, in the same order.
+#[tokio::test]
+async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_for_theirs() {
+    let mut cluster = Cluster::new();
+    let mut script = vec![expect(Method::PATCH, STATUS).apply().answer(stored_status)];
+    script.extend(creation().into_iter().take(4));
+    let one_at_a_time = Settings {
+        concurrency: 1,
+        ..Settings::default()
+    };
+    let session = Session::start(&cluster, one_at_a_time, script, NOW);
+    let ctx = session.ctx.clone();
+    // Another instance's reconcile holds the only turn.
+    let busy = ctx.turns.apply().await;
+    cluster
+        .memcacheds
+        .apply_watcher_event(&watcher::Event::Apply(memcached(1)));
+    let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), ctx.clone()));
+    while !ctx.turns.new_waiting() {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    // A second new instance asks for its turn after this one: what its turn finds written.
+    let other = {
+        let ctx = ctx.clone();
+        tokio::spawn(async move {
+            let _turn = ctx.turns.apply_new().await;
+            let deployment = ctx.written.fresher::<Deployment>(NS, NAME, &(), None);
+            let service = ctx.written.fresher::<Service>(NS, NAME, &(), None);
+            (deployment.object.is_some(), service.object.is_some())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    drop(busy);
+    let seen_by_the_other = tokio::time::timeout(Duration::from_secs(5), other)
+        .await
+        .expect("the other new instance gets its turn")
+        .unwrap();
+    assert_eq!(
+        seen_by_the_other,
+        (true, false),
+        "the other's turn came after this instance's Deployment and before its Services"
+    );
+    let action = tokio::time::timeout(
+        memcached_operator::controller::runtime::turns::QUIET + Duration::from_secs(5),
+        waiting,
+    )
+    .await
+    .expect("the second turn comes once no new instance has waited for a while")
+    .unwrap()
+    .unwrap();
+    // The status's hold began with the first turn, a quiet time before the second.
+    let hold = memcached_operator::controller::pace::CREATING_HOLD.as_millis() as u64;
+    let quiet = memcached_operator::controller::runtime::turns::QUIET.as_millis() as u64;
+    assert!(
+        (hold - quiet - 1000..=hold)
+            .any(|ms| action == Action::requeue(Duration::from_millis(ms))),
+        "runs again when the status's hold is over: {action:?}"
+    );
+    drop(ctx);
+    let seen = session.finish().await;
+    let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
+    assert_eq!(requests, [STATUS, DEPLOYMENTS, SERVICES, HEADLESS, EVENTS]);
+    assert_eq!(
+        seen[4].body["note"],
+        "Created Deployment cache with 1 replicas, Service cache, Service cache-headless",
+        "one event for the children of both turns"
+    );
+}
+
 #[tokio::test]
 async fn a_new_instance_whose_pod_is_starting_writes_nothing_while_it_is_created() {
     let mut cluster = Cluster::new();

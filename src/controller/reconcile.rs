@@ -57,11 +57,20 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         namespace = %mc.metadata.namespace.as_deref().unwrap_or_default(),
     );
     async move {
+        let key = ObjectRef::from_obj(mc.as_ref());
         let (mc, turn) = match ctx.turns.try_apply() {
             Some(turn) => (mc, turn),
             None => {
-                let (_, turn) = tokio::join!(first_status(&mc, &ctx), ctx.turns.apply());
-                match ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc.as_ref())) {
+                let new = pool::cached_workload(&ctx, &mc).is_none();
+                let wait = async {
+                    if new {
+                        ctx.turns.apply_new().await
+                    } else {
+                        ctx.turns.apply().await
+                    }
+                };
+                let (_, turn) = tokio::join!(first_status(&mc, &ctx), wait);
+                match ctx.stores.memcacheds.get(&key) {
                     Some(latest) => (latest, turn),
                     None => {
                         debug!("deleted while waiting for its turn");
@@ -70,14 +79,42 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                 }
             }
         };
+        let mut pass = Pass {
+            may_yield: true,
+            ..Pass::default()
+        };
         // Boxed: a reconcile waiting for its turn stays a small future; this part's state is allocated
         // when the turn comes.
-        let result = Box::pin(reconcile_in_span(mc, ctx.clone())).await;
+        let result = Box::pin(reconcile_in_span(mc, ctx.clone(), &mut pass)).await;
+        drop(turn);
+        if !pass.yielded {
+            return result;
+        }
+        debug!("gave the turn up after creating the workload; the other children come in a second turn");
+        let turn = ctx.turns.second().await;
+        let Some(mc) = ctx.stores.memcacheds.get(&key) else {
+            debug!("deleted while waiting for its second turn");
+            return Ok(Action::await_change());
+        };
+        pass.may_yield = false;
+        let result = Box::pin(reconcile_in_span(mc, ctx.clone(), &mut pass)).await;
         drop(turn);
         result
     }
     .instrument(span)
     .await
+}
+
+/// A reconcile's passes: a new instance's first ends once its workload is created when other new
+/// instances wait for their turns, and a second turn applies the rest (see [`super::runtime::turns`]).
+#[derive(Debug, Default)]
+struct Pass {
+    /// Whether this pass may end after creating the workload.
+    may_yield: bool,
+    /// Set when it did.
+    yielded: bool,
+    /// What the first pass changed, published with what the second changes (one `Created` event).
+    changes: Changes,
 }
 
 /// Writes the first status of an instance that has none (`Progressing=True`, `Creating`, its counts) while
@@ -118,12 +155,16 @@ async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
     }
 }
 
-async fn reconcile_in_span(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+async fn reconcile_in_span(
+    mc: Arc<Memcached>,
+    ctx: Arc<Context>,
+    pass: &mut Pass,
+) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
     ctx.metrics.set_instances(ctx.stores.memcacheds.len());
     ctx.written.prune();
     let key = ObjectRef::from_obj(mc.as_ref());
-    let result = reconcile_instance(mc.clone(), &ctx).await;
+    let result = reconcile_instance(mc.clone(), &ctx, pass).await;
     match &result {
         Ok(action) => {
             ctx.backoff.reset(&key);
@@ -150,7 +191,11 @@ async fn reconcile_in_span(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Acti
 /// The legacy finalizer's removal (see [`legacy_finalizer`]), then apply, unless the instance is being
 /// deleted. The instance is read as this operator last wrote it when the cache has not caught up with that
 /// write yet.
-async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action, Error> {
+async fn reconcile_instance(
+    mc: Arc<Memcached>,
+    ctx: &Context,
+    pass: &mut Pass,
+) -> Result<Action, Error> {
     let Some(namespace) = mc.namespace() else {
         return Err(Error::Malformed("it has no namespace".into()));
     };
@@ -191,7 +236,7 @@ async fn reconcile_instance(mc: Arc<Memcached>, ctx: &Context) -> Result<Action,
         debug!("being deleted; nothing to do");
         return Ok(Action::await_change());
     }
-    apply(&mc, ctx).await
+    apply(&mc, ctx, pass).await
 }
 
 /// Retry policy for failed reconciles: per-object exponential backoff with jitter.
@@ -208,7 +253,7 @@ pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
-async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
+async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action, Error> {
     let workload = || pool::cached_workload(ctx, mc);
     let instance = match Instance::new(mc, &ctx.settings.defaults) {
         Ok(instance) => instance,
@@ -236,14 +281,29 @@ async fn apply(mc: &Memcached, ctx: &Context) -> Result<Action, Error> {
             return Err(fail(mc, ctx, error, workload(), selector).await);
         }
     };
-    let mut changes = Changes::default();
-    let applied = apply_children(mc, &instance, secret_hash.as_deref(), ctx, &mut changes).await;
-    if changes.workload_changed() {
+    let mut changes = std::mem::take(&mut pass.changes);
+    let carried_workload = changes.workload_changed();
+    let applied = apply_children(
+        mc,
+        &instance,
+        secret_hash.as_deref(),
+        ctx,
+        &mut changes,
+        pass.may_yield,
+    )
+    .await;
+    if changes.workload_changed() && !carried_workload {
         // The workload's status, and so the instance's, moves on within a moment by itself.
         ctx.pace.wrote(instance.namespace, instance.name);
     }
-    // What was changed is recorded even when a later child failed.
-    changes.publish(ctx, &mc.object_ref(&())).await;
+    if matches!(&applied, Ok(applied) if applied.yielded) {
+        // Published with the second pass's: one `Created` event for all the children.
+        pass.yielded = true;
+        pass.changes = changes;
+    } else {
+        // What was changed is recorded even when a later child failed.
+        changes.publish(ctx, &mc.object_ref(&())).await;
+    }
     match applied {
         Ok(applied) => {
             let published = Some(Published {
@@ -314,6 +374,8 @@ struct Children {
     /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
     /// progress is shown.
     wait: Option<Duration>,
+    /// The workload was created and the turn given up before the other children (see [`Pass`]).
+    yielded: bool,
 }
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
@@ -321,12 +383,16 @@ struct Children {
 /// ones that are no longer wanted, and records what changed in `changes`. The server list goes before
 /// the workload, so a scale-down is published before any server is removed; it exists only once there was
 /// a server to publish.
+///
+/// When `may_yield`, the workload was created now and other new instances wait for their turns, it stops
+/// after the workload (see [`Pass`]).
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
     secret_hash: Option<&str>,
     ctx: &Context,
     changes: &mut Changes,
+    may_yield: bool,
 ) -> Result<Children, Error> {
     let reference = mc.object_ref(&());
     let stores = &ctx.stores;
@@ -379,6 +445,7 @@ async fn apply_children(
     // How long until a StatefulSet rollout may move on to the next server, or a copy's progress is shown.
     let rollout_wait;
     let mut handovers;
+    let created_workload;
     let workload = match instance.spec.workload {
         Workload::Deployment => {
             let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
@@ -388,6 +455,7 @@ async fn apply_children(
                 &scope.source(&stores.children.deployments, &()),
             )?;
             // Without a surge the old pod goes before the new one starts: nothing to copy from.
+            created_workload = live.is_none();
             let handover =
                 instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
             if gate::gate_wanted(handover, &desired, live.as_deref()) {
@@ -411,6 +479,7 @@ async fn apply_children(
             let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
             let source = scope.source(&stores.children.statefulsets, &());
             let live = children::cached(instance, instance.name, &source)?;
+            created_workload = live.is_none();
             let enabled = instance.spec.handover().enabled();
             let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
             let live_template = live.as_deref().and_then(template);
@@ -456,6 +525,19 @@ async fn apply_children(
             WorkloadStatus::from(applied.as_ref())
         }
     };
+    if may_yield && created_workload && ctx.turns.new_waiting() {
+        handovers.extend(scaled.progress);
+        return Ok(Children {
+            workload,
+            servers: plan.servers,
+            drain: plan.drain,
+            pods,
+            problem: None,
+            handovers,
+            wait: None,
+            yielded: true,
+        });
+    }
     for step in &plan.steps {
         if let Step::Drained { from, to } = step {
             let note = format!(
@@ -543,6 +625,7 @@ async fn apply_children(
             .into_iter()
             .flatten()
             .min(),
+        yielded: false,
     })
 }
 

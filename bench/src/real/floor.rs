@@ -129,10 +129,12 @@ async fn measure(env: &envtest::Env, options: &FloorOptions) -> Result<FloorRepo
         .await
         .map_err(|e| format!("GET /version: {e}"))?
         .git_version;
-    // The CRD (and the operator's RBAC, unused here).
-    env.install_operator_rbac(&options.config_dir)
+    // The CRD, and the operator's ServiceAccount and RBAC: the stand-in writes as the operator does, so
+    // that the API server's priority and fairness treat its requests alike (an admin's are exempt).
+    let credentials = env
+        .install_operator_rbac(&options.config_dir)
         .await
-        .map_err(|e| format!("cannot install the CRD: {e:#}"))?;
+        .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
     envtest::create_namespace(&client, NAMESPACE, &[])
         .await
         .map_err(|e| format!("{e:#}"))?;
@@ -146,8 +148,8 @@ async fn measure(env: &envtest::Env, options: &FloorOptions) -> Result<FloorRepo
         ..Progress::default()
     }));
     let watches = Watches::start(&client, &progress).await?;
-    // A client of its own, as an operator process would have.
-    let stand_in_client = envtest::kubeconfig::client(env.control_plane().kubeconfig())
+    // A client of its own, as an operator process would have, with the operator's token.
+    let stand_in_client = envtest::kubeconfig::client(&credentials.kubeconfig)
         .await
         .map_err(|e| format!("{e:#}"))?;
     let failed = Arc::new(Mutex::new(0usize));

@@ -310,11 +310,9 @@ async fn a_new_instance_first_sends_its_workload_its_services_one_event_and_its_
     assert_eq!(status["status"]["observedGeneration"], 1);
 }
 
-/// Under a burst, reconciles queue for their turns (`--concurrency`); a new instance that has to wait says
-/// `Creating` at once, then gets its children when its turn comes, and no second status: still five
-/// requests.
-#[tokio::test]
-async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
+/// One turn (`--concurrency=1`), a new instance in the cache, and the script of its creation with its first
+/// status first: what a new instance that waits for its turn sends.
+fn one_turn_for_a_new_instance() -> (Cluster, Session) {
     let mut cluster = Cluster::new();
     let mut script = vec![expect(Method::PATCH, STATUS).apply().answer(stored_status)];
     script.extend(creation().into_iter().take(4));
@@ -323,11 +321,21 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
         ..Settings::default()
     };
     let session = Session::start(&cluster, one_at_a_time, script, NOW);
-    // Another instance's reconcile holds the only turn.
-    let busy = session.ctx.turns.apply().await;
     cluster
         .memcacheds
         .apply_watcher_event(&watcher::Event::Apply(memcached(1)));
+    (cluster, session)
+}
+
+/// Under a burst, reconciles queue for their turns (`--concurrency`); a new instance that has to wait says
+/// `Creating` at once, then gets its children when its turn comes, and no second status: still five
+/// requests.
+#[tokio::test]
+async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
+    // The cluster lives as long as the session reads its stores.
+    let (_cluster, session) = one_turn_for_a_new_instance();
+    // Another instance's reconcile holds the only turn.
+    let busy = session.ctx.turns.apply().await;
     let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), session.ctx.clone()));
     let first_status = async {
         while session
@@ -375,20 +383,11 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
 /// once no new instance waits. The same five requests, in the same order.
 #[tokio::test]
 async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_for_theirs() {
-    let mut cluster = Cluster::new();
-    let mut script = vec![expect(Method::PATCH, STATUS).apply().answer(stored_status)];
-    script.extend(creation().into_iter().take(4));
-    let one_at_a_time = Settings {
-        concurrency: 1,
-        ..Settings::default()
-    };
-    let session = Session::start(&cluster, one_at_a_time, script, NOW);
+    // The cluster lives as long as the session reads its stores.
+    let (_cluster, session) = one_turn_for_a_new_instance();
     let ctx = session.ctx.clone();
     // Another instance's reconcile holds the only turn.
     let busy = ctx.turns.apply().await;
-    cluster
-        .memcacheds
-        .apply_watcher_event(&watcher::Event::Apply(memcached(1)));
     let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), ctx.clone()));
     while !ctx.turns.new_waiting() {
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -426,8 +425,7 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     let hold = memcached_operator::controller::pace::CREATING_HOLD.as_millis() as u64;
     let quiet = memcached_operator::controller::runtime::turns::QUIET.as_millis() as u64;
     assert!(
-        (hold - quiet - 1000..=hold)
-            .any(|ms| action == Action::requeue(Duration::from_millis(ms))),
+        (hold - quiet - 1000..=hold).any(|ms| action == Action::requeue(Duration::from_millis(ms))),
         "runs again when the status's hold is over: {action:?}"
     );
     drop(ctx);

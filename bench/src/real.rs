@@ -150,26 +150,12 @@ async fn start_env(instances: usize, pod_start: Duration) -> Result<Env, String>
 }
 
 async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Report, String> {
-    let client = env.client().clone();
     let audit = env.control_plane().audit();
-    let version = client
-        .apiserver_version()
-        .await
-        .map_err(|e| format!("GET /version: {e}"))?
-        .git_version;
-    let credentials = env
-        .install_operator_rbac(&real.config_dir)
-        .await
-        .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
-    envtest::create_namespace(&client, NAMESPACE, &[])
-        .await
-        .map_err(|e| format!("{e:#}"))?;
-
-    let warm_up = warm_up(&client).await?;
-    eprintln!(
-        "a dry-run create of a Memcached took {:.2} s (the API server's first write of a new resource)",
-        warm_up.as_secs_f64()
-    );
+    let Prepared {
+        client,
+        version,
+        credentials,
+    } = prepare(env, &real.config_dir).await?;
 
     let names: Vec<String> = (0..options.instances)
         .map(|i| format!("bench-{i:05}"))
@@ -322,6 +308,41 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         connections: None,
         responses_by_protocol: Some(responses),
         restart,
+    })
+}
+
+/// What a run starts from: the admin client, the server's version, the operator's credentials.
+struct Prepared {
+    client: Client,
+    version: String,
+    credentials: envtest::OperatorCredentials,
+}
+
+/// Installs the operator's CRD, ServiceAccount and RBAC from `config_dir`, creates [`NAMESPACE`], and
+/// makes the API server's first write of the new resource ([`warm_up`]) before anything is measured.
+async fn prepare(env: &Env, config_dir: &Path) -> Result<Prepared, String> {
+    let client = env.client().clone();
+    let version = client
+        .apiserver_version()
+        .await
+        .map_err(|e| format!("GET /version: {e}"))?
+        .git_version;
+    let credentials = env
+        .install_operator_rbac(config_dir)
+        .await
+        .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
+    envtest::create_namespace(&client, NAMESPACE, &[])
+        .await
+        .map_err(|e| format!("{e:#}"))?;
+    let warm_up = warm_up(&client).await?;
+    eprintln!(
+        "a dry-run create of a Memcached took {:.2} s (the API server's first write of a new resource)",
+        warm_up.as_secs_f64()
+    );
+    Ok(Prepared {
+        client,
+        version,
+        credentials,
     })
 }
 

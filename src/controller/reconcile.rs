@@ -90,7 +90,9 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
         if !pass.yielded {
             return result;
         }
-        debug!("gave the turn up after creating the workload; the other children come in a second turn");
+        debug!(
+            "gave the turn up after creating the workload; the other children come in a second turn"
+        );
         let turn = ctx.turns.second().await;
         let Some(mc) = ctx.stores.memcacheds.get(&key) else {
             debug!("deleted while waiting for its second turn");

@@ -19,8 +19,8 @@ use serde_json::json;
 use tokio::sync::mpsc;
 
 use super::{
-    CONTROL_PLANE, NAMESPACE, Progress, Watches, cpu_since, create_instances, lock,
-    memcached_resource, start_env, warm_up,
+    CONTROL_PLANE, NAMESPACE, Prepared, Progress, Watches, cpu_since, create_instances, lock,
+    memcached_resource, prepare, start_env,
 };
 use crate::{Delays, WATCHES_OPEN, process};
 
@@ -123,22 +123,13 @@ pub async fn run(options: &FloorOptions) -> Result<FloorReport, String> {
 }
 
 async fn measure(env: &envtest::Env, options: &FloorOptions) -> Result<FloorReport, String> {
-    let client = env.client().clone();
-    let version = client
-        .apiserver_version()
-        .await
-        .map_err(|e| format!("GET /version: {e}"))?
-        .git_version;
-    // The CRD, and the operator's ServiceAccount and RBAC: the stand-in writes as the operator does, so
-    // that the API server's priority and fairness treat its requests alike (an admin's are exempt).
-    let credentials = env
-        .install_operator_rbac(&options.config_dir)
-        .await
-        .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
-    envtest::create_namespace(&client, NAMESPACE, &[])
-        .await
-        .map_err(|e| format!("{e:#}"))?;
-    warm_up(&client).await?;
+    // The operator's ServiceAccount too: the stand-in writes as the operator does, so that the API
+    // server's priority and fairness treat its requests alike (an admin's are exempt).
+    let Prepared {
+        client,
+        version,
+        credentials,
+    } = prepare(env, &options.config_dir).await?;
 
     let names: Vec<String> = (0..options.instances)
         .map(|i| format!("bench-{i:05}"))

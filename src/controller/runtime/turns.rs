@@ -237,7 +237,10 @@ mod tests {
         tasks.push(take(&turns, &order_tx, "new 2", false));
         tokio::time::sleep(Duration::from_millis(2)).await;
         drop(held);
-        assert_eq!(order(tasks, order_tx, rx).await, ["new 1", "new 2", "second"]);
+        assert_eq!(
+            order(tasks, order_tx, rx).await,
+            ["new 1", "new 2", "second"]
+        );
         assert!(!turns.new_waiting());
     }
 
@@ -254,7 +257,10 @@ mod tests {
         // "new 1" has its turn and none waits; the next new instance comes within the quiet time.
         tokio::time::sleep(QUIET / 2).await;
         tasks.push(take(&turns, &order_tx, "new 2", false));
-        assert_eq!(order(tasks, order_tx, rx).await, ["new 1", "new 2", "second"]);
+        assert_eq!(
+            order(tasks, order_tx, rx).await,
+            ["new 1", "new 2", "second"]
+        );
     }
 
     /// Past the hold, a second turn queues with everyone: ahead of new instances that ask later.

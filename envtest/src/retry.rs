@@ -1,19 +1,23 @@
-//! Requests sent again when the connection under them was lost before any answer came.
+//! The harness clients' requests: run on the client's own runtime, and sent again when the connection under
+//! them was lost before any answer came.
 //!
-//! The tests' own clients (admin, kubelet) speak HTTP/1.1 through kube's stack, whose pool reuses idle
-//! connections. Now and then a connection is closed under a request in flight: a CI run lost a scenario's
-//! first apply that way (`ServiceError: client error (SendRequest)`), on a 2-core machine running the control
-//! plane, the stand-in kubelet's memcached servers and the operators of the scenarios at once.
-//! kube-apiserver closes idle HTTP/1.1 connections after 90 s, the age at which the client's pool gives them
-//! up too. Go's clients send such a request again on a new connection; kube's do not, so the scenario failed
-//! on the harness's transport, not on the operator it tests.
+//! **On the client's runtime.** A kube client hands each request to hyper's pooled client, whose future
+//! opens a connection when it needs one and spawns the connection's task on whatever runtime polls it: the
+//! caller's, not the client's. The shared environment's admin client serves every scenario, each on a Tokio
+//! runtime that ends with it; a connection opened while one scenario's request was polled died with that
+//! scenario's runtime, and a later scenario's request on it failed mid-flight, after the API server had
+//! carried it out: two CI runs lost an apply that way (`ServiceError: client error (SendRequest)`,
+//! `ServiceError: connection closed before message completed`). So each request runs as a task of the
+//! runtime the client was made in, and its connections live as long as the client's runtime.
 //!
-//! This layer sends a request again, at most twice, when the error says that the connection was lost: not on
-//! a refused connection (a scenario that stops the API server expects its requests to fail at once), not on
-//! a timeout, and never once the server has answered (an answer with an error status is not an error here).
-//! A request the server had already carried out is carried out again. For what the harness sends
-//! (server-side applies, gets, lists, watches, deletes) that is harmless; a create sent again is answered
-//! `AlreadyExists`, no worse than the transport error it replaces.
+//! **Sent again.** kube-apiserver also closes idle HTTP/1.1 connections after 90 s, the age at which the
+//! client's pool gives them up; Go's clients send a request caught by that again on a new connection,
+//! kube's do not. So a request is sent again, at most twice, when the error says that the connection was
+//! lost: not on a refused connection (a scenario that stops the API server expects its requests to fail at
+//! once), not on a timeout, and never once the server has answered (an answer with an error status is not
+//! an error here). A request the server had already carried out is carried out again. For what the harness
+//! sends (server-side applies, gets, lists, watches, deletes) that is harmless; a create sent again is
+//! answered `AlreadyExists`, no worse than the transport error it replaces.
 
 use std::error::Error as StdError;
 use std::future::Future;
@@ -33,8 +37,8 @@ const ATTEMPTS: usize = 3;
 /// The pause before a request is sent again.
 const PAUSE: Duration = Duration::from_millis(100);
 
-/// Wraps a client's service in [`Retrying`]. Must be applied inside a Tokio runtime: the buffer it adds
-/// spawns its worker there.
+/// Wraps a client's service in [`Retrying`]. Must be applied inside the Tokio runtime the client belongs
+/// to: its requests run there.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct RetryLayer;
 
@@ -51,6 +55,7 @@ where
         // service behind a buffer the same way).
         Retrying {
             inner: Buffer::new(inner, 1024),
+            runtime: tokio::runtime::Handle::current(),
         }
     }
 }
@@ -58,13 +63,25 @@ where
 /// See the module documentation.
 pub struct Retrying<F> {
     inner: Buffer<Request<Body>, F>,
+    /// The runtime the client was made in.
+    runtime: tokio::runtime::Handle,
 }
 
 impl<F: Send + 'static> Clone for Retrying<F> {
     fn clone(&self) -> Self {
         Retrying {
             inner: self.inner.clone(),
+            runtime: self.runtime.clone(),
         }
+    }
+}
+
+/// A request's task, aborted when its caller stops waiting for it.
+struct Aborting<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Aborting<T> {
+    fn drop(&mut self) {
+        self.0.abort();
     }
 }
 
@@ -84,7 +101,7 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let mut inner = self.inner.clone();
-        Box::pin(async move {
+        let work = async move {
             let (parts, body) = request.into_parts();
             // kube's request bodies are whole byte strings: collecting one only moves it.
             let body = body.collect().await?.to_bytes();
@@ -102,6 +119,13 @@ where
                     }
                     result => return result,
                 }
+            }
+        };
+        let mut task = Aborting(self.runtime.spawn(work));
+        Box::pin(async move {
+            match (&mut task.0).await {
+                Ok(result) => result,
+                Err(error) => Err(format!("the request's task ended: {error}").into()),
             }
         })
     }
@@ -279,6 +303,66 @@ mod tests {
             ("1", "28")
         );
         server.await.unwrap();
+    }
+
+    /// A client made in one runtime and used from another that then ends: its connection lives on with
+    /// the client's runtime, and the next request, from a third runtime, uses it again.
+    #[test]
+    fn a_connection_opened_for_a_request_from_another_runtime_outlives_that_runtime() {
+        use std::sync::atomic::AtomicUsize;
+        use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
+
+        let clients = tokio::runtime::Runtime::new().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (client, url) = clients.block_on({
+            let accepted = accepted.clone();
+            async move {
+                let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+                let url = format!("http://{}", listener.local_addr().unwrap());
+                // Answers every request of every connection (HTTP/1.1 keep-alive), counting connections.
+                tokio::spawn(async move {
+                    loop {
+                        let (socket, _) = listener.accept().await.unwrap();
+                        accepted.fetch_add(1, Ordering::SeqCst);
+                        tokio::spawn(async move {
+                            let (read, mut write) = socket.into_split();
+                            let mut lines = BufReader::new(read).lines();
+                            while let Ok(Some(line)) = lines.next_line().await {
+                                if !line.is_empty() {
+                                    continue;
+                                }
+                                let body = r#"{"major":"1","minor":"28"}"#;
+                                let response = format!(
+                                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                                    body.len()
+                                );
+                                if write.write_all(response.as_bytes()).await.is_err() {
+                                    return;
+                                }
+                            }
+                        });
+                    }
+                });
+                let config = kube::Config::new(url.parse().unwrap());
+                let builder = kube::client::ClientBuilder::try_from(config).unwrap();
+                (builder.with_layer(&RetryLayer).build(), url)
+            }
+        });
+        for _ in 0..2 {
+            // A scenario's runtime, which ends with the scenario.
+            let scenario = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let version = scenario.block_on(client.apiserver_version());
+            assert_eq!(version.expect("answered").minor, "28", "{url}");
+            drop(scenario);
+        }
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            1,
+            "one connection served both scenarios"
+        );
     }
 
     #[tokio::test]

@@ -156,8 +156,9 @@ impl Default for Metrics {
         let responses = Family::<ProtocolLabels, Counter>::default();
         registry.register(
             "kube_responses",
-            "Kubernetes API answers by HTTP version (HTTP/2 where the API server offers it over TLS: all \
-             requests share one connection; HTTP/1.1: one connection per request in flight)",
+            "Kubernetes API answers by HTTP version (HTTP/2 where the API server offers it over TLS: one \
+             connection for the writes, one for the watches; HTTP/1.1: one connection per request in \
+             flight)",
             responses.clone(),
         );
         let api_available = Gauge::default();

@@ -1,6 +1,7 @@
 //! The operator over TLS, as it reaches a real API server: the fake offers HTTP/2 and HTTP/1.1 by ALPN
 //! ([`cluster::start_tls`]). The operator must negotiate HTTP/2, so that every request and watch of one kube
-//! client shares one connection instead of holding a connection each, and must come back on a new
+//! client shares one connection instead of holding a connection each (its clients: the writes', the
+//! watches' and the Lease's), and must come back on a new
 //! connection, with its watches, when the API server drops them all, or when the connection goes silent
 //! without a reset (found by the transport's HTTP/2 keep-alive pings).
 //!
@@ -28,9 +29,9 @@ use crate::outage::{RESUME, applied_within, started};
 /// margin does not weaken the test.
 const AFTER_KEEP_ALIVE: Duration = Duration::from_secs(30);
 
-/// The operator's kube clients: its own and, with leader election, the Lease's. Each holds one HTTP/2
-/// connection once started.
-const CLIENTS: usize = 2;
+/// The operator's kube clients: the one that writes, the watches' (apart, see `manager::watch_client`)
+/// and, with leader election, the Lease's. Each holds one HTTP/2 connection once started.
+const CLIENTS: usize = 3;
 
 /// Every request came in over HTTP/2, and every connection since `before` negotiated it: none over
 /// HTTP/1.1, and at least one new one. Returns how many new ones.
@@ -94,7 +95,7 @@ fn watching_again(requests: &[Req], since: Instant) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn over_tls_the_operator_speaks_http2_on_one_connection() {
+async fn over_tls_the_operator_speaks_http2_on_one_connection_per_client() {
     let fake = cluster::start_tls(World::default(), None).await;
     let (_scratch, mut op, metrics, probes) = start_run(&fake, "http2");
     leads_and_creates_the_children(&mut op, &fake, &probes).await;

@@ -22,7 +22,8 @@
 //! pulling images, init containers' work, node heartbeats (the node lifecycle controller is off
 //! instead), pods on nodes that are not its own, `kubectl exec`/`logs`/`port-forward` (no kubelet API),
 //! Service endpoints (pod IPs are loopback addresses, which the API server refuses in Endpoints and
-//! EndpointSlices, so the endpoint controllers list none; and no kube-proxy routes ClusterIPs anyway).
+//! EndpointSlices, so the endpoint controllers are off, see [`crate::control_plane`]; and no kube-proxy
+//! routes ClusterIPs anyway).
 //! Its Nodes carry the label [`node::STAND_IN_LABEL`], so that a client can tell it is talking to a
 //! cluster of stand-ins.
 

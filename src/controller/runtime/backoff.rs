@@ -2,6 +2,11 @@
 //!
 //! Each instance has its own failure count, so one broken instance neither slows down nor speeds up the
 //! retries of another; jitter spreads the retries of instances that failed together (an API outage).
+//!
+//! Hand-made because kube-runtime 5's `Controller` keeps no failure count: its error policy answers each
+//! failure with one `Action`, so the count per object has to live somewhere, and the curve itself is the
+//! few lines of [`delay`]. kube's own backoffs (`backon`, through `watcher::default_backoff`) pace one
+//! stream, not a map of objects.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -317,18 +317,13 @@ async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action,
                 handovers: applied.handovers,
             });
             // Compared with the first status just written, not with the instance as it came (none): as
-            // this operator wrote it, or as the cache holds it once the watch has brought that write. Only
-            // the status is taken: the spec and generation stay the ones the children were applied from.
-            let with_first_status;
+            // this operator wrote it, or as the cache holds it once the watch has brought that write.
+            let written;
             let mc = if applied.wrote_first_status {
                 let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
                 let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
-                let latest = ctx.written.fresher(&namespace, &name, &(), cached).object;
-                with_first_status = Memcached {
-                    status: latest.and_then(|latest| latest.status.clone()),
-                    ..mc.clone()
-                };
-                &with_first_status
+                written = ctx.written.fresher(&namespace, &name, &(), cached).object;
+                written.as_deref().unwrap_or(mc)
             } else {
                 mc
             };

@@ -236,8 +236,8 @@ async fn config() -> anyhow::Result<Config> {
 /// instances, a real v1.28.7 API server on 2 shared cores, 2026-11-26): with the watches on the writes'
 /// connection they were reopened 17 to 25 times during the burst (7.06-7.08 requests per instance; the
 /// Memcached watch 5 to 7 times, while the garbage collector's and the bench's watches of Memcacheds were
-/// never closed) and the last first statuses came 2.5-2.9 s after their instances; on a connection of
-/// their own, 3 reopenings (7.01 requests per instance) and at most 1.96 s. It costs one TLS connection
+/// never closed); on a connection of their own, 1 to 5 reopenings over six runs (7.00-7.02 requests per
+/// instance), in moments when the server also closed other clients' watches. It costs one TLS connection
 /// more (about 80 KB).
 fn watch_client(
     config: Config,

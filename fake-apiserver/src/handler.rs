@@ -4,6 +4,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
+use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version, header};
@@ -13,6 +14,7 @@ use serde_json::Value;
 use crate::Api;
 use crate::request::{Req, parse_query};
 use crate::routes::{Answer, answer};
+use crate::tls;
 use crate::watch;
 
 pub(crate) async fn handle(
@@ -20,6 +22,7 @@ pub(crate) async fn handle(
     method: Method,
     uri: Uri,
     version: Version,
+    connection: Option<Extension<tls::ConnectionId>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
@@ -45,6 +48,7 @@ pub(crate) async fn handle(
             seq: store.requests.len(),
             at: Instant::now(),
             version,
+            connection: connection.map(|Extension(tls::ConnectionId(n))| n),
             method,
             path: uri.path().to_owned(),
             query: parse_query(&raw_query),

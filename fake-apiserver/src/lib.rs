@@ -158,11 +158,16 @@ impl Fake {
         self.store().requests.len()
     }
 
-    /// Every request, one per line, for failure messages.
+    /// Every request, one per line, for failure messages: when it came (seconds after the first), and
+    /// what it was.
     pub fn log(&self) -> String {
         let mut out = String::new();
-        for req in self.store().requests() {
-            let _ = writeln!(out, "{}", req.line());
+        let store = self.store();
+        let requests = store.requests();
+        let start = requests.first().map(|r| r.at);
+        for req in requests {
+            let after = start.map(|s| req.at - s).unwrap_or_default();
+            let _ = writeln!(out, "{:>8.3}s {}", after.as_secs_f64(), req.line());
         }
         out
     }
@@ -199,7 +204,11 @@ impl Fake {
     /// (watches from them are answered 410 `Expired`).
     pub fn restart(&self) -> Result<(), Error> {
         let server = self.tls("a restart")?;
-        self.store().expire_versions();
+        {
+            let mut store = self.store();
+            store.expire_versions();
+            store.end_watches();
+        }
         server.drop_connections();
         Ok(())
     }
@@ -210,13 +219,17 @@ impl Fake {
     /// another server of the same cluster. That one serves the same objects from the same store, so the
     /// resource versions handed out before are still valid (watches from them resume, no 410).
     pub fn vanish(&self) -> Result<(), Error> {
-        self.tls("vanishing")?.freeze_connections();
+        let server = self.tls("vanishing")?;
+        self.store().end_watches();
+        server.freeze_connections();
         Ok(())
     }
 
     /// The API server goes away: connections are refused, and open ones (watches) are cut.
     pub fn outage(&self) -> Result<(), Error> {
-        self.door("an outage")?.close();
+        let door = self.door("an outage")?;
+        self.store().end_watches();
+        door.close();
         Ok(())
     }
 

@@ -23,6 +23,9 @@ pub struct Req {
     pub at: Instant,
     /// The HTTP version it came in with: HTTP/2 only over TLS, on a connection that negotiated `h2`.
     pub version: Version,
+    /// Which TLS connection it came on, numbered from 0 in the order they were accepted; `None` over
+    /// plain HTTP. A failure's request log shows by it which requests shared a connection.
+    pub connection: Option<usize>,
     pub method: Method,
     pub path: String,
     pub raw_query: String,
@@ -103,8 +106,12 @@ impl Req {
         } else {
             format!("?{}", self.raw_query)
         };
+        let connection = self
+            .connection
+            .map(|n| format!(" [conn {n}]"))
+            .unwrap_or_default();
         format!(
-            "#{} {} {}{} -> {}",
+            "#{} {} {}{} -> {}{connection}",
             self.seq, self.method, self.path, query, self.status
         )
     }

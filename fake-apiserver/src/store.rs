@@ -130,6 +130,9 @@ pub struct Store {
     uids: u64,
     /// Watches from a resource version below this one are answered 410 `Expired` (a restarted server).
     expired_below: u64,
+    /// Counts the times the server serving the open watches went away ([`Store::end_watches`]): a watch
+    /// started before sends nothing more.
+    watch_epoch: u64,
     collections: HashMap<&'static str, Objects>,
     pub(crate) requests: Vec<Req>,
     hooks: Vec<Hook>,
@@ -154,6 +157,7 @@ impl Default for Store {
             resource_version: 100,
             uids: 0,
             expired_below: 0,
+            watch_epoch: 0,
             collections,
             requests: Vec::new(),
             hooks: Vec::new(),
@@ -328,6 +332,20 @@ impl Store {
     pub(crate) fn expire_versions(&mut self) {
         self.resource_version += 1000;
         self.expired_below = self.resource_version;
+    }
+
+    /// The server that serves the open watches is gone (restarted, vanished, or down): from now on they
+    /// send nothing, whatever changes. Their connections are cut or frozen too, but a connection's task
+    /// may still be writing when that is asked, and would then send a change made after it (an instance
+    /// created "after the restart" reaching the operator over the dead server's watch). Called under the
+    /// same lock as every change, this leaves no such window.
+    pub(crate) fn end_watches(&mut self) {
+        self.watch_epoch += 1;
+    }
+
+    /// Which server the watches started now are served by (see [`Store::end_watches`]).
+    pub(crate) fn watch_epoch(&self) -> u64 {
+        self.watch_epoch
     }
 
     /// Whether a watch from `from` must be answered 410 `Expired`, with the message saying so.

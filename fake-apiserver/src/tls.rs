@@ -114,8 +114,15 @@ impl fmt::Display for Connections {
     }
 }
 
+/// The number of the TLS connection a request came on (in the order accepted, from 0), put on every
+/// request it carries, so the request log can say which requests shared a connection.
+#[derive(Clone, Copy, Debug)]
+pub struct ConnectionId(pub usize);
+
 /// What the accept loop and every connection share.
 struct Shared {
+    /// Connections accepted so far (the next one's number).
+    accepted: AtomicUsize,
     http2: AtomicUsize,
     http1: AtomicUsize,
     /// Every open connection ends when this is sent to ([`TlsServer::drop_connections`]).
@@ -135,6 +142,7 @@ impl TlsServer {
     /// `h2`, HTTP/1.1 to the others.
     pub fn serve(listener: TcpListener, certificates: &Certificates, router: Router) -> Self {
         let shared = Arc::new(Shared {
+            accepted: AtomicUsize::new(0),
             http2: AtomicUsize::new(0),
             http1: AtomicUsize::new(0),
             cut: watch::Sender::new(()),
@@ -208,10 +216,11 @@ async fn accept_loop(
             cut: shared.cut.subscribe(),
             freeze: shared.freeze.subscribe(),
         };
+        let id = ConnectionId(shared.accepted.fetch_add(1, Ordering::SeqCst));
         tokio::spawn(connection(
             stream,
             acceptor.clone(),
-            router.clone(),
+            router.clone().layer(axum::Extension(id)),
             shared.clone(),
             signals,
         ));
@@ -260,7 +269,9 @@ async fn connection(
     };
     let mut serve = std::pin::pin!(serve);
     tokio::select! {
-        () = &mut serve => {}
+        // A cut or a freeze first: once asked for, the connection writes nothing more, even what was
+        // ready to go.
+        biased;
         // Dropping `serve` drops the TLS stream and its socket: the client sees the connection end.
         _ = cut.changed() => {}
         // `serve` is kept, and with it the socket, but no longer polled: the connection (its handshake,
@@ -269,5 +280,6 @@ async fn connection(
         _ = freeze.changed() => {
             let _ = cut.changed().await;
         }
+        () = &mut serve => {}
     }
 }

@@ -22,7 +22,11 @@ pub(crate) fn respond(
     from: u64,
     filter: WatchFilter,
 ) -> Response {
-    let Some(latest) = api.store().subscribe(plural) else {
+    let (latest, epoch) = {
+        let store = api.store();
+        (store.subscribe(plural), store.watch_epoch())
+    };
+    let Some(latest) = latest else {
         return response(StatusCode::OK, "application/json", Body::empty());
     };
     let stream =
@@ -31,7 +35,16 @@ pub(crate) fn respond(
             async move {
                 loop {
                     latest.borrow_and_update();
-                    let changes = api.store().changes_after(plural, after, &filter);
+                    let changes = {
+                        let store = api.store();
+                        (store.watch_epoch() == epoch)
+                            .then(|| store.changes_after(plural, after, &filter))
+                    };
+                    let Some(changes) = changes else {
+                        // Its server is gone: nothing more, and no end either (that is for the
+                        // connection's cut or freeze to show).
+                        return std::future::pending().await;
+                    };
                     if let Some((chunk, last)) = changes {
                         after = last;
                         if !chunk.is_empty() {
@@ -61,4 +74,61 @@ pub(crate) fn expired(message: String) -> Response {
         "application/json",
         Body::from(Bytes::from(line)),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use serde_json::json;
+
+    use super::*;
+    use crate::store::Store;
+
+    fn deployment(name: &str) -> serde_json::Value {
+        json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"replicas": 1}})
+    }
+
+    /// The race this closes: an instance created right after a restart reached the operator over the old
+    /// server's watch, whose connection was cut a moment later, so that the operator never re-listed.
+    #[tokio::test]
+    async fn a_watch_whose_server_went_away_sends_nothing_made_after() {
+        let api = Arc::new(Api {
+            store: Mutex::new(Store::default()),
+            latency: Duration::ZERO,
+        });
+        let filter = WatchFilter {
+            namespace: None,
+            selector: Default::default(),
+            metadata_only: false,
+        };
+        let mut before = respond(api.clone(), "deployments", 0, filter.clone())
+            .into_body()
+            .into_data_stream();
+        api.store().create("deployments", deployment("a")).unwrap();
+        let first = tokio::time::timeout(Duration::from_secs(5), before.next())
+            .await
+            .expect("a change made while its server serves")
+            .expect("a chunk")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&first).contains("\"a\""));
+
+        api.store().end_watches();
+        api.store().create("deployments", deployment("b")).unwrap();
+        let after = tokio::time::timeout(Duration::from_millis(300), before.next()).await;
+        assert!(after.is_err(), "nothing more, not even an end: {after:?}");
+
+        // A watch started now, from the same version, is the new server's: it sends the change.
+        let mut now = respond(api, "deployments", 0, filter)
+            .into_body()
+            .into_data_stream();
+        let chunk = tokio::time::timeout(Duration::from_secs(5), now.next())
+            .await
+            .expect("the new server's watch sends")
+            .expect("a chunk")
+            .unwrap();
+        assert!(String::from_utf8_lossy(&chunk).contains("\"b\""));
+    }
 }

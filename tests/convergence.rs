@@ -439,6 +439,41 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     );
 }
 
+/// At the start of a burst nobody waits for a turn yet: the first new instances take theirs at once. One
+/// that finds another new instance in its first turn writes its first status right after its workload, not
+/// after its Services (the slowest writes of a burst), then goes on in the same turn. The same five
+/// requests, the status second, and no second status write (the final one compares with the first).
+#[tokio::test]
+async fn a_new_instance_in_a_burst_writes_its_first_status_before_its_services() {
+    let mut cluster = Cluster::new();
+    let script = vec![
+        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
+        expect(Method::PATCH, STATUS).apply().answer(stored_status),
+        expect(Method::PATCH, SERVICES).create().answer(stored),
+        expect(Method::PATCH, HEADLESS).create().answer(stored),
+        event(),
+    ];
+    let session = Session::start(&cluster, Settings::default(), script, NOW);
+    // Another new instance in its first turn.
+    let other = session.ctx.turns.first_pass();
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        session.reconcile(&mut cluster, memcached(1)),
+    )
+    .await
+    .expect("one turn")
+    .unwrap();
+    drop(other);
+    let seen = session.finish().await;
+    let status = &seen[1].body;
+    assert_eq!(condition(status, "Progressing")["reason"], "Creating");
+    assert_eq!(
+        seen[4].body["note"],
+        "Created Deployment cache with 1 replicas, Service cache, Service cache-headless",
+        "one event for the children of both turns"
+    );
+}
+
 #[tokio::test]
 async fn a_new_instance_whose_pod_is_starting_writes_nothing_while_it_is_created() {
     let mut cluster = Cluster::new();

@@ -106,6 +106,14 @@ pub struct Report {
     /// being seen by a watch.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub first_status_after_create: Option<Delays>,
+    /// On a real server: per instance, from the answer to its create to the answer to the operator's
+    /// first write of its workload, both by the API server's clock (its audit log): the operator's own
+    /// delay, without the bench's watch's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub workload_written_after_create: Option<Delays>,
+    /// The same for the operator's first status write.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub first_status_written_after_create: Option<Delays>,
     /// Requests from t0 to the settled window, by verb and resource.
     pub requests: BTreeMap<String, usize>,
     pub requests_total: usize,
@@ -310,6 +318,8 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         available_seconds: (available_at - t0).as_secs_f64(),
         workload_after_create: None,
         first_status_after_create: None,
+        workload_written_after_create: None,
+        first_status_written_after_create: None,
         requests_total: converging.len(),
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
@@ -373,6 +383,14 @@ impl Report {
         for (name, delays) in [
             ("workload after create", self.workload_after_create),
             ("first status after create", self.first_status_after_create),
+            (
+                "workload written (audit)",
+                self.workload_written_after_create,
+            ),
+            (
+                "first status written (audit)",
+                self.first_status_written_after_create,
+            ),
         ] {
             if let Some(d) = delays {
                 rows.push((

@@ -268,7 +268,7 @@ type Figure = (&'static str, fn(&Report) -> Option<f64>, &'static str);
 
 /// Minimum and maximum of the headline figures over the runs (those every run has).
 fn ranges(reports: &[Report]) -> String {
-    let figures: [Figure; 12] = [
+    let figures: [Figure; 13] = [
         ("all children exist", |r| Some(r.children_seconds), "s"),
         (
             "workload after create, max",
@@ -278,6 +278,11 @@ fn ranges(reports: &[Report]) -> String {
         (
             "first status after create, max",
             |r| r.first_status_after_create.map(|d| d.max),
+            "s",
+        ),
+        (
+            "first status written after create (audit), max",
+            |r| r.first_status_written_after_create.map(|d| d.max),
             "s",
         ),
         ("pods ready", |r| r.pods_ready_seconds, "s"),

@@ -24,6 +24,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use envtest::audit::Timestamp;
 use envtest::kubelet::Capacity;
 use envtest::{AuditEvent, ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
 use futures::{StreamExt, TryStreamExt};
@@ -256,12 +257,12 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
     // In blocking mode a request's line is written before its answer; requests still in flight when the
     // window closed are written a moment later.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let ours: Vec<AuditEvent> = audit
+    let (ours, others): (Vec<AuditEvent>, Vec<AuditEvent>) = audit
         .read_since(&t0_mark)
         .map_err(|e| format!("{e:#}"))?
         .into_iter()
-        .filter(|e| e.user == credentials.user)
-        .collect();
+        .partition(|e| e.user == credentials.user);
+    let written = Written::new(&others, &ours);
     let converging: Vec<&AuditEvent> = ours
         .iter()
         .filter(|e| e.received < settle_mark.at())
@@ -291,6 +292,12 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         available_seconds: (available_at - t0).as_secs_f64(),
         workload_after_create: p.after_create(&p.workload_seen),
         first_status_after_create: p.after_create(&p.status_seen),
+        workload_written_after_create: written.after_create(|e| {
+            e.verb == "patch" && e.resource == "deployments" && e.subresource.is_empty()
+        }),
+        first_status_written_after_create: written.after_create(|e| {
+            e.verb == "patch" && e.resource == "memcacheds" && e.subresource == "status"
+        }),
         requests_total: converging.len(),
         requests_per_instance: converging.len() as f64 / options.instances.max(1) as f64,
         requests,
@@ -448,6 +455,50 @@ pub(crate) fn memcached_resource() -> ApiResource {
         &GroupVersionKind::gvk("cache.example.com", "v1alpha1", "Memcached"),
         "memcacheds",
     )
+}
+
+/// The instances' creates and the operator's writes as the API server logged them, to time the operator's
+/// writes by the server's clock: from the answer to an instance's create to the answer to the operator's
+/// first successful write of one of its objects (named as the instance is).
+struct Written<'a> {
+    created: HashMap<&'a str, Timestamp>,
+    writes: &'a [AuditEvent],
+}
+
+impl<'a> Written<'a> {
+    fn new(others: &'a [AuditEvent], ours: &'a [AuditEvent]) -> Self {
+        let created = others
+            .iter()
+            .filter(|e| e.verb == "create" && e.resource == "memcacheds" && e.code == 201)
+            .filter(|e| e.namespace == NAMESPACE)
+            .filter_map(|e| Some((e.name.as_str(), e.completed?)))
+            .collect();
+        Written {
+            created,
+            writes: ours,
+        }
+    }
+
+    /// Per instance, seconds from its create's answer to the answer to the operator's first successful
+    /// write that `is`.
+    fn after_create(&self, is: impl Fn(&AuditEvent) -> bool) -> Option<Delays> {
+        let mut first: HashMap<&str, Timestamp> = HashMap::new();
+        for e in self.writes.iter().filter(|e| e.code < 300 && is(e)) {
+            if let (Some(at), true) = (e.completed, self.created.contains_key(e.name.as_str())) {
+                let earliest = first.entry(e.name.as_str()).or_insert(at);
+                *earliest = (*earliest).min(at);
+            }
+        }
+        Delays::of(
+            first
+                .iter()
+                .filter_map(|(name, at)| {
+                    let created = self.created.get(name)?;
+                    Some(at.duration_since(*created).as_secs_f64().max(0.0))
+                })
+                .collect(),
+        )
+    }
 }
 
 /// When each instance got its children, a Ready pod, and `Available=True`, as the admin's watches see it.
@@ -792,6 +843,81 @@ mod tests {
         assert_eq!(counts["HTTP/2"], 1234);
         assert_eq!(counts["HTTP/1.1"], 0);
         assert_eq!(counts.len(), 2);
+    }
+
+    /// An answered request: `what` is `verb resource[/subresource] name`, answered `at` with `code`.
+    fn event(user: &str, what: &str, code: u16, at: &str) -> AuditEvent {
+        let [verb, resource, name] = what.split(' ').collect::<Vec<_>>()[..] else {
+            panic!("{what}: verb resource name")
+        };
+        let (resource, subresource) = resource.split_once('/').unwrap_or((resource, ""));
+        AuditEvent {
+            audit_id: format!("{user} {what} {at}"),
+            user: user.to_owned(),
+            groups: Vec::new(),
+            user_agent: String::new(),
+            verb: verb.to_owned(),
+            resource: resource.to_owned(),
+            subresource: subresource.to_owned(),
+            api_group: String::new(),
+            namespace: NAMESPACE.to_owned(),
+            name: name.to_owned(),
+            code,
+            received: at.parse().unwrap(),
+            completed: Some(at.parse().unwrap()),
+        }
+    }
+
+    #[test]
+    fn writes_are_timed_from_the_create_to_the_first_successful_one_by_the_server_clock() {
+        let others = [
+            event("admin", "create memcacheds a", 201, "2026-01-01T00:00:01Z"),
+            event("admin", "create memcacheds b", 201, "2026-01-01T00:00:02Z"),
+            event("admin", "create memcacheds c", 409, "2026-01-01T00:00:02Z"),
+        ];
+        let ours = [
+            event(
+                "op",
+                "patch memcacheds/status a",
+                500,
+                "2026-01-01T00:00:01.5Z",
+            ),
+            event(
+                "op",
+                "patch memcacheds/status a",
+                200,
+                "2026-01-01T00:00:03Z",
+            ),
+            event(
+                "op",
+                "patch memcacheds/status a",
+                200,
+                "2026-01-01T00:00:09Z",
+            ),
+            event(
+                "op",
+                "patch memcacheds/status b",
+                200,
+                "2026-01-01T00:00:02.5Z",
+            ),
+            event(
+                "op",
+                "patch memcacheds/status c",
+                200,
+                "2026-01-01T00:00:04Z",
+            ),
+            event("op", "patch deployments b", 201, "2026-01-01T00:00:07Z"),
+        ];
+        let written = Written::new(&others, &ours);
+        let status = written
+            .after_create(|e| e.resource == "memcacheds" && e.subresource == "status")
+            .unwrap();
+        // a: 2 s (neither the refused write nor the later one), b: 0.5 s; c was never created.
+        assert_eq!((status.median, status.max), (2.0, 2.0));
+        let workload = written
+            .after_create(|e| e.resource == "deployments")
+            .unwrap();
+        assert_eq!((workload.median, workload.max), (5.0, 5.0));
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub struct AuditEvent {
     pub name: String,
     pub code: u16,
     pub received: Timestamp,
+    /// When the server answered, for a request logged at `ResponseComplete` first (every request but a
+    /// watch, whose first line is `ResponseStarted`).
+    pub completed: Option<Timestamp>,
 }
 
 /// What requests are counted by.
@@ -244,6 +247,7 @@ struct RawEvent {
     object_ref: Option<RawObjectRef>,
     response_status: Option<RawStatus>,
     request_received_timestamp: Timestamp,
+    stage_timestamp: Option<Timestamp>,
 }
 
 #[derive(Default, Deserialize)]
@@ -300,6 +304,9 @@ impl RawEvent {
             name: object.name,
             code: self.response_status.map_or(0, |s| s.code),
             received: self.request_received_timestamp,
+            completed: self
+                .stage_timestamp
+                .filter(|_| self.stage == "ResponseComplete"),
         }
     }
 }
@@ -320,7 +327,15 @@ mod tests {
         assert_eq!(events.len(), 3);
         assert_eq!(events[0].subresource, "status");
         assert_eq!(events[0].code, 200);
+        assert_eq!(
+            events[0].completed,
+            Some("2024-01-01T00:00:01.0001Z".parse().unwrap())
+        );
         assert_eq!(events[1].verb, "watch");
+        assert_eq!(
+            events[1].completed, None,
+            "a watch's first line is its start"
+        );
         assert_eq!(events[2].resource, "/apis/apps/v1");
     }
 

@@ -58,10 +58,10 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     );
     async move {
         let key = ObjectRef::from_obj(mc.as_ref());
+        let new = pool::cached_workload(&ctx, &mc).is_none();
         let (mc, turn) = match ctx.turns.try_apply() {
             Some(turn) => (mc, turn),
             None => {
-                let new = pool::cached_workload(&ctx, &mc).is_none();
                 let wait = async {
                     if new {
                         ctx.turns.apply_new().await
@@ -83,9 +83,11 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
             may_yield: true,
             ..Pass::default()
         };
+        let first_pass = new.then(|| ctx.turns.first_pass());
         // Boxed: a reconcile waiting for its turn stays a small future; this part's state is allocated
         // when the turn comes.
         let result = Box::pin(reconcile_in_span(mc, ctx.clone(), &mut pass)).await;
+        drop(first_pass);
         drop(turn);
         if !pass.yielded {
             return result;
@@ -314,6 +316,17 @@ async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action,
                 pods: applied.pods,
                 handovers: applied.handovers,
             });
+            // Compared with the first status just written, not with the instance as it came (none): as
+            // this operator wrote it, or as the cache holds it once the watch has brought that write.
+            let written;
+            let mc = if applied.wrote_first_status {
+                let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+                let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
+                written = ctx.written.fresher(&namespace, &name, &(), cached).object;
+                written.as_deref().unwrap_or(mc)
+            } else {
+                mc
+            };
             let held = report(
                 mc,
                 ctx,
@@ -378,6 +391,8 @@ struct Children {
     wait: Option<Duration>,
     /// The workload was created and the turn given up before the other children (see [`Pass`]).
     yielded: bool,
+    /// The instance's first status was written right after its workload was created (in a burst).
+    wrote_first_status: bool,
 }
 
 /// Applies the children in a fixed order (drain marks, server list ConfigMap, workload, Services,
@@ -387,7 +402,8 @@ struct Children {
 /// a server to publish.
 ///
 /// When `may_yield`, the workload was created now and other new instances wait for their turns, it stops
-/// after the workload (see [`Pass`]).
+/// after the workload (see [`Pass`]). When other new instances take their first turns meanwhile (a burst
+/// that nobody waits in yet), the instance's first status is written right after its workload.
 async fn apply_children(
     mc: &Memcached,
     instance: &Instance<'_>,
@@ -538,7 +554,23 @@ async fn apply_children(
             handovers,
             wait: None,
             yielded: true,
+            wrote_first_status: false,
         });
+    }
+    // At the start of a burst nobody waits for a turn yet: the first new instances take theirs at once and
+    // find each other here. Their first statuses go now, not after their Services (each allocates a
+    // ClusterIP, the slowest writes of a burst); their Services follow in the same turn.
+    let wrote_first_status =
+        created_workload && mc.status.is_none() && ctx.turns.other_new_instances();
+    if wrote_first_status {
+        let early = Published {
+            servers: plan.servers.clone(),
+            drain: plan.drain.clone(),
+            pods: pods.clone(),
+            handovers: handovers.clone(),
+        };
+        let selector = Some(labels::selector_string(instance.name));
+        report(mc, ctx, Some(workload.clone()), Some(early), None, selector).await?;
     }
     for step in &plan.steps {
         if let Step::Drained { from, to } = step {
@@ -628,6 +660,7 @@ async fn apply_children(
             .flatten()
             .min(),
         yielded: false,
+        wrote_first_status,
     })
 }
 

@@ -134,7 +134,7 @@ async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
     let name = mc.name_any();
     let Some(mc) = ctx
         .written
-        .fresher(&namespace, &name, &(), Some(mc.clone()))
+        .fresher(&namespace, &name, &(), Some(latest(ctx, mc.clone())))
         .object
     else {
         return;
@@ -192,6 +192,21 @@ async fn reconcile_in_span(
     result
 }
 
+/// The instance as its cache holds it now, or `mc` if the cache no longer does (deleted meanwhile: the
+/// reconcile sees the deletion through `mc`'s own copy and the write that `written` kept).
+///
+/// The copy a reconcile was started with was read when it was queued, and may be older than the cache by
+/// the time the reconcile asks `written` for the fresher of the two: if the watch has meanwhile brought this
+/// operator's own status write, `written` has dropped its kept answer (the cache caught up), and the old
+/// copy, without that status, would be taken for the latest and the same status written again. The
+/// cache's current copy closes that window.
+fn latest(ctx: &Context, mc: Arc<Memcached>) -> Arc<Memcached> {
+    ctx.stores
+        .memcacheds
+        .get(&ObjectRef::from_obj(mc.as_ref()))
+        .unwrap_or(mc)
+}
+
 /// The legacy finalizer's removal (see [`legacy_finalizer`]), then apply, unless the instance is being
 /// deleted. The instance is read as this operator last wrote it when the cache has not caught up with that
 /// write yet.
@@ -204,6 +219,7 @@ async fn reconcile_instance(
         return Err(Error::Malformed("it has no namespace".into()));
     };
     let name = mc.name_any();
+    let mc = latest(ctx, mc);
     let mc = ctx
         .written
         .fresher(&namespace, &name, &(), Some(mc.clone()))
@@ -317,13 +333,18 @@ async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action,
                 handovers: applied.handovers,
             });
             // Compared with the first status just written, not with the instance as it came (none): as
-            // this operator wrote it, or as the cache holds it once the watch has brought that write.
-            let written;
+            // this operator wrote it, or as the cache holds it once the watch has brought that write. Only
+            // the status is taken: the spec and generation stay the ones the children were applied from.
+            let with_first_status;
             let mc = if applied.wrote_first_status {
                 let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
                 let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
-                written = ctx.written.fresher(&namespace, &name, &(), cached).object;
-                written.as_deref().unwrap_or(mc)
+                let latest = ctx.written.fresher(&namespace, &name, &(), cached).object;
+                with_first_status = Memcached {
+                    status: latest.and_then(|latest| latest.status.clone()),
+                    ..mc.clone()
+                };
+                &with_first_status
             } else {
                 mc
             };

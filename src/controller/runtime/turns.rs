@@ -113,8 +113,9 @@ impl Turns {
     }
 
     /// Whether, besides the caller (in its [`Turns::first_pass`]), a new instance waits for its turn or
-    /// takes its first: a burst, in which a new instance gives its turn up after its workload. At the start
-    /// of a burst nobody waits yet, and the first `--concurrency` instances find each other here.
+    /// takes its first: a burst, in which a new instance writes its first status right after its workload.
+    /// At the start of a burst nobody waits yet, and the first `--concurrency` instances find each other
+    /// here.
     pub fn other_new_instances(&self) -> bool {
         self.new_waiting() || self.new_applying.load(Ordering::SeqCst) > 1
     }

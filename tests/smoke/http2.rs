@@ -1,9 +1,9 @@
 //! The operator over TLS, as it reaches a real API server: the fake offers HTTP/2 and HTTP/1.1 by ALPN
 //! ([`cluster::start_tls`]). The operator must negotiate HTTP/2, so that every request and watch of one kube
 //! client shares one connection instead of holding a connection each (its clients: the writes', the
-//! watches' and the Lease's), and must come back on a new
-//! connection, with its watches, when the API server drops them all, or when the connection goes silent
-//! without a reset (found by the transport's HTTP/2 keep-alive pings).
+//! watches' and the Lease's), and must come back on a new connection, with its watches, when the API server
+//! drops them all, or when the connection goes silent without a reset (found by the transport's HTTP/2
+//! keep-alive pings).
 //!
 //! Each test checks the operator's work first (reconciles, recovery), over whichever protocol it spoke,
 //! and the protocol last, so that a failure says which of the two went wrong.

@@ -187,6 +187,13 @@ async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
         async move { holder.as_deref() == Some(IDENTITY) }
     })
     .await;
+    // The Lease names it as soon as its write lands, a moment before the operator has read that back and
+    // leads (a standby that loses the server keeps waiting, rightly): only a leader reconciles.
+    op.wait_until("the leader reconciled the first instance", WAIT, || {
+        let applied = deployment_applied(&fake, "cache");
+        async move { applied }
+    })
+    .await;
     op.wait_until("/readyz answers 200", WAIT, || is_ok(&probes, "/readyz"))
         .await;
 

@@ -29,7 +29,8 @@
 //! ([`Turns::first_pass`], [`Turns::other_new_instances`]) and write their first status right after their
 //! workload, then go on with the Services in the same turn. Measured the same way: without that, those
 //! first instances' statuses came last, up to 3.8-4.5 s after their instances (their Services took 2-3 s
-//! under the burst); with it, every first status was written within 1.1-1.9 s.
+//! under the burst); with it, every first status was written within 1.1-1.9 s. On a second machine, whose
+//! control plane is faster: within 0.7-1.4 s in six runs, against 1.8-2.1 s without it in three.
 
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -91,6 +91,23 @@ mod tests {
         json!({"metadata": {"name": name, "namespace": "ns"}, "spec": {"replicas": 1}})
     }
 
+    /// The watch of deployments from version 0, as the bytes it sends.
+    fn watch(api: &Arc<Api>, filter: &WatchFilter) -> axum::body::BodyDataStream {
+        respond(api.clone(), "deployments", 0, filter.clone())
+            .into_body()
+            .into_data_stream()
+    }
+
+    /// What `stream` sends next, within 5 s.
+    async fn next_text(stream: &mut axum::body::BodyDataStream) -> String {
+        let chunk = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .expect("a chunk within 5 s")
+            .expect("the watch goes on")
+            .unwrap();
+        String::from_utf8_lossy(&chunk).into_owned()
+    }
+
     /// The race this closes: an instance created right after a restart reached the operator over the old
     /// server's watch, whose connection was cut a moment later, so that the operator never re-listed.
     #[tokio::test]
@@ -104,16 +121,9 @@ mod tests {
             selector: Default::default(),
             metadata_only: false,
         };
-        let mut before = respond(api.clone(), "deployments", 0, filter.clone())
-            .into_body()
-            .into_data_stream();
+        let mut before = watch(&api, &filter);
         api.store().create("deployments", deployment("a")).unwrap();
-        let first = tokio::time::timeout(Duration::from_secs(5), before.next())
-            .await
-            .expect("a change made while its server serves")
-            .expect("a chunk")
-            .unwrap();
-        assert!(String::from_utf8_lossy(&first).contains("\"a\""));
+        assert!(next_text(&mut before).await.contains("\"a\""));
 
         api.store().end_watches();
         api.store().create("deployments", deployment("b")).unwrap();
@@ -121,14 +131,7 @@ mod tests {
         assert!(after.is_err(), "nothing more, not even an end: {after:?}");
 
         // A watch started now, from the same version, is the new server's: it sends the change.
-        let mut now = respond(api, "deployments", 0, filter)
-            .into_body()
-            .into_data_stream();
-        let chunk = tokio::time::timeout(Duration::from_secs(5), now.next())
-            .await
-            .expect("the new server's watch sends")
-            .expect("a chunk")
-            .unwrap();
-        assert!(String::from_utf8_lossy(&chunk).contains("\"b\""));
+        let mut now = watch(&api, &filter);
+        assert!(next_text(&mut now).await.contains("\"b\""));
     }
 }

@@ -70,6 +70,11 @@ struct Case {
     /// ready first and the operator replaces its plan 3 -> 4 with 3 -> 5: the first new server, holding
     /// its keys already, gets an event saying how many were there).
     events: usize,
+    /// Events the change may make besides: on 3 -> 5, when the first new server's copies end before the
+    /// second turns ready, the list is published at 4 and then at 5, each step with its events (one for
+    /// 3 -> 4; two for 4 -> 5, where keys move to both new servers). Both orders are correct; which one a
+    /// run takes depends on when the pods turn ready (the second was seen once on v1.28.7).
+    extra_events: usize,
 }
 
 const CASES: [Case; 5] = [
@@ -82,6 +87,7 @@ const CASES: [Case; 5] = [
         image: None,
         timeout_seconds: None,
         events: 2,
+        extra_events: 0,
     },
     Case {
         name: "memcached-handover-sts",
@@ -92,6 +98,7 @@ const CASES: [Case; 5] = [
         image: None,
         timeout_seconds: None,
         events: 2,
+        extra_events: 0,
     },
     Case {
         name: "memcached-handover-scale",
@@ -102,6 +109,7 @@ const CASES: [Case; 5] = [
         image: None,
         timeout_seconds: None,
         events: 2,
+        extra_events: 0,
     },
     Case {
         name: "memcached-handover-scale-up",
@@ -112,6 +120,7 @@ const CASES: [Case; 5] = [
         image: None,
         timeout_seconds: None,
         events: 2,
+        extra_events: 1,
     },
     Case {
         name: "memcached-handover-refused",
@@ -122,6 +131,7 @@ const CASES: [Case; 5] = [
         image: Some(NO_SERVER_IMAGE),
         timeout_seconds: Some(REFUSED_TIMEOUT_SECONDS),
         events: 2,
+        extra_events: 0,
     },
 ];
 
@@ -394,11 +404,29 @@ fn handover(env: &E2e, case: &Case) {
         }
     });
     eprintln!("    {reason}: {events:#?}");
-    assert_eq!(
+    assert!(
+        (want..=want + case.extra_events).contains(&events.len()),
+        "{reason} events for {name}: {} of {want}{}: {events:#?}",
         events.len(),
-        want,
-        "{reason} events for {name}: {events:#?}"
+        if case.extra_events > 0 {
+            format!(" to {}", want + case.extra_events)
+        } else {
+            String::new()
+        }
     );
+    if events.len() > want {
+        // Published in two steps: both steps said so.
+        let (from, to) = case.size;
+        for step in [
+            format!("for the scale from {from} to {}", from + 1),
+            format!("for the scale from {} to {to}", from + 1),
+        ] {
+            assert!(
+                events.iter().any(|note| note.contains(&step)),
+                "{name}: no event {step:?}: {events:#?}"
+            );
+        }
+    }
     if copies == Copies::Warm {
         let events = list_events(ns).unwrap_or_else(|e| panic!("{e}"));
         let failed = notes(&events, name, "HandoverFailed", "Warning");

@@ -192,8 +192,8 @@ async fn reconcile_in_span(
     result
 }
 
-/// The instance as its cache holds it now, or `mc` if the cache no longer does (deleted meanwhile: the
-/// reconcile sees the deletion through `mc`'s own copy and the write that `written` kept).
+/// The instance as its cache holds it now, or `mc` if the cache no longer holds it (deleted meanwhile: the
+/// reconcile goes on from `mc`, as it did before this was asked, and the deletion is handled as it comes).
 ///
 /// The copy a reconcile was started with was read when it was queued, and may be older than the cache by
 /// the time the reconcile asks `written` for the fresher of the two: if the watch has meanwhile brought this

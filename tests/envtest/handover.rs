@@ -6,21 +6,28 @@
 //! operator's own `hashing::Placement`, checked against the real library in tests/hashing.rs) and speaks
 //! the text protocol (`set` with `noreply`, multi-key `get`), pipelined per server.
 //!
-//! Also: a copy out of time, a target that refuses connections (both end cold and the rollout goes on),
-//! an operator restart mid-copy.
+//! Also: a rollout of servers that require TLS (with client certificates) and authentication, a copy
+//! out of time, a target that refuses connections (both end cold and the rollout goes on), an operator
+//! restart mid-copy.
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
+use memcached_operator::connection::{
+    Credentials, ServerNames, Stream, Target, TlsClient, TlsMaterial, open,
+};
 use memcached_operator::hashing::{Placement, Scheme};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::instances::{apply, conditions, memcacheds, settled};
+use crate::secrets::{auth_secret, tls_secrets};
 use crate::{Scenario, wait_for};
 
 const SIZE: usize = 4;
@@ -52,23 +59,47 @@ fn placed(scheme: Scheme, servers: &[String]) -> BTreeMap<usize, Vec<usize>> {
     by_server
 }
 
-async fn connect(address: &str) -> BufReader<TcpStream> {
-    BufReader::new(
-        TcpStream::connect(address)
-            .await
-            .unwrap_or_else(|e| panic!("connecting to {address}: {e}")),
-    )
+/// How the test client reaches the servers: plain TCP, or over TLS and authenticated, as the operator
+/// does (the same connection code, so a server the operator could not reach fails the test here too).
+#[derive(Clone, Default)]
+pub struct Access {
+    tls: Option<(TlsClient, ServerNames)>,
+    credentials: Option<Arc<Credentials>>,
 }
 
+impl Access {
+    /// Plain TCP, no authentication.
+    pub fn plain() -> Self {
+        Self::default()
+    }
+
+    fn target(&self, address: &str) -> Target {
+        let address: SocketAddr = address.parse().unwrap_or_else(|e| panic!("{address}: {e}"));
+        let mut target = Target::plain(address);
+        if let Some((tls, names)) = &self.tls {
+            target.tls = Some(tls.clone());
+            target.names = names.clone();
+        }
+        target.credentials = self.credentials.clone();
+        target
+    }
+}
+
+async fn connect(access: &Access, address: &str) -> BufReader<Stream> {
+    open(&access.target(address))
+        .await
+        .unwrap_or_else(|e| panic!("connecting to {address}: {e}"))
+        .stream
+}
 /// Stores every key on its server under jump hash (values of `len` bytes, no expiry).
 pub async fn fill(servers: &[String], len: usize) {
-    fill_placed(Scheme::Jump, servers, len).await;
+    fill_placed(Scheme::Jump, &Access::plain(), servers, len).await;
 }
 
 /// Stores every key on its server under `scheme` (values of `len` bytes, no expiry).
-pub async fn fill_placed(scheme: Scheme, servers: &[String], len: usize) {
+pub async fn fill_placed(scheme: Scheme, access: &Access, servers: &[String], len: usize) {
     for (server, keys) in placed(scheme, servers) {
-        let mut conn = connect(&servers[server]).await;
+        let mut conn = connect(access, &servers[server]).await;
         for batch in keys.chunks(BATCH) {
             let mut out = Vec::new();
             for &i in batch {
@@ -76,13 +107,11 @@ pub async fn fill_placed(scheme: Scheme, servers: &[String], len: usize) {
                 out.extend_from_slice(&value(i, len));
                 out.extend_from_slice(b"\r\n");
             }
-            conn.get_mut().write_all(&out).await.expect("set");
+            conn.write_all(&out).await.expect("set");
         }
         // `noreply` sends no answers: one that does tells that every set before it was read.
-        conn.get_mut()
-            .write_all(b"version\r\n")
-            .await
-            .expect("version");
+        conn.write_all(b"version\r\n").await.expect("version");
+        conn.flush().await.expect("sent");
         let mut line = String::new();
         conn.read_line(&mut line).await.expect("answer");
         assert!(line.starts_with("VERSION"), "{line:?}");
@@ -91,21 +120,19 @@ pub async fn fill_placed(scheme: Scheme, servers: &[String], len: usize) {
 
 /// How many keys their server under `servers` (jump hash) holds with the value they were stored with.
 pub async fn hits(servers: &[String], len: usize) -> usize {
-    hits_placed(Scheme::Jump, servers, len).await
+    hits_placed(Scheme::Jump, &Access::plain(), servers, len).await
 }
 
 /// How many keys their server under `servers` (`scheme`) holds with the value they were stored with.
-pub async fn hits_placed(scheme: Scheme, servers: &[String], len: usize) -> usize {
+pub async fn hits_placed(scheme: Scheme, access: &Access, servers: &[String], len: usize) -> usize {
     let mut hits = 0;
     for (server, keys) in placed(scheme, servers) {
-        let mut conn = connect(&servers[server]).await;
+        let mut conn = connect(access, &servers[server]).await;
         for batch in keys.chunks(BATCH) {
             let names: Vec<String> = batch.iter().map(|&i| key(i)).collect();
             let request = format!("get {}\r\n", names.join(" "));
-            conn.get_mut()
-                .write_all(request.as_bytes())
-                .await
-                .expect("get");
+            conn.write_all(request.as_bytes()).await.expect("get");
+            conn.flush().await.expect("sent");
             loop {
                 let mut line = String::new();
                 conn.read_line(&mut line).await.expect("answer");
@@ -316,6 +343,109 @@ async fn a_deployment_rollout_keeps_the_keys_warm() {
             .any(|k| k.starts_with("memcached_operator_handover_failures_total")),
         "{metrics:#?}"
     );
+}
+
+/// The client's way to the servers of instance `cache` when they require TLS and authentication: the
+/// instance's CA `ca`, the client certificate of Secret `cache-client` (mutual TLS), the auth file's user.
+async fn secured_access(
+    s: &Scenario,
+    ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+) -> Access {
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(s.client.clone(), &s.namespace);
+    let identity = secrets
+        .get("cache-client")
+        .await
+        .expect("Secret cache-client")
+        .data
+        .expect("its data");
+    let tls = TlsClient::new(&TlsMaterial {
+        ca: Some(ca.pem().into_bytes()),
+        client_identity: Some((identity["tls.crt"].0.clone(), identity["tls.key"].0.clone())),
+    })
+    .expect("a TLS client");
+    // The Services' names: what the certificate is for, whichever pod answers.
+    let names = ServerNames::for_pod("cache", &s.namespace, "cache", "cluster.local");
+    Access {
+        tls: Some((tls, names)),
+        credentials: Some(Arc::new(
+            Credentials::from_auth_file(b"app:s3cret\n").expect("credentials"),
+        )),
+    }
+}
+
+/// The copies reach the servers as the stats collector does: over TLS, verifying the server's
+/// certificate, presenting the instance's client certificate, and authenticated.
+#[tokio::test]
+async fn a_rollout_of_servers_requiring_tls_and_authentication_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("handover-secured", &[]).await else {
+        return;
+    };
+    let ns = s.namespace.clone();
+    let names = vec![
+        format!("cache.{ns}.svc"),
+        format!("*.cache-headless.{ns}.svc"),
+    ];
+    let ca = tls_secrets(&s, "cache-tls", names, Some("cache-client")).await;
+    auth_secret(&s, "cache-auth", "auth-file", "app:s3cret\n").await;
+    let spec = |memory: i64| {
+        let mut spec = spec(2, memory, json!({}));
+        spec["security"] = json!({
+            "tls": {"secretName": "cache-tls", "clientAuth": true, "clientSecretName": "cache-client"},
+            "auth": {"secretName": "cache-auth"}
+        });
+        spec
+    };
+    apply(&s, "cache", spec(64)).await;
+    let old = settled_servers(&s, 2, &[], Duration::from_secs(90)).await;
+    let access = secured_access(&s, &ca).await;
+    // Plain TCP reaches nothing: every server requires TLS.
+    assert!(
+        plain_get_fails(&old[0]).await,
+        "{} answers plain text",
+        old[0]
+    );
+    fill_placed(Scheme::Jump, &access, &old, 100).await;
+    let stored = hits_placed(Scheme::Jump, &access, &old, 100).await;
+    assert_eq!(stored, KEYS, "every key is stored before the rollout");
+    s.step(&format!(
+        "{stored} of {KEYS} keys stored over TLS + auth on {old:?}; changing -m (a rollout)"
+    ));
+    apply(&s, "cache", spec(65)).await;
+    let started = Instant::now();
+    let new = settled_servers(&s, 2, &old, Duration::from_secs(240)).await;
+    let took = started.elapsed();
+    let read = hits_placed(Scheme::Jump, &access, &new, 100).await;
+    let handed = notes(&s, "HandedOver").await;
+    let failed = notes(&s, "HandoverFailed").await;
+    s.step(&format!(
+        "rollout settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: {handed:#?}",
+        took.as_secs_f64()
+    ));
+    assert!(failed.is_empty(), "{failed:#?}");
+    assert_eq!(
+        handed.len(),
+        2,
+        "one HandedOver event per server: {handed:#?}"
+    );
+    assert!(
+        read as f64 >= 0.95 * KEYS as f64,
+        "{read} of {KEYS} keys hit after the rollout"
+    );
+}
+
+/// Whether a plain-text `version` to `address` goes unanswered (a TLS listener takes it for a broken
+/// handshake and closes).
+async fn plain_get_fails(address: &str) -> bool {
+    let Ok(mut conn) = TcpStream::connect(address).await else {
+        return true;
+    };
+    if conn.write_all(b"version\r\n").await.is_err() {
+        return true;
+    }
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer)).await;
+    !matches!(read, Ok(Ok(_))) || !answer.starts_with(b"VERSION")
 }
 
 #[tokio::test]

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 
 use memcached_operator::hashing::Scheme;
 
-use crate::handover::{KEYS, fill, fill_placed, hits, hits_placed, notes};
+use crate::handover::{Access, KEYS, fill, fill_placed, hits, hits_placed, notes};
 use crate::instances::{apply, condition, conditions, memcacheds, settled};
 use crate::{Scenario, wait_for};
 
@@ -115,8 +115,8 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     apply(s, "cache", spec(from, workload, hashing)).await;
     let old = settled_servers(s, from, Duration::from_secs(90)).await;
     let old = reachable(s, &old).await;
-    fill_placed(scheme, &old, VALUE_LEN).await;
-    let stored = hits_placed(scheme, &old, VALUE_LEN).await;
+    fill_placed(scheme, &Access::plain(), &old, VALUE_LEN).await;
+    let stored = hits_placed(scheme, &Access::plain(), &old, VALUE_LEN).await;
     assert_eq!(stored, KEYS, "every key is stored before the scale");
     s.step(&format!(
         "{workload}: {stored} keys on {old:?}; scaling {from} -> {to} (hashing {hashing})"
@@ -145,7 +145,7 @@ async fn scale(s: &Scenario, workload: &str, hashing: &str, from: usize, to: usi
     };
     let took = started.elapsed();
     let new = reachable(s, &new).await;
-    let read = hits_placed(scheme, &new, VALUE_LEN).await;
+    let read = hits_placed(scheme, &Access::plain(), &new, VALUE_LEN).await;
     let (handed, failed) = (
         notes(s, "HandedOver").await,
         notes(s, "HandoverFailed").await,

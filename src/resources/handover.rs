@@ -179,8 +179,9 @@ pub struct Takeover {
 }
 
 /// What each waiting pod takes over, oldest first. A waiting pod without a slot is a rollout's surge pod:
-/// it takes over the lowest slot held by a ready, live pod of another ReplicaSet (the Deployment
-/// controller scales down only old ReplicaSets) that no other copy reads. A waiting pod that holds a slot
+/// it takes over the lowest slot held by a ready, live pod of the oldest other ReplicaSet (the Deployment
+/// controller scales down only old ReplicaSets, the oldest first: see [`oldest_first`]) that no other copy
+/// reads. A waiting pod that holds a slot
 /// took a vacant one (a scale-up, or its old pod went first), and a surge pod without such a slot left
 /// has no server to take over from either: both are listed without a source, so that their gates open
 /// instead of holding them forever. `running` maps the pods whose copy runs (left out) to their sources
@@ -198,21 +199,25 @@ pub fn takeovers(
     waiting.sort_by(|a, b| {
         (a.created.is_none(), a.created, &a.name).cmp(&(b.created.is_none(), b.created, &b.name))
     });
+    let age = oldest_first(pods);
     let mut taken: BTreeSet<&str> = running.values().map(String::as_str).collect();
     let mut out = Vec::new();
     for pod in waiting {
         let source = if slotted.contains(pod.name.as_str()) {
             None
         } else {
-            servers.iter().find_map(|server| {
-                let holder = pods.iter().find(|p| Some(&p.name) == server.pod.as_ref())?;
-                let usable = holder.ready
-                    && !holder.terminating
-                    && holder.ip.is_some()
-                    && holder.template_hash != pod.template_hash
-                    && !taken.contains(holder.name.as_str());
-                usable.then_some((server.slot, holder))
-            })
+            servers
+                .iter()
+                .filter_map(|server| {
+                    let holder = pods.iter().find(|p| Some(&p.name) == server.pod.as_ref())?;
+                    let usable = holder.ready
+                        && !holder.terminating
+                        && holder.ip.is_some()
+                        && holder.template_hash != pod.template_hash
+                        && !taken.contains(holder.name.as_str());
+                    usable.then_some((server.slot, holder))
+                })
+                .min_by_key(|(slot, holder)| (age(&holder.template_hash), *slot))
         };
         if let Some((_, holder)) = source {
             taken.insert(holder.name.as_str());
@@ -223,6 +228,33 @@ pub fn takeovers(
         });
     }
     out
+}
+
+/// The rank of a ReplicaSet (by its template hash) in the order the Deployment controller scales old
+/// ReplicaSets down: oldest first (`scaleDownOldReplicaSetsForRollingUpdate` sorts them by creation time).
+///
+/// Only one old ReplicaSet runs in a rollout that nothing interrupted; a template changed again mid-rollout
+/// leaves two or more, and the copy must read the one whose pod goes next, or the new server takes the
+/// slot of a pod that was not copied. The pods are cached, their ReplicaSets are not (a watch and a cache
+/// of every ReplicaSet for a rare case): a ReplicaSet is at least as old as its oldest pod, and its pods
+/// outlive the next ReplicaSet's creation unless all were replaced since (evicted, rescheduled), so the
+/// oldest pod of each template ranks them. Pods without a creation time rank last.
+fn oldest_first(pods: &[Candidate]) -> impl Fn(&Option<String>) -> usize + '_ {
+    let mut oldest: BTreeMap<&Option<String>, Option<Timestamp>> = BTreeMap::new();
+    for pod in pods {
+        let entry = oldest.entry(&pod.template_hash).or_insert(pod.created);
+        if let Some(created) = pod.created {
+            *entry = Some(entry.map_or(created, |seen| seen.min(created)));
+        }
+    }
+    let mut ranked: Vec<(&Option<String>, Option<Timestamp>)> = oldest.into_iter().collect();
+    ranked.sort_by_key(|(hash, created)| (created.is_none(), *created, *hash));
+    move |hash| {
+        ranked
+            .iter()
+            .position(|(ranked, _)| *ranked == hash)
+            .unwrap_or(usize::MAX)
+    }
 }
 
 #[cfg(test)]

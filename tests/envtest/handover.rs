@@ -6,8 +6,8 @@
 //! operator's own `hashing::Placement`, checked against the real library in tests/hashing.rs) and speaks
 //! the text protocol (`set` with `noreply`, multi-key `get`), pipelined per server.
 //!
-//! Also: a rollout of servers that require TLS (with client certificates) and authentication, a copy
-//! out of time, a target that refuses connections (both end cold and the rollout goes on), an operator
+//! Also: a rollout of servers that require TLS (with client certificates) and authentication, a rollout
+//! changed again midway, a copy out of time, a target that refuses connections (both end cold and the rollout goes on), an operator
 //! restart mid-copy.
 
 use std::collections::BTreeMap;
@@ -446,6 +446,52 @@ async fn plain_get_fails(address: &str) -> bool {
     let mut answer = Vec::new();
     let read = tokio::time::timeout(Duration::from_secs(5), conn.read_to_end(&mut answer)).await;
     !matches!(read, Ok(Ok(_))) || !answer.starts_with(b"VERSION")
+}
+
+/// A template changed again mid-rollout leaves two old ReplicaSets, and the Deployment controller removes
+/// the oldest one's pods first: each copy must read the pod that goes next, or a new server takes the slot
+/// of a pod nobody copied.
+#[tokio::test]
+async fn a_rollout_changed_again_midway_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("handover-interrupted", &[]).await else {
+        return;
+    };
+    // About 5 000 items of 100 bytes per server at 64 KiB/s: each copy takes about 8 s, so the second
+    // change lands while the first rollout is under way.
+    let handover = json!({"maxBytesPerSecond": 65536});
+    apply(&s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let old = settled_servers(&s, SIZE, &[], Duration::from_secs(90)).await;
+    fill(&old, 100).await;
+    assert_eq!(hits(&old, 100).await, KEYS, "every key is stored first");
+    apply(&s, "cache", spec(SIZE, 65, handover.clone())).await;
+    let started = Instant::now();
+    let first = wait_for(
+        "the first server handed over",
+        Duration::from_secs(120),
+        || async {
+            let handed = notes(&s, "HandedOver").await;
+            handed.first().cloned().ok_or_else(|| "none yet".to_owned())
+        },
+    )
+    .await;
+    s.step(&format!(
+        "{first}; changing -m again (a second rollout over the first)"
+    ));
+    apply(&s, "cache", spec(SIZE, 66, handover)).await;
+    let new = settled_servers(&s, SIZE, &old, Duration::from_secs(400)).await;
+    let took = started.elapsed();
+    let read = hits(&new, 100).await;
+    let handed = notes(&s, "HandedOver").await;
+    let failed = notes(&s, "HandoverFailed").await;
+    s.step(&format!(
+        "both rollouts settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
+         {handed:#?}; HandoverFailed: {failed:#?}",
+        took.as_secs_f64()
+    ));
+    assert!(
+        read as f64 >= 0.95 * KEYS as f64,
+        "{read} of {KEYS} keys hit after the interrupted rollout"
+    );
 }
 
 #[tokio::test]

@@ -201,3 +201,36 @@ fn terminating_or_unready_old_pods_are_no_source() {
         }]
     );
 }
+
+#[test]
+fn after_an_interrupted_rollout_a_surge_pod_takes_over_from_the_oldest_replica_set_first() {
+    // Slot 0 went to the interrupted rollout's template ("mid"); the template changed again ("new"). The
+    // Deployment controller removes the oldest ReplicaSet's pods first, so the copy reads one of those.
+    let pods = [
+        ready("m0", "mid", 5),
+        ready("a", "old", 1),
+        ready("b", "old", 2),
+        waiting("n", 9),
+    ];
+    let servers = slots(&["m0", "a", "b"]);
+    assert_eq!(
+        takeovers(&servers, &pods, &BTreeMap::new()),
+        [Takeover {
+            pod: "n".into(),
+            source: Some((1, "a".into()))
+        }]
+    );
+    // Once the oldest ReplicaSet is gone, the next one's pods are the sources.
+    let pods = [
+        ready("m0", "mid", 5),
+        ready("n1", "new", 9),
+        waiting("n", 10),
+    ];
+    assert_eq!(
+        takeovers(&slots(&["m0", "n1"]), &pods, &BTreeMap::new()),
+        [Takeover {
+            pod: "n".into(),
+            source: Some((0, "m0".into()))
+        }]
+    );
+}

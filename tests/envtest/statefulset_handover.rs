@@ -160,6 +160,51 @@ async fn a_statefulset_rollout_keeps_the_keys_warm() {
     );
 }
 
+/// A template changed again once the first server was handed over: the servers already on the first
+/// change's revision are replaced again, through the spare as well.
+#[tokio::test]
+async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
+    let Some(s) = Scenario::start_with_memcached("sts-handover-interrupted", &[]).await else {
+        return;
+    };
+    // About 5 000 items of 100 bytes per server at 256 KiB/s: each copy takes about 2 s, so the second
+    // change lands while the first rollout is under way.
+    let handover = json!({"maxBytesPerSecond": 262144});
+    apply(&s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let (old, uids) = settled_addresses(&s, SIZE, &BTreeSet::new(), Duration::from_secs(90)).await;
+    fill(&old, 100).await;
+    assert_eq!(hits(&old, 100).await, KEYS, "every key is stored first");
+    apply(&s, "cache", spec(SIZE, 65, handover.clone())).await;
+    let started = Instant::now();
+    let first = wait_for(
+        "the first server handed over",
+        Duration::from_secs(120),
+        || async {
+            let handed = notes(&s, "HandedOver").await;
+            handed.first().cloned().ok_or_else(|| "none yet".to_owned())
+        },
+    )
+    .await;
+    s.step(&format!(
+        "{first}; changing -m again (a second rollout over the first)"
+    ));
+    apply(&s, "cache", spec(SIZE, 66, handover)).await;
+    let (new, _) = settled_addresses(&s, SIZE, &uids, Duration::from_secs(300)).await;
+    let took = started.elapsed();
+    let read = hits(&new, 100).await;
+    let handed = notes(&s, "HandedOver").await;
+    let failed = notes(&s, "HandoverFailed").await;
+    s.step(&format!(
+        "both rollouts settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
+         {handed:#?}; HandoverFailed: {failed:#?}",
+        took.as_secs_f64()
+    ));
+    assert!(
+        read * 100 >= KEYS * 95,
+        "{read} of {KEYS} keys hit after the interrupted rollout"
+    );
+}
+
 #[tokio::test]
 async fn without_a_handover_a_statefulset_rollout_starts_its_servers_empty() {
     let Some(s) = Scenario::start_with_memcached("sts-handover-off", &[]).await else {

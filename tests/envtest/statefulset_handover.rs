@@ -160,8 +160,8 @@ async fn a_statefulset_rollout_keeps_the_keys_warm() {
     );
 }
 
-/// A template changed again once the first server was handed over: the servers already on the first
-/// change's revision are replaced again, through the spare as well.
+/// An image change, then a memcached flag changed once the first server was handed over: the servers
+/// already on the first change's revision are replaced again, through the spare as well.
 #[tokio::test]
 async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
     let Some(s) = Scenario::start_with_memcached("sts-handover-interrupted", &[]).await else {
@@ -170,11 +170,17 @@ async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
     // About 5 000 items of 100 bytes per server at 256 KiB/s: each copy takes about 2 s, so the second
     // change lands while the first rollout is under way.
     let handover = json!({"maxBytesPerSecond": 262144});
-    apply(&s, "cache", spec(SIZE, 64, handover.clone())).await;
+    let spec = |memory: i64, image: &str| {
+        let mut spec = spec(SIZE, memory, handover.clone());
+        spec["image"] = image.into();
+        spec
+    };
+    apply(&s, "cache", spec(64, "memcached:1.6.18")).await;
     let (old, uids) = settled_addresses(&s, SIZE, &BTreeSet::new(), Duration::from_secs(90)).await;
     fill(&old, 100).await;
     assert_eq!(hits(&old, 100).await, KEYS, "every key is stored first");
-    apply(&s, "cache", spec(SIZE, 65, handover.clone())).await;
+    s.step("changing the image (a rollout)");
+    apply(&s, "cache", spec(64, "memcached:1.6.19")).await;
     let started = Instant::now();
     let first = wait_for(
         "the first server handed over",
@@ -186,9 +192,9 @@ async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
     )
     .await;
     s.step(&format!(
-        "{first}; changing -m again (a second rollout over the first)"
+        "{first}; changing -m (a second rollout over the first)"
     ));
-    apply(&s, "cache", spec(SIZE, 66, handover)).await;
+    apply(&s, "cache", spec(65, "memcached:1.6.19")).await;
     let (new, _) = settled_addresses(&s, SIZE, &uids, Duration::from_secs(300)).await;
     let took = started.elapsed();
     let read = hits(&new, 100).await;

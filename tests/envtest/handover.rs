@@ -448,6 +448,35 @@ async fn plain_get_fails(address: &str) -> bool {
     !matches!(read, Ok(Ok(_))) || !answer.starts_with(b"VERSION")
 }
 
+/// The note of the instance's first `HandedOver` event, once there is one: a rollout is under way.
+pub async fn first_handed_over(s: &Scenario) -> String {
+    wait_for(
+        "the first server handed over",
+        Duration::from_secs(120),
+        || async {
+            let handed = notes(s, "HandedOver").await;
+            handed.first().cloned().ok_or_else(|| "none yet".to_owned())
+        },
+    )
+    .await
+}
+
+/// Says how a rollout changed again midway ended (`read` keys hit on `new` after `took`), and requires
+/// at least 95 % of the keys.
+pub async fn after_both_rollouts(s: &Scenario, new: &[String], read: usize, took: Duration) {
+    let handed = notes(s, "HandedOver").await;
+    let failed = notes(s, "HandoverFailed").await;
+    s.step(&format!(
+        "both rollouts settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
+         {handed:#?}; HandoverFailed: {failed:#?}",
+        took.as_secs_f64()
+    ));
+    assert!(
+        read as f64 >= 0.95 * KEYS as f64,
+        "{read} of {KEYS} keys hit after the interrupted rollout"
+    );
+}
+
 /// A template changed again mid-rollout leaves two old ReplicaSets, and the Deployment controller removes
 /// the oldest one's pods first: each copy must read the pod that goes next, or a new server takes the slot
 /// of a pod nobody copied.
@@ -465,15 +494,7 @@ async fn a_rollout_changed_again_midway_keeps_the_keys_warm() {
     assert_eq!(hits(&old, 100).await, KEYS, "every key is stored first");
     apply(&s, "cache", spec(SIZE, 65, handover.clone())).await;
     let started = Instant::now();
-    let first = wait_for(
-        "the first server handed over",
-        Duration::from_secs(120),
-        || async {
-            let handed = notes(&s, "HandedOver").await;
-            handed.first().cloned().ok_or_else(|| "none yet".to_owned())
-        },
-    )
-    .await;
+    let first = first_handed_over(&s).await;
     s.step(&format!(
         "{first}; changing -m again (a second rollout over the first)"
     ));
@@ -481,17 +502,7 @@ async fn a_rollout_changed_again_midway_keeps_the_keys_warm() {
     let new = settled_servers(&s, SIZE, &old, Duration::from_secs(400)).await;
     let took = started.elapsed();
     let read = hits(&new, 100).await;
-    let handed = notes(&s, "HandedOver").await;
-    let failed = notes(&s, "HandoverFailed").await;
-    s.step(&format!(
-        "both rollouts settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
-         {handed:#?}; HandoverFailed: {failed:#?}",
-        took.as_secs_f64()
-    ));
-    assert!(
-        read as f64 >= 0.95 * KEYS as f64,
-        "{read} of {KEYS} keys hit after the interrupted rollout"
-    );
+    after_both_rollouts(&s, &new, read, took).await;
 }
 
 #[tokio::test]

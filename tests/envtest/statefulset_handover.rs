@@ -15,7 +15,10 @@ use kube::ResourceExt;
 use kube::api::ListParams;
 use serde_json::{Value, json};
 
-use crate::handover::{KEYS, fill, handover_metrics, hits, notes, restart_while_handing_over};
+use crate::handover::{
+    KEYS, after_both_rollouts, fill, first_handed_over, handover_metrics, hits, notes,
+    restart_while_handing_over,
+};
 use crate::instances::{apply, conditions, memcacheds, pods, settled};
 use crate::{Scenario, wait_for};
 
@@ -182,15 +185,7 @@ async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
     s.step("changing the image (a rollout)");
     apply(&s, "cache", spec(64, "memcached:1.6.19")).await;
     let started = Instant::now();
-    let first = wait_for(
-        "the first server handed over",
-        Duration::from_secs(120),
-        || async {
-            let handed = notes(&s, "HandedOver").await;
-            handed.first().cloned().ok_or_else(|| "none yet".to_owned())
-        },
-    )
-    .await;
+    let first = first_handed_over(&s).await;
     s.step(&format!(
         "{first}; changing -m (a second rollout over the first)"
     ));
@@ -198,17 +193,7 @@ async fn a_statefulset_rollout_changed_again_midway_keeps_the_keys_warm() {
     let (new, _) = settled_addresses(&s, SIZE, &uids, Duration::from_secs(300)).await;
     let took = started.elapsed();
     let read = hits(&new, 100).await;
-    let handed = notes(&s, "HandedOver").await;
-    let failed = notes(&s, "HandoverFailed").await;
-    s.step(&format!(
-        "both rollouts settled in {:.1} s on {new:?}: {read} of {KEYS} keys hit; HandedOver: \
-         {handed:#?}; HandoverFailed: {failed:#?}",
-        took.as_secs_f64()
-    ));
-    assert!(
-        read * 100 >= KEYS * 95,
-        "{read} of {KEYS} keys hit after the interrupted rollout"
-    );
+    after_both_rollouts(&s, &new, read, took).await;
 }
 
 #[tokio::test]

@@ -58,6 +58,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedServerUnreadable",
         "MemcachedStatsReadsFailing",
         "MemcachedInstanceDegraded",
+        "MemcachedHandoverFailed",
         "MemcachedOperatorReconcileErrors",
         "MemcachedOperatorAPIServerUnreachable",
         "MemcachedOperatorNoLeader",

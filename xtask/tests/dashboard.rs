@@ -153,6 +153,11 @@ fn dashboard_draws_the_instances_and_the_operator() {
         "memcached_operator_api_available",                     // API availability
         "memcached_operator_watch_errors_total",                // watch errors
         "memcached_operator_leader",                            // leader
+        "memcached_operator_handover_items_total",              // handover items by outcome
+        "memcached_operator_handover_bytes_total",              // handover bytes copied
+        "memcached_operator_handover_seconds_total",            // time spent copying
+        "memcached_operator_handovers_total",                   // handovers finished
+        "memcached_operator_handover_failures_total",           // handover failures by reason
     ] {
         assert!(used.contains(metric), "no panel draws {metric}");
     }

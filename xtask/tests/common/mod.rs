@@ -5,6 +5,7 @@ use serde_json::{Value, json};
 
 pub mod helm;
 pub mod promql;
+pub mod promtool;
 
 // The repository helpers of the operator's tests, shared rather than copied.
 #[path = "../../../tests/common/files.rs"]

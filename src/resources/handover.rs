@@ -180,12 +180,11 @@ pub struct Takeover {
 
 /// What each waiting pod takes over, oldest first. A waiting pod without a slot is a rollout's surge pod:
 /// it takes over the lowest slot held by a ready, live pod of the oldest other ReplicaSet (the Deployment
-/// controller scales down only old ReplicaSets, the oldest first: see [`oldest_first`]) that no other copy
-/// reads. A waiting pod that holds a slot
-/// took a vacant one (a scale-up, or its old pod went first), and a surge pod without such a slot left
-/// has no server to take over from either: both are listed without a source, so that their gates open
-/// instead of holding them forever. `running` maps the pods whose copy runs (left out) to their sources
-/// (read by no other copy).
+/// controller scales down only old ReplicaSets, the oldest first: see `oldest_first`) that no other copy
+/// reads. A waiting pod that holds a slot took a vacant one (a scale-up, or its old pod went first), and a
+/// surge pod without such a slot left has no server to take over from either: both are listed without a
+/// source, so that their gates open instead of holding them forever. `running` maps the pods whose copy
+/// runs (left out) to their sources (read by no other copy).
 pub fn takeovers(
     servers: &[Server],
     pods: &[Candidate],

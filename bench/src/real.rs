@@ -482,22 +482,16 @@ impl<'a> Written<'a> {
     /// Per instance, seconds from its create's answer to the answer to the operator's first successful
     /// write that `is`.
     fn after_create(&self, is: impl Fn(&AuditEvent) -> bool) -> Option<Delays> {
-        let mut first: HashMap<&str, Timestamp> = HashMap::new();
+        let mut first: HashMap<&str, f64> = HashMap::new();
         for e in self.writes.iter().filter(|e| e.code < 300 && is(e)) {
-            if let (Some(at), true) = (e.completed, self.created.contains_key(e.name.as_str())) {
-                let earliest = first.entry(e.name.as_str()).or_insert(at);
-                *earliest = (*earliest).min(at);
-            }
+            let (Some(at), Some(created)) = (e.completed, self.created.get(e.name.as_str())) else {
+                continue;
+            };
+            let delay = at.duration_since(*created).as_secs_f64().max(0.0);
+            let earliest = first.entry(e.name.as_str()).or_insert(delay);
+            *earliest = earliest.min(delay);
         }
-        Delays::of(
-            first
-                .iter()
-                .filter_map(|(name, at)| {
-                    let created = self.created.get(name)?;
-                    Some(at.duration_since(*created).as_secs_f64().max(0.0))
-                })
-                .collect(),
-        )
+        Delays::of(first.into_values().collect())
     }
 }
 

@@ -122,7 +122,18 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let shutdown = shutdown.boxed().shared();
-    let watch_client = watch_client(config.clone(), metrics.clone(), connectivity.clone())?;
+    // The client of the watches: made as `client` was, but its own, so its own HTTP/2 connection, apart
+    // from the one that writes. On one connection the watches shared the API server's handling of it
+    // with a burst's writes, fell behind their events, and were closed by the server as unresponsive
+    // (its watch cache gives each watcher a few events' room and a fraction of a second), to be
+    // reopened, each a request, while the instances they were bringing in waited. Measured with `make
+    // bench-real` (300 new instances, a real v1.28.7 API server on 2 shared cores, 2026-11-26): with
+    // the watches on the writes' connection they were reopened 17 to 25 times during the burst
+    // (7.06-7.08 requests per instance; the Memcached watch 5 to 7 times, while the garbage collector's
+    // and the bench's watches of Memcacheds were never closed); on a connection of their own, 1 to 5
+    // reopenings over six runs (7.00-7.02 requests per instance), in moments when the server also
+    // closed other clients' watches. It costs one TLS connection more (about 80 KB).
+    let watch_client = self::client(config.clone(), metrics.clone(), connectivity.clone())?;
     let watches = controller::watch(
         &watch_client,
         &metrics,
@@ -226,25 +237,6 @@ async fn config() -> anyhow::Result<Config> {
     // bounded (see `client`).
     config.default_retry = false;
     Ok(config)
-}
-
-/// The client of the watches: the same as [`client`], but its own, so its own HTTP/2 connection, apart
-/// from the one that writes. On one connection the watches shared the API server's handling of it with a
-/// burst's writes, fell behind their events, and were closed by the server as unresponsive (its watch
-/// cache gives each watcher a few events' room and a fraction of a second), to be reopened, each a
-/// request, while the instances they were bringing in waited. Measured with `make bench-real` (300 new
-/// instances, a real v1.28.7 API server on 2 shared cores, 2026-11-26): with the watches on the writes'
-/// connection they were reopened 17 to 25 times during the burst (7.06-7.08 requests per instance; the
-/// Memcached watch 5 to 7 times, while the garbage collector's and the bench's watches of Memcacheds were
-/// never closed); on a connection of their own, 1 to 5 reopenings over six runs (7.00-7.02 requests per
-/// instance), in moments when the server also closed other clients' watches. It costs one TLS connection
-/// more (about 80 KB).
-fn watch_client(
-    config: Config,
-    metrics: Arc<Metrics>,
-    observer: impl Observer,
-) -> anyhow::Result<Client> {
-    client(config, metrics, observer)
 }
 
 /// A kube client (over HTTP/2 where the API server offers it: see [`transport`]) whose every request is

@@ -171,3 +171,32 @@ fn what_the_check_admits_memcached_parses() {
         accepted(&binary, list).unwrap_or_else(|out| panic!("{list:?}: {out}"));
     }
 }
+
+/// The table says which `-o` sub-options need `name=value` exactly as the binary behaves: without a value
+/// those exit ("Missing ... argument") or crash, the others start (here: reach `-V`, print and exit 0).
+#[test]
+fn a_sub_option_needs_a_value_exactly_when_memcached_stops_without_one() {
+    let Some(binary) = common::memcached::real_binary() else {
+        return;
+    };
+    for sub in SUB_OPTIONS
+        .iter()
+        .filter(|s| s.policy == memcached_operator::api::flags::Policy::Allowed)
+    {
+        let out = Command::new(&binary)
+            .args(["-o", sub.name, "-V"])
+            .output()
+            .expect("memcached runs");
+        let started =
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("memcached ");
+        assert_eq!(
+            !started,
+            sub.needs_value,
+            "-o {} without a value: exit {:?}, {}{}",
+            sub.name,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}

@@ -77,8 +77,9 @@ pub struct MemcachedConfig {
     /// memcached reads them (bundled letters, attached values, abbreviated long names, `-o` lists), they
     /// may not set an option the operator manages or that stops memcached serving (-p -U -l -s -a -A -Z
     /// -S -Y -m -c -t -I -v -d -u -P -e -h -i -V, the ssl_* and ext_path -o sub-options), nor an option
-    /// memcached does not know, nor a positional argument; such a spec is refused at admission and
-    /// reported as Degraded with reason InvalidConfig.
+    /// memcached does not know, nor a positional argument, nor a -o sub-option without the value it needs
+    /// (-o hashpower); the CRD's rule refuses such a spec at admission where it can see it, and the
+    /// operator reports it as Degraded with reason InvalidConfig and rolls nothing out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 256)))]
     pub extra_args: Vec<String>,

@@ -57,6 +57,7 @@ mod drain;
 mod drift;
 mod handover;
 mod instances;
+mod invalid_args;
 mod leader;
 mod metrics;
 mod namespaced;

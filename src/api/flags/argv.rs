@@ -44,6 +44,14 @@ pub enum FlagError {
         name: String,
     },
     #[error(
+        "extraArgs[{index}] {arg:?}: the -o sub-option {name} needs a value, as {name}=<value> (memcached would exit)"
+    )]
+    SubOptionValueMissing {
+        index: usize,
+        arg: String,
+        name: String,
+    },
+    #[error(
         "extraArgs[{index}] {arg:?} is ambiguous: it abbreviates {candidates} (memcached would exit)"
     )]
     Ambiguous {
@@ -189,10 +197,20 @@ fn sub_options(flag: &Flag, value: Option<&str>, index: usize, arg: &str) -> Res
         return Ok(());
     };
     for item in value.split(',') {
-        let name = item.split('=').next().unwrap_or_default();
-        match sub_option(name).map(|s| s.policy) {
-            Some(Policy::Allowed) => {}
-            Some(Policy::Refused(why)) => {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (item, None),
+        };
+        match sub_option(name).map(|s| (s.policy, s.needs_value)) {
+            Some((Policy::Allowed, true)) if value.is_none_or(str::is_empty) => {
+                return Err(FlagError::SubOptionValueMissing {
+                    index,
+                    arg: arg.to_owned(),
+                    name: name.to_owned(),
+                });
+            }
+            Some((Policy::Allowed, _)) => {}
+            Some((Policy::Refused(why), _)) => {
                 return Err(FlagError::RefusedSubOption {
                     index,
                     arg: arg.to_owned(),

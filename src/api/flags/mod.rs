@@ -57,6 +57,9 @@ impl Flag {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SubOption {
     pub name: &'static str,
+    /// Whether it must be written `name=value`: memcached 1.6.18 exits without one ("Missing ...
+    /// argument"), or crashes (`slab_sizes`, `sock_cookie_id`). The others ignore a value.
+    pub needs_value: bool,
     pub policy: Policy,
 }
 
@@ -207,8 +210,22 @@ pub const FLAGS: &[Flag] = &[
     flag(Some('N'), Some("napi-ids"), Required, Allowed),
 ];
 
+/// A sub-option written alone (`-o modern`): a value, if any, is ignored.
 const fn sub(name: &'static str, policy: Policy) -> SubOption {
-    SubOption { name, policy }
+    SubOption {
+        name,
+        needs_value: false,
+        policy,
+    }
+}
+
+/// A sub-option that needs `=value` (`-o hashpower=20`).
+const fn valued(name: &'static str, policy: Policy) -> SubOption {
+    SubOption {
+        name,
+        needs_value: true,
+        policy,
+    }
 }
 
 /// memcached 1.6's `-o` sub-options (its `subopts_tokens`, plus the `ext_*` ones extstore reads), as
@@ -218,28 +235,28 @@ const fn sub(name: &'static str, policy: Policy) -> SubOption {
 /// without `ext_path`, so they are harmless and allowed.
 pub const SUB_OPTIONS: &[SubOption] = &[
     sub("maxconns_fast", Allowed),
-    sub("hashpower", Allowed),
+    valued("hashpower", Allowed),
     sub("no_hashexpand", Allowed),
     sub("slab_reassign", Allowed),
     sub("slab_automove", Allowed),
-    sub("slab_automove_ratio", Allowed),
-    sub("slab_automove_window", Allowed),
-    sub("tail_repair_time", Allowed),
-    sub("hash_algorithm", Allowed),
+    valued("slab_automove_ratio", Allowed),
+    valued("slab_automove_window", Allowed),
+    valued("tail_repair_time", Allowed),
+    valued("hash_algorithm", Allowed),
     sub("lru_crawler", Allowed),
-    sub("lru_crawler_sleep", Allowed),
-    sub("lru_crawler_tocrawl", Allowed),
+    valued("lru_crawler_sleep", Allowed),
+    valued("lru_crawler_tocrawl", Allowed),
     sub("lru_maintainer", Allowed),
-    sub("hot_lru_pct", Allowed),
-    sub("warm_lru_pct", Allowed),
-    sub("hot_max_factor", Allowed),
-    sub("warm_max_factor", Allowed),
-    sub("temporary_ttl", Allowed),
-    sub("idle_timeout", Allowed),
-    sub("watcher_logbuf_size", Allowed),
-    sub("worker_logbuf_size", Allowed),
-    sub("slab_sizes", Allowed),
-    sub("slab_chunk_max", Allowed),
+    valued("hot_lru_pct", Allowed),
+    valued("warm_lru_pct", Allowed),
+    valued("hot_max_factor", Allowed),
+    valued("warm_max_factor", Allowed),
+    valued("temporary_ttl", Allowed),
+    valued("idle_timeout", Allowed),
+    valued("watcher_logbuf_size", Allowed),
+    valued("worker_logbuf_size", Allowed),
+    valued("slab_sizes", Allowed),
+    valued("slab_chunk_max", Allowed),
     sub("track_sizes", Allowed),
     sub("no_inline_ascii_resp", Allowed),
     sub("inline_ascii_resp", Allowed),
@@ -254,8 +271,8 @@ pub const SUB_OPTIONS: &[SubOption] = &[
     sub("drop_privileges", Allowed),
     sub("no_drop_privileges", Allowed),
     sub("resp_obj_mem_limit", Allowed),
-    sub("read_buf_mem_limit", Allowed),
-    sub("sock_cookie_id", Allowed),
+    valued("read_buf_mem_limit", Allowed),
+    valued("sock_cookie_id", Allowed),
     sub("ssl_chain_cert", TLS),
     sub("ssl_key", TLS),
     sub("ssl_verify_mode", TLS),
@@ -272,20 +289,20 @@ pub const SUB_OPTIONS: &[SubOption] = &[
             "extstore needs a writable file; the container's root filesystem is read-only and the operator mounts no volume for it",
         ),
     ),
-    sub("ext_page_size", Allowed),
-    sub("ext_wbuf_size", Allowed),
-    sub("ext_threads", Allowed),
-    sub("ext_io_depth", Allowed),
-    sub("ext_item_size", Allowed),
-    sub("ext_item_age", Allowed),
-    sub("ext_low_ttl", Allowed),
-    sub("ext_recache_rate", Allowed),
-    sub("ext_compact_under", Allowed),
-    sub("ext_drop_under", Allowed),
-    sub("ext_max_sleep", Allowed),
-    sub("ext_max_frag", Allowed),
+    valued("ext_page_size", Allowed),
+    valued("ext_wbuf_size", Allowed),
+    valued("ext_threads", Allowed),
+    valued("ext_io_depth", Allowed),
+    valued("ext_item_size", Allowed),
+    valued("ext_item_age", Allowed),
+    valued("ext_low_ttl", Allowed),
+    valued("ext_recache_rate", Allowed),
+    valued("ext_compact_under", Allowed),
+    valued("ext_drop_under", Allowed),
+    valued("ext_max_sleep", Allowed),
+    valued("ext_max_frag", Allowed),
     sub("ext_drop_unread", Allowed),
-    sub("slab_automove_freeratio", Allowed),
+    valued("slab_automove_freeratio", Allowed),
 ];
 
 /// The option whose letter is `c`.

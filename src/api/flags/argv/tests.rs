@@ -130,6 +130,35 @@ fn ambiguous_prefixes_missing_and_unexpected_values_are_refused() {
 }
 
 #[test]
+fn a_sub_option_that_needs_a_value_is_refused_without_one() {
+    for args in [
+        &["-o", "hashpower"][..],
+        &["-o", "hashpower="],
+        &["-o", "modern,idle_timeout"],
+        &["-oslab_sizes"],
+        &["--extended=sock_cookie_id"],
+    ] {
+        assert!(
+            matches!(refused(args), FlagError::SubOptionValueMissing { .. }),
+            "{args:?}"
+        );
+    }
+    let error = refused(&["-o", "modern,hashpower"]);
+    assert_eq!(
+        error.to_string(),
+        "extraArgs[1] \"modern,hashpower\": the -o sub-option hashpower needs a value, as \
+         hashpower=<value> (memcached would exit)"
+    );
+    for args in [
+        &["-o", "hashpower=20"][..],
+        &["-o", "modern,idle_timeout=600,slab_automove"],
+        &["-o", "slab_automove=1"],
+    ] {
+        assert_eq!(check(&self::args(args)), Ok(()), "{args:?}");
+    }
+}
+
+#[test]
 fn positional_arguments_and_end_of_options_are_refused() {
     assert!(matches!(
         refused(&["lru_crawler"]),

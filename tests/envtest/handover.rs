@@ -7,8 +7,8 @@
 //! the text protocol (`set` with `noreply`, multi-key `get`), pipelined per server.
 //!
 //! Also: a rollout of servers that require TLS (with client certificates) and authentication, a rollout
-//! changed again midway, a copy out of time, a target that refuses connections (both end cold and the rollout goes on), an operator
-//! restart mid-copy.
+//! changed again midway, a copy out of time, a target that refuses connections (both end cold and the
+//! rollout goes on), an operator restart mid-copy.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -91,6 +91,7 @@ async fn connect(access: &Access, address: &str) -> BufReader<Stream> {
         .unwrap_or_else(|e| panic!("connecting to {address}: {e}"))
         .stream
 }
+
 /// Stores every key on its server under jump hash (values of `len` bytes, no expiry).
 pub async fn fill(servers: &[String], len: usize) {
     fill_placed(Scheme::Jump, &Access::plain(), servers, len).await;
@@ -401,7 +402,7 @@ async fn a_rollout_of_servers_requiring_tls_and_authentication_keeps_the_keys_wa
     let access = secured_access(&s, &ca).await;
     // Plain TCP reaches nothing: every server requires TLS.
     assert!(
-        plain_get_fails(&old[0]).await,
+        plain_text_unanswered(&old[0]).await,
         "{} answers plain text",
         old[0]
     );
@@ -436,7 +437,7 @@ async fn a_rollout_of_servers_requiring_tls_and_authentication_keeps_the_keys_wa
 
 /// Whether a plain-text `version` to `address` goes unanswered (a TLS listener takes it for a broken
 /// handshake and closes).
-async fn plain_get_fails(address: &str) -> bool {
+async fn plain_text_unanswered(address: &str) -> bool {
     let Ok(mut conn) = TcpStream::connect(address).await else {
         return true;
     };

@@ -58,7 +58,8 @@ impl Flag {
 pub struct SubOption {
     pub name: &'static str,
     /// Whether it must be written `name=value`: memcached 1.6.18 exits without one ("Missing ...
-    /// argument"), or crashes (`slab_sizes`, `sock_cookie_id`). The others ignore a value.
+    /// argument"), or crashes (`slab_sizes`, `sock_cookie_id`); the others ignore a value. Recorded for
+    /// the allowed ones only: a refused one is refused with or without a value.
     pub needs_value: bool,
     pub policy: Policy,
 }

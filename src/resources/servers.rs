@@ -94,8 +94,14 @@ impl Member {
 }
 
 /// Deployment slots `0 … count-1`. A slot keeps its pod (from `previous`) while that pod exists and is
-/// not terminating; vacant slots, lowest first, take the oldest unassigned live pods (ties by name). A
-/// slot's address follows its pod only while the pod is ready; otherwise the last published address stays.
+/// not terminating; vacant slots, lowest first, take the unassigned live pods, ready ones first, then the
+/// oldest (ties by name). A slot's address follows its pod only while the pod is ready; otherwise the
+/// last published address stays.
+///
+/// Ready first: in a warm rollout the pod whose copy filled a slot is ready when that slot's old pod
+/// goes, while the next surge pod already waits behind its gate, and creation times have whole seconds,
+/// so both can look as old. By age and name alone the waiting pod took the slot (seen on v1.28.7 in a
+/// rollout whose copies ended at once), so the items copied for it were on a pod that took another slot.
 pub fn assign_deployment(
     previous: &[Server],
     members: &[Member],
@@ -122,7 +128,12 @@ pub fn assign_deployment(
         .collect();
     // A pod without a creation time (never from a real server) counts as the newest.
     free.sort_by(|a, b| {
-        (a.created.is_none(), a.created, &a.name).cmp(&(b.created.is_none(), b.created, &b.name))
+        (!a.ready, a.created.is_none(), a.created, &a.name).cmp(&(
+            !b.ready,
+            b.created.is_none(),
+            b.created,
+            &b.name,
+        ))
     });
     let mut free = free.into_iter();
     for slot in slots.iter_mut().filter(|s| s.is_none()) {

@@ -606,6 +606,12 @@ async fn an_operator_restart_mid_copy_starts_a_fresh_copy() {
 /// The new servers refuse connections (their image is one the stand-in kubelet runs no server for, see
 /// `envtest::kubelet::image`): each copy fails at once on the target, says so in a Warning event, and
 /// the rollout goes on without waiting for the copies' time bound.
+///
+/// Each new server either had a copy, which failed (gate reason `Failed`, one Warning each), or took a
+/// slot its old server had left before any copy began (`NothingToCopy`: the ReplicaSet controller
+/// removes an old pod it sees not ready before the one marked as the copy's source). Before vacant slots
+/// went to ready pods first (`resources::servers::assign_deployment`), a surge pod still waiting could
+/// also take the slot a copy had just been made for: 3 and 2 Warnings in 2 of 8 runs under load.
 #[tokio::test]
 async fn a_handover_whose_target_refuses_connections_ends_cold_and_the_rollout_proceeds() {
     let Some(s) = Scenario::start_with_memcached("handover-refused", &[]).await else {
@@ -630,10 +636,37 @@ async fn a_handover_whose_target_refuses_connections_ends_cold_and_the_rollout_p
         "rollout settled in {:.1} s on {new:?}; HandoverFailed events: {failed:#?}",
         took.as_secs_f64()
     ));
+    let selector = ListParams::default().labels("app.kubernetes.io/instance=cache");
+    let gates: Vec<String> = crate::instances::pods(&s)
+        .list(&selector)
+        .await
+        .expect("the pods")
+        .items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| {
+            let conditions = p.status.as_ref()?.conditions.as_ref()?;
+            let gate = conditions
+                .iter()
+                .find(|c| c.type_ == memcached_operator::resources::handover::GATE)?;
+            Some(gate.reason.clone().unwrap_or_default())
+        })
+        .collect();
+    s.step(&format!("the new pods' gate reasons: {gates:?}"));
+    assert_eq!(
+        gates.len(),
+        SIZE,
+        "every new pod passed its gate: {gates:?}"
+    );
+    let copied = gates.iter().filter(|r| *r == "Failed").count();
+    assert!(
+        gates.iter().all(|r| r == "Failed" || r == "NothingToCopy") && copied >= 1,
+        "each new server's copy failed, or it took a vacant slot: {gates:?}"
+    );
     assert_eq!(
         failed.len(),
-        SIZE,
-        "one Warning per replaced server: {failed:#?}"
+        copied,
+        "one Warning per failed copy: {failed:#?}"
     );
     assert!(
         failed.iter().all(

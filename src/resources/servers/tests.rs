@@ -100,6 +100,29 @@ fn a_replacement_keeps_the_old_address_until_ready_and_others_do_not_move() {
 }
 
 #[test]
+fn a_vacant_slot_goes_to_a_ready_pod_before_one_still_waiting() {
+    // Slot 1's old pod went; "r" (ready: its copy of slot 1 is done) and "q" (the next surge pod,
+    // waiting behind its gate) were created in the same second, and "q" sorts first by name.
+    let mut b = member("b", "10.0.0.2", true, 1);
+    b.terminating = true;
+    let pods = [
+        member("a", "10.0.0.1", true, 1),
+        b,
+        member("c", "10.0.0.3", true, 1),
+        member("r", "10.0.0.8", true, 50),
+        member("q", "10.0.0.9", false, 50),
+    ];
+    assert_eq!(
+        assign_deployment(&three(), &pods, 3, 11211),
+        [
+            server(0, "a", "10.0.0.1:11211", true),
+            server(1, "r", "10.0.0.8:11211", true),
+            server(2, "c", "10.0.0.3:11211", true),
+        ]
+    );
+}
+
+#[test]
 fn scale_up_appends_slots_and_scale_down_drops_the_highest() {
     let mut pods = vec![
         member("a", "10.0.0.1", true, 1),

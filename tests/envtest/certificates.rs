@@ -12,12 +12,12 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::ListParams;
 use kube::{Api, ResourceExt};
 use memcached_operator::telemetry::client::{
-    CertificateDigest, Credentials, ServerNames, Target, TlsClient, TlsMaterial, read,
+    CertificateDigest, Credentials, ServerNames, Target, read,
 };
 use serde_json::json;
 
 use crate::instances::{apply, pods, wait_settled};
-use crate::secrets::{auth_secret, reissue_tls_secret, tls_secrets};
+use crate::secrets::{auth_secret, client_tls, reissue_tls_secret, tls_secrets};
 use crate::{Scenario, wait_for};
 
 #[tokio::test]
@@ -85,18 +85,7 @@ async fn a_rotated_certificate_is_reloaded_without_restarting_a_pod() {
     let running = pods(&s).list(&selector).await.expect("pods").items;
     assert_eq!(uids(running.clone()), pods_before, "no pod was replaced");
     // Mutual TLS: a client certificate is needed; the operator's own is in rot-client.
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(s.client.clone(), &ns);
-    let identity = secrets
-        .get("rot-client")
-        .await
-        .expect("rot-client")
-        .data
-        .expect("data");
-    let tls = TlsClient::new(&TlsMaterial {
-        ca: Some(ca.pem().into_bytes()),
-        client_identity: Some((identity["tls.crt"].0.clone(), identity["tls.key"].0.clone())),
-    })
-    .expect("a TLS client");
+    let tls = client_tls(&s, "rot-client", &ca).await;
     for pod in &running {
         let ip = pod
             .status

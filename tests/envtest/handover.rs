@@ -18,16 +18,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
-use memcached_operator::connection::{
-    Credentials, ServerNames, Stream, Target, TlsClient, TlsMaterial, open,
-};
+use memcached_operator::connection::{Credentials, ServerNames, Stream, Target, TlsClient, open};
 use memcached_operator::hashing::{Placement, Scheme};
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use crate::instances::{apply, conditions, memcacheds, settled};
-use crate::secrets::{auth_secret, tls_secrets};
+use crate::secrets::{auth_secret, client_tls, tls_secrets};
 use crate::{Scenario, wait_for};
 
 const SIZE: usize = 4;
@@ -352,19 +350,7 @@ async fn secured_access(
     s: &Scenario,
     ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
 ) -> Access {
-    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
-        Api::namespaced(s.client.clone(), &s.namespace);
-    let identity = secrets
-        .get("cache-client")
-        .await
-        .expect("Secret cache-client")
-        .data
-        .expect("its data");
-    let tls = TlsClient::new(&TlsMaterial {
-        ca: Some(ca.pem().into_bytes()),
-        client_identity: Some((identity["tls.crt"].0.clone(), identity["tls.key"].0.clone())),
-    })
-    .expect("a TLS client");
+    let tls = client_tls(s, "cache-client", ca).await;
     // The Services' names: what the certificate is for, whichever pod answers.
     let names = ServerNames::for_pod("cache", &s.namespace, "cache", "cluster.local");
     Access {

@@ -106,6 +106,26 @@ pub async fn reissue_tls_secret(
     cert.pem()
 }
 
+/// A TLS client that trusts `ca` and presents the client certificate of the `kubernetes.io/tls` Secret
+/// `client` (what `spec.security.tls.clientSecretName` names), as the operator connects to the servers.
+pub async fn client_tls(
+    s: &Scenario,
+    client: &str,
+    ca: &rcgen::CertifiedIssuer<'static, rcgen::KeyPair>,
+) -> memcached_operator::connection::TlsClient {
+    let identity = Api::<Secret>::namespaced(s.client.clone(), &s.namespace)
+        .get(client)
+        .await
+        .unwrap_or_else(|e| panic!("Secret {client}: {e}"))
+        .data
+        .expect("its data");
+    memcached_operator::connection::TlsClient::new(&memcached_operator::connection::TlsMaterial {
+        ca: Some(ca.pem().into_bytes()),
+        client_identity: Some((identity["tls.crt"].0.clone(), identity["tls.key"].0.clone())),
+    })
+    .expect("a TLS client")
+}
+
 /// An `Opaque` Secret `name` holding memcached's credentials file `content` under `key`.
 pub async fn auth_secret(s: &Scenario, name: &str, key: &str, content: &str) {
     let data = [(key.to_owned(), ByteString(content.as_bytes().to_vec()))].into();

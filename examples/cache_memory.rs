@@ -1,5 +1,5 @@
 //! What the caches of children and pods hold per instance: the operator's packed caches
-//! (`controller::runtime::cache`) against kube's reflector stores fed trimmed objects, the way kube-rs
+//! (`store::cache`) against kube's reflector stores fed trimmed objects, the way kube-rs
 //! recommends (`.modify()` dropping `managedFields`, and of a pod its spec and the annotations nobody
 //! reads), so that the code can say which measurement keeps the packed caches.
 //!
@@ -19,8 +19,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
 use kube::runtime::{reflector, watcher};
-use memcached_operator::controller::{Compact, Compactable, cache};
 use memcached_operator::resources::servers::DELETION_COST_ANNOTATION;
+use memcached_operator::store::{Compact, Compactable, cache};
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
@@ -161,7 +161,7 @@ fn reflector_stores(all: &[Objects]) -> usize {
 
 /// Bytes held by the operator's packed caches of the objects.
 fn packed_caches(all: &[Objects]) -> usize {
-    fn apply<K: Compactable>(writer: &mut memcached_operator::controller::CacheWriter<K>, o: &K) {
+    fn apply<K: Compactable>(writer: &mut memcached_operator::store::CacheWriter<K>, o: &K) {
         let mut o = o.clone();
         o.meta_mut().managed_fields = None;
         let compact = Compact::encode(&o).expect("encodes");

@@ -18,7 +18,9 @@ pub mod manifests;
 pub mod metrics;
 pub mod observe;
 pub mod resources;
+pub mod run;
 pub mod status;
+pub mod store;
 pub mod telemetry;
 
 /// The operator's version, which the release tooling stamps on the install and the OLM bundle.

@@ -10,8 +10,8 @@ use kube::CustomResourceExt;
 use serde::Serialize;
 
 use crate::api::{GROUP, Memcached};
-use crate::controller::{ChildKind, EachKind, each_kind};
 use crate::resources::MAX_NAME_LEN;
+use crate::store::{ChildKind, EachKind, each_kind};
 
 /// Path of the committed CRD, relative to the repository root.
 pub const CRD_PATH: &str = "config/crd/bases/cache.example.com_memcacheds.yaml";
@@ -139,7 +139,7 @@ pub fn manager_role() -> ClusterRole {
     }
 }
 
-/// One rule per kind of child (see `controller::kinds`): read and applied by name; deleted too when the
+/// One rule per kind of child (see `store::kinds`): read and applied by name; deleted too when the
 /// spec can ask for none.
 fn child_rules() -> Vec<PolicyRule> {
     struct Rules(Vec<PolicyRule>);

@@ -1,5 +1,5 @@
 //! One tower layer in the kube client's stack through which the operator sees every API request it makes:
-//! the metrics count them, [`crate::controller::runtime::connectivity`] tells from them whether the API server
+//! the metrics count them, [`crate::run::connectivity`] tells from them whether the API server
 //! answers, and leader election tells from them when the Lease was last renewed. Observers see the
 //! request's method, verb and start, and its outcome; they never change a request or its answer.
 

@@ -194,7 +194,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
 
     // The deletion of an older version (seen after the operator wrote a newer one) changes nothing.
     deleted.metadata.resource_version = Some("9".into());
-    let written = memcached_operator::controller::Written::default();
+    let written = memcached_operator::store::Written::default();
     let applied = json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": NAME, "namespace": NS}, "spec": {"replicas": 1}});
     written.remember(Arc::new(Compact::encode(&settled(&applied)).unwrap()), &());
@@ -414,7 +414,7 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
         "the other's turn came after this instance's Deployment and before its Services"
     );
     let action = tokio::time::timeout(
-        memcached_operator::controller::runtime::turns::QUIET + Duration::from_secs(5),
+        memcached_operator::controller::turns::QUIET + Duration::from_secs(5),
         waiting,
     )
     .await
@@ -423,7 +423,7 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     .unwrap();
     // The status's hold began with the first turn, a quiet time before the second.
     let hold = memcached_operator::controller::pace::CREATING_HOLD.as_millis() as u64;
-    let quiet = memcached_operator::controller::runtime::turns::QUIET.as_millis() as u64;
+    let quiet = memcached_operator::controller::turns::QUIET.as_millis() as u64;
     assert!(
         (hold - quiet - 1000..=hold).any(|ms| action == Action::requeue(Duration::from_millis(ms))),
         "runs again when the status's hold is over: {action:?}"

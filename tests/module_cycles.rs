@@ -1,7 +1,7 @@
 //! No import cycles between the library's modules: a module that uses another must not be used by it,
 //! directly or through others. A cycle means neither can be read, tested or moved without the other; each
 //! one found was broken by moving the shared piece to where both can use it (events into
-//! `controller::events`, the instance trimming into `controller::runtime::compact`, the spec-check error into
+//! `store::events`, the instance trimming into `store::compact`, the spec-check error into
 //! `resources`).
 //!
 //! Read from the source text: every `crate::`, `super::` and `self::` path in code (comments and tests

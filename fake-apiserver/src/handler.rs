@@ -7,7 +7,7 @@ use std::time::Instant;
 use axum::Extension;
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri, Version, header};
+use axum::http::{HeaderMap, Method, Uri, Version, header};
 use axum::response::Response;
 use serde_json::Value;
 
@@ -15,6 +15,7 @@ use crate::Api;
 use crate::request::{Req, parse_query};
 use crate::routes::{Answer, answer};
 use crate::tls;
+use crate::response::response;
 use crate::watch;
 
 pub(crate) async fn handle(
@@ -86,13 +87,4 @@ pub(crate) async fn handle(
         } => watch::respond(api, plural, from, filter),
         Answer::Expired(message) => watch::expired(message),
     }
-}
-
-pub(crate) fn response(code: StatusCode, content_type: &'static str, body: Body) -> Response {
-    let mut response = Response::new(body);
-    *response.status_mut() = code;
-    response
-        .headers_mut()
-        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    response
 }

@@ -40,6 +40,7 @@ mod door;
 mod handler;
 pub mod path;
 pub mod request;
+mod response;
 mod routes;
 pub mod selector;
 mod server;

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use crate::Api;
-use crate::handler::response;
+use crate::response::response;
 use crate::store::WatchFilter;
 
 /// The response to a watch of `plural` from `from`.

@@ -10,6 +10,7 @@ mod features;
 pub mod flags;
 mod handover;
 mod isolation;
+pub mod names;
 mod pools;
 mod stats;
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use tokio_rustls::rustls::pki_types::ServerName;
 
-use crate::resources::service::headless_name;
+use crate::api::names::headless_name;
 
 /// The cluster's DNS domain when the operator is not told another (`--cluster-domain`).
 pub const DEFAULT_CLUSTER_DOMAIN: &str = "cluster.local";

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
 
 use super::Context;
-use super::events::{normal, record};
+use crate::store::events::normal;
 
 /// The children changes of one reconcile, in the order they were made.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -79,7 +79,7 @@ impl Changes {
     /// Logs and publishes the events (best effort), and empties the record.
     pub async fn publish(&mut self, ctx: &Context, reference: &ObjectReference) {
         for event in self.events() {
-            record(ctx, reference, event).await;
+            ctx.events.record(reference, event).await;
         }
         *self = Self::default();
     }

@@ -8,11 +8,11 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
-use super::runtime::cache::Cache;
-use super::runtime::compact::{Compact, Compactable};
-use super::runtime::foreign::Foreign;
-use super::runtime::written::Written;
 use crate::resources::{Instance, drift, labels};
+use crate::store::cache::Cache;
+use crate::store::compact::{Compact, Compactable};
+use crate::store::foreign::Foreign;
+use crate::store::written::Written;
 
 /// A child after [`ensure`]: what it looks like now and, when it was applied, what it looked like before.
 pub struct Applied<K: Resource> {

@@ -27,7 +27,6 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tracing::{debug, info, warn};
 
-use super::events::{normal, record, warning};
 use super::{Context, Error};
 use crate::api::{Memcached, Server};
 use crate::connection::{ServerNames, Target};
@@ -36,7 +35,8 @@ use crate::resources::handover::{Candidate, GATE, SOURCE_COST, Takeover, takeove
 use crate::resources::servers::DELETION_COST_ANNOTATION;
 use crate::resources::{Instance, labels};
 use crate::status::HandoverProgress;
-use crate::telemetry::secrets::{SecretReader, SecretValues};
+use crate::store::events::{normal, warning};
+use crate::store::secrets::{SecretReader, SecretValues};
 
 /// Copies running at once per operator: each is one stream from one server to another, rate-limited on
 /// its own, so a few at once keep the operator's share of the network (and its memory) small.
@@ -420,12 +420,12 @@ pub async fn step(
                     message: message.clone(),
                 };
                 open_gate(ctx, (namespace, name), &pod, &opened).await?;
-                record(
-                    ctx,
-                    &mc.object_ref(&()),
-                    warning("HandoverFailed", "Handover", message),
-                )
-                .await;
+                ctx.events
+                    .record(
+                        &mc.object_ref(&()),
+                        warning("HandoverFailed", "Handover", message),
+                    )
+                    .await;
                 continue;
             }
         };
@@ -459,7 +459,7 @@ pub(super) async fn finish(
                 Ok(_) => normal("HandedOver", "Handover", opened.message),
                 Err(_) => warning("HandoverFailed", "Handover", opened.message),
             };
-            record(ctx, &mc.object_ref(&()), event).await;
+            ctx.events.record(&mc.object_ref(&()), event).await;
             Ok(())
         }
         Err(error) => {

@@ -10,52 +10,39 @@
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
 
+pub mod backoff;
 mod changes;
 mod children;
 mod error;
-mod events;
 pub mod handover;
-pub mod kinds;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
 mod reconcile;
-pub mod runtime;
 pub mod scale_handover;
 mod secrets;
 pub mod spare;
+pub mod turns;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
-use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::events::Reporter;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 
+pub use backoff::Backoff;
 pub use error::Error;
-pub use events::Publisher;
-pub use kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 pub use reconcile::{error_policy, reconcile};
-pub use runtime::backoff::Backoff;
-pub use runtime::cache::{Cache, CacheWriter, cache};
-pub use runtime::compact::{Compact, Compactable};
-pub use runtime::foreign::Foreign;
-pub use runtime::pod_index::PodIndex;
-pub use runtime::turns::Turns;
-pub use runtime::watches::{RunOptions, Watches, pod_owner, run, watch};
-pub use runtime::written::Written;
 pub use secrets::SecretHashes;
+pub use turns::Turns;
 
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
-
-/// Name the operator reports events under.
-pub const REPORTER: &str = "memcached-operator";
+use crate::store::{Publisher, REPORTER, Stores, Written};
 
 /// Tunables of the reconciler.
 #[derive(Clone, Debug)]
@@ -73,7 +60,7 @@ pub struct Settings {
     /// Least time between two status writes of one instance that only move counts and conditions (see
     /// `pace`); zero writes every change at once.
     pub status_pace: Duration,
-    /// Most reconciles applying at once (see [`runtime::turns`]).
+    /// Most reconciles applying at once (see [`turns`]).
     pub concurrency: u16,
     /// The cluster's DNS domain: the names a server's certificate may be valid for, when a warm handover
     /// connects to it over TLS.
@@ -96,24 +83,6 @@ impl Default for Settings {
             cluster_domain: crate::connection::DEFAULT_CLUSTER_DOMAIN.to_owned(),
         }
     }
-}
-
-/// Caches the reconciler reads instead of calling the API server. Children and pods are kept packed
-/// (see [`cache`]); the instances whole, as the controller hands them to `reconcile`.
-#[derive(Clone)]
-pub struct Stores {
-    pub memcacheds: Store<Memcached>,
-    /// One cache per kind of child (see [`kinds`]).
-    pub children: ChildCaches,
-    pub pods: Cache<Pod>,
-    /// The pods of each instance, by name (fed by the pod watch beside `pods`).
-    pub pod_index: PodIndex,
-    /// Secrets by metadata only: which exist, and their resourceVersion.
-    pub secrets: Store<PartialObjectMeta<Secret>>,
-    /// ServiceMonitors, when the cluster serves their API (checked once at start).
-    pub service_monitors: Option<Cache<DynamicObject>>,
-    /// Objects with a child's name that the operator does not manage (see [`foreign`]).
-    pub foreign: Foreign,
 }
 
 /// Source of "now" for condition transition times (pinned in tests).
@@ -164,6 +133,7 @@ impl Context {
                 controller: REPORTER.to_owned(),
                 instance: reporter_instance,
             },
+            settings.side_step_timeout,
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
@@ -188,7 +158,7 @@ impl Context {
     }
 
     /// The context sharing `written` and `secret_hashes` with the watches that end what they keep (see
-    /// [`watches::watch`]); a new context keeps its own.
+    /// [`crate::run::watch`]); a new context keeps its own.
     pub fn sharing(self, written: Arc<Written>, secret_hashes: SecretHashes) -> Self {
         Self {
             written,

@@ -12,8 +12,6 @@ use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
-use super::runtime::cache::Cache;
-use super::runtime::compact::Compactable;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
 use crate::resources::scale_handover::{self, Change, Direction};
@@ -21,6 +19,8 @@ use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
 use crate::status::{Problem, WorkloadStatus};
+use crate::store::cache::Cache;
+use crate::store::compact::Compactable;
 
 /// What this reconcile does about the pool.
 pub struct Pool {

@@ -24,12 +24,9 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::changes::Changes;
 use super::children::{self, Source};
-use super::events::{normal, publish, record, warning};
 use super::handover;
 use super::legacy_finalizer;
 use super::pool;
-use super::runtime::cache::Cache;
-use super::runtime::compact::{Compact, Compactable};
 use super::scale_handover;
 use super::secrets::{self, Resolved};
 use super::spare;
@@ -41,13 +38,16 @@ use crate::resources::{
     servers, service, service_monitor, statefulset,
 };
 use crate::status::{self, DEGRADED, HandoverProgress, Observed, Problem, WorkloadStatus};
+use crate::store::cache::Cache;
+use crate::store::compact::{Compact, Compactable};
+use crate::store::events::{normal, warning};
 
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
 ///
 /// Everything logged on the way carries the instance through the `reconcile` span (`memcached`,
 /// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it).
 ///
-/// It takes its turn first (see [`runtime::turns`](super::runtime::turns)). When it has to wait for one, a
+/// It takes its turn first (see [`runtime::turns`](super::turns)). When it has to wait for one, a
 /// new instance's first status is written meanwhile, and the instance is read again from its cache
 /// afterwards: it may have changed, or gone, while it waited.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -110,7 +110,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
 }
 
 /// A reconcile's passes: a new instance's first ends once its workload is created when other new
-/// instances wait for their turns, and a second turn applies the rest (see [`super::runtime::turns`]).
+/// instances wait for their turns, and a second turn applies the rest (see [`super::turns`]).
 #[derive(Debug, Default)]
 struct Pass {
     /// Whether this pass may end after creating the workload.
@@ -123,7 +123,7 @@ struct Pass {
 
 /// Writes the first status of an instance that has none (`Progressing=True`, `Creating`, its counts) while
 /// its reconcile waits for its turn, so that `kubectl get memcached` shows progress right after
-/// `kubectl apply` however many reconciles are queued (see [`super::runtime::turns`]). It says what the
+/// `kubectl apply` however many reconciles are queued (see [`super::turns`]). It says what the
 /// reconcile would have written after creating the workload, and the reconcile finds it (read-your-writes),
 /// so it costs no request more. Skipped for an invalid spec, whose first status the reconcile writes as
 /// `Degraded` in one write. A failure is left to the reconcile.
@@ -186,7 +186,7 @@ async fn reconcile_in_span(
             ctx.metrics.reconciled(Some(error.kind()));
             warn!(%error, "reconcile failed");
             let event = warning("ReconcileFailed", "Reconcile", error.to_string());
-            publish(&ctx, &mc.object_ref(&()), event).await;
+            ctx.events.send(&mc.object_ref(&()), event).await;
         }
     }
     result
@@ -243,7 +243,7 @@ async fn reconcile_instance(
             // Reconciled as stored now, and kept (read-your-writes): a reconcile that runs before the
             // watch brings the patch back must not send it again.
             let mut patched = patched;
-            super::runtime::compact::trim_instance(&mut patched);
+            crate::store::compact::trim_instance(&mut patched);
             if let Ok(kept) = Compact::encode(&patched) {
                 ctx.written.remember(Arc::new(kept), &());
             }
@@ -445,7 +445,9 @@ async fn apply_children(
             let note = format!(
                 "Cancelled the drain from {from} to {to} servers: spec.size is {size} again; every server stays"
             );
-            record(ctx, &reference, normal("DrainCancelled", "Scale", note)).await;
+            ctx.events
+                .record(&reference, normal("DrainCancelled", "Scale", note))
+                .await;
         }
     }
     pool::apply_marks(ctx, instance, &plan.marks).await?;
@@ -474,7 +476,9 @@ async fn apply_children(
                 from - to,
                 instance.spec.drain_seconds()
             );
-            record(ctx, &reference, normal("Draining", "Scale", note)).await;
+            ctx.events
+                .record(&reference, normal("Draining", "Scale", note))
+                .await;
         }
     }
 
@@ -599,7 +603,9 @@ async fn apply_children(
                 "Drained: removing {} servers after the drain ({from} to {to})",
                 from - to
             );
-            record(ctx, &reference, normal("Drained", "Scale", note)).await;
+            ctx.events
+                .record(&reference, normal("Drained", "Scale", note))
+                .await;
         }
     }
 
@@ -869,7 +875,7 @@ async fn report(
         && before.is_none_or(|b| b.status != "True" || b.reason != degraded.reason)
     {
         let event = warning(&degraded.reason, "Reconcile", degraded.message.clone());
-        publish(ctx, &mc.object_ref(&()), event).await;
+        ctx.events.send(&mc.object_ref(&()), event).await;
     }
     Ok(None)
 }

@@ -26,7 +26,6 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 use tracing::{debug, info};
 
-use super::events::{normal, record, warning};
 use super::handover::{PROGRESS_EVERY, Step, copier};
 use super::{Context, Error};
 use crate::api::{Memcached, Workload};
@@ -35,6 +34,7 @@ use crate::handover::{Copier, CopyError, Failure, Progress, Snapshot};
 use crate::resources::scale_handover::{Change, Copies, Pair, filter, past};
 use crate::resources::{Instance, servers};
 use crate::status::HandoverProgress;
+use crate::store::events::{normal, warning};
 
 /// (namespace, instance).
 type Key = (String, String);
@@ -534,7 +534,7 @@ pub async fn step(
         } else {
             warning("HandoverFailed", "Handover", note)
         };
-        record(ctx, &mc.object_ref(&()), event).await;
+        ctx.events.record(&mc.object_ref(&()), event).await;
     }
     let progress = handovers.progress(&key);
     let wait = (!progress.is_empty()).then_some(PROGRESS_EVERY);

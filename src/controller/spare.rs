@@ -20,7 +20,6 @@ use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource};
 use tracing::{debug, info, warn};
 
-use super::events::{record, warning};
 use super::handover::{Opened, PROGRESS_EVERY, Phase, copier, finish, open_gate};
 use super::{Context, Error};
 use crate::api::Memcached;
@@ -29,6 +28,7 @@ use crate::resources::rollout::{self, Pace};
 use crate::resources::spare::{self, Spare};
 use crate::resources::{Instance, labels};
 use crate::status::HandoverProgress;
+use crate::store::events::warning;
 
 /// What the StatefulSet handover step leaves for the workload, the status and the requeue.
 #[derive(Debug, Default)]
@@ -96,12 +96,12 @@ pub async fn step(
                          {failure}; the rollout replaces it with what was copied",
                         failure.error.reason()
                     );
-                    record(
-                        ctx,
-                        &mc.object_ref(&()),
-                        warning("HandoverFailed", "Handover", note),
-                    )
-                    .await;
+                    ctx.events
+                        .record(
+                            &mc.object_ref(&()),
+                            warning("HandoverFailed", "Handover", note),
+                        )
+                        .await;
                 }
             }
             handovers.stage(namespace, name, &spare_name, slot);
@@ -357,12 +357,13 @@ impl Stage<'_> {
             "Handover of {name}-{} (slot {}) ended cold: {why}",
             self.ordinal, self.ordinal
         );
-        record(
-            self.ctx,
-            &self.mc.object_ref(&()),
-            warning("HandoverFailed", "Handover", note),
-        )
-        .await;
+        self.ctx
+            .events
+            .record(
+                &self.mc.object_ref(&()),
+                warning("HandoverFailed", "Handover", note),
+            )
+            .await;
         self.ctx
             .handovers
             .stage(namespace, name, self.spare_name, self.ordinal);
@@ -419,12 +420,12 @@ async fn remove(ctx: &Context, namespace: &str, name: &str) -> Result<(), Error>
 /// A new pod that gets nothing from the spare: one `HandoverFailed` Warning saying why, and the gate's
 /// `Failed` condition to set.
 async fn cold(ctx: &Context, mc: &Memcached, message: String) -> Opened {
-    record(
-        ctx,
-        &mc.object_ref(&()),
-        warning("HandoverFailed", "Handover", message.clone()),
-    )
-    .await;
+    ctx.events
+        .record(
+            &mc.object_ref(&()),
+            warning("HandoverFailed", "Handover", message.clone()),
+        )
+        .await;
     Opened {
         reason: "Failed",
         message,

@@ -11,9 +11,9 @@ use axum::response::IntoResponse;
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::controller::runtime::connectivity::{CRD_MISSING, Connectivity};
 use crate::manager::metrics_auth::{Gate, enforce};
 use crate::metrics::Metrics;
+use crate::run::connectivity::{CRD_MISSING, Connectivity};
 
 /// What the probes report.
 #[derive(Debug, Default)]

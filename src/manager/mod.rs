@@ -10,7 +10,7 @@
 //! API-server outages are survived in place: the client gives up on a connection attempt after
 //! [`CONNECT_TIMEOUT`] and on a request without an answer after [`REQUEST_TIMEOUT`], watches retry within
 //! seconds, `/readyz` reports the outage, and every instance is re-checked when the server answers again
-//! (see [`crate::controller::runtime::connectivity`]). Starting during an outage waits for the server.
+//! (see [`crate::run::connectivity`]). Starting during an outage waits for the server.
 
 pub mod http;
 pub mod https;
@@ -33,11 +33,12 @@ use tower::timeout::TimeoutLayer;
 use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, bind_address, metrics_endpoint};
-use crate::controller::runtime::connectivity::Connectivity;
-use crate::controller::{self, RunOptions, Settings};
+use crate::controller::Settings;
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, OperatorPods};
+use crate::run::connectivity::Connectivity;
+use crate::run::{self, RunOptions};
 use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
@@ -134,7 +135,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     // reopenings over six runs (7.00-7.02 requests per instance), in moments when the server also
     // closed other clients' watches. It costs one TLS connection more (about 80 KB).
     let watch_client = self::client(config.clone(), metrics.clone(), connectivity.clone())?;
-    let watches = controller::watch(
+    let watches = run::watch(
         &watch_client,
         &metrics,
         args.namespace.as_deref(),
@@ -181,7 +182,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         reporter_instance: Some(identity),
     };
-    let controller = controller::run(
+    let controller = run::run(
         watches,
         client,
         metrics.clone(),

@@ -134,7 +134,7 @@ pub struct Candidate {
 impl Candidate {
     /// The handover's view of `pod`; `None` for a pod without a name.
     ///
-    /// The pods are cached without their spec (see `controller::runtime::compact`), so whether a pod is
+    /// The pods are cached without their spec (see `store::compact`), so whether a pod is
     /// gated is read from its status: a kubelet reports `Ready` as `ContainersReady` and every readiness
     /// gate, so containers ready and the pod not is a gate holding it; the only gate the operator's
     /// template has is the handover's, and its condition not set yet means the operator has not opened it.

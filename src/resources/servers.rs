@@ -20,8 +20,8 @@ use serde_json::json;
 use super::{Instance, service};
 use crate::api::Server;
 
-/// Suffix of the published server list's ConfigMap.
-pub const CONFIG_MAP_SUFFIX: &str = "-servers";
+pub use crate::api::names::{CONFIG_MAP_SUFFIX, config_map_name};
+
 /// ConfigMap key: one `host:port` per line, in slot order.
 pub const SERVERS_KEY: &str = "servers";
 /// ConfigMap key: the published `status.servers` entries as JSON.
@@ -33,11 +33,6 @@ pub const MCROUTER_KEY: &str = "mcrouter.json";
 pub const DELETION_COST_ANNOTATION: &str = "controller.kubernetes.io/pod-deletion-cost";
 /// The cost the operator gives drained pods (the default is 0), so that exactly those go.
 pub const DRAINED_COST: &str = "-1000";
-
-/// Name of the ConfigMap holding `instance`'s server list.
-pub fn config_map_name(instance: &str) -> String {
-    format!("{instance}{CONFIG_MAP_SUFFIX}")
-}
 
 /// Whether `pod` reports the `Ready` condition true.
 pub fn is_ready(pod: &Pod) -> bool {

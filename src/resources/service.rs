@@ -7,13 +7,7 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use super::deployment::{METRICS_PORT, METRICS_PORT_NAME, PORT_NAME};
 use super::{Instance, labels};
 
-/// Suffix of the headless Service's name.
-pub const HEADLESS_SUFFIX: &str = "-headless";
-
-/// Name of the headless Service of `instance`.
-pub fn headless_name(instance: &str) -> String {
-    format!("{instance}{HEADLESS_SUFFIX}")
-}
+pub use crate::api::names::{HEADLESS_SUFFIX, headless_name};
 
 fn port(name: &str, port: i32) -> ServicePort {
     ServicePort {

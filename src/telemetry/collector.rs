@@ -48,12 +48,12 @@ use super::client::{
 use super::episodes::{self, Counter, Episode};
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
 use super::reload::{self, Observed, Outcome, Reload};
-use super::secrets::{SecretReader, SecretValues, Transport};
 use super::stats::Stats;
 use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
-use crate::controller::{Cache, PodIndex, Publisher};
 use crate::resources::servers;
+use crate::store::secrets::{SecretReader, SecretValues, Transport};
+use crate::store::{Cache, PodIndex, Publisher};
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
 /// fields.
@@ -227,7 +227,7 @@ impl Collector {
             if mc.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            secrets.extend(super::secrets::named(&key.0, &mc.spec));
+            secrets.extend(crate::store::secrets::named(&key.0, &mc.spec));
             live.insert(key.clone());
             tasks.spawn(self.clone().collect_instance(key, mc));
         }

@@ -3,19 +3,19 @@
 //! - [`stats`]: the pure parser of a `stats` reply.
 //! - [`client`]: one connection to one server (plain TCP or TLS, ASCII auth), bounded by a timeout.
 //! - [`collector`]: the task that reads every ready server every `--stats-interval` and feeds the rest.
-//! - [`secrets`]: the TLS material and credentials an instance's Secrets give, read once per version.
 //! - [`metrics`]: the per-pod series on `/metrics` (the memcached exporter's names).
 //! - [`summary`]: `status.stats` from the servers read, and when to write it (pure).
 //! - [`episodes`]: when evictions start and stop, for one Warning event per episode (pure).
 //! - [`reload`]: which servers still present a rotated certificate's predecessor, and when to ask them
 //!   to reload it (`refresh_certs`) (pure).
+//!
+//! The TLS material and credentials an instance's Secrets give are read by [`crate::store::secrets`].
 
 pub mod client;
 pub mod collector;
 pub mod episodes;
 pub mod metrics;
 pub mod reload;
-pub mod secrets;
 pub mod stats;
 pub mod summary;
 
@@ -27,7 +27,7 @@ use tokio::task::JoinHandle;
 
 pub use collector::{Collector, IndexedPods, Network, Reader, Settings, Sources};
 
-use crate::controller::{Publisher, REPORTER};
+use crate::store::events::{Publisher, REPORTER};
 
 /// Starts the collector as its own task: it waits for `ready` (the caches hold their initial lists; a
 /// collection before would miss instances and pods) and then collects until `shutdown`. Events are
@@ -46,6 +46,7 @@ pub fn spawn(
             controller: REPORTER.to_owned(),
             instance: reporter_instance,
         },
+        std::time::Duration::from_secs(5),
     ));
     let collector = Arc::new(Collector::new(
         settings,

@@ -22,12 +22,14 @@ pub use kube::runtime::reflector::{self, store::Writer};
 pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
-pub use memcached_operator::controller::runtime::foreign;
 pub use memcached_operator::controller::{
-    Cache, CacheWriter, ChildCaches, Compact, Compactable, Context, Error, PodIndex, SecretHashes,
-    Settings, Stores, cache, error_policy, reconcile,
+    Context, Error, SecretHashes, Settings, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
+pub use memcached_operator::store::foreign;
+pub use memcached_operator::store::{
+    Cache, CacheWriter, ChildCaches, Compact, Compactable, PodIndex, Stores, cache,
+};
 pub use serde_json::{Value, json};
 pub use tower_test::mock::{self, Handle};
 

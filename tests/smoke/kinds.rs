@@ -1,9 +1,9 @@
-//! The fake serves every kind of child in the operator's table (`controller::kinds`). The fake is
+//! The fake serves every kind of child in the operator's table (`store::kinds`). The fake is
 //! kind-agnostic JSON and links no operator code (the bench uses it without linking the operator), so
 //! its list of collections is checked against the table here instead of derived from it: a new kind of
 //! child that the fake does not serve fails this test, not a smoke scenario's 404.
 
-use memcached_operator::controller::{ChildKind, EachKind, each_kind};
+use memcached_operator::store::{ChildKind, EachKind, each_kind};
 
 struct Unserved(Vec<String>);
 

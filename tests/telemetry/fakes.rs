@@ -19,7 +19,7 @@ use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
 use memcached_operator::api::Memcached;
-use memcached_operator::controller::{Cache, CacheWriter, Compact, PodIndex, Publisher, cache};
+use memcached_operator::store::{Cache, CacheWriter, Compact, PodIndex, Publisher, cache};
 use memcached_operator::telemetry::metrics::OperandMetrics;
 use memcached_operator::telemetry::{Collector, IndexedPods, Network, Settings, Sources};
 use rcgen::{
@@ -411,6 +411,7 @@ impl Caches {
                 controller: "memcached-operator".into(),
                 instance: Some("test".into()),
             },
+            std::time::Duration::from_secs(5),
         ));
         let collector = Collector::new(
             Settings {

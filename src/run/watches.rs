@@ -38,20 +38,21 @@ use std::fmt::Debug;
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::cache::{Cache, cache};
-use super::compact::{Compact, Compactable, trim_instance};
 use super::connectivity::Connectivity;
-use super::foreign;
-use super::pod_index::PodIndex;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
-use super::written::Written;
 use crate::api::Memcached;
-use crate::controller::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 use crate::controller::{
-    Context, Error, SecretHashes, Settings, Stores, error_policy, reconcile, system_clock,
+    Context, Error, SecretHashes, Settings, error_policy, reconcile, system_clock,
 };
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, service_monitor};
+use crate::store::Stores;
+use crate::store::cache::{Cache, cache};
+use crate::store::compact::{Compact, Compactable, trim_instance};
+use crate::store::foreign;
+use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
+use crate::store::pod_index::PodIndex;
+use crate::store::written::Written;
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -168,13 +169,10 @@ impl EachKind for ForeignWatches<'_> {
         // Named apart from the managed watch of the kind in the watch-error metric and logs; made once per
         // kind when the operator starts.
         let resource = Box::leak(format!("unmanaged {}", K::URL_PATH_SEGMENT).into_boxed_str());
-        let stream = self.builder.watch::<K>(
-            self.metrics,
-            resource,
-            api::<PartialObjectMeta<K>>(self.client, self.namespace),
-            self.config.clone(),
-            self.instances.clone(),
-        );
+        let config = self.config.clone().labels(&foreign::unmanaged_selector());
+        let api = api::<PartialObjectMeta<K>>(self.client, self.namespace);
+        let events = retrying(self.metrics, resource, watcher(api, config));
+        let stream = self.builder.watch::<K, _>(events, self.instances.clone());
         self.triggers.push(stream.boxed());
     }
 }
@@ -182,7 +180,7 @@ impl EachKind for ForeignWatches<'_> {
 /// The waits for each child cache's first complete list.
 struct ChildrenListed<'a> {
     caches: &'a ChildCaches,
-    waits: Vec<BoxFuture<'static, Result<(), super::cache::WriterDropped>>>,
+    waits: Vec<BoxFuture<'static, Result<(), crate::store::cache::WriterDropped>>>,
 }
 
 impl EachKind for ChildrenListed<'_> {
@@ -630,7 +628,7 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
             stores
                 .secrets
                 .wait_until_ready()
-                .map(|ready| ready.map_err(|_| super::cache::WriterDropped))
+                .map(|ready| ready.map_err(|_| crate::store::cache::WriterDropped))
                 .boxed(),
         ]);
         if let Some(store) = &stores.service_monitors {
@@ -639,7 +637,11 @@ fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'static, ()>>) ->
         let foreign = stores
             .foreign
             .ready()
-            .map(|ready| ready.then_some(()).ok_or(super::cache::WriterDropped))
+            .map(|ready| {
+                ready
+                    .then_some(())
+                    .ok_or(crate::store::cache::WriterDropped)
+            })
             .boxed();
         waits.push(foreign);
         let all = futures::future::try_join_all(waits);

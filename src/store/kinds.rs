@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
-use super::runtime::cache::Cache;
-use super::runtime::compact::Compactable;
+use super::cache::Cache;
+use super::compact::Compactable;
 
 /// A kind of child in the table.
 pub trait ChildKind:

@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 
 use zeroize::{Zeroize, Zeroizing};
 
-use super::client::{CertificateDigest, Credentials, TlsClient, TlsMaterial, matching_pair};
 use crate::api::MemcachedSpec;
+use crate::connection::{CertificateDigest, Credentials, TlsClient, TlsMaterial, matching_pair};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};

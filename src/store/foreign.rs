@@ -21,18 +21,14 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use futures::{FutureExt, Stream, StreamExt};
 use kube::Resource;
-use kube::api::{Api, PartialObjectMeta};
+use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde::de::DeserializeOwned;
 
 use crate::api::Memcached;
-use crate::metrics::Metrics;
+use crate::api::names::{CONFIG_MAP_SUFFIX, HEADLESS_SUFFIX};
 use crate::resources::labels::{MANAGED_BY_KEY, MANAGER_NAME};
-use crate::resources::servers::CONFIG_MAP_SUFFIX;
-use crate::resources::service::HEADLESS_SUFFIX;
-
-use super::watch_retry::retrying;
 
 /// The label selector of the foreign watches: objects without the operator's `managed-by` label (a
 /// selector `key!=value` also matches objects that lack the key).
@@ -105,16 +101,14 @@ pub struct Builder {
 }
 
 impl Builder {
-    /// Watches the foreign objects of `K` through `api`. The stream it returns names the instances whose
+    /// Keeps the foreign objects of `K` that `events` brings: a watch of `K` by metadata with the
+    /// [`unmanaged_selector`], retried by the wiring. The stream it returns names the instances whose
     /// children have the name of an object that came, changed or went, among `instances`.
-    pub fn watch<K>(
+    pub fn watch<K, S>(
         &mut self,
-        metrics: &Arc<Metrics>,
-        resource: &'static str,
-        api: Api<PartialObjectMeta<K>>,
-        config: watcher::Config,
+        events: S,
         instances: Store<Memcached>,
-    ) -> impl Stream<Item = ObjectRef<Memcached>> + Send + 'static
+    ) -> impl Stream<Item = ObjectRef<Memcached>> + Send + 'static + use<K, S>
     where
         K: Resource<DynamicType = ()>
             + Clone
@@ -123,18 +117,15 @@ impl Builder {
             + Send
             + Sync
             + 'static,
+        S: Stream<Item = watcher::Result<watcher::Event<PartialObjectMeta<K>>>> + Send + 'static,
     {
         let writer = self.store::<K>();
-        retrying(
-            metrics,
-            resource,
-            watcher(api, config.labels(&unmanaged_selector())),
-        )
-        .modify(trim)
-        .reflect(writer)
-        .touched_objects()
-        .filter_map(|object| async move { object.ok() })
-        .flat_map(move |object| futures::stream::iter(claimed_by(&instances, &object)))
+        events
+            .modify(trim)
+            .reflect(writer)
+            .touched_objects()
+            .filter_map(|object| async move { object.ok() })
+            .flat_map(move |object| futures::stream::iter(claimed_by(&instances, &object)))
     }
 
     /// Adds a store for the foreign objects of `K`, filled through the writer it returns: by

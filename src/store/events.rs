@@ -19,26 +19,31 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tracing::{debug, info, warn};
 
-use super::Context;
-
 /// How long a recorder (and so a series) is kept after its last use; kube's series window is 6 minutes.
 const IDLE: Duration = Duration::from_secs(6 * 60);
 
 /// Most recorders kept at once.
 pub const MOST_RECORDERS: usize = 64;
 
+/// Name the operator reports events under.
+pub const REPORTER: &str = "memcached-operator";
+
+/// Publishes the operator's events, one kube `Recorder` per distinct note (see the module doc).
 pub struct Publisher {
     client: Client,
     reporter: Reporter,
     recorders: Mutex<HashMap<u64, (Recorder, Instant)>>,
+    /// The bound of one best-effort publication ([`Publisher::send`]).
+    timeout: Duration,
 }
 
 impl Publisher {
-    pub fn new(client: Client, reporter: Reporter) -> Self {
+    pub fn new(client: Client, reporter: Reporter, timeout: Duration) -> Self {
         Self {
             client,
             reporter,
             recorders: Mutex::default(),
+            timeout,
         }
     }
 
@@ -86,13 +91,13 @@ fn key(event: &Event) -> u64 {
     hasher.finish()
 }
 
-// What the reconcile publishes, and how.
+// What the operator publishes, and how.
 
-pub(super) fn normal(reason: &str, action: &str, note: String) -> Event {
+pub fn normal(reason: &str, action: &str, note: String) -> Event {
     event(EventType::Normal, reason, action, note)
 }
 
-pub(super) fn warning(reason: &str, action: &str, note: String) -> Event {
+pub fn warning(reason: &str, action: &str, note: String) -> Event {
     event(EventType::Warning, reason, action, note)
 }
 
@@ -118,32 +123,30 @@ fn truncate(mut s: String, max: usize) -> String {
     s
 }
 
-/// Publishes an event; failures are logged, never returned: an event is not worth failing a reconcile.
-pub(super) async fn publish(ctx: &Context, reference: &ObjectReference, event: Event) {
-    match tokio::time::timeout(
-        ctx.settings.side_step_timeout,
-        ctx.events.publish(&event, reference),
-    )
-    .await
-    {
-        Ok(Ok(())) => {}
-        // Unanswered: part of an outage, which is reported once on its own.
-        Ok(Err(error @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
-            debug!(%error, reason = %event.reason, "could not publish event")
+impl Publisher {
+    /// Publishes an event within the publisher's bound; failures are logged, never returned: an event is
+    /// not worth failing a reconcile.
+    pub async fn send(&self, reference: &ObjectReference, event: Event) {
+        match tokio::time::timeout(self.timeout, self.publish(&event, reference)).await {
+            Ok(Ok(())) => {}
+            // Unanswered: part of an outage, which is reported once on its own.
+            Ok(Err(error @ (kube::Error::Service(_) | kube::Error::HyperError(_)))) => {
+                debug!(%error, reason = %event.reason, "could not publish event")
+            }
+            Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
+            Err(_) => warn!(reason = %event.reason, "timed out publishing event"),
         }
-        Ok(Err(error)) => warn!(%error, reason = %event.reason, "could not publish event"),
-        Err(_) => warn!(reason = %event.reason, "timed out publishing event"),
     }
-}
 
-/// Logs and publishes an event about what the reconcile changed (children, drain steps).
-pub(super) async fn record(ctx: &Context, reference: &ObjectReference, event: Event) {
-    info!(
-        reason = %event.reason,
-        note = event.note.as_deref().unwrap_or_default(),
-        "changed"
-    );
-    publish(ctx, reference, event).await;
+    /// Logs and publishes an event about what the operator changed (children, drain steps, copies).
+    pub async fn record(&self, reference: &ObjectReference, event: Event) {
+        info!(
+            reason = %event.reason,
+            note = event.note.as_deref().unwrap_or_default(),
+            "changed"
+        );
+        self.send(reference, event).await;
+    }
 }
 
 #[cfg(test)]
@@ -160,7 +163,7 @@ mod tests {
             controller: "test".into(),
             instance: None,
         };
-        Publisher::new(client, reporter)
+        Publisher::new(client, reporter, Duration::from_secs(5))
     }
 
     fn event(note: &str) -> Event {

@@ -1,0 +1,19 @@
+//! The names of an instance's children that other parts of the operator (and clients) derive from the
+//! instance's name: the headless Service, the published server list. Kept here, with the API, so that
+//! the builders, the connections to servers and the storage layer all take them from one place.
+
+/// Suffix of the headless Service's name.
+pub const HEADLESS_SUFFIX: &str = "-headless";
+
+/// Name of the headless Service of `instance`.
+pub fn headless_name(instance: &str) -> String {
+    format!("{instance}{HEADLESS_SUFFIX}")
+}
+
+/// Suffix of the published server list's ConfigMap.
+pub const CONFIG_MAP_SUFFIX: &str = "-servers";
+
+/// Name of the ConfigMap holding the published server list of `instance`.
+pub fn config_map_name(instance: &str) -> String {
+    format!("{instance}{CONFIG_MAP_SUFFIX}")
+}

@@ -1,0 +1,54 @@
+//! Storage: what the operator knows of the cluster, kept in memory, and the write side that keeps it
+//! true. Below both the reconciler and telemetry; it imports neither.
+//!
+//! - [`kinds`]: the table of the kinds of children, and their caches ([`ChildCaches`]);
+//! - [`cache`] and [`compact`]: caches that keep each object LZ4-packed (the measurements that justify
+//!   packing are in `compact`);
+//! - [`pod_index`]: each instance's pods, by name;
+//! - [`foreign`]: objects that have a child's name but are not the operator's;
+//! - [`written`]: read-your-writes, the answers to the operator's own writes until the caches catch up;
+//! - [`secrets`]: the values of the Secrets an instance names, read once per version;
+//! - [`events`]: the event publisher.
+//!
+//! The watches that fill the caches are built above, with the wiring (`crate::run`).
+
+pub mod cache;
+pub mod compact;
+pub mod events;
+pub mod foreign;
+pub mod kinds;
+pub mod pod_index;
+pub mod secrets;
+pub mod written;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use kube::api::{DynamicObject, PartialObjectMeta};
+use kube::runtime::reflector::Store;
+
+pub use cache::{Cache, CacheWriter, cache};
+pub use compact::{Compact, Compactable};
+pub use events::{Publisher, REPORTER};
+pub use foreign::Foreign;
+pub use kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
+pub use pod_index::PodIndex;
+pub use written::Written;
+
+use crate::api::Memcached;
+
+/// Caches the reconciler and the stats collector read instead of calling the API server. Children and
+/// pods are kept packed (see [`cache`]); the instances whole, as the controller hands them to `reconcile`.
+#[derive(Clone)]
+pub struct Stores {
+    pub memcacheds: Store<Memcached>,
+    /// One cache per kind of child (see [`kinds`]).
+    pub children: ChildCaches,
+    pub pods: Cache<Pod>,
+    /// The pods of each instance, by name (fed by the pod watch beside `pods`).
+    pub pod_index: PodIndex,
+    /// Secrets by metadata only: which exist, and their resourceVersion.
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// ServiceMonitors, when the cluster serves their API (checked once at start).
+    pub service_monitors: Option<Cache<DynamicObject>>,
+    /// Objects with a child's name that the operator does not manage (see [`foreign`]).
+    pub foreign: Foreign,
+}

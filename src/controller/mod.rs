@@ -10,6 +10,7 @@
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
 
+mod apply;
 pub mod backoff;
 mod changes;
 mod children;
@@ -19,10 +20,12 @@ mod legacy_finalizer;
 pub mod pace;
 mod pool;
 mod reconcile;
+mod report;
 pub mod scale_handover;
 mod secrets;
 pub mod spare;
 pub mod turns;
+mod view;
 
 use std::sync::Arc;
 use std::time::Duration;

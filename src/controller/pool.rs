@@ -40,15 +40,6 @@ pub struct Pool {
     pub scale: Option<Change>,
 }
 
-/// The instance's pods in the cache.
-pub fn pods(ctx: &Context, mc: &Memcached) -> Vec<Arc<Pod>> {
-    let stores = &ctx.stores;
-    let namespace = mc.namespace().unwrap_or_default();
-    stores
-        .pod_index
-        .pods(&stores.pods, &namespace, &mc.name_any())
-}
-
 /// The instance's child of kind `K` in the cache; none when there is none, or it cannot be read (the
 /// reconcile's own read of it reports that).
 fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) -> Option<Arc<K>> {

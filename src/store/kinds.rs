@@ -1,8 +1,11 @@
 //! The table of the kinds of children the operator creates for an instance, from which everything that
-//! is the same for each kind is derived: its cache ([`ChildCaches`]), its watch and the reconciles a change
+//! enumerates kinds is derived: its cache ([`ChildCaches`]), its watch and the reconciles a change
 //! triggers, the watch of same-named objects it does not manage, the wait for its first list before
-//! reconciling, and its RBAC rule (`src/manifests.rs`). A new kind is one entry here plus its builder in
-//! `resources` and its apply in `reconcile`.
+//! reconciling, its RBAC rule (`src/manifests.rs`), the names checked before anything is written, and
+//! how the reconcile applies it ([`Role`]): the kinds applied after the workload are built by the
+//! builder the table names and applied (or deleted) in the table's order by one loop. The test fakes
+//! (the fake API server's collections, the scripted mock, the smoke world) take their kinds from here too.
+//! A new kind is one entry here plus its builder in `resources`, and the regenerated files.
 //!
 //! Not in the table: pods (created by the workloads, indexed per instance and never applied), Secrets (the
 //! users'), and ServiceMonitors (an API the cluster may not serve, watched as dynamic objects only when it
@@ -19,6 +22,26 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 use super::cache::Cache;
 use super::compact::Compactable;
+use crate::api::Workload;
+use crate::api::names::config_map_name;
+use crate::resources::{Instance, autoscaler, network_policy, pdb, service};
+
+/// How the reconcile applies a kind of child.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The published server list, applied with the pool before the workload.
+    ServerList,
+    /// The workload, of the kind `spec.workload` names.
+    Workload(Workload),
+    /// Applied after the workload from what the kind's builder makes of the spec (see
+    /// [`ChildKind::desired`]), in the table's order; an optional child the spec no longer asks for is
+    /// deleted.
+    Built,
+}
+
+/// What a builder makes of an instance: each child of one kind by name, `None` where the spec asks for
+/// none of that name.
+pub type Desired<K> = Vec<(String, Option<K>)>;
 
 /// A kind of child in the table.
 pub trait ChildKind:
@@ -31,9 +54,35 @@ pub trait ChildKind:
 {
     /// Whether the spec can ask for none of it, so the operator deletes it (and needs to be allowed to).
     const OPTIONAL: bool;
+    /// How the reconcile applies it.
+    const ROLE: Role;
 
     /// This kind's cache.
     fn cache(caches: &ChildCaches) -> &Cache<Self>;
+
+    /// The children of this kind `instance` has, by name ([`Role::Built`] kinds; none for the others,
+    /// which the reconcile builds with the pool and the workload).
+    fn desired(instance: &Instance<'_>) -> Desired<Self>;
+
+    /// The names `instance`'s children of this kind must have (an optional kind's are checked as it is
+    /// applied): an object of that name that the operator does not manage stops the reconcile before
+    /// anything is written.
+    fn required_names(instance: &Instance<'_>) -> Vec<String> {
+        if Self::OPTIONAL {
+            return Vec::new();
+        }
+        match Self::ROLE {
+            Role::ServerList => vec![config_map_name(instance.name)],
+            Role::Workload(workload) if workload == instance.spec.workload => {
+                vec![instance.name.to_owned()]
+            }
+            Role::Workload(_) => Vec::new(),
+            Role::Built => Self::desired(instance)
+                .into_iter()
+                .map(|(name, _)| name)
+                .collect(),
+        }
+    }
 }
 
 /// Something done once per kind of the table ([`each_kind`]).
@@ -46,9 +95,11 @@ pub trait MakeCache {
     fn make<K: ChildKind>(&mut self) -> Cache<K>;
 }
 
-/// The table. Each entry: the field of [`ChildCaches`], the kind, and whether the spec can ask for none.
+/// The table. Each entry: the field of [`ChildCaches`], the kind, whether the spec can ask for none, how
+/// it is applied, and (for [`Role::Built`]) its builder.
 macro_rules! child_kinds {
-    ($($(#[$doc:meta])* $field:ident: $kind:ty, optional: $optional:literal;)*) => {
+    ($($(#[$doc:meta])* $field:ident: $kind:ty, optional: $optional:literal, role: $role:expr,
+       built: $built:expr;)*) => {
         /// The caches of the children, one per kind.
         #[derive(Clone, Debug)]
         pub struct ChildCaches {
@@ -69,9 +120,15 @@ macro_rules! child_kinds {
 
             impl ChildKind for $kind {
                 const OPTIONAL: bool = $optional;
+                const ROLE: Role = $role;
 
                 fn cache(caches: &ChildCaches) -> &Cache<Self> {
                     &caches.$field
+                }
+
+                fn desired(instance: &Instance<'_>) -> Desired<Self> {
+                    let built: fn(&Instance<'_>) -> Desired<Self> = $built;
+                    built(instance)
                 }
             }
         )*
@@ -84,14 +141,28 @@ macro_rules! child_kinds {
 }
 
 child_kinds! {
-    deployments: Deployment, optional: false;
-    statefulsets: StatefulSet, optional: false;
-    services: Service, optional: false;
+    deployments: Deployment, optional: false, role: Role::Workload(Workload::Deployment),
+        built: |_| Vec::new();
+    statefulsets: StatefulSet, optional: false, role: Role::Workload(Workload::StatefulSet),
+        built: |_| Vec::new();
+    services: Service, optional: false, role: Role::Built,
+        built: |instance| vec![
+            (instance.name.to_owned(), Some(service::service(instance))),
+            (service::headless_name(instance.name), Some(service::headless(instance))),
+        ];
     /// The published server lists (`<name>-servers`).
-    config_maps: ConfigMap, optional: false;
-    pdbs: PodDisruptionBudget, optional: true;
-    network_policies: NetworkPolicy, optional: true;
-    autoscalers: HorizontalPodAutoscaler, optional: true;
+    config_maps: ConfigMap, optional: false, role: Role::ServerList, built: |_| Vec::new();
+    pdbs: PodDisruptionBudget, optional: true, role: Role::Built,
+        built: |instance| named(instance, pdb::pdb(instance));
+    network_policies: NetworkPolicy, optional: true, role: Role::Built,
+        built: |instance| named(instance, network_policy::network_policy(instance));
+    autoscalers: HorizontalPodAutoscaler, optional: true, role: Role::Built,
+        built: |instance| named(instance, autoscaler::autoscaler(instance));
+}
+
+/// One child named after the instance, or none.
+fn named<K>(instance: &Instance<'_>, desired: Option<K>) -> Desired<K> {
+    vec![(instance.name.to_owned(), desired)]
 }
 
 #[cfg(test)]

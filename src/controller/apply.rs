@@ -1,0 +1,458 @@
+//! Applying an instance's children, in a fixed order: the drain marks, the server list ConfigMap, the
+//! workload, then every kind the table builds ([`crate::store::kinds`], in its order: Services,
+//! PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler) and the ServiceMonitor. Only what differs
+//! is sent, optional children no longer wanted are removed, and what changed is recorded.
+//!
+//! The server list goes before the workload, so a scale-down is published before any server is removed;
+//! it exists only once there was a server to publish. A new instance may give its turn up after its
+//! workload (see [`super::turns`]).
+
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use kube::{Resource, ResourceExt};
+
+use tracing::info;
+
+use super::changes::Changes;
+use super::children::{self, Source};
+use super::pool::{self, Pool};
+use super::report::{self, Published};
+use super::view::View;
+use super::{Context, Error, handover, scale_handover, spare};
+use crate::api::{Drain, Server, Workload};
+use crate::resources::scaling::Step;
+use crate::resources::{
+    Instance, deployment, handover as gate, labels, pod, rollout, servers, service_monitor,
+    statefulset,
+};
+use crate::status::{HandoverProgress, Problem, WorkloadStatus};
+use crate::store::compact::{Compact, Compactable};
+use crate::store::events::normal;
+use crate::store::kinds::{ChildKind, EachKind, Role, each_kind};
+
+/// What [`children`] leaves for the status.
+pub(super) struct Children {
+    pub workload: WorkloadStatus,
+    pub servers: Vec<Server>,
+    pub drain: Option<Drain>,
+    /// The instance's pods as the plan read them (decoded once per reconcile).
+    pub pods: Vec<Arc<Pod>>,
+    /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+    pub problem: Option<Problem>,
+    /// The warm-handover copies running.
+    pub handovers: Vec<HandoverProgress>,
+    /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
+    /// progress is shown.
+    pub wait: Option<Duration>,
+    /// The workload was created and the turn given up before the other children.
+    pub yielded: bool,
+    /// The instance's first status was written right after its workload was created (in a burst).
+    pub wrote_first_status: bool,
+}
+
+/// The workload as applied, and the handovers its rollout runs.
+struct AppliedWorkload {
+    status: WorkloadStatus,
+    created: bool,
+    handovers: Vec<HandoverProgress>,
+    wait: Option<Duration>,
+}
+
+/// Applies the children (see the module doc) and records what changed in `changes`.
+///
+/// When `may_yield`, the workload was created now and other new instances wait for their turns, it stops
+/// after the workload. When other new instances take their first turns meanwhile (a burst that nobody
+/// waits in yet), the instance's first status is written right after its workload.
+pub(super) async fn children(
+    ctx: &Context,
+    view: &View<'_>,
+    secret_hash: Option<&str>,
+    changes: &mut Changes,
+    may_yield: bool,
+) -> Result<Children, Error> {
+    let (mc, instance) = (view.mc, view.instance);
+    let plan = pool::plan(ctx, mc, instance, &view.pods);
+    unclaimed_names(view)?;
+    drain_events(ctx, view, &plan, |step| {
+        matches!(step, Step::Cancelled { .. })
+    })
+    .await;
+    pool::apply_marks(ctx, instance, &plan.marks).await?;
+    server_list(ctx, view, &plan.servers).await?;
+    drain_events(ctx, view, &plan, |step| {
+        matches!(step, Step::Draining { .. })
+    })
+    .await;
+    // The list a scale changes is published (or held back) above; its copies run from here on.
+    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), &view.pods).await?;
+    let applied = match instance.spec.workload {
+        Workload::Deployment => deployment(ctx, view, &plan, secret_hash, changes).await?,
+        Workload::StatefulSet => statefulset(ctx, view, &plan, secret_hash, changes).await?,
+    };
+    let mut handovers = applied.handovers;
+    handovers.extend(scaled.progress);
+    let mut children = Children {
+        workload: applied.status,
+        servers: plan.servers.clone(),
+        drain: plan.drain.clone(),
+        pods: view.pods.clone(),
+        problem: None,
+        handovers,
+        wait: [plan.wait, applied.wait, scaled.wait]
+            .into_iter()
+            .flatten()
+            .min(),
+        yielded: false,
+        wrote_first_status: false,
+    };
+    if may_yield && applied.created && ctx.turns.new_waiting() {
+        children.yielded = true;
+        children.wait = None;
+        return Ok(children);
+    }
+    // At the start of a burst nobody waits for a turn yet: the first new instances take theirs at once and
+    // find each other here. Their first statuses go now, not after their Services (each allocates a
+    // ClusterIP, the slowest writes of a burst); their Services follow in the same turn.
+    if applied.created && mc.status.is_none() && ctx.turns.other_new_instances() {
+        first_status(ctx, view, &children).await?;
+        children.wrote_first_status = true;
+    }
+    drain_events(ctx, view, &plan, |step| {
+        matches!(step, Step::Drained { .. })
+    })
+    .await;
+    built(view, ctx, changes).await?;
+    children.problem = service_monitor(ctx, view, changes).await?;
+    Ok(children)
+}
+
+/// Publishes an event for each step of the drain that `which` selects.
+async fn drain_events(ctx: &Context, view: &View<'_>, plan: &Pool, which: fn(&Step) -> bool) {
+    let reference = view.mc.object_ref(&());
+    for step in plan.steps.iter().filter(|step| which(step)) {
+        let (reason, note) = match *step {
+            Step::Cancelled { from, to, size } => (
+                "DrainCancelled",
+                format!(
+                    "Cancelled the drain from {from} to {to} servers: spec.size is {size} again; every \
+                     server stays"
+                ),
+            ),
+            Step::Draining { from, to } => (
+                "Draining",
+                format!(
+                    "Draining: published {to} of {from} servers; the other {} go after {} s",
+                    from - to,
+                    view.instance.spec.drain_seconds()
+                ),
+            ),
+            Step::Drained { from, to } => (
+                "Drained",
+                format!(
+                    "Drained: removing {} servers after the drain ({from} to {to})",
+                    from - to
+                ),
+            ),
+        };
+        ctx.events
+            .record(&reference, normal(reason, "Scale", note))
+            .await;
+    }
+}
+
+/// The server list: created with the first published server, in the one write that fills it; from then
+/// on kept current, an empty list included.
+async fn server_list(ctx: &Context, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
+    let instance = view.instance;
+    let list = servers::config_map(instance, published);
+    let name = list.name_any();
+    let source = view.source();
+    if !servers::publishes(published) && children::cached(instance, &name, &source)?.is_none() {
+        return Ok(());
+    }
+    let api = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let applied = children::ensure(instance, list, &source, api).await?;
+    // Not an event: it comes with the first ready server, not with the instance's creation, and the
+    // list changes with every server that comes and goes. One event per instance says "Created".
+    if applied.changed && applied.previous.is_none() {
+        info!(config_map = %name, "created the server list with the first ready server");
+    }
+    Ok(())
+}
+
+/// The Deployment, with the handover gate on its template while a rollout can be warm, and the copies
+/// to the pods that wait behind it.
+async fn deployment(
+    ctx: &Context,
+    view: &View<'_>,
+    plan: &Pool,
+    secret_hash: Option<&str>,
+    changes: &mut Changes,
+) -> Result<AppliedWorkload, Error> {
+    let instance = view.instance;
+    let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
+    let live = children::cached(instance, instance.name, &view.source())?;
+    // Without a surge the old pod goes before the new one starts: nothing to copy from.
+    let handover = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
+    if gate::gate_wanted(handover, &desired, live.as_deref()) {
+        gate::add_gate(&mut desired);
+    }
+    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |d| {
+        d.spec.as_ref().and_then(|s| s.replicas)
+    })
+    .await?;
+    let step = handover::step(ctx, view.mc, instance, &plan.servers, &view.pods).await?;
+    Ok(AppliedWorkload {
+        status: WorkloadStatus::from(applied.as_ref()),
+        created: live.is_none(),
+        handovers: step.progress,
+        wait: step.wait,
+    })
+}
+
+/// The StatefulSet, its partition stepped by the paced rollout and the spare server's handovers.
+async fn statefulset(
+    ctx: &Context,
+    view: &View<'_>,
+    plan: &Pool,
+    secret_hash: Option<&str>,
+    changes: &mut Changes,
+) -> Result<AppliedWorkload, Error> {
+    let instance = view.instance;
+    let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
+    let live = children::cached(instance, instance.name, &view.source())?;
+    let enabled = instance.spec.handover().enabled();
+    let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
+    let live_template = live.as_deref().and_then(template);
+    if gate::template_gate_wanted(enabled, template(&desired).as_ref(), live_template.as_ref())
+        && let Some(spec) = desired.spec.as_mut()
+    {
+        gate::add_template_gate(&mut spec.template);
+    }
+    let pod_refs: Vec<&Pod> = view.pods.iter().map(Arc::as_ref).collect();
+    let pace = rollout::paced(
+        &desired,
+        live.as_deref(),
+        &pod_refs,
+        instance.spec.warmup_seconds(),
+        enabled,
+        &(ctx.clock)(),
+    );
+    let template = desired.spec.as_ref().map(|s| &s.template);
+    let staging = spare::step(
+        ctx,
+        view.mc,
+        instance,
+        template,
+        &pace,
+        live.as_deref(),
+        &view.pods,
+    )
+    .await?;
+    statefulset::set_partition(&mut desired, staging.partition);
+    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |s| {
+        s.spec.as_ref().and_then(|s| s.replicas)
+    })
+    .await?;
+    Ok(AppliedWorkload {
+        status: WorkloadStatus::from(applied.as_ref()),
+        created: live.is_none(),
+        handovers: staging.progress,
+        wait: [pace.wait, staging.wait].into_iter().flatten().min(),
+    })
+}
+
+/// Applies the workload (`replicas` of them) and records it as created, scaled or updated.
+async fn ensure_workload<K: ChildKind>(
+    ctx: &Context,
+    view: &View<'_>,
+    desired: K,
+    replicas: i32,
+    changes: &mut Changes,
+    replicas_of: fn(&K) -> Option<i32>,
+) -> Result<Arc<K>, Error> {
+    let (instance, kind) = (view.instance, K::kind(&()));
+    let api = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let applied = children::ensure(instance, desired, &view.source(), api).await?;
+    if applied.changed {
+        changes.workload();
+        let name = instance.name;
+        // A workload without replicas has the API server's default, 1.
+        let before = applied
+            .previous
+            .as_deref()
+            .map(|p| replicas_of(p).unwrap_or(1));
+        match before {
+            None => changes.created(format!("{kind} {name} with {replicas} replicas")),
+            Some(before) if before != replicas => changes.scaled(format!(
+                "{kind} {name} from {before} to {replicas} replicas"
+            )),
+            Some(_) => changes.updated(format!("{kind} {name}")),
+        }
+    }
+    applied.current()
+}
+
+/// Writes the instance's first status from what was just applied (in a burst, before its Services).
+async fn first_status(ctx: &Context, view: &View<'_>, children: &Children) -> Result<(), Error> {
+    let early = Published {
+        servers: children.servers.clone(),
+        drain: children.drain.clone(),
+        pods: children.pods.clone(),
+        handovers: children.handovers.clone(),
+    };
+    let selector = Some(labels::selector_string(view.instance.name));
+    let workload = Some(children.workload.clone());
+    report::report(view.mc, ctx, workload, Some(early), None, selector).await?;
+    Ok(())
+}
+
+/// Refuses, before anything is written, an instance whose server list, workload or Services would have
+/// the name of an object the operator does not manage (the table's required names); the optional
+/// children are checked as they are applied.
+fn unclaimed_names(view: &View<'_>) -> Result<(), Error> {
+    struct Unclaimed<'v, 'a> {
+        view: &'v View<'a>,
+        result: Result<(), Error>,
+    }
+    impl EachKind for Unclaimed<'_, '_> {
+        fn kind<K: ChildKind>(&mut self) {
+            if self.result.is_err() {
+                return;
+            }
+            let source = self.view.source::<K>();
+            self.result = K::required_names(self.view.instance)
+                .iter()
+                .try_for_each(|name| children::unclaimed(self.view.instance, name, &source));
+        }
+    }
+    let mut unclaimed = Unclaimed {
+        view,
+        result: Ok(()),
+    };
+    each_kind(&mut unclaimed);
+    unclaimed.result
+}
+
+/// One child of a kind the table builds, to apply (or delete, when `desired` is `None`).
+struct Built<K> {
+    name: String,
+    desired: Option<K>,
+}
+
+/// A [`Built`] child of any kind, applied in turn.
+trait Apply: Send {
+    fn apply<'f>(
+        self: Box<Self>,
+        ctx: &'f Context,
+        view: &'f View<'f>,
+        changes: &'f mut Changes,
+    ) -> BoxFuture<'f, Result<(), Error>>;
+}
+
+impl<K: ChildKind> Apply for Built<K> {
+    fn apply<'f>(
+        self: Box<Self>,
+        ctx: &'f Context,
+        view: &'f View<'f>,
+        changes: &'f mut Changes,
+    ) -> BoxFuture<'f, Result<(), Error>> {
+        Box::pin(async move {
+            let api = Api::namespaced(ctx.client.clone(), view.instance.namespace);
+            sync_child(view, &self.name, self.desired, &view.source(), api, changes).await
+        })
+    }
+}
+
+/// Applies every child of the kinds the table builds ([`Role::Built`]), in the table's order.
+async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<(), Error> {
+    struct Collect<'i> {
+        instance: &'i Instance<'i>,
+        children: Vec<Box<dyn Apply>>,
+    }
+    impl EachKind for Collect<'_> {
+        fn kind<K: ChildKind>(&mut self) {
+            if K::ROLE != Role::Built {
+                return;
+            }
+            for (name, desired) in K::desired(self.instance) {
+                self.children.push(Box::new(Built { name, desired }));
+            }
+        }
+    }
+    let mut collect = Collect {
+        instance: view.instance,
+        children: Vec::new(),
+    };
+    each_kind(&mut collect);
+    for child in collect.children {
+        child.apply(ctx, view, changes).await?;
+    }
+    Ok(())
+}
+
+/// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one
+/// where the cluster serves none is a problem for the status, not an error.
+async fn service_monitor(
+    ctx: &Context,
+    view: &View<'_>,
+    changes: &mut Changes,
+) -> Result<Option<Problem>, Error> {
+    let instance = view.instance;
+    let monitor = service_monitor::service_monitor(instance);
+    let Some(store) = view.service_monitors() else {
+        return Ok(monitor.is_some().then(|| Problem {
+            reason: "ServiceMonitorUnavailable".into(),
+            message: "spec.monitoring.serviceMonitor is enabled, but the cluster did not serve \
+                      monitoring.coreos.com/v1 ServiceMonitor when the operator started; install the \
+                      Prometheus Operator CRDs and restart the operator, or disable the ServiceMonitor"
+                .into(),
+        }));
+    };
+    let resource = service_monitor::api_resource();
+    let api = Api::namespaced_with(ctx.client.clone(), instance.namespace, &resource);
+    let source = view.source_of(store, &resource);
+    sync_child(view, instance.name, monitor, &source, api, changes).await?;
+    Ok(None)
+}
+
+/// Applies the child `name` as `desired`, or deletes it when nothing is desired (and the cache shows
+/// one), and records what changed.
+async fn sync_child<K>(
+    view: &View<'_>,
+    name: &str,
+    desired: Option<K>,
+    source: &Source<'_, K>,
+    api: Api<Compact<K>>,
+    changes: &mut Changes,
+) -> Result<(), Error>
+where
+    K: Compactable + Debug + Send + Sync,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    let what = format!("{} {name}", K::kind(source.dt));
+    let instance = view.instance;
+    match desired {
+        Some(desired) => {
+            let applied = children::ensure(instance, desired, source, api).await?;
+            match (applied.changed, applied.previous.is_some()) {
+                (true, false) => changes.created(what),
+                (true, true) => changes.updated(what),
+                (false, _) => {}
+            }
+        }
+        None => {
+            if children::remove(instance, name, source, api).await? {
+                changes.deleted(what);
+            }
+        }
+    }
+    Ok(())
+}

@@ -117,89 +117,73 @@ pub struct Metrics {
 impl Default for Metrics {
     fn default() -> Self {
         let mut registry = Registry::with_prefix("memcached_operator");
-        let reconciles = Family::<ResultLabels, Counter>::default();
-        registry.register(
+        let reconciles = registered(
+            &mut registry,
             "reconcile",
             "Reconciliations by result (success, error)",
-            reconciles.clone(),
+            Family::<ResultLabels, Counter>::default(),
         );
-        let errors = Family::<ErrorLabels, Counter>::default();
-        registry.register(
+        let errors = registered(
+            &mut registry,
             "reconcile_errors",
             "Failed reconciliations by error kind",
-            errors.clone(),
+            Family::<ErrorLabels, Counter>::default(),
         );
-        let duration = Histogram::new(exponential_buckets(0.001, 2.0, 15));
-        registry.register(
+        let duration = registered(
+            &mut registry,
             "reconcile_duration_seconds",
             "Time one reconciliation takes",
-            duration.clone(),
+            Histogram::new(exponential_buckets(0.001, 2.0, 15)),
         );
-        let instances = Gauge::default();
-        registry.register(
+        let instances = registered(
+            &mut registry,
             "managed_instances",
             "Memcached objects the operator watches",
-            instances.clone(),
+            Gauge::default(),
         );
-        let leader = Gauge::default();
-        registry.register(
+        let leader = registered(
+            &mut registry,
             "leader",
             "1 while this replica holds the leader lease (or runs without leader election), else 0",
-            leader.clone(),
+            Gauge::default(),
         );
-        let requests = Family::<RequestLabels, Counter>::default();
-        registry.register(
+        let requests = registered(
+            &mut registry,
             "kube_requests",
             "Kubernetes API requests by verb and HTTP status code (\"error\" when no response arrived)",
-            requests.clone(),
+            Family::<RequestLabels, Counter>::default(),
         );
-        let responses = Family::<ProtocolLabels, Counter>::default();
-        registry.register(
+        let responses = registered(
+            &mut registry,
             "kube_responses",
             "Kubernetes API answers by HTTP version (HTTP/2 where the API server offers it over TLS: one \
-             connection for the writes, one for the watches; HTTP/1.1: one connection per request in \
-             flight)",
-            responses.clone(),
+            connection for the writes, one for the watches; HTTP/1.1: one connection per request in \
+            flight)",
+            Family::<ProtocolLabels, Counter>::default(),
         );
-        let api_available = Gauge::default();
-        registry.register(
+        let api_available = registered(
+            &mut registry,
             "api_available",
             "1 while the API server answers the operator's requests, 0 during an outage",
-            api_available.clone(),
+            Gauge::default(),
         );
-        let watch_errors = Family::<WatchErrorLabels, Counter>::default();
-        registry.register(
+        let watch_errors = registered(
+            &mut registry,
             "watch_errors",
             "Failed or expired watches by resource and reason (expired: re-listed at once; failed: retried)",
-            watch_errors.clone(),
+            Family::<WatchErrorLabels, Counter>::default(),
         );
-        let conditions = Family::<ConditionLabels, Gauge>::default();
-        registry.register(
+        let conditions = registered(
+            &mut registry,
             "instance_condition",
             "1 while the instance's condition (Available, Progressing, Degraded) is True, else 0; as the \
-             leader last computed it",
-            conditions.clone(),
+            leader last computed it",
+            Family::<ConditionLabels, Gauge>::default(),
         );
         let handovers = Arc::new(HandoverMetrics::default());
         handovers.register(&mut registry);
         let operand = Arc::new(OperandMetrics::default());
-        let mut operand_registry = Registry::default();
-        operand_registry.register_collector(Box::new(operand.clone()));
-        operand_registry.register(
-            "memcached_operator_stats_reads",
-            "Reads of memcached servers' stats by result: ok, or why not (connect, timeout, tls, auth, closed, protocol, io, unreadable)",
-            operand.reads(),
-        );
-        operand_registry.register(
-            "memcached_operator_certificate_refreshes",
-            "refresh_certs commands sent to memcached servers presenting a certificate other than their TLS Secret's, by answer (ok, refused)",
-            operand.refreshes(),
-        );
-        operand_registry.register(
-            "memcached_operator_certificate_reloads",
-            "memcached servers seen presenting their TLS Secret's rotated certificate after refresh_certs (reloaded in place, no restart)",
-            operand.reloads(),
-        );
+        let operand_registry = operand_registry(&operand);
         Self {
             registry,
             operand_registry,
@@ -217,6 +201,38 @@ impl Default for Metrics {
             conditions,
         }
     }
+}
+
+/// Registers `metric` under `name` and hands it back.
+fn registered<M>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M
+where
+    M: prometheus_client::registry::Metric + Clone,
+{
+    registry.register(name, help, metric.clone());
+    metric
+}
+
+/// The registry of the operand series (unprefixed: their names are the memcached exporter's), and the
+/// operator's own counts of its stats reads and certificate reloads.
+fn operand_registry(operand: &Arc<OperandMetrics>) -> Registry {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(operand.clone()));
+    registry.register(
+            "memcached_operator_stats_reads",
+            "Reads of memcached servers' stats by result: ok, or why not (connect, timeout, tls, auth, closed, protocol, io, unreadable)",
+            operand.reads(),
+        );
+    registry.register(
+            "memcached_operator_certificate_refreshes",
+            "refresh_certs commands sent to memcached servers presenting a certificate other than their TLS Secret's, by answer (ok, refused)",
+            operand.refreshes(),
+        );
+    registry.register(
+            "memcached_operator_certificate_reloads",
+            "memcached servers seen presenting their TLS Secret's rotated certificate after refresh_certs (reloaded in place, no restart)",
+            operand.reloads(),
+        );
+    registry
 }
 
 impl Metrics {

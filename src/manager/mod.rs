@@ -58,6 +58,121 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         ..Health::default()
     });
 
+    serve_endpoints(&args, metrics_at, &client, &metrics, &health).await?;
+
+    let stop = CancellationToken::new();
+    tokio::spawn(watch_signals(stop.clone()));
+
+    let identity = identity();
+    let mut election = None;
+    if args.leader_elect {
+        match lead(&config, &metrics, &args, &identity, &stop).await? {
+            Some(won) => election = Some(won),
+            None => return Ok(ExitCode::SUCCESS),
+        }
+    }
+    health.leader.store(true, Ordering::Release);
+    metrics.set_leader(true);
+
+    let lost = election.as_mut().map(Election::lost).unwrap_or_default();
+    let shutdown = either_cancelled(stop.clone(), lost.clone())
+        .boxed()
+        .shared();
+    // The client of the watches: made as `client` was, but its own, so its own HTTP/2 connection, apart
+    // from the one that writes. On one connection the watches shared the API server's handling of it
+    // with a burst's writes, fell behind their events, and were closed by the server as unresponsive
+    // (its watch cache gives each watcher a few events' room and a fraction of a second), to be
+    // reopened, each a request, while the instances they were bringing in waited. Measured with `make
+    // bench-real` (300 new instances, a real v1.28.7 API server on 2 shared cores, 2026-11-26): with
+    // the watches on the writes' connection they were reopened 17 to 25 times during the burst
+    // (7.06-7.08 requests per instance; the Memcached watch 5 to 7 times, while the garbage collector's
+    // and the bench's watches of Memcacheds were never closed); on a connection of their own, 1 to 5
+    // reopenings over six runs (7.00-7.02 requests per instance), in moments when the server also
+    // closed other clients' watches. It costs one TLS connection more (about 80 KB).
+    let watch_client = self::client(config.clone(), metrics.clone(), connectivity.clone())?;
+    let watches = run::watch(
+        &watch_client,
+        &metrics,
+        args.namespace.as_deref(),
+        shutdown.clone(),
+    )
+    .await;
+    // The operand stats collector: its own task, reading the same caches once they are filled, stopped
+    // with the controller.
+    let collector = (!args.stats_interval.is_zero()).then(|| {
+        spawn_collector(
+            &args,
+            &watches,
+            &client,
+            &metrics,
+            &identity,
+            shutdown.clone(),
+        )
+    });
+    let options = RunOptions {
+        namespace: args.namespace.clone(),
+        settings: settings(&args, collector.is_some()),
+        reporter_instance: Some(identity),
+    };
+    let controller = run::run(
+        watches,
+        client,
+        metrics.clone(),
+        connectivity,
+        options,
+        health.synced.clone(),
+    );
+    tokio::pin!(controller);
+    tokio::select! {
+        () = &mut controller => {}
+        // In-flight reconciles get a moment to finish, not more: another replica may lead already.
+        () = async {
+            lost.cancelled().await;
+            tokio::time::sleep(LOST_LEASE_GRACE).await;
+        }, if !stop.is_cancelled() => {}
+    }
+    if let Some(collector) = collector {
+        collector.abort();
+    }
+    health.stopping.store(true, Ordering::Release);
+    metrics.set_leader(false);
+    Ok(exit(election, &lost, &stop).await)
+}
+
+/// How the operator exits once the controller stopped: a replica that lost the lease fails, so that it
+/// restarts as a standby; one told to stop gives the lease up.
+async fn exit(
+    election: Option<Election>,
+    lost: &CancellationToken,
+    stop: &CancellationToken,
+) -> ExitCode {
+    if lost.is_cancelled() && !stop.is_cancelled() {
+        error!("lost the leader lease; exiting so that this replica restarts as a standby");
+        return ExitCode::FAILURE;
+    }
+    if let Some(election) = election {
+        election.release().await;
+    }
+    info!("shut down cleanly");
+    ExitCode::SUCCESS
+}
+
+/// Ends when `stop` or `lost` is cancelled: what stops the watches, the collector and the controller.
+async fn either_cancelled(stop: CancellationToken, lost: CancellationToken) {
+    tokio::select! {
+        () = stop.cancelled() => {},
+        () = lost.cancelled() => {},
+    }
+}
+
+/// Serves the health probes and `/metrics` where the flags ask for them.
+async fn serve_endpoints(
+    args: &RunArgs,
+    metrics_at: Option<(std::net::SocketAddr, bool)>,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    health: &Arc<Health>,
+) -> anyhow::Result<()> {
     if let Some(addr) = bind_address(&args.health_probe_bind_address).map_err(|e| anyhow!(e))? {
         let local = http::serve(addr, http::probes(health.clone()))
             .await
@@ -89,131 +204,75 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             info!(%local, "serving /metrics over plain HTTP without authentication (--metrics-secure=false)");
         }
     }
+    Ok(())
+}
 
-    let stop = CancellationToken::new();
-    tokio::spawn(watch_signals(stop.clone()));
-
-    let identity = identity();
-    let mut election = None;
-    if args.leader_elect {
-        let Some(mut started) = start_election(&config, &metrics, &args, &identity, &stop).await?
-        else {
-            info!("stopped before leader election could start");
-            return Ok(ExitCode::SUCCESS);
-        };
-        if !started.acquired(&stop).await {
-            info!("stopped before becoming leader");
-            started.release().await;
-            return Ok(ExitCode::SUCCESS);
-        }
-        info!(%identity, "became leader");
-        election = Some(started);
-    }
-    health.leader.store(true, Ordering::Release);
-    metrics.set_leader(true);
-
-    let lost = election.as_mut().map(Election::lost).unwrap_or_default();
-    let shutdown = {
-        let (stop, lost) = (stop.clone(), lost.clone());
-        async move {
-            tokio::select! {
-                () = stop.cancelled() => {},
-                () = lost.cancelled() => {},
-            }
-        }
+/// Waits to lead: the election won, or `None` when the operator was stopped first.
+async fn lead(
+    config: &Config,
+    metrics: &Arc<Metrics>,
+    args: &RunArgs,
+    identity: &str,
+    stop: &CancellationToken,
+) -> anyhow::Result<Option<Election>> {
+    let Some(mut started) = start_election(config, metrics, args, identity, stop).await? else {
+        info!("stopped before leader election could start");
+        return Ok(None);
     };
-    let shutdown = shutdown.boxed().shared();
-    // The client of the watches: made as `client` was, but its own, so its own HTTP/2 connection, apart
-    // from the one that writes. On one connection the watches shared the API server's handling of it
-    // with a burst's writes, fell behind their events, and were closed by the server as unresponsive
-    // (its watch cache gives each watcher a few events' room and a fraction of a second), to be
-    // reopened, each a request, while the instances they were bringing in waited. Measured with `make
-    // bench-real` (300 new instances, a real v1.28.7 API server on 2 shared cores, 2026-11-26): with
-    // the watches on the writes' connection they were reopened 17 to 25 times during the burst
-    // (7.06-7.08 requests per instance; the Memcached watch 5 to 7 times, while the garbage collector's
-    // and the bench's watches of Memcacheds were never closed); on a connection of their own, 1 to 5
-    // reopenings over six runs (7.00-7.02 requests per instance), in moments when the server also
-    // closed other clients' watches. It costs one TLS connection more (about 80 KB).
-    let watch_client = self::client(config.clone(), metrics.clone(), connectivity.clone())?;
-    let watches = run::watch(
-        &watch_client,
-        &metrics,
-        args.namespace.as_deref(),
-        shutdown.clone(),
-    )
-    .await;
-    // The operand stats collector: its own task, reading the same caches once they are filled, stopped
-    // with the controller.
-    let collector = (!args.stats_interval.is_zero()).then(|| {
-        let stores = &watches.stores;
-        crate::telemetry::spawn(
-            crate::telemetry::Settings {
-                interval: args.stats_interval,
-                status_interval: args.stats_status_interval,
-                cluster_domain: args.cluster_domain.clone(),
-            },
-            crate::telemetry::Sources {
-                client: client.clone(),
-                memcacheds: stores.memcacheds.clone(),
-                pods: crate::telemetry::IndexedPods {
-                    store: stores.pods.clone(),
-                    index: stores.pod_index.clone(),
-                },
-                secrets: stores.secrets.clone(),
-            },
-            metrics.operand(),
-            Some(identity.clone()),
-            watches.synced(),
-            shutdown.clone(),
-        )
-    });
-    let options = RunOptions {
-        namespace: args.namespace.clone(),
-        settings: Settings {
-            defaults: Defaults {
-                image: args.memcached_image.clone(),
-                operator_pods: operator_pods(),
-                stats_collected: collector.is_some(),
-            },
-            requeue_after: args.requeue_interval,
-            concurrency: args.concurrency,
+    if !started.acquired(stop).await {
+        info!("stopped before becoming leader");
+        started.release().await;
+        return Ok(None);
+    }
+    info!(%identity, "became leader");
+    Ok(Some(started))
+}
+
+/// Starts the operand stats collector over the watches' caches.
+fn spawn_collector(
+    args: &RunArgs,
+    watches: &run::Watches,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    identity: &str,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let stores = &watches.stores;
+    crate::telemetry::spawn(
+        crate::telemetry::Settings {
+            interval: args.stats_interval,
+            status_interval: args.stats_status_interval,
             cluster_domain: args.cluster_domain.clone(),
-            ..Settings::default()
         },
-        reporter_instance: Some(identity),
-    };
-    let controller = run::run(
-        watches,
-        client,
-        metrics.clone(),
-        connectivity,
-        options,
-        health.synced.clone(),
-    );
-    tokio::pin!(controller);
-    tokio::select! {
-        () = &mut controller => {}
-        // In-flight reconciles get a moment to finish, not more: another replica may lead already.
-        () = async {
-            lost.cancelled().await;
-            tokio::time::sleep(LOST_LEASE_GRACE).await;
-        }, if !stop.is_cancelled() => {}
-    }
-    if let Some(collector) = collector {
-        collector.abort();
-    }
-    health.stopping.store(true, Ordering::Release);
-    metrics.set_leader(false);
+        crate::telemetry::Sources {
+            client: client.clone(),
+            memcacheds: stores.memcacheds.clone(),
+            pods: crate::telemetry::IndexedPods {
+                store: stores.pods.clone(),
+                index: stores.pod_index.clone(),
+            },
+            secrets: stores.secrets.clone(),
+        },
+        metrics.operand(),
+        Some(identity.to_owned()),
+        watches.synced(),
+        shutdown,
+    )
+}
 
-    if lost.is_cancelled() && !stop.is_cancelled() {
-        error!("lost the leader lease; exiting so that this replica restarts as a standby");
-        return Ok(ExitCode::FAILURE);
+/// The reconciler's settings from the flags.
+fn settings(args: &RunArgs, stats_collected: bool) -> Settings {
+    Settings {
+        defaults: Defaults {
+            image: args.memcached_image.clone(),
+            operator_pods: operator_pods(),
+            stats_collected,
+        },
+        requeue_after: args.requeue_interval,
+        concurrency: args.concurrency,
+        cluster_domain: args.cluster_domain.clone(),
+        ..Settings::default()
     }
-    if let Some(election) = election {
-        election.release().await;
-    }
-    info!("shut down cleanly");
-    Ok(ExitCode::SUCCESS)
 }
 
 /// Longest wait for a connection (TCP and TLS) to the API server. kube's default of 30 s lets one attempt

@@ -49,7 +49,7 @@ use crate::resources::{labels, secrets, service_monitor};
 use crate::store::Stores;
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::{Compact, Compactable, trim_instance};
-use crate::store::foreign;
+use crate::store::foreign::{self, Foreign};
 use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
@@ -256,48 +256,9 @@ pub async fn watch(
         // hashes of their values, which end with them.
         secret_hashes.observer(),
     );
-    // Same-named objects the operator does not manage, for every kind it creates by name (see
-    // `foreign`); ServiceMonitors are left out (an optional extra the operator only creates when asked).
-    let mut foreign = foreign::Builder::default();
-    let unmanaged = from_cache(watcher::Config::default());
-    let mut foreign_watches = ForeignWatches {
-        client,
-        namespace: ns,
-        metrics: &metrics,
-        config: &unmanaged,
-        builder: &mut foreign,
-        instances: &memcacheds,
-        triggers: Vec::new(),
-    };
-    each_kind(&mut foreign_watches);
-    let foreign_streams = futures::stream::select_all(foreign_watches.triggers);
-    let service_monitor = service_monitor::api_resource();
-    let (service_monitors, service_monitor_stream) = if service_monitors_served(
-        client,
-        shutdown.clone(),
-    )
-    .await
-    {
-        let api = match ns {
-            Some(ns) => {
-                Api::<Compact<DynamicObject>>::namespaced_with(client.clone(), ns, &service_monitor)
-            }
-            None => Api::<Compact<DynamicObject>>::all_with(client.clone(), &service_monitor),
-        };
-        let (store, stream) = cached(
-            &metrics,
-            "servicemonitors",
-            api,
-            children,
-            forgets_seen(&written, &service_monitor),
-        );
-        (Some(store), Some(stream))
-    } else {
-        info!(
-            "the cluster does not serve monitoring.coreos.com/v1 ServiceMonitor; not watching them"
-        );
-        (None, None)
-    };
+    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds);
+    let (service_monitors, service_monitor_stream) =
+        watch_service_monitors(client, ns, &metrics, children, &written, shutdown.clone()).await;
 
     let stores = Stores {
         memcacheds: memcacheds.clone(),
@@ -306,7 +267,7 @@ pub async fn watch(
         pod_index,
         secrets,
         service_monitors,
-        foreign: foreign.build(),
+        foreign,
     };
     let children_synced = children_synced(&stores, shutdown.clone());
     Watches {
@@ -321,11 +282,65 @@ pub async fn watch(
             children: child_triggers.boxed(),
             pods: pod_stream.boxed(),
             secrets: secret_stream.boxed(),
-            service_monitors: service_monitor_stream.map(StreamExt::boxed),
+            service_monitors: service_monitor_stream,
             foreign: foreign_streams.boxed(),
         },
         shutdown,
     }
+}
+
+/// Watches, for every kind it creates by name, the same-named objects the operator does not manage (see
+/// `foreign`); ServiceMonitors are left out (an optional extra the operator only creates when asked).
+fn watch_foreign(
+    client: &Client,
+    ns: Option<&str>,
+    metrics: &Arc<Metrics>,
+    memcacheds: &reflector::Store<Memcached>,
+) -> (Foreign, BoxStream<'static, ObjectRef<Memcached>>) {
+    let mut foreign = foreign::Builder::default();
+    let unmanaged = from_cache(watcher::Config::default());
+    let mut foreign_watches = ForeignWatches {
+        client,
+        namespace: ns,
+        metrics,
+        config: &unmanaged,
+        builder: &mut foreign,
+        instances: memcacheds,
+        triggers: Vec::new(),
+    };
+    each_kind(&mut foreign_watches);
+    let streams = futures::stream::select_all(foreign_watches.triggers).boxed();
+    (foreign.build(), streams)
+}
+
+/// The ServiceMonitors' cache and watch, when the cluster serves their API (asked once, at start).
+async fn watch_service_monitors(
+    client: &Client,
+    ns: Option<&str>,
+    metrics: &Arc<Metrics>,
+    config: watcher::Config,
+    written: &Arc<Written>,
+    shutdown: Shared<BoxFuture<'static, ()>>,
+) -> (
+    Option<Cache<DynamicObject>>,
+    Option<Watched<Compact<DynamicObject>>>,
+) {
+    if !service_monitors_served(client, shutdown).await {
+        info!(
+            "the cluster does not serve monitoring.coreos.com/v1 ServiceMonitor; not watching them"
+        );
+        return (None, None);
+    }
+    let service_monitor = service_monitor::api_resource();
+    let api = match ns {
+        Some(ns) => {
+            Api::<Compact<DynamicObject>>::namespaced_with(client.clone(), ns, &service_monitor)
+        }
+        None => Api::<Compact<DynamicObject>>::all_with(client.clone(), &service_monitor),
+    };
+    let observers = forgets_seen(written, &service_monitor);
+    let (store, stream) = cached(metrics, "servicemonitors", api, config, observers);
+    (Some(store), Some(stream.boxed()))
 }
 
 /// Runs the controller over `watches` until shutdown (theirs); in-flight reconciles finish first.
@@ -419,18 +434,25 @@ pub async fn run(
         )
         .for_each(|result| async move {
             if let Err(error) = result {
-                // Reconcile failures are logged by reconcile itself; these are queue or watch problems.
-                match error {
-                    kube::runtime::controller::Error::ReconcilerFailed(..) => {}
-                    kube::runtime::controller::Error::ObjectNotFound(obj) => {
-                        tracing::debug!(%obj, "object gone before its reconcile ran")
-                    }
-                    other => warn!(error = %other, "controller error"),
-                }
+                log_controller_error(error);
             }
         })
         .await;
     info!("controller stopped");
+}
+
+/// Logs what the controller's stream reports: reconcile failures are logged by the reconcile itself;
+/// these are queue or watch problems.
+fn log_controller_error<E: std::error::Error>(
+    error: kube::runtime::controller::Error<E, watcher::Error>,
+) {
+    match error {
+        kube::runtime::controller::Error::ReconcilerFailed(..) => {}
+        kube::runtime::controller::Error::ObjectNotFound(obj) => {
+            debug!(%obj, "object gone before its reconcile ran")
+        }
+        other => warn!(error = %other, "controller error"),
+    }
 }
 
 /// A compact, cached watch of `K` (the watch of `api`; what is kept is [`Compactable`]'s to say): its

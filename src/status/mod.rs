@@ -196,6 +196,8 @@ fn available(c: &Counts) -> (bool, &'static str, String) {
     }
 }
 
+/// The `Progressing` condition: what the pool is doing, the first that applies of a handover or drain in
+/// a scale, the workload's own progress, a copy during a rollout, then the counts.
 fn progressing(
     o: &Observed<'_>,
     c: &Counts,
@@ -204,101 +206,91 @@ fn progressing(
     let Some(workload) = &o.workload else {
         return (true, CREATING, "the workload does not exist yet".to_owned());
     };
-    let copying = || {
-        o.handovers
-            .iter()
-            .map(|h| format!("slot {}: {} items, {} bytes", h.slot, h.items, h.bytes))
-            .collect::<Vec<_>>()
-            .join("; ")
-    };
-    if let Some(drain) = &o.drain
-        && !o.handovers.is_empty()
-    {
-        return (
-            true,
-            HANDING_OVER,
-            format!(
-                "scaling down from {} to {} servers: copying the items that change server to the server \
-                 that owns them under the published list ({}); the removed servers' pods go once the \
-                 copies ended and spec.scaling.drainSeconds passed",
-                drain.from_size,
-                drain.to_size,
-                copying()
-            ),
-        );
-    }
-    // A scale-up's joining servers are ready and held out of the published list while they fill.
-    if !o.handovers.is_empty() && o.servers.iter().any(|s| s.ready && s.address.is_none()) {
-        return (
-            true,
-            HANDING_OVER,
-            format!(
-                "scaling up: copying the items that move to the joining servers before they are \
-                 published ({})",
-                copying()
-            ),
-        );
-    }
-    if let Some(drain) = &o.drain {
-        return (
-            true,
-            "Draining",
-            format!(
-                "scaling down from {} to {} servers: the removed servers left the published list and \
-                 their pods go after spec.scaling.drainSeconds",
-                drain.from_size, drain.to_size
-            ),
-        );
+    if let Some(scaling) = scaling(o) {
+        return scaling;
     }
     // Just created: its controller has not reported on it yet.
     if workload.observed_generation.is_none() {
-        return (
-            true,
-            CREATING,
-            format!(
-                "creating the {}; waiting for its controller to start the pods",
-                workload.kind
-            ),
+        let message = format!(
+            "creating the {}; waiting for its controller to start the pods",
+            workload.kind
         );
+        return (true, CREATING, message);
     }
     if workload.observed_generation < workload.generation {
-        return (
-            true,
-            "Reconciling",
-            format!(
-                "waiting for the {} controller to observe the new spec",
-                workload.kind
-            ),
+        let message = format!(
+            "waiting for the {} controller to observe the new spec",
+            workload.kind
         );
+        return (true, "Reconciling", message);
     }
     if let Some(problem) = deadline {
         return (false, "ProgressDeadlineExceeded", problem.message.clone());
     }
     if !o.handovers.is_empty() {
-        return (
-            true,
-            HANDING_OVER,
-            format!(
-                "copying the items of the servers being replaced to their new servers ({}); {} of {} \
-                 servers updated",
-                copying(),
-                c.updated,
-                c.size
-            ),
+        let message = format!(
+            "copying the items of the servers being replaced to their new servers ({}); {} of {} \
+             servers updated",
+            copying(o),
+            c.updated,
+            c.size
         );
+        return (true, HANDING_OVER, message);
     }
+    counted(c)
+}
+
+/// The copies running, one per slot.
+fn copying(o: &Observed<'_>) -> String {
+    o.handovers
+        .iter()
+        .map(|h| format!("slot {}: {} items, {} bytes", h.slot, h.items, h.bytes))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// `Progressing` while a scale hands items over or drains servers.
+fn scaling(o: &Observed<'_>) -> Option<(bool, &'static str, String)> {
+    let copying_now = !o.handovers.is_empty();
+    if let Some(drain) = &o.drain
+        && copying_now
+    {
+        let message = format!(
+            "scaling down from {} to {} servers: copying the items that change server to the server \
+             that owns them under the published list ({}); the removed servers' pods go once the \
+             copies ended and spec.scaling.drainSeconds passed",
+            drain.from_size,
+            drain.to_size,
+            copying(o)
+        );
+        return Some((true, HANDING_OVER, message));
+    }
+    // A scale-up's joining servers are ready and held out of the published list while they fill.
+    if copying_now && o.servers.iter().any(|s| s.ready && s.address.is_none()) {
+        let message = format!(
+            "scaling up: copying the items that move to the joining servers before they are \
+             published ({})",
+            copying(o)
+        );
+        return Some((true, HANDING_OVER, message));
+    }
+    let drain = o.drain.as_ref()?;
+    let message = format!(
+        "scaling down from {} to {} servers: the removed servers left the published list and \
+         their pods go after spec.scaling.drainSeconds",
+        drain.from_size, drain.to_size
+    );
+    Some((true, "Draining", message))
+}
+
+/// `Progressing` from the pod counts alone.
+fn counted(c: &Counts) -> (bool, &'static str, String) {
     if c.replicas > c.updated {
-        (
-            true,
-            "RollingUpdate",
-            format!("{} of {} servers updated", c.updated, c.size),
-        )
+        let message = format!("{} of {} servers updated", c.updated, c.size);
+        (true, "RollingUpdate", message)
     } else if c.replicas > c.size {
-        (
-            true,
-            "ScalingDown",
-            format!("scaling down from {} to {} pods", c.replicas, c.size),
-        )
+        let message = format!("scaling down from {} to {} pods", c.replicas, c.size);
+        (true, "ScalingDown", message)
     } else if c.ready < c.size || c.updated < c.size {
         (
             true,
@@ -306,11 +298,8 @@ fn progressing(
             format!("{} of {} pods ready", c.ready, c.size),
         )
     } else {
-        (
-            false,
-            "Complete",
-            format!("{} of {} pods up to date and ready", c.ready, c.size),
-        )
+        let message = format!("{} of {} pods up to date and ready", c.ready, c.size);
+        (false, "Complete", message)
     }
 }
 

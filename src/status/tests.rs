@@ -67,8 +67,20 @@ fn expect(status: &MemcachedStatus, want: [(&str, &str); 3]) {
     assert_eq!(summary(status), want);
 }
 
-#[test]
-fn condition_table() {
+/// The workload each case of the condition tables observes.
+struct Workloads {
+    none: Deployment,
+    three: Deployment,
+    creating: Deployment,
+    scaling_up: Deployment,
+    scaling_down: Deployment,
+    rolling: Deployment,
+    unobserved: Deployment,
+    deadline: Deployment,
+    quota: Deployment,
+}
+
+fn workloads() -> Workloads {
     let none = ready_deployment(0);
     let three = ready_deployment(3);
     let creating = deployment(json!({"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}));
@@ -87,100 +99,23 @@ fn condition_table() {
         "conditions": [{"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate",
                         "message": "pods \"cache-1\" is forbidden: exceeded quota: q"}]
     }));
+    Workloads {
+        none,
+        three,
+        creating,
+        scaling_up,
+        scaling_down,
+        rolling,
+        unobserved,
+        deadline,
+        quota,
+    }
+}
 
-    type Case<'a> = (&'a str, Observed<'a>, [(&'a str, &'a str); 3]);
-    let cases: Vec<Case<'_>> = vec![
-        (
-            "no deployment yet",
-            observed(1, None, vec![]),
-            [
-                ("False", "ReplicasNotReady"),
-                ("True", "Creating"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "pod starting",
-            observed(1, Some(&creating), vec![]),
-            [
-                ("False", "ReplicasNotReady"),
-                ("True", "ScalingUp"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "all ready",
-            observed(3, Some(&three), vec![]),
-            [
-                ("True", "AllReplicasReady"),
-                ("False", "Complete"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "scaling up",
-            observed(3, Some(&scaling_up), vec![]),
-            [
-                ("False", "ReplicasNotReady"),
-                ("True", "ScalingUp"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "scaling down",
-            observed(1, Some(&scaling_down), vec![]),
-            [
-                ("True", "AllReplicasReady"),
-                ("True", "ScalingDown"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "rolling update",
-            observed(3, Some(&rolling), vec![]),
-            [
-                ("True", "AllReplicasReady"),
-                ("True", "RollingUpdate"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "spec not yet observed by the deployment controller",
-            observed(1, Some(&unobserved), vec![]),
-            [
-                ("True", "AllReplicasReady"),
-                ("True", "Reconciling"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "scaled to zero",
-            observed(0, Some(&none), vec![]),
-            [
-                ("True", "ScaledToZero"),
-                ("False", "Complete"),
-                ("False", "AsExpected"),
-            ],
-        ),
-        (
-            "progress deadline exceeded",
-            observed(1, Some(&deadline), vec![]),
-            [
-                ("False", "ReplicasNotReady"),
-                ("False", "ProgressDeadlineExceeded"),
-                ("True", "ProgressDeadlineExceeded"),
-            ],
-        ),
-        (
-            "quota rejects pods",
-            observed(1, Some(&quota), vec![]),
-            [
-                ("False", "ReplicasNotReady"),
-                ("True", "ScalingUp"),
-                ("True", "ReplicaFailure"),
-            ],
-        ),
-    ];
+type Case<'a> = (&'a str, Observed<'a>, [(&'a str, &'a str); 3]);
+
+/// Each case's three conditions, with the generation observed and a message.
+fn check(cases: Vec<Case<'_>>) {
     for (name, obs, want) in cases {
         let status = compute(&obs, None, &at(0));
         let got = summary(&status);
@@ -195,6 +130,110 @@ fn condition_table() {
             assert!(!c.message.is_empty(), "case {name:?}");
         }
     }
+}
+
+#[test]
+fn condition_table_as_pods_come_and_go() {
+    let w = workloads();
+    check(vec![
+        (
+            "no deployment yet",
+            observed(1, None, vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "Creating"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "pod starting",
+            observed(1, Some(&w.creating), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "all ready",
+            observed(3, Some(&w.three), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("False", "Complete"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaling up",
+            observed(3, Some(&w.scaling_up), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaling down",
+            observed(1, Some(&w.scaling_down), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "ScalingDown"),
+                ("False", "AsExpected"),
+            ],
+        ),
+    ]);
+}
+
+#[test]
+fn condition_table_of_rollouts_and_workload_problems() {
+    let w = workloads();
+    check(vec![
+        (
+            "rolling update",
+            observed(3, Some(&w.rolling), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "RollingUpdate"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "spec not yet observed by the deployment controller",
+            observed(1, Some(&w.unobserved), vec![]),
+            [
+                ("True", "AllReplicasReady"),
+                ("True", "Reconciling"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "scaled to zero",
+            observed(0, Some(&w.none), vec![]),
+            [
+                ("True", "ScaledToZero"),
+                ("False", "Complete"),
+                ("False", "AsExpected"),
+            ],
+        ),
+        (
+            "progress deadline exceeded",
+            observed(1, Some(&w.deadline), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("False", "ProgressDeadlineExceeded"),
+                ("True", "ProgressDeadlineExceeded"),
+            ],
+        ),
+        (
+            "quota rejects pods",
+            observed(1, Some(&w.quota), vec![]),
+            [
+                ("False", "ReplicasNotReady"),
+                ("True", "ScalingUp"),
+                ("True", "ReplicaFailure"),
+            ],
+        ),
+    ]);
 }
 
 #[test]

@@ -23,10 +23,10 @@ use tracing::info;
 use super::changes::Changes;
 use super::children::{self, Source};
 use super::pool::{self, Pool};
-use super::report::{self, Published};
+use super::report::{self, Children, Published};
 use super::view::View;
 use super::{Context, Error, handover, scale_handover, spare};
-use crate::api::{Drain, Server, Workload};
+use crate::api::{Server, Workload};
 use crate::resources::scaling::Step;
 use crate::resources::{
     Instance, deployment, handover as gate, labels, pod, rollout, servers, service_monitor,
@@ -36,26 +36,6 @@ use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
 use crate::store::kinds::{ChildKind, EachKind, Role, each_kind};
-
-/// What [`children`] leaves for the status.
-pub(super) struct Children {
-    pub workload: WorkloadStatus,
-    pub servers: Vec<Server>,
-    pub drain: Option<Drain>,
-    /// The instance's pods as the plan read them (decoded once per reconcile).
-    pub pods: Vec<Arc<Pod>>,
-    /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
-    pub problem: Option<Problem>,
-    /// The warm-handover copies running.
-    pub handovers: Vec<HandoverProgress>,
-    /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
-    /// progress is shown.
-    pub wait: Option<Duration>,
-    /// The workload was created and the turn given up before the other children.
-    pub yielded: bool,
-    /// The instance's first status was written right after its workload was created (in a burst).
-    pub wrote_first_status: bool,
-}
 
 /// The workload as applied, and the handovers its rollout runs.
 struct AppliedWorkload {
@@ -73,12 +53,12 @@ struct AppliedWorkload {
 pub(super) async fn children(
     ctx: &Context,
     view: &View<'_>,
-    secret_hash: Option<&str>,
     changes: &mut Changes,
     may_yield: bool,
 ) -> Result<Children, Error> {
+    let secret_hash = view.secret_hash.as_deref();
     let (mc, instance) = (view.mc, view.instance);
-    let plan = pool::plan(ctx, mc, instance, &view.pods);
+    let plan = pool::plan(ctx, mc, instance, view.pods);
     unclaimed_names(view)?;
     drain_events(ctx, view, &plan, |step| {
         matches!(step, Step::Cancelled { .. })
@@ -91,7 +71,7 @@ pub(super) async fn children(
     })
     .await;
     // The list a scale changes is published (or held back) above; its copies run from here on.
-    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), &view.pods).await?;
+    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), view.pods).await?;
     let applied = match instance.spec.workload {
         Workload::Deployment => deployment(ctx, view, &plan, secret_hash, changes).await?,
         Workload::StatefulSet => statefulset(ctx, view, &plan, secret_hash, changes).await?,
@@ -102,7 +82,7 @@ pub(super) async fn children(
         workload: applied.status,
         servers: plan.servers.clone(),
         drain: plan.drain.clone(),
-        pods: view.pods.clone(),
+        pods: view.pods.to_vec(),
         problem: None,
         handovers,
         wait: [plan.wait, applied.wait, scaled.wait]
@@ -208,7 +188,7 @@ async fn deployment(
         d.spec.as_ref().and_then(|s| s.replicas)
     })
     .await?;
-    let step = handover::step(ctx, view.mc, instance, &plan.servers, &view.pods).await?;
+    let step = handover::step(ctx, view.mc, instance, &plan.servers, view.pods).await?;
     Ok(AppliedWorkload {
         status: WorkloadStatus::from(applied.as_ref()),
         created: live.is_none(),
@@ -253,7 +233,7 @@ async fn statefulset(
         template,
         &pace,
         live.as_deref(),
-        &view.pods,
+        view.pods,
     )
     .await?;
     statefulset::set_partition(&mut desired, staging.partition);
@@ -310,7 +290,7 @@ async fn first_status(ctx: &Context, view: &View<'_>, children: &Children) -> Re
     };
     let selector = Some(labels::selector_string(view.instance.name));
     let workload = Some(children.workload.clone());
-    report::report(view.mc, ctx, workload, Some(early), None, selector).await?;
+    report::report(view.mc, ctx, workload, early, None, selector).await?;
     Ok(())
 }
 

@@ -5,10 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
+use kube::Api;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 use tracing::warn;
 
@@ -18,9 +17,6 @@ use crate::resources::scale_handover::{self, Change, Direction};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
-use crate::status::{Problem, WorkloadStatus};
-use crate::store::cache::Cache;
-use crate::store::compact::Compactable;
 
 /// What this reconcile does about the pool.
 pub struct Pool {
@@ -38,60 +34,6 @@ pub struct Pool {
     pub marks: Vec<(String, bool)>,
     /// The change of the published list whose items a scale handover copies, if any.
     pub scale: Option<Change>,
-}
-
-/// The instance's child of kind `K` in the cache; none when there is none, or it cannot be read (the
-/// reconcile's own read of it reports that).
-fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) -> Option<Arc<K>> {
-    let namespace = mc.namespace().unwrap_or_default();
-    store.get(&namespace, &mc.name_any()).ok().flatten()
-}
-
-/// The cached workload the instance runs: of the kind `spec.workload` names, or else of the other kind
-/// (after a refused workload change the old one still runs and is what the status should describe).
-pub fn cached_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
-    let deployment =
-        || cached(&ctx.stores.children.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()));
-    let statefulset =
-        || cached(&ctx.stores.children.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()));
-    match mc.spec.workload {
-        Workload::Deployment => deployment().or_else(statefulset),
-        Workload::StatefulSet => statefulset().or_else(deployment),
-    }
-}
-
-/// A workload of the other kind that this instance controls: `spec.workload` was changed on a live
-/// instance (possible where the API server does not run the CEL rule). Nothing is applied then.
-pub fn workload_changed(ctx: &Context, instance: &Instance<'_>, mc: &Memcached) -> Option<Problem> {
-    let ours = |owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
-        owners
-            .iter()
-            .any(|o| o.controller == Some(true) && o.uid == instance.uid())
-    };
-    let (existing, other) = match instance.spec.workload {
-        Workload::Deployment => (
-            cached::<StatefulSet>(&ctx.stores.children.statefulsets, mc)
-                .is_some_and(|s| ours(s.owner_references())),
-            Workload::StatefulSet,
-        ),
-        Workload::StatefulSet => (
-            cached::<Deployment>(&ctx.stores.children.deployments, mc)
-                .is_some_and(|d| ours(d.owner_references())),
-            Workload::Deployment,
-        ),
-    };
-    existing.then(|| Problem {
-        reason: "WorkloadChanged".into(),
-        message: format!(
-            "spec.workload is {} but this instance runs a {} {}; the workload cannot change on a live \
-             instance: set spec.workload back to {}, or create a new instance with the other workload and \
-             move clients to it",
-            instance.spec.workload.as_str(),
-            other.as_str(),
-            instance.name,
-            other.as_str()
-        ),
-    })
 }
 
 /// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, the marks a

@@ -20,13 +20,11 @@ use tracing::{Instrument, debug, info, info_span, warn};
 use super::apply;
 use super::changes::Changes;
 use super::legacy_finalizer;
-use super::pool;
-use super::report::{Published, fail, first_status, report, requeue_within, valid_selector};
-use super::secrets::{self, Resolved};
-use super::view::{View, latest};
+use super::report::{self, Outcome, first_status};
+use super::view::{Reads, Stop, View, latest};
 use super::{Context, Error};
 use crate::api::Memcached;
-use crate::resources::{Instance, labels};
+use crate::resources::Instance;
 use crate::store::compact::Compact;
 use crate::store::events::warning;
 
@@ -46,7 +44,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     );
     async move {
         let key = ObjectRef::from_obj(mc.as_ref());
-        let new = pool::cached_workload(&ctx, &mc).is_none();
+        let new = Reads::of(&ctx.stores, &mc).workload.is_none();
         let (mc, turn) = match ctx.turns.try_apply() {
             Some(turn) => (mc, turn),
             None => {
@@ -208,39 +206,28 @@ pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Ac
     Action::requeue(delay)
 }
 
+/// Validates, applies the children, and reports the outcome in the status.
 async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action, Error> {
-    let workload = || pool::cached_workload(ctx, mc);
-    let instance = match Instance::new(mc, &ctx.settings.defaults) {
-        Ok(instance) => instance,
-        Err(invalid) => {
-            // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
-            // cannot help, so report it and wait.
-            let selector = valid_selector(mc);
-            let held = report(mc, ctx, workload(), None, Some(invalid.into()), selector).await?;
-            return Ok(requeue_within(ctx, [held]));
-        }
+    let reads = Reads::of(&ctx.stores, mc);
+    let outcome = match Instance::new(mc, &ctx.settings.defaults) {
+        // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
+        // cannot help, so report it and wait.
+        Err(invalid) => Outcome::Held(invalid.into()),
+        Ok(instance) => match View::read(ctx, mc, &instance, &reads).await {
+            Ok(view) => apply_children(ctx, &view, pass).await,
+            Err(Stop::Held(problem)) => Outcome::Held(problem),
+            Err(Stop::Failed(error)) => Outcome::Failed(error),
+        },
     };
-    let selector = Some(labels::selector_string(instance.name));
-    if let Some(changed) = pool::workload_changed(ctx, &instance, mc) {
-        let held = report(mc, ctx, workload(), None, Some(changed), selector).await?;
-        return Ok(requeue_within(ctx, [held]));
-    }
-    let secret_hash = match secrets::resolve(ctx, &instance).await {
-        Ok(Resolved::Ready(hash)) => hash,
-        Ok(Resolved::Missing(missing)) => {
-            // The Secret watch brings the instance back as soon as the Secret appears or changes.
-            let held = report(mc, ctx, workload(), None, Some(missing.into()), selector).await?;
-            return Ok(requeue_within(ctx, [held]));
-        }
-        Err(error) => {
-            return Err(fail(mc, ctx, error, workload(), selector).await);
-        }
-    };
+    report::outcome(mc, ctx, reads, outcome).await
+}
+
+/// Applies the children of the instance `view` reads, and records what changed.
+async fn apply_children(ctx: &Context, view: &View<'_>, pass: &mut Pass) -> Outcome {
+    let instance = view.instance;
     let mut changes = std::mem::take(&mut pass.changes);
     let carried_workload = changes.workload_changed();
-    let view = View::read(ctx, mc, &instance);
-    let hash = secret_hash.as_deref();
-    let applied = apply::children(ctx, &view, hash, &mut changes, pass.may_yield).await;
+    let applied = apply::children(ctx, view, &mut changes, pass.may_yield).await;
     if changes.workload_changed() && !carried_workload {
         // The workload's status, and so the instance's, moves on within a moment by itself.
         ctx.pace.wrote(instance.namespace, instance.name);
@@ -251,44 +238,10 @@ async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action,
         pass.changes = changes;
     } else {
         // What was changed is recorded even when a later child failed.
-        changes.publish(ctx, &mc.object_ref(&())).await;
+        changes.publish(ctx, &view.mc.object_ref(&())).await;
     }
     match applied {
-        Ok(applied) => report_applied(mc, ctx, applied, selector).await,
-        Err(error) => Err(fail(mc, ctx, error, workload(), selector).await),
+        Ok(children) => Outcome::Applied(Box::new(children)),
+        Err(error) => Outcome::Failed(error),
     }
-}
-
-/// Reports what [`apply::children`] applied, and when to come back.
-async fn report_applied(
-    mc: &Memcached,
-    ctx: &Context,
-    applied: apply::Children,
-    selector: Option<String>,
-) -> Result<Action, Error> {
-    let published = Some(Published {
-        servers: applied.servers,
-        drain: applied.drain,
-        pods: applied.pods,
-        handovers: applied.handovers,
-    });
-    // Compared with the first status just written, not with the instance as it came (none): as this
-    // operator wrote it, or as the cache holds it once the watch has brought that write. Only the status is
-    // taken: the spec and generation stay the ones the children were applied from.
-    let with_first_status;
-    let mc = if applied.wrote_first_status {
-        let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
-        let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
-        let latest = ctx.written.fresher(&namespace, &name, &(), cached).object;
-        with_first_status = Memcached {
-            status: latest.and_then(|latest| latest.status.clone()),
-            ..mc.clone()
-        };
-        &with_first_status
-    } else {
-        mc
-    };
-    let workload = Some(applied.workload);
-    let held = report(mc, ctx, workload, published, applied.problem, selector).await?;
-    Ok(requeue_within(ctx, [held, applied.wait]))
 }

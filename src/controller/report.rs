@@ -9,12 +9,13 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, warn};
 
-use super::view::latest;
-use super::{Context, Error, pool};
+use super::view::{Reads, latest};
+use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server};
 use crate::resources::{Instance, labels};
 use crate::status::{self, DEGRADED, HandoverProgress, Observed, Problem, WorkloadStatus};
@@ -43,24 +44,103 @@ pub(super) async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
         return;
     }
     let _slot = ctx.turns.first_status().await;
-    let workload = pool::cached_workload(ctx, &mc)
-        .unwrap_or_else(|| WorkloadStatus::pending(mc.spec.workload.as_str()));
+    let reads = Reads::of(&ctx.stores, &mc);
+    let workload =
+        (reads.workload).unwrap_or_else(|| WorkloadStatus::pending(mc.spec.workload.as_str()));
+    let stored = Published::stored(&mc, reads.pods);
+    let selector = valid_selector(&mc);
     // Boxed, as the reconcile is: allocated once its slot comes.
-    let write = Box::pin(report(
-        &mc,
-        ctx,
-        Some(workload),
-        None,
-        None,
-        valid_selector(&mc),
-    ));
+    let write = Box::pin(report(&mc, ctx, Some(workload), stored, None, selector));
     if let Err(error) = write.await {
         debug!(%error, "could not write the first status; the reconcile will");
     }
 }
 
+/// What applying the children (`super::apply`) leaves for the status.
+pub(super) struct Children {
+    pub workload: WorkloadStatus,
+    pub servers: Vec<Server>,
+    pub drain: Option<Drain>,
+    /// The instance's pods as the plan read them (decoded once per reconcile).
+    pub pods: Vec<Arc<Pod>>,
+    /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+    pub problem: Option<Problem>,
+    /// The warm-handover copies running.
+    pub handovers: Vec<HandoverProgress>,
+    /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
+    /// progress is shown.
+    pub wait: Option<Duration>,
+    /// The workload was created and the turn given up before the other children.
+    pub yielded: bool,
+    /// The instance's first status was written right after its workload was created (in a burst).
+    pub wrote_first_status: bool,
+}
+
+/// How a reconcile ended, for its status.
+pub(super) enum Outcome {
+    /// Nothing applied until something changes (the spec, a Secret): a problem to report, then wait.
+    Held(Problem),
+    /// The children as applied.
+    Applied(Box<Children>),
+    /// A failure: recorded in the status when it is worth a condition, and retried after a backoff.
+    Failed(Error),
+}
+
+/// Reports `outcome` in the status, and says when to come back.
+pub(super) async fn outcome(
+    mc: &Memcached,
+    ctx: &Context,
+    reads: Reads,
+    outcome: Outcome,
+) -> Result<Action, Error> {
+    let selector = valid_selector(mc);
+    let (workload, stored) = (reads.workload, Published::stored(mc, reads.pods));
+    match outcome {
+        Outcome::Held(problem) => {
+            let held = report(mc, ctx, workload, stored, Some(problem), selector).await?;
+            Ok(requeue_within(ctx, [held]))
+        }
+        Outcome::Applied(children) => applied(mc, ctx, *children, selector).await,
+        Outcome::Failed(error) => Err(fail(mc, ctx, error, workload, stored, selector).await),
+    }
+}
+
+/// Reports what was applied, and when to come back.
+async fn applied(
+    mc: &Memcached,
+    ctx: &Context,
+    applied: Children,
+    selector: Option<String>,
+) -> Result<Action, Error> {
+    let published = Published {
+        servers: applied.servers,
+        drain: applied.drain,
+        pods: applied.pods,
+        handovers: applied.handovers,
+    };
+    // Compared with the first status just written, not with the instance as it came (none): as this
+    // operator wrote it, or as the cache holds it once the watch has brought that write. Only the status is
+    // taken: the spec and generation stay the ones the children were applied from.
+    let with_first_status;
+    let mc = if applied.wrote_first_status {
+        let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
+        let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
+        let latest = ctx.written.fresher(&namespace, &name, &(), cached).object;
+        with_first_status = Memcached {
+            status: latest.and_then(|latest| latest.status.clone()),
+            ..mc.clone()
+        };
+        &with_first_status
+    } else {
+        mc
+    };
+    let workload = Some(applied.workload);
+    let held = report(mc, ctx, workload, published, applied.problem, selector).await?;
+    Ok(requeue_within(ctx, [held, applied.wait]))
+}
+
 /// The safety requeue, or sooner when something is due sooner (a held-back status, a drain).
-pub(super) fn requeue_within<const N: usize>(ctx: &Context, due: [Option<Duration>; N]) -> Action {
+fn requeue_within<const N: usize>(ctx: &Context, due: [Option<Duration>; N]) -> Action {
     let after = due
         .into_iter()
         .flatten()
@@ -69,16 +149,17 @@ pub(super) fn requeue_within<const N: usize>(ctx: &Context, due: [Option<Duratio
 }
 
 /// Records an error worth a condition in the status (best effort) and hands it back for the retry.
-pub(super) async fn fail(
+async fn fail(
     mc: &Memcached,
     ctx: &Context,
     error: Error,
     workload: Option<WorkloadStatus>,
+    stored: Published,
     selector: Option<String>,
 ) -> Error {
     // The retry after the error's backoff writes a status held back here.
     if let Some(problem) = error.problem()
-        && let Err(e) = report(mc, ctx, workload, None, Some(problem), selector).await
+        && let Err(e) = report(mc, ctx, workload, stored, Some(problem), selector).await
     {
         warn!(error = %e, "could not record the failure in the status");
     }
@@ -86,7 +167,7 @@ pub(super) async fn fail(
 }
 
 /// The selector for the status when the instance name is a valid label value, else none.
-pub(super) fn valid_selector(mc: &Memcached) -> Option<String> {
+fn valid_selector(mc: &Memcached) -> Option<String> {
     let name = mc.name_any();
     let valid = name.len() <= 63 && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
     valid.then(|| labels::selector_string(&name))
@@ -100,6 +181,19 @@ pub(super) struct Published {
     pub handovers: Vec<HandoverProgress>,
 }
 
+impl Published {
+    /// The slots and drain as stored (nothing was applied), with the instance's `pods`.
+    fn stored(mc: &Memcached, pods: Vec<Arc<Pod>>) -> Self {
+        let stored = mc.status.clone().unwrap_or_default();
+        Self {
+            servers: stored.servers,
+            drain: stored.drain,
+            pods,
+            handovers: Vec::new(),
+        }
+    }
+}
+
 /// Computes the status from what exists and writes it if it changed, unless the change can wait (see
 /// [`super::pace`]): then it returns how long until it may be written.
 /// `published` holds the server slots and drain this reconcile settled on, and the pods it read; without
@@ -108,7 +202,7 @@ pub(super) async fn report(
     mc: &Memcached,
     ctx: &Context,
     workload: Option<WorkloadStatus>,
-    published: Option<Published>,
+    published: Published,
     problem: Option<Problem>,
     selector: Option<String>,
 ) -> Result<Option<Duration>, Error> {
@@ -117,15 +211,7 @@ pub(super) async fn report(
         drain,
         pods,
         handovers,
-    } = published.unwrap_or_else(|| {
-        let stored = mc.status.clone().unwrap_or_default();
-        Published {
-            servers: stored.servers,
-            drain: stored.drain,
-            pods: super::view::pods(&ctx.stores, mc),
-            handovers: Vec::new(),
-        }
-    });
+    } = published;
     let observed = Observed {
         generation: mc.metadata.generation,
         size: mc.spec.size,

@@ -1,40 +1,90 @@
-//! What one reconcile reads of one instance: the instance as its cache holds it now, its pods (read once
-//! per reconcile), and where each of its children is read from (the child caches, or the answer to this
-//! operator's own newer write, and the objects of the same names it does not manage).
+//! What one reconcile reads of one instance, once: the instance as its cache holds it now, its pods, the
+//! hash of the Secrets it names, and where each of its children is read from (the child caches, or the
+//! answer to this operator's own newer write, and the objects of the same names it does not manage).
+//! Reading it is the reconcile's first step; what stops it there (a workload of the other kind, a
+//! missing Secret) is reported as the reconcile's outcome, and nothing is applied.
 
 use std::hash::Hash;
 use std::sync::Arc;
 
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
-use super::Context;
 use super::children::Source;
-use crate::api::Memcached;
+use super::secrets::{self, Resolved};
+use super::{Context, Error};
+use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
+use crate::status::{Problem, WorkloadStatus};
+use crate::store::compact::Compactable;
 use crate::store::{Cache, ChildKind, Stores, Written};
+
+/// What every reconcile reads of its instance first, whether its spec is valid or not: its pods and the
+/// state of the workload it runs.
+pub(super) struct Reads {
+    /// The instance's pods in the cache, decoded once for the whole reconcile.
+    pub pods: Vec<Arc<Pod>>,
+    /// The workload it runs, as cached (see [`cached_workload`]).
+    pub workload: Option<WorkloadStatus>,
+}
+
+impl Reads {
+    pub fn of(stores: &Stores, mc: &Memcached) -> Self {
+        Self {
+            pods: pods(stores, mc),
+            workload: cached_workload(stores, mc),
+        }
+    }
+}
+
+/// Why a reconcile stops at reading its instance, before anything is applied.
+pub(super) enum Stop {
+    /// Until something changes (the spec, a Secret): a problem to report, then wait.
+    Held(Problem),
+    /// A failed read, retried after a backoff.
+    Failed(Error),
+}
 
 /// The instance being reconciled, its pods, and where its children are read from.
 pub(super) struct View<'a> {
     pub instance: &'a Instance<'a>,
     pub mc: &'a Memcached,
-    /// The instance's pods in the cache, decoded once for the whole reconcile.
-    pub pods: Vec<Arc<Pod>>,
+    /// The instance's pods in the cache (see [`Reads`]).
+    pub pods: &'a [Arc<Pod>],
+    /// The hash of the referenced Secrets' content, for the pod template (`None`: none referenced).
+    pub secret_hash: Option<String>,
     stores: &'a Stores,
     written: &'a Written,
 }
 
 impl<'a> View<'a> {
-    /// Reads the instance's pods from the cache.
-    pub fn read(ctx: &'a Context, mc: &'a Memcached, instance: &'a Instance<'a>) -> Self {
-        Self {
+    /// Reads what the reconcile of `instance` needs, or the outcome that stops it before anything is
+    /// applied: a workload of the other kind (`spec.workload` changed on a live instance), a Secret or key
+    /// that is missing (the Secret watch brings the instance back when it appears), or a failed read.
+    pub async fn read(
+        ctx: &'a Context,
+        mc: &'a Memcached,
+        instance: &'a Instance<'a>,
+        reads: &'a Reads,
+    ) -> Result<Self, Stop> {
+        if let Some(changed) = workload_changed(&ctx.stores, instance, mc) {
+            return Err(Stop::Held(changed));
+        }
+        let secret_hash = match secrets::resolve(ctx, instance).await {
+            Ok(Resolved::Ready(hash)) => hash,
+            Ok(Resolved::Missing(missing)) => return Err(Stop::Held(missing.into())),
+            Err(error) => return Err(Stop::Failed(error)),
+        };
+        Ok(Self {
             instance,
             mc,
-            pods: pods(&ctx.stores, mc),
+            pods: &reads.pods,
+            secret_hash,
             stores: &ctx.stores,
             written: &ctx.written,
-        }
+        })
     }
 
     /// Where children of the table's kind `K` are read from.
@@ -64,7 +114,7 @@ impl<'a> View<'a> {
 }
 
 /// The instance's pods in the cache.
-pub(super) fn pods(stores: &Stores, mc: &Memcached) -> Vec<Arc<Pod>> {
+fn pods(stores: &Stores, mc: &Memcached) -> Vec<Arc<Pod>> {
     let namespace = mc.namespace().unwrap_or_default();
     stores
         .pod_index
@@ -84,4 +134,58 @@ pub(super) fn latest(ctx: &Context, mc: Arc<Memcached>) -> Arc<Memcached> {
         .memcacheds
         .get(&ObjectRef::from_obj(mc.as_ref()))
         .unwrap_or(mc)
+}
+
+/// The instance's child of kind `K` in the cache; none when there is none, or it cannot be read (the
+/// reconcile's own read of it reports that).
+fn cached<K: Compactable<DynamicType = ()>>(store: &Cache<K>, mc: &Memcached) -> Option<Arc<K>> {
+    let namespace = mc.namespace().unwrap_or_default();
+    store.get(&namespace, &mc.name_any()).ok().flatten()
+}
+
+/// The cached workload the instance runs: of the kind `spec.workload` names, or else of the other kind
+/// (after a refused workload change the old one still runs and is what the status should describe).
+fn cached_workload(stores: &Stores, mc: &Memcached) -> Option<WorkloadStatus> {
+    let deployment =
+        || cached(&stores.children.deployments, mc).map(|d| WorkloadStatus::from(d.as_ref()));
+    let statefulset =
+        || cached(&stores.children.statefulsets, mc).map(|s| WorkloadStatus::from(s.as_ref()));
+    match mc.spec.workload {
+        Workload::Deployment => deployment().or_else(statefulset),
+        Workload::StatefulSet => statefulset().or_else(deployment),
+    }
+}
+
+/// A workload of the other kind that this instance controls: `spec.workload` was changed on a live
+/// instance (possible where the API server does not run the CEL rule). Nothing is applied then.
+fn workload_changed(stores: &Stores, instance: &Instance<'_>, mc: &Memcached) -> Option<Problem> {
+    let ours = |owners: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference]| {
+        owners
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == instance.uid())
+    };
+    let (existing, other) = match instance.spec.workload {
+        Workload::Deployment => (
+            cached::<StatefulSet>(&stores.children.statefulsets, mc)
+                .is_some_and(|s| ours(s.owner_references())),
+            Workload::StatefulSet,
+        ),
+        Workload::StatefulSet => (
+            cached::<Deployment>(&stores.children.deployments, mc)
+                .is_some_and(|d| ours(d.owner_references())),
+            Workload::Deployment,
+        ),
+    };
+    existing.then(|| Problem {
+        reason: "WorkloadChanged".into(),
+        message: format!(
+            "spec.workload is {} but this instance runs a {} {}; the workload cannot change on a live \
+             instance: set spec.workload back to {}, or create a new instance with the other workload and \
+             move clients to it",
+            instance.spec.workload.as_str(),
+            other.as_str(),
+            instance.name,
+            other.as_str()
+        ),
+    })
 }

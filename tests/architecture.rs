@@ -1,8 +1,14 @@
-//! No import cycles between the library's modules: a module that uses another must not be used by it,
-//! directly or through others. A cycle means neither can be read, tested or moved without the other; each
-//! one found was broken by moving the shared piece to where both can use it (events into
-//! `store::events`, the instance trimming into `store::compact`, the spec-check error into
-//! `resources`).
+//! The structure the code must keep, checked from the source text of every crate of the workspace:
+//!
+//! - no import cycles between the modules of any crate: a module that uses another must not be used by it,
+//!   directly or through others. A cycle means neither can be read, tested or moved without the other;
+//!   each one found was broken by moving the shared piece to where both can use it (events into
+//!   `store::events`, the instance trimming into `store::compact`, the spec-check error into `resources`,
+//!   the children's names into `api::names`, the fake API server's responses into `response`);
+//! - the operator's layers only look down: `docs/architecture.md` lists the library's top-level modules
+//!   by layer, and a module may use modules of lower layers only (and its own module's parts); two
+//!   modules of one layer are peers that do not use each other. A top-level module missing from the
+//!   list fails too, so every new one is placed.
 //!
 //! Read from the source text: every `crate::`, `super::` and `self::` path in code (comments and tests
 //! left out), `use` groups (`use super::{a, b::c}`) expanded, resolved to the deepest module file it
@@ -15,24 +21,103 @@ use std::path::Path;
 
 type Module = Vec<String>;
 
+/// The source folders of the workspace's crates.
+const CRATES: [&str; 5] = [
+    "src",
+    "fake-apiserver/src",
+    "envtest/src",
+    "bench/src",
+    "xtask/src",
+];
+
 #[test]
-fn library_modules_have_no_import_cycles() {
-    let modules = modules(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src")));
-    assert!(modules.len() > 50, "read {} modules", modules.len());
-    let edges: BTreeMap<&Module, BTreeSet<Module>> = modules
-        .iter()
-        .map(|(module, source)| (module, uses(module, source, &modules)))
-        .collect();
-    let cycles = cycles(&edges);
+fn no_crate_of_the_workspace_has_import_cycles() {
+    for krate in CRATES {
+        let modules = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join(krate));
+        assert!(modules.len() > 5, "{krate}: read {} modules", modules.len());
+        let edges = edges(&modules);
+        let cycles = cycles(&edges);
+        assert!(
+            cycles.is_empty(),
+            "import cycles between modules of {krate}:\n{}",
+            cycles
+                .iter()
+                .map(|cycle| cycle.join(" -> "))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+}
+
+#[test]
+fn the_operators_modules_only_use_lower_layers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let layers = layers(&fs::read_to_string(root.join("docs/architecture.md")).unwrap());
+    let modules = modules(&root.join("src"));
+    let mut unplaced = BTreeSet::new();
+    let mut upward = Vec::new();
+    for (module, targets) in edges(&modules) {
+        let Some(&from) = layers.get(&module[0]) else {
+            unplaced.insert(module[0].clone());
+            continue;
+        };
+        for target in targets {
+            let to = layers.get(&target[0]).copied().unwrap_or(usize::MAX);
+            if target[0] != module[0] && to >= from {
+                upward.push(format!("{} (layer {from}) uses {}", module.join("::"), target.join("::")));
+            }
+        }
+    }
     assert!(
-        cycles.is_empty(),
-        "import cycles between modules:\n{}",
-        cycles
-            .iter()
-            .map(|cycle| cycle.join(" -> "))
-            .collect::<Vec<_>>()
-            .join("\n")
+        unplaced.is_empty(),
+        "top-level modules missing from docs/architecture.md's layers: {unplaced:?}"
     );
+    assert!(
+        upward.is_empty(),
+        "imports of a module of the same or a higher layer:\n{}",
+        upward.join("\n")
+    );
+}
+
+#[test]
+fn the_layers_are_read_from_the_table() {
+    let doc = "## Layers\n\n| Layer | Modules | What |\n|---|---|---|\n| 1 | `api` | types |\n\
+               | 2 | `resources`, `status` | pure |\n\n## Next\n| 9 | `not` | read |\n";
+    let layers = layers(doc);
+    assert_eq!(
+        layers,
+        BTreeMap::from([
+            ("api".to_owned(), 1),
+            ("resources".to_owned(), 2),
+            ("status".to_owned(), 2)
+        ])
+    );
+}
+
+/// Top-level module → layer, from the table under the `## Layers` heading: a row per layer, its number
+/// first and its modules in backquotes in the second column.
+fn layers(doc: &str) -> BTreeMap<String, usize> {
+    let section = doc.split("## Layers").nth(1).unwrap_or_default();
+    let section = section.split("\n## ").next().unwrap_or_default();
+    let mut layers = BTreeMap::new();
+    for row in section.lines().filter(|line| line.starts_with('|')) {
+        let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+        let Some(Ok(layer)) = cells.get(1).map(|cell| cell.parse::<usize>()) else {
+            continue;
+        };
+        let names = cells.get(2).copied().unwrap_or_default();
+        for name in names.split('`').skip(1).step_by(2) {
+            layers.insert(name.to_owned(), layer);
+        }
+    }
+    layers
+}
+
+fn edges(modules: &BTreeMap<Module, String>) -> BTreeMap<Module, BTreeSet<Module>> {
+    modules
+        .iter()
+        .map(|(module, source)| (module.clone(), uses(module, source, modules)))
+        .collect()
 }
 
 #[test]
@@ -45,10 +130,7 @@ fn a_cycle_is_found_through_use_groups_and_paths() {
     .into_iter()
     .map(|(module, source): (Module, String)| (module, code(&source)))
     .collect();
-    let edges: BTreeMap<&Module, BTreeSet<Module>> = modules
-        .iter()
-        .map(|(module, source)| (module, uses(module, source, &modules)))
-        .collect();
+    let edges = edges(&modules);
     assert_eq!(
         edges[&vec!["a".to_owned()]],
         BTreeSet::from([vec!["b".to_owned()], vec!["c".to_owned()]])
@@ -211,9 +293,9 @@ fn item(prefix: &str, item: &str, out: &mut Vec<String>) {
 }
 
 /// The strongly connected groups of more than one module (Tarjan), each as module names in order.
-fn cycles(edges: &BTreeMap<&Module, BTreeSet<Module>>) -> Vec<Vec<String>> {
+fn cycles(edges: &BTreeMap<Module, BTreeSet<Module>>) -> Vec<Vec<String>> {
     struct Search<'a> {
-        edges: &'a BTreeMap<&'a Module, BTreeSet<Module>>,
+        edges: &'a BTreeMap<Module, BTreeSet<Module>>,
         index: BTreeMap<&'a Module, usize>,
         low: BTreeMap<&'a Module, usize>,
         stack: Vec<&'a Module>,
@@ -233,7 +315,7 @@ fn cycles(edges: &BTreeMap<&Module, BTreeSet<Module>>) -> Vec<Vec<String>> {
                     self.visit(w);
                     let low = self.low[v].min(self.low[w]);
                     self.low.insert(v, low);
-                } else if self.stack.contains(w) {
+                } else if self.stack.contains(&w) {
                     let low = self.low[v].min(self.index[w]);
                     self.low.insert(v, low);
                 }

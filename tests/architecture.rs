@@ -64,7 +64,11 @@ fn the_operators_modules_only_use_lower_layers() {
         for target in targets {
             let to = layers.get(&target[0]).copied().unwrap_or(usize::MAX);
             if target[0] != module[0] && to >= from {
-                upward.push(format!("{} (layer {from}) uses {}", module.join("::"), target.join("::")));
+                upward.push(format!(
+                    "{} (layer {from}) uses {}",
+                    module.join("::"),
+                    target.join("::")
+                ));
             }
         }
     }

@@ -41,9 +41,9 @@ fn assert_runs_again_within(action: &Action, wait: Duration) {
 /// status (`Creating`). No server list (no server is ready yet).
 fn creation() -> Vec<Exchange> {
     vec![
-        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
-        expect(Method::PATCH, SERVICES).create().answer(stored),
-        expect(Method::PATCH, HEADLESS).create().answer(stored),
+        expect(Method::PATCH, *DEPLOYMENTS).create().answer(stored),
+        expect(Method::PATCH, *SERVICES).create().answer(stored),
+        expect(Method::PATCH, *HEADLESS).create().answer(stored),
         event(),
         expect(Method::PATCH, STATUS).apply().answer(stored_status),
     ]
@@ -66,15 +66,15 @@ async fn a_reconcile_before_the_watches_catch_up_writes_nothing_again() {
 async fn a_child_deleted_for_good_is_not_deleted_twice_while_the_cache_still_shows_it() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 2).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     let mut mc = with_spec(
         2,
         json!({"highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
     );
     mc.metadata.generation = Some(2);
     let script = vec![
-        expect(Method::DELETE, PDBS),
+        expect(Method::DELETE, *PDBS),
         event(),
         expect(Method::PATCH, STATUS).apply().answer(|body| {
             let mut mc = serde_json::to_value(memcached(2)).unwrap();
@@ -101,10 +101,10 @@ async fn a_child_deleted_for_good_is_not_deleted_twice_while_the_cache_still_sho
 async fn with_pacing_a_published_server_is_written_at_once() {
     let mut cluster = Cluster::new();
     let (deployment, service, status) = create(&mut cluster, 1).await;
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     let mut mc = memcached(1);
     mc.status = Some(serde_json::from_value(status["status"].clone()).unwrap());
-    cluster.deployment(settled(&deployment));
+    cluster.child::<Deployment>(settled(&deployment));
     cluster.pod(ready_pod_at("cache-7d9f-a", "127.0.0.1"));
 
     // The workload was just scaled by this process (pace running), yet the server that became ready is
@@ -113,7 +113,7 @@ async fn with_pacing_a_published_server_is_written_at_once() {
         &cluster,
         Settings::default(),
         vec![
-            expect(Method::PATCH, CONFIG_MAPS).create(),
+            expect(Method::PATCH, *CONFIG_MAPS).create(),
             expect(Method::PATCH, STATUS).apply(),
         ],
         NOW,
@@ -132,7 +132,7 @@ async fn with_pacing_a_published_server_is_written_at_once() {
 async fn with_pacing_a_count_that_moves_within_the_pace_waits() {
     let mut cluster = Cluster::new();
     let (deployment, service, status) = create(&mut cluster, 2).await;
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     let mut mc = memcached(2);
     mc.status = Some(serde_json::from_value(status["status"].clone()).unwrap());
     // Past its creation (a status that says `Creating` holds such changes longer: see the new-instance
@@ -148,7 +148,7 @@ async fn with_pacing_a_count_that_moves_within_the_pace_waits() {
     counts.ready_replicas = Some(0);
     counts.available_replicas = Some(0);
     counts.replicas = Some(1);
-    cluster.deployment(counted);
+    cluster.child::<Deployment>(counted);
 
     let session = Session::start(&cluster, Settings::default(), vec![], NOW);
     session.ctx.pace.wrote(NS, NAME);
@@ -175,7 +175,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     // Someone deletes the Deployment before the operator's cache has even seen it; the watch delivers the
     // deletion, and the reconcile it triggers applies the Deployment again.
     script.extend([
-        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
+        expect(Method::PATCH, *DEPLOYMENTS).create().answer(stored),
         event(),
     ]);
     let session = Session::start(&cluster, settings(), script, NOW);
@@ -228,9 +228,9 @@ fn catch_up_with_the_creation(cluster: &mut Cluster, applied: &Value, services: 
     let mut deployment = as_stored(applied);
     deployment["status"] = json!({"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
                                   "unavailableReplicas": 1});
-    cluster.deployment(serde_json::from_value(deployment).unwrap());
+    cluster.child::<Deployment>(serde_json::from_value(deployment).unwrap());
     for service in services {
-        cluster.service(serde_json::from_value(as_stored(service)).unwrap());
+        cluster.child::<Service>(serde_json::from_value(as_stored(service)).unwrap());
     }
     cluster.pod(starting_pod());
 }
@@ -238,7 +238,7 @@ fn catch_up_with_the_creation(cluster: &mut Cluster, applied: &Value, services: 
 /// The pod is ready at 10.0.0.1, and the Deployment (`applied`) says so.
 fn the_pod_is_ready(cluster: &mut Cluster, applied: &Value) {
     cluster.pod(ready_pod_at("cache-7d9f-a", "10.0.0.1"));
-    cluster.deployment(settled(applied));
+    cluster.child::<Deployment>(settled(applied));
 }
 
 /// The instance with the status in the body of a status apply, as the watch brings it back.
@@ -273,7 +273,7 @@ fn same_process(cluster: &Cluster, script: Vec<Exchange>) -> Session {
 /// The server list and the status, once the pod is ready.
 fn published() -> Vec<Exchange> {
     vec![
-        expect(Method::PATCH, CONFIG_MAPS).create().answer(stored),
+        expect(Method::PATCH, *CONFIG_MAPS).create().answer(stored),
         expect(Method::PATCH, STATUS).apply().answer(stored_status),
     ]
 }
@@ -289,9 +289,9 @@ async fn a_new_instance_first_sends_its_workload_its_services_one_event_and_its_
     assert_eq!(
         requests,
         [
-            (&Method::PATCH, DEPLOYMENTS),
-            (&Method::PATCH, SERVICES),
-            (&Method::PATCH, HEADLESS),
+            (&Method::PATCH, *DEPLOYMENTS),
+            (&Method::PATCH, *SERVICES),
+            (&Method::PATCH, *HEADLESS),
             (&Method::POST, EVENTS),
             (&Method::PATCH, STATUS),
         ],
@@ -359,7 +359,7 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
     let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
     assert_eq!(
         requests,
-        [STATUS, DEPLOYMENTS, SERVICES, HEADLESS, EVENTS],
+        [STATUS, *DEPLOYMENTS, *SERVICES, *HEADLESS, EVENTS],
         "the first status, then the children and their event; the status after them says the same"
     );
     let progressing = condition(&seen[0].body, "Progressing");
@@ -431,7 +431,10 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     drop(ctx);
     let seen = session.finish().await;
     let requests: Vec<&str> = seen.iter().map(|s| s.path.as_str()).collect();
-    assert_eq!(requests, [STATUS, DEPLOYMENTS, SERVICES, HEADLESS, EVENTS]);
+    assert_eq!(
+        requests,
+        [STATUS, *DEPLOYMENTS, *SERVICES, *HEADLESS, EVENTS]
+    );
     assert_eq!(
         seen[4].body["note"],
         "Created Deployment cache with 1 replicas, Service cache, Service cache-headless",
@@ -447,10 +450,10 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
 async fn a_new_instance_in_a_burst_writes_its_first_status_before_its_services() {
     let mut cluster = Cluster::new();
     let script = vec![
-        expect(Method::PATCH, DEPLOYMENTS).create().answer(stored),
+        expect(Method::PATCH, *DEPLOYMENTS).create().answer(stored),
         expect(Method::PATCH, STATUS).apply().answer(stored_status),
-        expect(Method::PATCH, SERVICES).create().answer(stored),
-        expect(Method::PATCH, HEADLESS).create().answer(stored),
+        expect(Method::PATCH, *SERVICES).create().answer(stored),
+        expect(Method::PATCH, *HEADLESS).create().answer(stored),
         event(),
     ];
     let session = Session::start(&cluster, Settings::default(), script, NOW);
@@ -512,7 +515,7 @@ async fn a_new_instance_once_settled_sends_nothing() {
     let session = same_process(&cluster, published());
     session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
-    cluster.config_map(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
+    cluster.child::<ConfigMap>(serde_json::from_value(as_stored(&seen[0].body)).unwrap());
     let mc = with_status(&seen[1].body);
 
     let session = same_process(&cluster, vec![]);
@@ -570,7 +573,7 @@ async fn a_new_instance_converges_in_seven_requests_in_one_process() {
         .fresher::<ConfigMap>(NS, "cache-servers", &(), None)
         .object
         .expect("the server list as stored");
-    cluster.config_map(list.as_ref().clone());
+    cluster.child::<ConfigMap>(list.as_ref().clone());
     let settled = session.reconcile(&mut cluster, latest()).await.unwrap();
     assert_eq!(settled, Action::requeue(Duration::from_secs(300)));
 
@@ -579,12 +582,12 @@ async fn a_new_instance_converges_in_seven_requests_in_one_process() {
     assert_eq!(
         requests,
         [
-            DEPLOYMENTS,
-            SERVICES,
-            HEADLESS,
+            *DEPLOYMENTS,
+            *SERVICES,
+            *HEADLESS,
             EVENTS,
             STATUS,
-            CONFIG_MAPS,
+            *CONFIG_MAPS,
             STATUS
         ]
     );

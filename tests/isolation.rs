@@ -30,13 +30,13 @@ fn deleted() -> Value {
 /// caches, and returns the NetworkPolicy and autoscaler as applied.
 async fn create(cluster: &mut Cluster) -> (Value, Value) {
     // The policy and the autoscaler follow the children every instance has, before the event naming all.
-    let mut script = created_children(DEPLOYMENTS, 2);
+    let mut script = created_children(*DEPLOYMENTS, 2);
     let at = script.len() - 1;
     script.splice(
         at..at,
         [
-            expect(Method::PATCH, NETWORK_POLICIES).create(),
-            expect(Method::PATCH, AUTOSCALERS).create(),
+            expect(Method::PATCH, *NETWORK_POLICIES).create(),
+            expect(Method::PATCH, *AUTOSCALERS).create(),
         ],
     );
     script.push(expect(Method::PATCH, STATUS).apply());
@@ -49,13 +49,15 @@ async fn create(cluster: &mut Cluster) -> (Value, Value) {
         "Created Deployment cache with 2 replicas, Service cache, Service cache-headless, \
          PodDisruptionBudget cache, NetworkPolicy cache, HorizontalPodAutoscaler cache"
     );
-    cluster.deployment(settled(&seen[0].body));
+    cluster.child::<Deployment>(settled(&seen[0].body));
     for i in [1, 2] {
-        cluster.service(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+        cluster.child::<Service>(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
     }
-    cluster.pdb(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
-    cluster.network_policy(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
-    cluster.autoscaler(serde_json::from_value(as_stored(&seen[5].body)).unwrap());
+    cluster.child::<PodDisruptionBudget>(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
+    cluster.child::<NetworkPolicy>(serde_json::from_value(as_stored(&seen[4].body)).unwrap());
+    cluster.child::<HorizontalPodAutoscaler>(
+        serde_json::from_value(as_stored(&seen[5].body)).unwrap(),
+    );
     (seen[4].body.clone(), seen[5].body.clone())
 }
 
@@ -107,7 +109,7 @@ async fn a_changed_setting_updates_only_its_child() {
         &mut cluster,
         mc,
         vec![
-            expect(Method::PATCH, AUTOSCALERS).apply(),
+            expect(Method::PATCH, *AUTOSCALERS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -127,9 +129,9 @@ async fn a_changed_setting_updates_only_its_child() {
         &mut cluster,
         mc,
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, SERVICES).apply(),
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *SERVICES).apply(),
+            expect(Method::PATCH, *NETWORK_POLICIES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -155,17 +157,19 @@ async fn hand_edits_are_put_back() {
     // Someone opened the policy to everyone and raised the autoscaler's ceiling.
     let mut opened = as_stored(&policy);
     opened["spec"]["ingress"][0]["from"] = json!([{"namespaceSelector": {}}]);
-    cluster.network_policy(serde_json::from_value::<NetworkPolicy>(opened).unwrap());
+    cluster.child::<NetworkPolicy>(serde_json::from_value::<NetworkPolicy>(opened).unwrap());
     let mut raised = as_stored(&hpa);
     raised["spec"]["maxReplicas"] = json!(64);
-    cluster.autoscaler(serde_json::from_value::<HorizontalPodAutoscaler>(raised).unwrap());
+    cluster.child::<HorizontalPodAutoscaler>(
+        serde_json::from_value::<HorizontalPodAutoscaler>(raised).unwrap(),
+    );
 
     let run = run(
         &mut cluster,
         isolated(2),
         vec![
-            expect(Method::PATCH, NETWORK_POLICIES).apply(),
-            expect(Method::PATCH, AUTOSCALERS).apply(),
+            expect(Method::PATCH, *NETWORK_POLICIES).apply(),
+            expect(Method::PATCH, *AUTOSCALERS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -192,9 +196,9 @@ async fn turned_off_both_are_deleted_once() {
         &mut cluster,
         mc.clone(),
         vec![
-            expect(Method::DELETE, NETWORK_POLICIES).reply(StatusCode::OK, deleted()),
+            expect(Method::DELETE, *NETWORK_POLICIES).reply(StatusCode::OK, deleted()),
             // Already gone (deleted by hand meanwhile): that counts as deleted too.
-            expect(Method::DELETE, AUTOSCALERS).fail(404, "NotFound"),
+            expect(Method::DELETE, *AUTOSCALERS).fail(404, "NotFound"),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -209,16 +213,8 @@ async fn turned_off_both_are_deleted_once() {
 
     // The watches report them gone: nothing more is deleted.
     let gone = |v: &Value| as_stored(v);
-    cluster
-        .network_policies
-        .apply_watcher_event(&watcher::Event::Delete(
-            serde_json::from_value(gone(&policy)).unwrap(),
-        ));
-    cluster
-        .autoscalers
-        .apply_watcher_event(&watcher::Event::Delete(
-            serde_json::from_value(gone(&hpa)).unwrap(),
-        ));
+    cluster.remove_child::<NetworkPolicy>(serde_json::from_value(gone(&policy)).unwrap());
+    cluster.remove_child::<HorizontalPodAutoscaler>(serde_json::from_value(gone(&hpa)).unwrap());
     let run2 = run(
         &mut cluster,
         mc,
@@ -240,7 +236,7 @@ async fn the_autoscaler_owns_the_size_and_the_operator_follows() {
         &mut cluster,
         isolated(5),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -256,12 +252,12 @@ async fn the_autoscaler_owns_the_size_and_the_operator_follows() {
 
     // A size outside [minSize, maxSize] (a `kubectl scale` to 9) is not clamped by the operator: the
     // autoscaler brings it back within its next sync, and the operator follows again.
-    cluster.deployment(settled(&run1.seen[0].body));
+    cluster.child::<Deployment>(settled(&run1.seen[0].body));
     let run2 = run(
         &mut cluster,
         isolated(9),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],

@@ -3,108 +3,51 @@
 //! the endpoint answers over HTTPS with a certificate from a directory.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use axum::Router;
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use kube::Client;
-use kube::client::Body;
 use memcached_operator::manager::http::metrics;
 use memcached_operator::manager::https;
 use memcached_operator::manager::metrics_auth::{Authorizer, Gate, MAX_CONCURRENT_SCRAPES};
 use memcached_operator::metrics::Metrics;
-use serde_json::{Value, json};
-use tokio::sync::Semaphore;
+use serde_json::json;
 use tower::ServiceExt;
+
+mod common;
+
+use common::scripted::{self, Api};
 
 /// Tokens the scripted API server knows: `reader-token` is `system:serviceaccount:monitoring:prometheus`,
 /// allowed; `other-token` is `system:serviceaccount:default:other`, authenticated but not allowed; any
 /// other token is not authenticated.
 const READER: &str = "reader-token";
 const OTHER: &str = "other-token";
-/// How many answers the scripted API server may have outstanding; a test takes them all to hold answers.
-const API_PERMITS: u32 = 1000;
+const PROMETHEUS: &str = "system:serviceaccount:monitoring:prometheus";
 
-/// The scripted API server: answers TokenReviews and SubjectAccessReviews, records their bodies, and
-/// holds every answer until `gate` lets it through (open unless a test closes it).
-struct Api {
-    requests: Arc<std::sync::Mutex<Vec<(String, Value)>>>,
-    answered: Arc<AtomicUsize>,
-    gate: Arc<Semaphore>,
-}
-
-impl Api {
-    fn count(&self) -> usize {
-        self.requests.lock().unwrap().len()
-    }
-    fn bodies(&self, path_end: &str) -> Vec<Value> {
-        let requests = self.requests.lock().unwrap();
-        requests
-            .iter()
-            .filter(|(path, _)| path.ends_with(path_end))
-            .map(|(_, body)| body.clone())
-            .collect()
-    }
-}
-
-fn answer(path: &str, body: &Value) -> Value {
-    if path == "/apis/authentication.k8s.io/v1/tokenreviews" {
-        let user = match body["spec"]["token"].as_str() {
-            Some(READER) => Some(("system:serviceaccount:monitoring:prometheus", "uid-1")),
-            Some(OTHER) => Some(("system:serviceaccount:default:other", "uid-2")),
-            _ => None,
-        };
-        let status = match user {
-            Some((name, uid)) => json!({
-                "authenticated": true,
-                "user": {
-                    "username": name,
-                    "uid": uid,
-                    "groups": ["system:serviceaccounts", "system:authenticated"],
-                    "extra": {"authentication.kubernetes.io/pod-name": ["p"]},
-                },
-            }),
-            None => json!({"authenticated": false, "error": "invalid bearer token"}),
-        };
-        json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
-               "metadata": {}, "spec": body["spec"], "status": status})
-    } else {
-        let allowed = body["spec"]["user"] == "system:serviceaccount:monitoring:prometheus";
-        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
-               "metadata": {}, "spec": body["spec"], "status": {"allowed": allowed}})
-    }
-}
-
+/// The scripted API server: answers TokenReviews and SubjectAccessReviews as [`READER`] and [`OTHER`]
+/// say, and records their bodies.
 fn api() -> (Client, Api) {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let api = Api {
-        requests: Arc::default(),
-        answered: Arc::default(),
-        gate: Arc::new(Semaphore::new(API_PERMITS as usize)),
+    let user = |name: &str, uid: &str| {
+        json!({
+            "username": name,
+            "uid": uid,
+            "groups": ["system:serviceaccounts", "system:authenticated"],
+            "extra": {"authentication.kubernetes.io/pod-name": ["p"]},
+        })
     };
-    let (requests, answered, gate) = (api.requests.clone(), api.answered.clone(), api.gate.clone());
-    tokio::spawn(async move {
-        while let Some((request, send)) = handle.next_request().await {
-            let path = request.uri().path().to_owned();
-            let bytes = request.into_body().collect().await.unwrap().to_bytes();
-            let body: Value = serde_json::from_slice(&bytes).unwrap();
-            requests.lock().unwrap().push((path.clone(), body.clone()));
-            let (gate, answered) = (gate.clone(), answered.clone());
-            tokio::spawn(async move {
-                let _permit = gate.acquire().await.unwrap();
-                let reply = serde_json::to_vec(&answer(&path, &body)).unwrap();
-                send.send_response(
-                    Response::builder()
-                        .status(StatusCode::CREATED)
-                        .body(Body::from(reply))
-                        .unwrap(),
-                );
-                answered.fetch_add(1, Ordering::SeqCst);
-            });
-        }
-    });
-    (Client::new(service, "default"), api)
+    let users = vec![
+        (READER, user(PROMETHEUS, "uid-1")),
+        (OTHER, user("system:serviceaccount:default:other", "uid-2")),
+    ];
+    Api::start(
+        vec![],
+        vec![
+            scripted::token_reviews(users),
+            scripted::access_reviews(vec![PROMETHEUS]),
+        ],
+    )
 }
 
 fn secured(client: Client) -> Router {
@@ -217,7 +160,7 @@ async fn scrapes_beyond_the_limit_get_503() {
     let (client, api) = api();
     let router = secured(client);
     // The API server holds its answers: the first scrapes wait inside the gate.
-    let held = api.gate.acquire_many(API_PERMITS).await.unwrap();
+    let held = api.hold().await;
     let waiting: Vec<_> = (0..MAX_CONCURRENT_SCRAPES)
         .map(|_| {
             let router = router.clone();
@@ -240,7 +183,7 @@ async fn scrapes_beyond_the_limit_get_503() {
         StatusCode::OK,
         "free again"
     );
-    assert!(api.answered.load(Ordering::SeqCst) >= MAX_CONCURRENT_SCRAPES);
+    assert!(api.answered() >= MAX_CONCURRENT_SCRAPES);
 }
 
 #[tokio::test]

@@ -60,7 +60,7 @@ fn with_status(mut mc: Memcached, status: MemcachedStatus) -> Memcached {
 /// goes into the cache (created when the cluster has none yet); returns its `servers` file and the new
 /// status.
 async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedStatus) {
-    let write = expect(Method::PATCH, CONFIG_MAPS);
+    let write = expect(Method::PATCH, *CONFIG_MAPS);
     let write = if cluster.has_config_map() {
         write.apply()
     } else {
@@ -73,7 +73,7 @@ async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedSt
     )
     .await;
     assert!(run.result.is_ok(), "{:?}", run.result);
-    cluster.config_map(serde_json::from_value(as_stored(&run.seen[0].body)).unwrap());
+    cluster.child::<ConfigMap>(serde_json::from_value(as_stored(&run.seen[0].body)).unwrap());
     let servers = run.seen[0].body["data"]["servers"]
         .as_str()
         .unwrap_or_default()
@@ -83,9 +83,9 @@ async fn republish(cluster: &mut Cluster, mc: Memcached) -> (String, MemcachedSt
 
 /// Creates a StatefulSet instance of `size` with ready pods and a settled status; returns that status.
 async fn settled_statefulset_instance(cluster: &mut Cluster, size: i32) -> MemcachedStatus {
-    let seen = create_as(cluster, statefulset_pool(size), STATEFULSETS).await;
-    cluster.statefulset(settled_statefulset(&seen[0].body));
-    cluster.service(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
+    let seen = create_as(cluster, statefulset_pool(size), *STATEFULSETS).await;
+    cluster.child::<StatefulSet>(settled_statefulset(&seen[0].body));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
     for i in 0..size {
         let pod = server_pod(
             &format!("cache-{i}"),
@@ -158,8 +158,8 @@ async fn statefulset_mode_applies_the_pool_shape_and_then_nothing() {
 async fn the_server_list_is_written_once_per_change_and_never_when_unchanged() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 2).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     cluster.pod(server_pod(
         "cache-a",
         "10.0.0.1",
@@ -238,7 +238,7 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
         body["status"]["drain"],
         json!({"fromSize": 3, "toSize": 2, "startedAt": "2023-11-14T22:13:20Z"})
     );
-    cluster.config_map(serde_json::from_value(as_stored(&started.seen[0].body)).unwrap());
+    cluster.child::<ConfigMap>(serde_json::from_value(as_stored(&started.seen[0].body)).unwrap());
     let draining = with_status(statefulset_pool(2), status_of(&started.seen[2]));
 
     // 10 s later (a restarted operator included: each run is a fresh context): nothing to write.
@@ -249,7 +249,7 @@ async fn a_drain_publishes_first_and_shrinks_only_after_drain_seconds() {
     );
 
     // Due: the StatefulSet shrinks (removing the highest ordinal), and the drain record goes.
-    let done = finish_drain_to_two(&mut cluster, draining, STATEFULSETS).await;
+    let done = finish_drain_to_two(&mut cluster, draining, *STATEFULSETS).await;
     assert_eq!(done.seen[1].body["reason"], "Drained");
     assert_eq!(
         done.seen[2].body["note"],
@@ -294,8 +294,8 @@ async fn finish_drain_to_two(cluster: &mut Cluster, draining: Memcached, workloa
 /// A settled Deployment instance of three slotted pods (a, b, c in slot order); returns its status.
 async fn settled_deployment_instance(cluster: &mut Cluster) -> MemcachedStatus {
     let (deployment, service, _) = create(cluster, 3).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     for (name, ip) in [
         ("cache-a", "10.0.0.1"),
         ("cache-b", "10.0.0.2"),
@@ -311,7 +311,7 @@ async fn settled_deployment_instance(cluster: &mut Cluster) -> MemcachedStatus {
 async fn start_drain(cluster: &mut Cluster, mc: Memcached, marks: Vec<Exchange>) -> Run {
     let mut script = marks;
     script.extend([
-        expect(Method::PATCH, CONFIG_MAPS).apply(),
+        expect(Method::PATCH, *CONFIG_MAPS).apply(),
         event(),
         expect(Method::PATCH, STATUS).apply(),
     ]);
@@ -342,7 +342,7 @@ async fn pod_deletion_cost_is_set_on_exactly_the_drained_pods() {
                "annotations": {"controller.kubernetes.io/pod-deletion-cost": "-1000"}}}),
         "only the annotation, by server-side apply"
     );
-    cluster.config_map(serde_json::from_value(as_stored(&started.seen[1].body)).unwrap());
+    cluster.child::<ConfigMap>(serde_json::from_value(as_stored(&started.seen[1].body)).unwrap());
     let draining = with_status(memcached(2), status_of(&started.seen[3]));
 
     // Due, but the pod cache does not show the mark yet: it is asked for again, nothing shrinks.
@@ -362,7 +362,7 @@ async fn pod_deletion_cost_is_set_on_exactly_the_drained_pods() {
         true,
         "2023-11-14T22:13:20Z",
     )));
-    finish_drain_to_two(&mut cluster, draining, DEPLOYMENTS).await;
+    finish_drain_to_two(&mut cluster, draining, *DEPLOYMENTS).await;
 }
 
 #[tokio::test]
@@ -370,7 +370,7 @@ async fn scaling_back_up_during_a_drain_cancels_it_and_clears_the_mark() {
     let mut cluster = Cluster::new();
     let status = settled_deployment_instance(&mut cluster).await;
     let started = start_drain_to_two(&mut cluster, status).await;
-    cluster.config_map(serde_json::from_value(as_stored(&started.seen[1].body)).unwrap());
+    cluster.child::<ConfigMap>(serde_json::from_value(as_stored(&started.seen[1].body)).unwrap());
     cluster.pod(marked(server_pod(
         "cache-c",
         "10.0.0.3",
@@ -384,7 +384,7 @@ async fn scaling_back_up_during_a_drain_cancels_it_and_clears_the_mark() {
         vec![
             event(),
             expect(Method::PATCH, &pod_path("cache-c")).apply(),
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            expect(Method::PATCH, *CONFIG_MAPS).apply(),
             expect(Method::PATCH, STATUS).apply(),
         ],
         NOW + 10,
@@ -417,7 +417,7 @@ async fn scaling_back_up_during_a_drain_cancels_it_and_clears_the_mark() {
 async fn a_changed_workload_is_degraded_and_nothing_is_applied() {
     let mut cluster = Cluster::new();
     let (deployment, _, _) = create(&mut cluster, 1).await;
-    cluster.deployment(settled(&deployment));
+    cluster.child::<Deployment>(settled(&deployment));
     let run = run(
         &mut cluster,
         statefulset_pool(1),
@@ -497,11 +497,11 @@ async fn an_existing_server_list_is_emptied_when_no_server_is_left() {
         &mut cluster,
         mc,
         vec![
-            expect(Method::PATCH, CONFIG_MAPS).apply(),
+            expect(Method::PATCH, *CONFIG_MAPS).apply(),
             event(),
-            expect(Method::PATCH, STATEFULSETS).apply(),
+            expect(Method::PATCH, *STATEFULSETS).apply(),
             event(),
-            expect(Method::DELETE, PDBS).reply(
+            expect(Method::DELETE, *PDBS).reply(
                 StatusCode::OK,
                 json!({"kind": "Status", "apiVersion": "v1", "status": "Success"}),
             ),

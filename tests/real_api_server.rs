@@ -119,7 +119,10 @@ fn every_child_the_operator_applied_is_found_in_what_the_server_returned() {
         }
         let mut applied = load("applied", &file);
         let live = load("live", &file);
-        if file.starts_with("configmaps.") {
+        if file.starts_with(&format!(
+            "{}.",
+            <ConfigMap as k8s_openapi::Resource>::URL_PATH_SEGMENT
+        )) {
             // The recorded server lists are of different moments (a pod was replaced in between); their
             // data is the operator's own text, compared exactly by the tests below.
             applied.as_object_mut().unwrap().remove("data");
@@ -129,6 +132,16 @@ fn every_child_the_operator_applied_is_found_in_what_the_server_returned() {
     }
     // ConfigMaps (3), Deployments (2), HPA, NetworkPolicy, PDBs (2), Services (6), StatefulSet.
     assert_eq!(checked, 16, "every recorded child was compared");
+}
+
+/// The recording of the object `name` of kind `K`: `<plural>.<name>.json`.
+fn fixture<K: k8s_openapi::Resource>(name: &str) -> String {
+    format!("{}.{name}.json", K::URL_PATH_SEGMENT)
+}
+
+/// The recording of `object`.
+fn fixture_of<K: k8s_openapi::Resource + kube::Resource>(object: &K) -> String {
+    fixture::<K>(&object.name_any())
 }
 
 fn instance(name: &str) -> Memcached {
@@ -181,7 +194,7 @@ fn check_built_children(name: &str) {
     let json = |object: &dyn erased::Json| object.json();
 
     if mc.spec.workload == memcached_operator::api::Workload::StatefulSet {
-        let file = format!("statefulsets.{name}.json");
+        let file = fixture::<StatefulSet>(name);
         let (_, sts): (Value, StatefulSet) = live(&file);
         let hash = template_secret_hash(sts.spec.as_ref().map(|s| &s.template.metadata));
         stamp(
@@ -194,7 +207,7 @@ fn check_built_children(name: &str) {
             ))),
         );
     } else {
-        let file = format!("deployments.{name}.json");
+        let file = fixture::<Deployment>(name);
         let (_, d): (Value, Deployment) = live(&file);
         let hash = template_secret_hash(d.spec.as_ref().map(|s| &s.template.metadata));
         stamp(
@@ -207,31 +220,22 @@ fn check_built_children(name: &str) {
         );
     }
     for desired in [service::service(&instance), service::headless(&instance)] {
-        let file = format!("services.{}.json", desired.name_any());
+        let file = fixture::<Service>(&desired.name_any());
         let _: (Value, Service) = live(&file);
         stamp(&file, json(&drift::stamp(desired)));
     }
     let list = servers::config_map(&instance, &status.servers);
-    let file = format!("configmaps.{}.json", list.name_any());
+    let file = fixture::<ConfigMap>(&list.name_any());
     let _: (Value, ConfigMap) = live(&file);
     stamp(&file, json(&drift::stamp(list)));
     if let Some(desired) = pdb::pdb(&instance) {
-        stamp(
-            &format!("poddisruptionbudgets.{name}.json"),
-            json(&drift::stamp(desired)),
-        );
+        stamp(&fixture_of(&desired), json(&drift::stamp(desired)));
     }
     if let Some(desired) = network_policy::network_policy(&instance) {
-        stamp(
-            &format!("networkpolicies.{name}.json"),
-            json(&drift::stamp(desired)),
-        );
+        stamp(&fixture_of(&desired), json(&drift::stamp(desired)));
     }
     if let Some(desired) = autoscaler::autoscaler(&instance) {
-        stamp(
-            &format!("horizontalpodautoscalers.{name}.json"),
-            json(&drift::stamp(desired)),
-        );
+        stamp(&fixture_of(&desired), json(&drift::stamp(desired)));
     }
 }
 

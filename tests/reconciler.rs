@@ -26,7 +26,7 @@ fn being_deleted() -> Memcached {
 #[tokio::test]
 async fn a_new_instance_gets_its_children_without_a_finalizer() {
     let mut cluster = Cluster::new();
-    let mut script = created_children(DEPLOYMENTS, 1);
+    let mut script = created_children(*DEPLOYMENTS, 1);
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(&mut cluster, memcached(1), script).await;
     assert_eq!(
@@ -36,7 +36,7 @@ async fn a_new_instance_gets_its_children_without_a_finalizer() {
     let paths: Vec<&str> = run.seen.iter().map(|s| s.path.as_str()).collect();
     assert_eq!(
         paths,
-        [DEPLOYMENTS, SERVICES, HEADLESS, EVENTS, STATUS],
+        [*DEPLOYMENTS, *SERVICES, *HEADLESS, EVENTS, STATUS],
         "the children, one event and (written at once in these scenarios) the status; no finalizer, and \
          no server list before a server is ready"
     );
@@ -64,7 +64,7 @@ async fn a_legacy_instance_loses_its_finalizer_then_reconciles_as_usual() {
     let mut patched = serde_json::to_value(memcached(1)).unwrap();
     patched["metadata"]["resourceVersion"] = json!("2");
     let mut script = vec![expect(Method::PATCH, MEMCACHED).reply(StatusCode::OK, patched)];
-    script.extend(created_children(DEPLOYMENTS, 1));
+    script.extend(created_children(*DEPLOYMENTS, 1));
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(&mut cluster, with_legacy_finalizer(memcached(1)), script).await;
     assert_eq!(
@@ -88,8 +88,8 @@ async fn a_legacy_instance_loses_its_finalizer_then_reconciles_as_usual() {
 async fn a_settled_legacy_instance_sends_only_the_finalizer_removal() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 1).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     let settle = run(
         &mut cluster,
         memcached(1),
@@ -164,8 +164,8 @@ async fn unchanged_instance_makes_no_request_at_all() {
     let (deployment, service, _) = create(&mut cluster, 2).await;
 
     // The cluster catches up: children exist with server defaults, pods are ready.
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     cluster.pod(ready_pod("cache-7d9f-b"));
     cluster.pod(ready_pod("cache-7d9f-a"));
 
@@ -209,15 +209,15 @@ async fn unchanged_instance_makes_no_request_at_all() {
 async fn scaling_applies_the_deployment_and_adds_a_budget() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 1).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
 
     let run = run(
         &mut cluster,
         memcached(3),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, PDBS).create(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *PDBS).create(),
             event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -257,14 +257,14 @@ async fn drift_is_put_back_and_deleted_children_come_back() {
         .as_mut()
         .unwrap();
     pod.containers[0].image = Some("memcached:evil".into());
-    cluster.deployment(drifted);
+    cluster.child::<Deployment>(drifted);
 
     let run = run(
         &mut cluster,
         memcached(3),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, SERVICES).create(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *SERVICES).create(),
             event(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -300,14 +300,14 @@ async fn template_drift_without_replica_change_is_an_update() {
         .as_mut()
         .unwrap();
     pod.containers[0].args = Some(vec!["-m".into(), "1024".into()]);
-    cluster.deployment(drifted);
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(drifted);
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
 
     let run = run(
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -410,7 +410,7 @@ async fn transient_api_errors_are_retried_with_growing_backoff() {
             &mut cluster,
             memcached(1),
             vec![
-                expect(Method::PATCH, DEPLOYMENTS)
+                expect(Method::PATCH, *DEPLOYMENTS)
                     .create()
                     .fail(code, reason),
                 event(),
@@ -441,8 +441,8 @@ async fn changes_made_before_a_failing_child_are_recorded_before_the_failure() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).create(),
-            expect(Method::PATCH, SERVICES)
+            expect(Method::PATCH, *DEPLOYMENTS).create(),
+            expect(Method::PATCH, *SERVICES)
                 .create()
                 .fail(500, "InternalError"),
             event(),
@@ -574,7 +574,7 @@ async fn rejected_apply_is_reported_as_degraded() {
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS)
+            expect(Method::PATCH, *DEPLOYMENTS)
                 .create()
                 .fail(422, "Invalid"),
             expect(Method::PATCH, STATUS).apply(),
@@ -630,7 +630,7 @@ async fn children_controlled_by_another_owner_are_left_alone() {
     let (deployment, _, _) = create(&mut cluster, 1).await;
     let mut foreign = settled(&deployment);
     foreign.metadata.owner_references.as_mut().unwrap()[0].uid = "old-uid".into();
-    cluster.deployment(foreign);
+    cluster.child::<Deployment>(foreign);
     let run = run(
         &mut cluster,
         memcached(1),
@@ -682,7 +682,7 @@ async fn a_same_named_deployment_the_operator_does_not_manage_is_left_alone() {
     let created = run(
         &mut cluster,
         memcached(1),
-        created_children(DEPLOYMENTS, 1)
+        created_children(*DEPLOYMENTS, 1)
             .into_iter()
             .chain([expect(Method::PATCH, STATUS).apply()])
             .collect(),
@@ -720,8 +720,8 @@ async fn pod_trouble_shows_in_status() {
     let (deployment, service, _) = create(&mut cluster, 1).await;
     let mut stuck = settled(&deployment);
     stuck.status.as_mut().unwrap().ready_replicas = Some(0);
-    cluster.deployment(stuck);
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(stuck);
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
     let mut pod = ready_pod("cache-x");
     pod.status = Some(
         serde_json::from_value(json!({"containerStatuses": [{"name": "memcached", "image": "memcached:nope",
@@ -811,13 +811,13 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpwCg==")),
     ];
     // The optional children follow the ones every instance has, before the one event naming them all.
-    let mut children = created_children(DEPLOYMENTS, size);
+    let mut children = created_children(*DEPLOYMENTS, size);
     let at = children.len() - 1;
     children.splice(
         at..at,
         [
-            expect(Method::PATCH, NETWORK_POLICIES).create(),
-            expect(Method::PATCH, AUTOSCALERS).create(),
+            expect(Method::PATCH, *NETWORK_POLICIES).create(),
+            expect(Method::PATCH, *AUTOSCALERS).create(),
             expect(Method::PATCH, SERVICE_MONITORS).create(),
         ],
     );
@@ -826,18 +826,22 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
     let seen = &run.seen[2..];
-    cluster.deployment(settled(&seen[0].body));
-    cluster.service(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
-    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    cluster.child::<Deployment>(settled(&seen[0].body));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
+    cluster.child::<Service>(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
     let mut i = 3;
     let mut budget = "";
     if size > 1 {
-        cluster.pdb(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+        cluster.child::<PodDisruptionBudget>(
+            serde_json::from_value(as_stored(&seen[i].body)).unwrap(),
+        );
         budget = ", PodDisruptionBudget cache";
         i += 1;
     }
-    cluster.network_policy(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
-    cluster.autoscaler(serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap());
+    cluster.child::<NetworkPolicy>(serde_json::from_value(as_stored(&seen[i].body)).unwrap());
+    cluster.child::<HorizontalPodAutoscaler>(
+        serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap(),
+    );
     cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
     let event = &seen[i + 3].body;
     assert_eq!(event["reason"], "Created");
@@ -917,7 +921,7 @@ async fn a_changed_secret_rolls_the_pods() {
         mc,
         vec![
             expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("3", "dTpxCg==")),
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -1013,7 +1017,7 @@ async fn a_missing_secret_is_degraded_until_it_appears() {
         recorded,
         [
             vec![expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("2"))],
-            created_children(DEPLOYMENTS, 1),
+            created_children(*DEPLOYMENTS, 1),
             vec![expect(Method::PATCH, STATUS).apply()],
         ]
         .into_iter()
@@ -1039,13 +1043,13 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
     ] {
         let mut cluster = Cluster::new();
         let (deployment, service, _) = create(&mut cluster, 3).await;
-        cluster.deployment(settled(&deployment));
-        cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+        cluster.child::<Deployment>(settled(&deployment));
+        cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
         let mut script = vec![];
         if size != 3 {
-            script.push(expect(Method::PATCH, DEPLOYMENTS).apply());
+            script.push(expect(Method::PATCH, *DEPLOYMENTS).apply());
         }
-        script.push(expect(Method::DELETE, PDBS).reply(
+        script.push(expect(Method::DELETE, *PDBS).reply(
             StatusCode::OK,
             json!({"kind": "Status", "status": "Success"}),
         ));
@@ -1082,15 +1086,15 @@ async fn the_budget_goes_when_size_drops_to_one_or_it_is_disabled() {
 async fn the_exporter_is_added_and_removed_with_its_service_port() {
     let mut cluster = Cluster::new();
     let (deployment, service, _) = create(&mut cluster, 1).await;
-    cluster.deployment(settled(&deployment));
-    cluster.service(serde_json::from_value(as_stored(&service)).unwrap());
+    cluster.child::<Deployment>(settled(&deployment));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&service)).unwrap());
 
     let on = run(
         &mut cluster,
         with_spec(1, json!({"monitoring": {"exporter": {"enabled": true}}})),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, SERVICES).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *SERVICES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -1103,15 +1107,15 @@ async fn the_exporter_is_added_and_removed_with_its_service_port() {
     let updated = "Updated Deployment cache, Service cache to match the spec";
     assert_eq!(on.seen[2].body["reason"], "Updated");
     assert_eq!(on.seen[2].body["note"], updated);
-    cluster.deployment(settled(&on.seen[0].body));
-    cluster.service(serde_json::from_value(as_stored(&on.seen[1].body)).unwrap());
+    cluster.child::<Deployment>(settled(&on.seen[0].body));
+    cluster.child::<Service>(serde_json::from_value(as_stored(&on.seen[1].body)).unwrap());
 
     let off = run(
         &mut cluster,
         memcached(1),
         vec![
-            expect(Method::PATCH, DEPLOYMENTS).apply(),
-            expect(Method::PATCH, SERVICES).apply(),
+            expect(Method::PATCH, *DEPLOYMENTS).apply(),
+            expect(Method::PATCH, *SERVICES).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
         ],
@@ -1144,7 +1148,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
         &mut cluster,
         mc,
         [
-            created_children(DEPLOYMENTS, 1),
+            created_children(*DEPLOYMENTS, 1),
             vec![expect(Method::PATCH, STATUS).apply(), event()],
         ]
         .into_iter()
@@ -1242,7 +1246,7 @@ async fn a_request_without_answer_is_retried_quietly() {
     let run = run(
         &mut cluster,
         memcached(1),
-        vec![expect(Method::PATCH, DEPLOYMENTS).create().unanswered()],
+        vec![expect(Method::PATCH, *DEPLOYMENTS).create().unanswered()],
     )
     .await;
     let error = run.result.unwrap_err();

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use memcached_operator::telemetry::client::{
-    CertificateDigest, Credentials, ExpectedCertificate, ReadError, RefreshAnswer, ServerNames,
-    Target, TlsClient, TlsMaterial, read, read_stats,
+    CertificateDigest, Credentials, ExpectedCertificate, LinkError, ReadError, RefreshAnswer,
+    ServerNames, Target, TlsClient, TlsMaterial, read, read_stats,
 };
 use memcached_operator::telemetry::stats::{ParseError, Stats, parse};
 use rcgen::ExtendedKeyUsagePurpose;
@@ -138,7 +138,10 @@ async fn a_dead_address_is_a_connect_error_at_once() {
     drop(listener);
     let started = Instant::now();
     let error = read_error(&plain(address), GENEROUS, "nobody listens").await;
-    assert!(matches!(error, ReadError::Connect(_)), "{error:?}");
+    assert!(
+        matches!(error, ReadError::Link(LinkError::Connect(_))),
+        "{error:?}"
+    );
     assert_eq!(error.reason(), "connect");
     assert_quick(started);
 }
@@ -160,7 +163,7 @@ async fn a_server_that_closes_mid_reply_is_closed_not_half_parsed() {
         .await;
         let error = read_error(&plain(address), GENEROUS, "half a reply").await;
         assert!(
-            matches!(error, ReadError::Closed),
+            matches!(error, ReadError::Link(LinkError::Closed)),
             "cut at {cut}: {error:?}"
         );
         assert_eq!(error.reason(), "closed");
@@ -171,7 +174,10 @@ async fn a_server_that_closes_mid_reply_is_closed_not_half_parsed() {
 async fn a_server_that_closes_before_answering_is_closed() {
     let address = fake(|mut stream| async move { after_stats_command(&mut stream).await }).await;
     let error = read_error(&plain(address), GENEROUS, "no reply").await;
-    assert!(matches!(error, ReadError::Closed), "{error:?}");
+    assert!(
+        matches!(error, ReadError::Link(LinkError::Closed)),
+        "{error:?}"
+    );
 }
 
 #[tokio::test]
@@ -265,7 +271,7 @@ async fn refused_credentials_are_an_auth_error() {
     )
     .await;
     assert!(
-        matches!(&error, ReadError::Auth(answer) if answer.contains("authentication failure")),
+        matches!(&error, ReadError::Link(LinkError::Auth(answer)) if answer.contains("authentication failure")),
         "{error:?}"
     );
     assert_eq!(error.reason(), "auth");
@@ -285,7 +291,10 @@ async fn a_connection_closed_after_the_credentials_is_an_auth_error() {
         "closed",
     )
     .await;
-    assert!(matches!(error, ReadError::Auth(_)), "{error:?}");
+    assert!(
+        matches!(error, ReadError::Link(LinkError::Auth(_))),
+        "{error:?}"
+    );
 }
 
 fn server_config(leaf: &Leaf, client_ca: Option<&Pki>) -> Arc<ServerConfig> {
@@ -409,7 +418,10 @@ async fn tls_without_a_ca_never_sends_credentials() {
         Credentials::new("alice", "secret").expect("valid"),
     ));
     let error = read_error(&target, GENEROUS, "unverified").await;
-    assert!(matches!(error, ReadError::Unverified), "{error:?}");
+    assert!(
+        matches!(error, ReadError::Link(LinkError::Unverified)),
+        "{error:?}"
+    );
     assert_eq!(error.reason(), "tls");
     assert!(error.to_string().contains("ca.crt"), "{error}");
     // A connection the client opened would be waiting in the listener's backlog by now: there is none.
@@ -440,7 +452,10 @@ async fn tls_with_a_server_certificate_from_another_ca_fails() {
     let address = tls_fake(server_config(&other.server(), None), None).await;
     let material = pki.trusted();
     let error = read_error(&tls_target(address, &material), GENEROUS, "untrusted").await;
-    assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
+    assert!(
+        matches!(error, ReadError::Link(LinkError::Tls(_))),
+        "{error:?}"
+    );
     assert_eq!(error.reason(), "tls");
 }
 
@@ -461,7 +476,10 @@ async fn tls_checks_expiry_and_usage_too() {
         let address = tls_fake(server_config(&leaf, None), None).await;
         let material = pki.trusted();
         let error = read_error(&tls_target(address, &material), GENEROUS, "invalid").await;
-        assert!(matches!(error, ReadError::Tls(_)), "{error:?}");
+        assert!(
+            matches!(error, ReadError::Link(LinkError::Tls(_))),
+            "{error:?}"
+        );
     }
 }
 
@@ -535,7 +553,10 @@ async fn mutual_tls_without_an_identity_or_with_a_foreign_one_fails() {
         // Under TLS 1.3 the server refuses the client after the client's side of the handshake is done: the
         // refusal is an alert (Tls), unless the server's reset overtakes it (Closed). Either is a failure.
         assert!(
-            matches!(error, ReadError::Tls(_) | ReadError::Closed),
+            matches!(
+                error,
+                ReadError::Link(LinkError::Tls(_) | LinkError::Closed)
+            ),
             "{error:?}"
         );
     }
@@ -651,7 +672,10 @@ async fn real_memcached_over_tls_and_mutual_tls() {
         )
         .await;
         assert!(
-            matches!(error, ReadError::Tls(_) | ReadError::Closed),
+            matches!(
+                error,
+                ReadError::Link(LinkError::Tls(_) | LinkError::Closed)
+            ),
             "mode {mode}: {error:?}"
         );
     }

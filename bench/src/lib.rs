@@ -197,11 +197,20 @@ pub struct Restart {
     pub peak_rss_mib: f64,
 }
 
+/// The collections of the operator's kinds of children, from its table.
+fn children() -> Vec<fake_apiserver::collections::Collection> {
+    memcached_operator::store::kind_names()
+        .into_iter()
+        .map(|k| fake_apiserver::collections::Collection::new(k.api_version, k.plural, k.kind))
+        .collect()
+}
+
 /// Runs the benchmark once.
 pub async fn run(options: &Options) -> Result<Report, String> {
     let fake = Fake::start(fake_apiserver::Options {
         latency: options.latency,
         tls: options.tls,
+        children: children(),
         ..fake_apiserver::Options::default()
     })
     .await

@@ -1,7 +1,8 @@
 //! A fake Kubernetes API server, in-process, for the operator's smoke tests (`tests/smoke`) and the
 //! scale benchmark (`bench`): the real operator binary talks to it through a kubeconfig as to a cluster.
 //!
-//! It is stateful, as an API server is: one store per collection ([`collections`]) with a resource
+//! It is stateful, as an API server is: one store per collection ([`collections`]: its own, and the
+//! operator's kinds of children as its caller names them) with a resource
 //! version per change ([`store`]); lists and watches that keep to their namespace and label selector
 //! ([`selector`]); watches held open that receive every later change, so what a client writes comes back
 //! to its caches; metadata-only lists, gets and watches (`as=PartialObjectMetadata`); create, server-side
@@ -82,6 +83,9 @@ pub struct Options {
     pub outages: bool,
     /// The cluster serves the ServiceMonitor API (`monitoring.coreos.com/v1`).
     pub service_monitors: bool,
+    /// The collections of the kinds of children the operator creates, served beside the fake's own
+    /// ([`collections::OWN`]): the caller builds them from the operator's table of kinds.
+    pub children: Vec<collections::Collection>,
 }
 
 /// What the HTTP handler shares: the store and the latency.
@@ -107,7 +111,7 @@ pub struct Fake {
 impl Fake {
     /// Serves an empty fake (no object of any kind) on a free loopback port.
     pub async fn start(options: Options) -> Result<Arc<Self>, Error> {
-        let mut store = Store::default();
+        let mut store = Store::serving(&options.children);
         store.settings.service_monitors = options.service_monitors;
         let api = Arc::new(Api {
             store: Mutex::new(store),

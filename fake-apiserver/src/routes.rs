@@ -5,7 +5,7 @@ use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::apply::apply;
-use crate::collections::{self, MONITORING, OPERATOR_GROUP};
+use crate::collections::{MONITORING, OPERATOR_GROUP};
 use crate::path::{self, Target};
 use crate::request::Req;
 use crate::selector::Selector;
@@ -62,7 +62,7 @@ pub(crate) fn answer(store: &mut Store, req: &Req) -> Answer {
     let Some(target) = path::parse(&req.path) else {
         return discovery(store, req);
     };
-    let Some(collection) = collections::find(&target.api_version, target.plural) else {
+    let Some(collection) = store.find(&target.api_version, target.plural) else {
         return not_served(req);
     };
     if collection.api_version == MONITORING && !store.settings.service_monitors {

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use crate::collections::{COLLECTIONS, Collection};
+use crate::collections::{Collection, OWN};
 use crate::request::Req;
 use crate::selector::Selector;
 
@@ -98,7 +98,7 @@ struct Event {
 
 /// One collection's objects and history.
 struct Objects {
-    collection: &'static Collection,
+    collection: Collection,
     objects: BTreeMap<(String, String), Value>,
     history: Vec<Event>,
     /// The resource version of the latest change, for open watches to wake on.
@@ -140,10 +140,20 @@ pub struct Store {
 }
 
 impl Default for Store {
+    /// A store of the fake's own collections only ([`OWN`]).
     fn default() -> Self {
-        let collections = COLLECTIONS
+        Self::serving(&[])
+    }
+}
+
+impl Store {
+    /// An empty store of the fake's own collections and of `children`, the kinds the caller's operator
+    /// creates.
+    pub fn serving(children: &[Collection]) -> Self {
+        let collections = OWN
             .iter()
-            .map(|collection| {
+            .chain(children)
+            .map(|&collection| {
                 let objects = Objects {
                     collection,
                     objects: BTreeMap::new(),
@@ -163,6 +173,22 @@ impl Default for Store {
             hooks: Vec::new(),
             settings: Settings::default(),
         }
+    }
+
+    /// The collection named `plural` in `api_version`, if served.
+    pub fn find(&self, api_version: &str, plural: &str) -> Option<Collection> {
+        self.collections
+            .get(plural)
+            .map(|objects| objects.collection)
+            .filter(|c| c.api_version == api_version)
+    }
+
+    /// The collection whose objects have `api_version` and `kind`, if served.
+    pub fn find_kind(&self, api_version: &str, kind: &str) -> Option<Collection> {
+        self.collections
+            .values()
+            .map(|objects| objects.collection)
+            .find(|c| c.api_version == api_version && c.kind == kind)
     }
 }
 
@@ -450,6 +476,14 @@ mod tests {
     use super::*;
     use std::sync::{Arc, Mutex};
 
+    /// A store serving two kinds of children besides its own collections.
+    fn store() -> Store {
+        Store::serving(&[
+            Collection::new("apps/v1", "deployments", "Deployment"),
+            Collection::new("v1", "services", "Service"),
+        ])
+    }
+
     fn all() -> WatchFilter {
         WatchFilter {
             namespace: None,
@@ -460,7 +494,7 @@ mod tests {
 
     #[test]
     fn writes_bump_versions_and_generations_and_unchanged_writes_are_no_ops() {
-        let mut store = Store::default();
+        let mut store = store();
         let seen = Arc::new(Mutex::new(Vec::new()));
         let log = seen.clone();
         store.on_change(Box::new(move |change| {
@@ -511,7 +545,7 @@ mod tests {
 
     #[test]
     fn lists_and_watches_keep_to_their_namespace_and_selector() {
-        let mut store = Store::default();
+        let mut store = store();
         for (ns, name, managed) in [("a", "x", true), ("a", "y", false), ("b", "z", true)] {
             let labels = if managed {
                 json!({"app.kubernetes.io/managed-by": "memcached-operator"})
@@ -548,7 +582,7 @@ mod tests {
 
     #[test]
     fn an_object_being_deleted_goes_with_its_last_finalizer() {
-        let mut store = Store::default();
+        let mut store = store();
         store
             .create(
                 "memcacheds",
@@ -566,7 +600,7 @@ mod tests {
 
     #[test]
     fn a_restart_expires_every_version_handed_out() {
-        let mut store = Store::default();
+        let mut store = store();
         let before = store
             .create(
                 "pods",

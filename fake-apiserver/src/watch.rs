@@ -85,6 +85,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::collections::Collection;
     use crate::store::Store;
 
     fn deployment(name: &str) -> serde_json::Value {
@@ -113,7 +114,11 @@ mod tests {
     #[tokio::test]
     async fn a_watch_whose_server_went_away_sends_nothing_made_after() {
         let api = Arc::new(Api {
-            store: Mutex::new(Store::default()),
+            store: Mutex::new(Store::serving(&[Collection::new(
+                "apps/v1",
+                "deployments",
+                "Deployment",
+            )])),
             latency: Duration::ZERO,
         });
         let filter = WatchFilter {

@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use fake_apiserver::collections::Collection;
 use fake_apiserver::{Fake, Options};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -57,6 +58,14 @@ async fn watch_for(
     })
 }
 
+/// The fake serving Deployments, the kind of child these tests write.
+fn options() -> Options {
+    Options {
+        children: vec![Collection::new("apps/v1", "deployments", "Deployment")],
+        ..Options::default()
+    }
+}
+
 fn deployment(name: &str, managed: bool, replicas: u64) -> Value {
     let labels = if managed {
         json!({"app.kubernetes.io/managed-by": "memcached-operator"})
@@ -69,7 +78,7 @@ fn deployment(name: &str, managed: bool, replicas: u64) -> Value {
 
 #[tokio::test]
 async fn writes_come_back_in_lists_and_in_watches_held_open_by_selector() {
-    let fake = Fake::start(Options::default()).await.unwrap();
+    let fake = Fake::start(options()).await.unwrap();
     let addr = fake.addr();
     let (_, list) = call(
         addr,
@@ -147,7 +156,7 @@ async fn writes_come_back_in_lists_and_in_watches_held_open_by_selector() {
 async fn a_restarted_server_expires_the_versions_it_handed_out() {
     let fake = Fake::start(Options {
         outages: true,
-        ..Options::default()
+        ..options()
     })
     .await
     .unwrap();

@@ -26,7 +26,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
 
 use super::names::ServerNames;
-use super::verifier::{InstanceVerifier, UnverifiedServer};
+use super::verifier::{InstanceVerifier, UnverifiedServer, Verifier};
 
 /// What the instance's TLS Secret gives the client: the CA (PEM) to verify the server against, when the
 /// Secret has `ca.crt`, and the certificate chain + private key (PEM) to present when the server requires
@@ -108,13 +108,14 @@ impl TlsClient {
         // The configuration's own verifier is replaced per pod (`connector`) when there is a CA; without
         // one, it is the one used.
         let verifier: Arc<dyn ServerCertVerifier> = match &chain {
-            Some(chain) => Arc::new(InstanceVerifier {
-                chain: chain.clone(),
-                names: ServerNames::default(),
-            }),
-            None => Arc::new(UnverifiedServer {
-                algorithms: provider.signature_verification_algorithms,
-            }),
+            Some(chain) => Arc::new(Verifier::new(
+                InstanceVerifier {
+                    chain: chain.clone(),
+                    names: ServerNames::default(),
+                },
+                &provider,
+            )),
+            None => Arc::new(Verifier::new(UnverifiedServer, &provider)),
         };
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
@@ -156,12 +157,16 @@ impl TlsClient {
             return TlsConnector::from(self.config.clone());
         };
         let mut config = ClientConfig::clone(&self.config);
-        config
-            .dangerous()
-            .set_certificate_verifier(Arc::new(InstanceVerifier {
+        let verifier = Verifier::new(
+            InstanceVerifier {
                 chain: chain.clone(),
                 names: names.clone(),
-            }));
+            },
+            self.config.crypto_provider(),
+        );
+        config
+            .dangerous()
+            .set_certificate_verifier(Arc::new(verifier));
         TlsConnector::from(Arc::new(config))
     }
 }

@@ -1,4 +1,6 @@
-//! The server certificate verifiers of the telemetry client.
+//! The server certificate verifiers of a connection to memcached: one [`Verifier`], which checks the
+//! handshake's signatures with the provider's algorithms, around one of two decisions on the certificate
+//! ([`CertificatePolicy`]):
 //!
 //! - [`InstanceVerifier`] (the Secret has `ca.crt`): the chain, validity and usage, by rustls' own
 //!   [`WebPkiServerVerifier`], and the name against the set of names an instance's pod may present
@@ -19,7 +21,7 @@ use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
 };
 use tokio_rustls::rustls::client::verify_server_name;
-use tokio_rustls::rustls::crypto::{self, WebPkiSupportedAlgorithms};
+use tokio_rustls::rustls::crypto::{self, CryptoProvider, WebPkiSupportedAlgorithms};
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::server::ParsedCertificate;
 use tokio_rustls::rustls::{
@@ -65,8 +67,77 @@ impl fmt::Debug for NoAcceptedName {
 
 impl std::error::Error for NoAcceptedName {}
 
-impl ServerCertVerifier for InstanceVerifier {
+/// The decision on the server's certificate, which is what differs between the verifiers: the handshake's
+/// signatures are checked the same way whatever it is ([`Verifier`]).
+pub trait CertificatePolicy: fmt::Debug + Send + Sync {
+    /// [`ServerCertVerifier::verify_server_cert`].
+    fn verify_certificate(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error>;
+}
+
+/// A server certificate verifier: `policy` decides on the certificate, and the handshake's signatures are
+/// checked with the crypto provider's algorithms (those rustls' [`WebPkiServerVerifier`] uses when built
+/// with the same provider).
+#[derive(Debug)]
+pub struct Verifier<P> {
+    pub policy: P,
+    pub algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl<P> Verifier<P> {
+    /// `policy`, with the signature algorithms of `provider`.
+    pub fn new(policy: P, provider: &CryptoProvider) -> Self {
+        Self {
+            policy,
+            algorithms: provider.signature_verification_algorithms,
+        }
+    }
+}
+
+impl<P: CertificatePolicy> ServerCertVerifier for Verifier<P> {
     fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: UnixTime,
+    ) -> Result<ServerCertVerified, Error> {
+        self.policy
+            .verify_certificate(end_entity, intermediates, server_name, ocsp_response, now)
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, Error> {
+        crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
+}
+
+impl CertificatePolicy for InstanceVerifier {
+    fn verify_certificate(
         &self,
         end_entity: &CertificateDer<'_>,
         intermediates: &[CertificateDer<'_>],
@@ -105,40 +176,17 @@ impl ServerCertVerifier for InstanceVerifier {
             other => other,
         }
     }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.chain.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.chain.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.chain.supported_verify_schemes()
-    }
 }
 
-/// Without a CA: checks only the handshake signatures, which prove that the server holds the key of the
-/// certificate it shows (the session keys are its own), not who it is. The connection is encrypted against
-/// a passive listener, not against an impostor: the client sends no credentials over it.
+/// Without a CA: accepts any certificate; [`Verifier`] still checks the handshake signatures, which prove
+/// that the server holds the key of the certificate it shows (the session keys are its own), not who it
+/// is. The connection is encrypted against a passive listener, not against an impostor: the client sends
+/// no credentials over it.
 #[derive(Debug)]
-pub struct UnverifiedServer {
-    pub algorithms: WebPkiSupportedAlgorithms,
-}
+pub struct UnverifiedServer;
 
-impl ServerCertVerifier for UnverifiedServer {
-    fn verify_server_cert(
+impl CertificatePolicy for UnverifiedServer {
+    fn verify_certificate(
         &self,
         _end_entity: &CertificateDer<'_>,
         _intermediates: &[CertificateDer<'_>],
@@ -147,28 +195,6 @@ impl ServerCertVerifier for UnverifiedServer {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
         Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.algorithms.supported_schemes()
     }
 }
 
@@ -236,7 +262,7 @@ mod tests {
     fn verify(verifier: &InstanceVerifier, certificate: &CertificateDer<'_>) -> Result<(), Error> {
         let ip = ServerName::IpAddress(IpAddr::from(POD_IP).into());
         verifier
-            .verify_server_cert(certificate, &[], &ip, &[], UnixTime::now())
+            .verify_certificate(certificate, &[], &ip, &[], UnixTime::now())
             .map(|_| ())
     }
 

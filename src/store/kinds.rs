@@ -90,6 +90,34 @@ pub trait EachKind {
     fn kind<K: ChildKind>(&mut self);
 }
 
+/// How the API names a kind of the table: what serves or checks its collection without its Rust type (a
+/// fake API server, a test that looks for kinds listed by hand).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KindName {
+    /// `group/version`, or `v1` for the core group.
+    pub api_version: &'static str,
+    /// The collection's name in paths (`deployments`).
+    pub plural: &'static str,
+    pub kind: &'static str,
+}
+
+/// The name of each kind, in the table's order.
+pub fn kind_names() -> Vec<KindName> {
+    struct Names(Vec<KindName>);
+    impl EachKind for Names {
+        fn kind<K: ChildKind>(&mut self) {
+            self.0.push(KindName {
+                api_version: K::API_VERSION,
+                plural: K::URL_PATH_SEGMENT,
+                kind: K::KIND,
+            });
+        }
+    }
+    let mut names = Names(Vec::new());
+    each_kind(&mut names);
+    names.0
+}
+
 /// What makes the cache of each kind ([`ChildCaches::build`]): the watches, or a test's caches.
 pub trait MakeCache {
     fn make<K: ChildKind>(&mut self) -> Cache<K>;
@@ -175,6 +203,23 @@ mod tests {
         fn kind<K: ChildKind>(&mut self) {
             self.0.push((K::GROUP, K::URL_PATH_SEGMENT, K::OPTIONAL));
         }
+    }
+
+    #[test]
+    fn kind_names_follow_the_table() {
+        let mut names = Names(Vec::new());
+        each_kind(&mut names);
+        let plurals: Vec<_> = kind_names().iter().map(|k| k.plural).collect();
+        let table: Vec<_> = names.0.iter().map(|&(_, plural, _)| plural).collect();
+        assert_eq!(plurals, table);
+        assert_eq!(
+            kind_names()[0],
+            KindName {
+                api_version: "apps/v1",
+                plural: "deployments",
+                kind: "Deployment"
+            }
+        );
     }
 
     #[test]

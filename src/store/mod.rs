@@ -29,7 +29,7 @@ pub use cache::{Cache, CacheWriter, cache};
 pub use compact::{Compact, Compactable};
 pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;
-pub use kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
+pub use kinds::{ChildCaches, ChildKind, EachKind, KindName, MakeCache, each_kind, kind_names};
 pub use pod_index::PodIndex;
 pub use written::Written;
 

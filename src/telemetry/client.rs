@@ -11,15 +11,14 @@
 //! `curr_connections` (so that stat includes the operator's own connection), and the operator holds no
 //! connection to a pod between reads.
 
-use std::io;
 use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, BufReader};
 
-use crate::connection::{self, LINE_REPLY_LIMIT, LinkError};
+use crate::connection::{self, LINE_REPLY_LIMIT};
 pub use crate::connection::{
     CertificateDigest, Credentials, CredentialsError, DEFAULT_CLUSTER_DOMAIN, ExpectedCertificate,
-    ServerNames, Target, TlsClient, TlsError, TlsMaterial, matching_pair,
+    LinkError, ServerNames, Target, TlsClient, TlsError, TlsMaterial, matching_pair,
 };
 
 use super::stats::{self, MAX_REPLY_BYTES, ParseError, Stats};
@@ -52,72 +51,33 @@ pub enum RefreshAnswer {
 
 /// Why a server's stats could not be read. [`ReadError::reason`] gives a short stable label for each.
 ///
-/// Messages carry the detail (an OS error, the server's answer) and never a credential.
+/// The connection's own failures (connect, TLS, authentication, a closed or broken connection) are the
+/// connection's error, [`LinkError`], as the warm handover sees them too; a read adds its time bound and
+/// the reply it could not make sense of. Messages carry the detail (an OS error, the server's answer) and
+/// never a credential.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    /// The TCP connection could not be opened: refused, unreachable, no route.
-    #[error("cannot connect: {0}")]
-    Connect(io::Error),
+    /// Connecting, the TLS handshake, authenticating, or the open connection failed (before the reply was
+    /// complete, for [`LinkError::Closed`]).
+    #[error(transparent)]
+    Link(#[from] LinkError),
     /// The exchange (connect, handshake, authentication, reply) did not finish in time.
     #[error("no complete exchange within {0:?}")]
     Timeout(Duration),
-    /// The TLS handshake failed, or the TLS session was broken off by an alert (a server requiring a client
-    /// certificate the operator does not have rejects it this way, after the TLS 1.3 handshake).
-    #[error("TLS failed: {0}")]
-    Tls(io::Error),
-    /// Authentication is on but the server cannot be verified: the TLS Secret has no CA. The credentials
-    /// would go to whoever answers at the pod's address, so the client does not connect at all.
-    #[error(
-        "not sending credentials to an unverified server: the TLS Secret needs a ca.crt (the CA of the \
-         server certificates) for the operator to authenticate"
-    )]
-    Unverified,
-    /// The server did not answer the authenticating `set` with `STORED`: it refused the credentials, or
-    /// closed the connection, or said something else.
-    #[error("authentication refused: {0}")]
-    Auth(String),
-    /// The server closed the connection before the reply was complete.
-    #[error("the server closed the connection before the reply was complete")]
-    Closed,
     /// The server's reply is not a `stats` reply: malformed, an error line, or longer than the bound.
     #[error("not a stats reply: {0}")]
-    Protocol(ParseError),
-    /// Any other I/O error on the open connection.
-    #[error("I/O error: {0}")]
-    Io(io::Error),
-}
-
-impl From<LinkError> for ReadError {
-    fn from(error: LinkError) -> Self {
-        match error {
-            LinkError::Connect(error) => Self::Connect(error),
-            LinkError::Tls(error) => Self::Tls(error),
-            LinkError::Unverified => Self::Unverified,
-            LinkError::Auth(answer) => Self::Auth(answer),
-            LinkError::Closed => Self::Closed,
-            LinkError::Io(error) => Self::Io(error),
-        }
-    }
-}
-
-impl From<ParseError> for ReadError {
-    fn from(error: ParseError) -> Self {
-        Self::Protocol(error)
-    }
+    Protocol(#[from] ParseError),
 }
 
 impl ReadError {
-    /// A short stable label for metrics and logs: `connect`, `timeout`, `tls`, `auth`, `closed`, `protocol`
-    /// or `io`. A metric label must have few values, so this never carries the detail.
+    /// A short stable label for metrics and logs: the connection's ([`LinkError::reason`]: `connect`,
+    /// `tls`, `auth`, `closed`, `io`), `timeout` or `protocol`. A metric label must have few values, so
+    /// this never carries the detail.
     pub fn reason(&self) -> &'static str {
         match self {
-            Self::Connect(_) => "connect",
+            Self::Link(error) => error.reason(),
             Self::Timeout(_) => "timeout",
-            Self::Tls(_) | Self::Unverified => "tls",
-            Self::Auth(_) => "auth",
-            Self::Closed => "closed",
             Self::Protocol(_) => "protocol",
-            Self::Io(_) => "io",
         }
     }
 }
@@ -167,7 +127,7 @@ async fn read_reply<S>(stream: &mut BufReader<S>) -> Result<Stats, ReadError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    send(stream, b"stats\r\n").await?;
+    connection::send(stream, b"stats\r\n").await?;
     let mut reply = Vec::with_capacity(4096);
     loop {
         let start = reply.len();
@@ -177,7 +137,7 @@ where
             .take(room)
             .read_until(b'\n', &mut reply)
             .await
-            .map_err(classify)?;
+            .map_err(connection::classify)?;
         if reply.len() > MAX_REPLY_BYTES {
             return Err(ParseError::TooLong {
                 limit: MAX_REPLY_BYTES,
@@ -185,7 +145,7 @@ where
             .into());
         }
         if read == 0 || !reply.ends_with(b"\n") {
-            return Err(ReadError::Closed);
+            return Err(LinkError::Closed.into());
         }
         // Stop at the end of the reply, and at the first line that cannot be part of one (garbage from
         // something that is not memcached): the parser then says what was wrong, without waiting for more.
@@ -201,15 +161,15 @@ async fn refresh_certs<S>(stream: &mut BufReader<S>) -> Result<RefreshAnswer, Re
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    send(stream, b"refresh_certs\r\n").await?;
+    connection::send(stream, b"refresh_certs\r\n").await?;
     let mut line = Vec::new();
     let read = (&mut *stream)
         .take(LINE_REPLY_LIMIT)
         .read_until(b'\n', &mut line)
         .await
-        .map_err(classify)?;
+        .map_err(connection::classify)?;
     if read == 0 {
-        return Err(ReadError::Closed);
+        return Err(LinkError::Closed.into());
     }
     if line == b"OK\r\n" {
         return Ok(RefreshAnswer::Reloaded);
@@ -217,32 +177,23 @@ where
     Ok(RefreshAnswer::Refused(connection::shown(&line)))
 }
 
-async fn send<S>(stream: &mut BufReader<S>, bytes: &[u8]) -> Result<(), ReadError>
-where
-    S: AsyncRead + AsyncWrite + Unpin,
-{
-    Ok(connection::send(stream, bytes).await?)
-}
-
-fn classify(error: io::Error) -> ReadError {
-    connection::classify(error).into()
-}
-
 #[cfg(test)]
 mod tests {
+    use std::io;
+
     use super::*;
 
     #[test]
     fn reasons_are_short_stable_labels() {
-        let errors = [
-            ReadError::Connect(io::ErrorKind::ConnectionRefused.into()),
+        let errors: [ReadError; 8] = [
+            LinkError::Connect(io::ErrorKind::ConnectionRefused.into()).into(),
             ReadError::Timeout(Duration::from_secs(2)),
-            ReadError::Tls(io::ErrorKind::InvalidData.into()),
-            ReadError::Unverified,
-            ReadError::Auth(String::new()),
-            ReadError::Closed,
+            LinkError::Tls(io::ErrorKind::InvalidData.into()).into(),
+            LinkError::Unverified.into(),
+            LinkError::Auth(String::new()).into(),
+            LinkError::Closed.into(),
             ReadError::Protocol(ParseError::Truncated),
-            ReadError::Io(io::ErrorKind::Other.into()),
+            LinkError::Io(io::ErrorKind::Other.into()).into(),
         ];
         let reasons: Vec<_> = errors.iter().map(ReadError::reason).collect();
         assert_eq!(

@@ -1,11 +1,16 @@
-//! The reconciler against a mocked API server: a scripted API server, caches as the watches would fill
-//! them, and the objects the scenarios start from. Shared by `tests/reconciler.rs`, `tests/pools.rs` and
-//! `tests/isolation.rs`.
+//! The reconciler against the scripted API server ([`super::scripted`]): caches as the watches would fill
+//! them (one per kind of the operator's table), the paths of the instance's children (from the same
+//! table), and the objects the scenarios start from. Shared by `tests/reconciler.rs`, `tests/pools.rs`,
+//! `tests/isolation.rs` and `tests/convergence.rs`.
 
+use std::any::{Any, TypeId};
+use std::collections::HashMap;
 pub use std::collections::VecDeque;
-pub use std::sync::Arc;
+pub use std::sync::{Arc, LazyLock};
 pub use std::time::Duration;
 
+pub use super::kinds::object_path;
+pub use super::scripted::{Api, Exchange, NS, Seen, echo, expect};
 pub use http::{Method, Request, Response, StatusCode};
 pub use http_body_util::BodyExt;
 pub use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -28,107 +33,28 @@ pub use memcached_operator::controller::{
 pub use memcached_operator::metrics::Metrics;
 pub use memcached_operator::store::foreign;
 pub use memcached_operator::store::{
-    Cache, CacheWriter, ChildCaches, Compact, Compactable, PodIndex, Stores, cache,
+    Cache, CacheWriter, ChildCaches, ChildKind, Compact, Compactable, MakeCache, PodIndex, Stores,
+    cache,
 };
 pub use serde_json::{Value, json};
-pub use tower_test::mock::{self, Handle};
+pub use tower_test::mock;
 
 pub const NOW: i64 = 1_700_000_000;
-pub const NS: &str = "default";
 pub const NAME: &str = "cache";
 
-// ---------------------------------------------------------------------------------------------------
-// Fixture: a scripted API server.
-
-/// One expected request and the answer to give.
-pub struct Exchange {
-    pub method: Method,
-    /// Path the request must have (query excluded).
-    pub path: String,
-    /// Substrings the query must contain.
-    pub query: Vec<&'static str>,
-    /// Substrings the query must not contain.
-    pub not_query: Vec<&'static str>,
-    pub status: StatusCode,
-    /// Answer body; `None` echoes the request body (what a server does for an apply of a new object).
-    pub reply: Option<Value>,
-    /// Answer made from the request body, when set (instead of `reply` or the echo).
-    pub answer: Option<fn(&Value) -> Value>,
-    /// No answer at all: the connection fails (an API server that is down).
-    pub unanswered: bool,
-}
-
-pub fn expect(method: Method, path: &str) -> Exchange {
-    Exchange {
-        method,
-        path: path.to_owned(),
-        query: vec![],
-        not_query: vec![],
-        status: StatusCode::OK,
-        reply: None,
-        answer: None,
-        unanswered: false,
-    }
-}
-
-impl Exchange {
-    /// A server-side apply that takes over fields others own: to an object the operator manages.
-    pub fn apply(mut self) -> Self {
-        self.query = vec!["fieldManager=memcached-operator", "force=true"];
-        self
-    }
-    /// A server-side apply that creates a child: not forced, so that an object of that name which is not
-    /// the operator's answers a conflict instead of being taken over.
-    pub fn create(mut self) -> Self {
-        self.query = vec!["fieldManager=memcached-operator"];
-        self.not_query = vec!["force"];
-        self
-    }
-    pub fn reply(mut self, status: StatusCode, body: Value) -> Self {
-        self.status = status;
-        self.reply = Some(body);
-        self
-    }
-    /// Answers with `answer(request body)`: an object as the server stores it, say.
-    pub fn answer(mut self, answer: fn(&Value) -> Value) -> Self {
-        self.answer = Some(answer);
-        self
-    }
-    /// The request fails without an answer, as when the API server is down.
-    pub fn unanswered(mut self) -> Self {
-        self.unanswered = true;
-        self
-    }
-    pub fn fail(self, code: u16, reason: &str) -> Self {
-        let status = StatusCode::from_u16(code).unwrap();
-        self.reply(
-            status,
-            json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": code,
-                   "reason": reason, "message": format!("mock says {reason}")}),
-        )
-    }
-}
-
-/// A request the reconciler made.
-#[derive(Debug)]
-#[allow(dead_code)] // method and path show in failure messages
-pub struct Seen {
-    pub method: Method,
-    pub path: String,
-    pub body: Value,
-}
-
-pub const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments/cache";
-pub const STATEFULSETS: &str = "/apis/apps/v1/namespaces/default/statefulsets/cache";
-pub const CONFIG_MAPS: &str = "/api/v1/namespaces/default/configmaps/cache-servers";
+/// The paths of the instance's children, from the table's kinds.
+pub static DEPLOYMENTS: LazyLock<&str> = LazyLock::new(|| object_path::<Deployment>(NAME));
+pub static STATEFULSETS: LazyLock<&str> = LazyLock::new(|| object_path::<StatefulSet>(NAME));
+pub static CONFIG_MAPS: LazyLock<&str> =
+    LazyLock::new(|| object_path::<ConfigMap>(&format!("{NAME}-servers")));
+pub static SERVICES: LazyLock<&str> = LazyLock::new(|| object_path::<Service>(NAME));
+pub static HEADLESS: LazyLock<&str> =
+    LazyLock::new(|| object_path::<Service>(&format!("{NAME}-headless")));
+pub static PDBS: LazyLock<&str> = LazyLock::new(|| object_path::<PodDisruptionBudget>(NAME));
+pub static NETWORK_POLICIES: LazyLock<&str> = LazyLock::new(|| object_path::<NetworkPolicy>(NAME));
+pub static AUTOSCALERS: LazyLock<&str> =
+    LazyLock::new(|| object_path::<HorizontalPodAutoscaler>(NAME));
 pub const PODS: &str = "/api/v1/namespaces/default/pods";
-pub const SERVICES: &str = "/api/v1/namespaces/default/services/cache";
-pub const HEADLESS: &str = "/api/v1/namespaces/default/services/cache-headless";
-pub const PDBS: &str = "/apis/policy/v1/namespaces/default/poddisruptionbudgets/cache";
-pub const NETWORK_POLICIES: &str =
-    "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies/cache";
-pub const AUTOSCALERS: &str =
-    "/apis/autoscaling/v2/namespaces/default/horizontalpodautoscalers/cache";
 pub const SERVICE_MONITORS: &str =
     "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
 pub const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
@@ -138,101 +64,6 @@ pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
 pub fn event() -> Exchange {
     expect(Method::POST, EVENTS)
-}
-
-/// Answers `script` in order, then requires that no further request arrives.
-pub async fn serve(
-    mut handle: Handle<Request<Body>, Response<Body>>,
-    script: Vec<Exchange>,
-) -> Vec<Seen> {
-    let mut seen = Vec::new();
-    let mut script: VecDeque<Exchange> = script.into();
-    while let Some(want) = script.pop_front() {
-        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
-        let Ok(Some((request, respond))) = next else {
-            panic!(
-                "expected {} {} but the reconciler sent nothing more; seen so far: {seen:#?}",
-                want.method, want.path
-            );
-        };
-        let (parts, body) = request.into_parts();
-        let bytes = body.collect().await.unwrap().to_bytes();
-        let body: Value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes).unwrap()
-        };
-        let path = parts.uri.path().to_owned();
-        let query = parts.uri.query().unwrap_or_default().to_owned();
-        assert_eq!(
-            (&parts.method, path.as_str()),
-            (&want.method, want.path.as_str()),
-            "request #{} out of script (query {query:?}, body {body})",
-            seen.len() + 1
-        );
-        for q in &want.query {
-            assert!(
-                query.contains(q),
-                "{} {path}: query {query:?} lacks {q}",
-                parts.method
-            );
-        }
-        for q in &want.not_query {
-            assert!(
-                !query.contains(q),
-                "{} {path}: query {query:?} has {q}",
-                parts.method
-            );
-        }
-        if want.unanswered {
-            respond.send_error(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-            seen.push(Seen {
-                method: parts.method,
-                path,
-                body,
-            });
-            continue;
-        }
-        let reply = match want.answer {
-            Some(answer) => answer(&body),
-            None => want.reply.clone().unwrap_or_else(|| echo(&body, &path)),
-        };
-        let response = Response::builder()
-            .status(want.status)
-            .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-            .unwrap();
-        respond.send_response(response);
-        seen.push(Seen {
-            method: parts.method,
-            path,
-            body,
-        });
-    }
-    match tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await {
-        Ok(None) => {}
-        Ok(Some((request, _))) => panic!(
-            "unexpected request after the script: {} {}; seen: {seen:#?}",
-            request.method(),
-            request.uri()
-        ),
-        Err(_) => panic!("the client was not dropped after the reconcile"),
-    }
-    seen
-}
-
-/// What a server returns for an apply: the object, with the metadata a status-only body leaves out.
-pub fn echo(body: &Value, path: &str) -> Value {
-    let mut obj = body.clone();
-    if obj.get("metadata").is_none() {
-        let name = path
-            .trim_end_matches("/status")
-            .rsplit('/')
-            .next()
-            .unwrap_or_default();
-        obj["metadata"] = json!({"name": name, "namespace": NS});
-        obj["spec"] = json!({});
-    }
-    obj
 }
 
 /// `object` as the operator's watches cache it.
@@ -254,16 +85,11 @@ fn unmanaged<K>(name: &str) -> PartialObjectMeta<K> {
 pub struct Cluster {
     pub stores: Stores,
     pub memcacheds: Writer<Memcached>,
-    pub deployments: CacheWriter<Deployment>,
-    pub statefulsets: CacheWriter<StatefulSet>,
-    pub config_maps: CacheWriter<ConfigMap>,
-    pub services: CacheWriter<Service>,
+    /// The writer of each kind of child, made with its cache from the table ([`ChildCaches::build`]).
+    children: ChildWriters,
     pub pods: CacheWriter<Pod>,
-    pub pdbs: CacheWriter<PodDisruptionBudget>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
     pub service_monitors: Option<CacheWriter<DynamicObject>>,
-    pub network_policies: CacheWriter<NetworkPolicy>,
-    pub autoscalers: CacheWriter<HorizontalPodAutoscaler>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
     /// Same-named Deployments and ConfigMaps the operator does not manage.
@@ -271,9 +97,22 @@ pub struct Cluster {
     pub foreign_config_maps: Writer<PartialObjectMeta<ConfigMap>>,
 }
 
+/// The writers of the children's caches, one per kind of the table, by type.
+#[derive(Default)]
+struct ChildWriters(HashMap<TypeId, Box<dyn Any + Send>>);
+
+impl MakeCache for ChildWriters {
+    /// A cache that has had its initial (empty) list, as when the operator's watches have synced.
+    fn make<K: ChildKind>(&mut self) -> Cache<K> {
+        let (reader, mut writer) = cache::<K>();
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        self.0.insert(TypeId::of::<K>(), Box::new(writer));
+        reader
+    }
+}
+
 impl Cluster {
     pub fn new() -> Self {
-        // Each cache has had its initial (empty) list, as when the operator's watches have synced.
         fn synced<K>() -> (reflector::Store<K>, Writer<K>)
         where
             K: kube::Resource<DynamicType = ()> + Clone + 'static,
@@ -282,21 +121,12 @@ impl Cluster {
             writer.apply_watcher_event(&watcher::Event::InitDone);
             (reader, writer)
         }
-        fn synced_cache<K: Compactable>() -> (Cache<K>, CacheWriter<K>) {
-            let (reader, mut writer) = cache();
-            writer.apply_watcher_event(&watcher::Event::InitDone);
-            (reader, writer)
-        }
         let (memcacheds_r, memcacheds) = synced();
-        let (deployments_r, deployments) = synced_cache();
-        let (statefulsets_r, statefulsets) = synced_cache();
-        let (config_maps_r, config_maps) = synced_cache();
-        let (services_r, services) = synced_cache();
-        let (pods_r, pods) = synced_cache();
-        let (pdbs_r, pdbs) = synced_cache();
+        let (pods_r, mut pods) = cache();
+        pods.apply_watcher_event(&watcher::Event::InitDone);
         let (secrets_r, secrets) = synced();
-        let (network_policies_r, network_policies) = synced_cache();
-        let (autoscalers_r, autoscalers) = synced_cache();
+        let mut children = ChildWriters::default();
+        let caches = ChildCaches::build(&mut children);
         let mut foreign = foreign::Builder::default();
         let mut foreign_deployments = foreign.store::<Deployment>();
         foreign_deployments.apply_watcher_event(&watcher::Event::InitDone);
@@ -305,15 +135,7 @@ impl Cluster {
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
-                children: ChildCaches {
-                    deployments: deployments_r,
-                    statefulsets: statefulsets_r,
-                    config_maps: config_maps_r,
-                    services: services_r,
-                    pdbs: pdbs_r,
-                    network_policies: network_policies_r,
-                    autoscalers: autoscalers_r,
-                },
+                children: caches,
                 pods: pods_r,
                 pod_index: PodIndex::default(),
                 secrets: secrets_r,
@@ -321,20 +143,30 @@ impl Cluster {
                 foreign: foreign.build(),
             },
             memcacheds,
-            deployments,
-            statefulsets,
-            config_maps,
-            services,
+            children,
             pods,
-            pdbs,
             secrets,
             service_monitors: None,
-            network_policies,
-            autoscalers,
             secret_hashes: SecretHashes::default(),
             foreign_deployments,
             foreign_config_maps,
         }
+    }
+    /// A child of any kind of the table in its cache, as its watch would put it there.
+    pub fn child<K: ChildKind>(&mut self, object: K) {
+        self.child_event(watcher::Event::Apply(compact(&object)));
+    }
+    /// A child of any kind of the table gone from its cache, as its watch would report it.
+    pub fn remove_child<K: ChildKind>(&mut self, object: K) {
+        self.child_event(watcher::Event::Delete(compact(&object)));
+    }
+    fn child_event<K: ChildKind>(&mut self, event: watcher::Event<Compact<K>>) {
+        self.children
+            .0
+            .get_mut(&TypeId::of::<K>())
+            .and_then(|writer| writer.downcast_mut::<CacheWriter<K>>())
+            .expect("every kind of the table has a cache")
+            .apply_watcher_event(&event);
     }
     /// Someone else's Deployment named `name`, in the instance's namespace (`present` false: it is gone).
     pub fn foreign_deployment(&mut self, name: &str, present: bool) {
@@ -359,10 +191,6 @@ impl Cluster {
         cluster.service_monitors = Some(writer);
         cluster
     }
-    pub fn pdb(&mut self, p: PodDisruptionBudget) {
-        self.pdbs
-            .apply_watcher_event(&watcher::Event::Apply(compact(&p)));
-    }
     pub fn service_monitor(&mut self, sm: DynamicObject) {
         self.service_monitors
             .as_mut()
@@ -378,44 +206,23 @@ impl Cluster {
         self.secrets
             .apply_watcher_event(&watcher::Event::Apply(meta));
     }
-    pub fn deployment(&mut self, d: Deployment) {
-        self.deployments
-            .apply_watcher_event(&watcher::Event::Apply(compact(&d)));
-    }
-    pub fn statefulset(&mut self, s: StatefulSet) {
-        self.statefulsets
-            .apply_watcher_event(&watcher::Event::Apply(compact(&s)));
-    }
     /// Whether the cache holds the instance's server list.
     pub fn has_config_map(&self) -> bool {
         let name = CONFIG_MAPS.rsplit('/').next().unwrap_or_default();
-        matches!(self.stores.children.config_maps.get(NS, name), Ok(Some(_)))
-    }
-    pub fn config_map(&mut self, c: ConfigMap) {
-        self.config_maps
-            .apply_watcher_event(&watcher::Event::Apply(compact(&c)));
+        matches!(
+            ConfigMap::cache(&self.stores.children).get(NS, name),
+            Ok(Some(_))
+        )
     }
     pub fn remove_pod(&mut self, p: Pod) {
         let event = watcher::Event::Delete(compact(&p));
         self.stores.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
     }
-    pub fn service(&mut self, s: Service) {
-        self.services
-            .apply_watcher_event(&watcher::Event::Apply(compact(&s)));
-    }
     pub fn pod(&mut self, p: Pod) {
         let event = watcher::Event::Apply(compact(&p));
         self.stores.pod_index.observe(&event);
         self.pods.apply_watcher_event(&event);
-    }
-    pub fn network_policy(&mut self, p: NetworkPolicy) {
-        self.network_policies
-            .apply_watcher_event(&watcher::Event::Apply(compact(&p)));
-    }
-    pub fn autoscaler(&mut self, a: HorizontalPodAutoscaler) {
-        self.autoscalers
-            .apply_watcher_event(&watcher::Event::Apply(compact(&a)));
     }
 }
 
@@ -458,16 +265,15 @@ pub fn settings() -> Settings {
 pub struct Session {
     pub ctx: Arc<Context>,
     pub metrics: Arc<Metrics>,
-    server: tokio::task::JoinHandle<Vec<Seen>>,
+    api: Api,
 }
 
 impl Session {
     pub fn start(cluster: &Cluster, settings: Settings, script: Vec<Exchange>, now: i64) -> Self {
-        let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
-        let server = tokio::spawn(serve(handle, script));
+        let (client, api) = Api::start(script, vec![]);
         let metrics = Arc::new(Metrics::default());
         let mut ctx = Context::new(
-            Client::new(service, NS),
+            client,
             settings,
             cluster.stores.clone(),
             metrics.clone(),
@@ -478,7 +284,7 @@ impl Session {
         Self {
             ctx: Arc::new(ctx),
             metrics,
-            server,
+            api,
         }
     }
 
@@ -494,9 +300,7 @@ impl Session {
     /// nothing else was sent.
     pub async fn finish(self) -> Vec<Seen> {
         drop(self.ctx);
-        self.server
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+        self.api.finish().await
     }
 }
 
@@ -591,7 +395,7 @@ pub fn with_spec(size: i32, spec: Value) -> Memcached {
 /// The happy create path of a default instance of `size` pods. It puts what was applied into the
 /// caches, as the watches would, and returns the bodies of the Deployment, client Service and status.
 pub async fn create(cluster: &mut Cluster, size: i32) -> (Value, Value, Value) {
-    let seen = create_as(cluster, memcached(size), DEPLOYMENTS).await;
+    let seen = create_as(cluster, memcached(size), *DEPLOYMENTS).await;
     (
         seen[0].body.clone(),
         seen[1].body.clone(),
@@ -631,9 +435,11 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
             "Created {kind} cache with {size} replicas, Service cache, Service cache-headless{budget}"
         )
     );
-    cluster.service(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
+    cluster.child::<Service>(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
     if size > 1 {
-        cluster.pdb(serde_json::from_value(as_stored(&seen[3].body)).unwrap());
+        cluster.child::<PodDisruptionBudget>(
+            serde_json::from_value(as_stored(&seen[3].body)).unwrap(),
+        );
     }
     seen
 }
@@ -644,11 +450,11 @@ pub async fn create_as(cluster: &mut Cluster, mc: Memcached, workload: &str) -> 
 pub fn created_children(workload: &str, size: i32) -> Vec<Exchange> {
     let mut script = vec![
         expect(Method::PATCH, workload).create(),
-        expect(Method::PATCH, SERVICES).create(),
-        expect(Method::PATCH, HEADLESS).create(),
+        expect(Method::PATCH, *SERVICES).create(),
+        expect(Method::PATCH, *HEADLESS).create(),
     ];
     if size > 1 {
-        script.push(expect(Method::PATCH, PDBS).create());
+        script.push(expect(Method::PATCH, *PDBS).create());
     }
     script.push(event());
     script

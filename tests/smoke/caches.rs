@@ -7,8 +7,8 @@ use axum::http::Method;
 
 use crate::checks::{lines, of, writes};
 use crate::cluster::paths::{
-    AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, NETWORK_POLICIES, PDBS,
-    PODS, SECRETS, SERVER_LIST, SERVICES, STATUS,
+    CHILDREN, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, PDBS, PODS, SECRETS,
+    SERVER_LIST, SERVICES, STATUS,
 };
 use crate::cluster::world::{World, memcached_named};
 use crate::cluster::{self, lease_holder};
@@ -24,15 +24,17 @@ async fn caches_may_sync_in_any_order() {
         ..World::default()
     };
     let requests = run_once(world, "slow-instances").await;
-    assert_eq!(of(&requests, &Method::PATCH, DEPLOYMENT).len(), 1);
+    assert_eq!(of(&requests, &Method::PATCH, *DEPLOYMENT).len(), 1);
     // No pod is ready: no server list yet, and one first status (`Creating`).
-    assert!(of(&requests, &Method::PATCH, SERVER_LIST).is_empty());
+    assert!(of(&requests, &Method::PATCH, *SERVER_LIST).is_empty());
     assert_eq!(of(&requests, &Method::PATCH, STATUS).len(), 1);
 
     // The children's and pods' lists arrive last, and there are more instances than reconcile slots
     // (4): each reconcile waits for those caches, every one of them then goes ahead, once. Each instance
     // has its two pods ready, so its server list is created too, once the pods' list is in.
     let names: Vec<String> = (1..=6).map(|i| format!("mc-{i}")).collect();
+    // Every kind of child, the pods and the Secrets.
+    let slow: Vec<&str> = CHILDREN.iter().copied().chain([PODS, SECRETS]).collect();
     let world = World {
         memcacheds: names
             .iter()
@@ -48,15 +50,10 @@ async fn caches_may_sync_in_any_order() {
                 ]
             })
             .collect(),
-        slow_lists: vec![
-            (DEPLOYMENTS, Duration::from_millis(1500)),
-            (SERVICES, Duration::from_millis(1500)),
-            (PODS, Duration::from_millis(1500)),
-            (PDBS, Duration::from_millis(1500)),
-            (NETWORK_POLICIES, Duration::from_millis(1500)),
-            (AUTOSCALERS, Duration::from_millis(1500)),
-            (SECRETS, Duration::from_millis(1500)),
-        ],
+        slow_lists: slow
+            .iter()
+            .map(|&path| (path, Duration::from_millis(1500)))
+            .collect(),
         ..World::default()
     };
     let requests = run_once(world, "slow-children").await;
@@ -67,26 +64,14 @@ async fn caches_may_sync_in_any_order() {
             .unwrap_or_else(|| panic!("no list of {path}"));
         list.at + Duration::from_millis(1500)
     };
-    let synced = [
-        DEPLOYMENTS,
-        SERVICES,
-        PODS,
-        PDBS,
-        NETWORK_POLICIES,
-        AUTOSCALERS,
-        SECRETS,
-    ]
-    .into_iter()
-    .map(listed)
-    .max()
-    .unwrap();
+    let synced = slow.iter().copied().map(listed).max().unwrap();
     for name in &names {
         for path in [
-            format!("{DEPLOYMENTS}/{name}"),
-            format!("{SERVICES}/{name}"),
-            format!("{SERVICES}/{name}-headless"),
-            format!("{PDBS}/{name}"),
-            format!("{CONFIGMAPS}/{name}-servers"),
+            format!("{}/{name}", *DEPLOYMENTS),
+            format!("{}/{name}", *SERVICES),
+            format!("{}/{name}-headless", *SERVICES),
+            format!("{}/{name}", *PDBS),
+            format!("{}/{name}-servers", *CONFIGMAPS),
         ] {
             let patches = of(&requests, &Method::PATCH, &path);
             assert_eq!(patches.len(), 1, "{path}:\n{}", lines(&requests));

@@ -58,10 +58,10 @@ pub fn assert_created(req: &Req, kind: &str) {
 /// Whether the first reconcile of the default instance is done: its Deployment, both Services and its
 /// PodDisruptionBudget applied, and the `Created` event sent.
 pub fn children_applied(requests: &[Req]) -> bool {
-    !of(requests, &Method::PATCH, DEPLOYMENT).is_empty()
-        && !of(requests, &Method::PATCH, SERVICE).is_empty()
-        && !of(requests, &Method::PATCH, HEADLESS).is_empty()
-        && !of(requests, &Method::PATCH, PDB).is_empty()
+    !of(requests, &Method::PATCH, *DEPLOYMENT).is_empty()
+        && !of(requests, &Method::PATCH, *SERVICE).is_empty()
+        && !of(requests, &Method::PATCH, *HEADLESS).is_empty()
+        && !of(requests, &Method::PATCH, *PDB).is_empty()
         && !of(requests, &Method::POST, EVENTS).is_empty()
 }
 

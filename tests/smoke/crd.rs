@@ -54,7 +54,7 @@ async fn a_missing_crd_is_named_once_and_on_readyz_until_it_is_installed() {
     fake.set_crd_missing(false);
     op.wait_until("the instance reconciled", WAIT, || {
         let requests = fake.requests();
-        async move { !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty() }
+        async move { !of(&requests, &Method::PATCH, *DEPLOYMENT).is_empty() }
     })
     .await;
     eprintln!(

@@ -353,7 +353,7 @@ pub async fn leads_and_creates_the_children(op: &mut Operator, fake: &Fake, prob
     })
     .await;
     op.wait_until(
-        "the Deployment, Services and PDB applies and the Created event",
+        "the Deployment, Services and *PDB applies and the Created event",
         WAIT,
         || {
             let applied = children_applied(&fake.requests());

@@ -116,7 +116,7 @@ async fn over_tls_the_operator_speaks_http2_on_one_connection_per_client() {
     stop_and_check_release(&mut op, &fake).await;
     assert_no_unexpected_requests(&fake);
     let requests = fake.requests();
-    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    let deployments = of(&requests, &Method::PATCH, *DEPLOYMENT);
     assert_eq!(deployments.len(), 1, "{deployments:#?}");
     assert_created(deployments[0], "Deployment");
 
@@ -206,7 +206,7 @@ async fn over_http2_a_silent_dead_connection_is_found_by_keep_alive_pings() {
             let applied = !of(
                 &fake.requests(),
                 &Method::PATCH,
-                &format!("{DEPLOYMENTS}/fresh"),
+                &format!("{}/fresh", *DEPLOYMENTS),
             )
             .is_empty();
             async move { applied }

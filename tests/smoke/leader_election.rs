@@ -105,7 +105,7 @@ async fn standby_waits_then_takes_over_an_expired_lease() {
     op.wait_until("the takeover is followed by a reconcile", WAIT, || {
         let requests = fake.requests();
         async move {
-            !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
+            !of(&requests, &Method::PATCH, *DEPLOYMENT).is_empty()
                 && !of(&requests, &Method::POST, EVENTS).is_empty()
         }
     })
@@ -226,7 +226,7 @@ async fn standby_takes_over_a_released_lease_at_its_next_look() {
 
     op.wait_until("the takeover is followed by a reconcile", WAIT, || {
         let requests = fake.requests();
-        async move { !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty() }
+        async move { !of(&requests, &Method::PATCH, *DEPLOYMENT).is_empty() }
     })
     .await;
     // The reconciles the start triggered are over: what follows SIGTERM is the release alone.

@@ -27,9 +27,8 @@
 //! - [`checks`]: assertions on recorded requests and metrics;
 //! - [`common`]: the helpers the integration tests share; here, the real memcached of [`telemetry`];
 //! - one module per scenario group: [`reconcile`], [`configuration`], [`leader_election`],
-//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`http2`], [`telemetry`], [`crd`]; and
-//!   [`kinds`], which checks that the fake serves every kind of child the operator has. A new scenario goes in the group it belongs to, or
-//!   in a new module listed here.
+//!   [`caches`], [`secrets`], [`service_monitors`], [`outage`], [`http2`], [`telemetry`], [`crd`]. A
+//!   new scenario goes in the group it belongs to, or in a new module listed here.
 
 mod checks;
 mod cluster;
@@ -41,7 +40,6 @@ mod caches;
 mod configuration;
 mod crd;
 mod http2;
-mod kinds;
 mod leader_election;
 mod outage;
 mod reconcile;

@@ -37,7 +37,7 @@ fn deployment_applied(fake: &Fake, instance: &str) -> bool {
     !of(
         &fake.requests(),
         &Method::PATCH,
-        &format!("{DEPLOYMENTS}/{instance}"),
+        &format!("{}/{instance}", *DEPLOYMENTS),
     )
     .is_empty()
 }
@@ -237,7 +237,7 @@ async fn a_leader_that_cannot_renew_steps_down_and_its_restart_takes_over() {
     let applies_after = of(
         &fake.requests(),
         &Method::PATCH,
-        &format!("{DEPLOYMENTS}/cache"),
+        &format!("{}/cache", *DEPLOYMENTS),
     )
     .into_iter()
     .filter(|r| r.at >= restarted_at)

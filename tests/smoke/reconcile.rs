@@ -11,9 +11,8 @@ use crate::checks::{
     of, sample, writes,
 };
 use crate::cluster::paths::{
-    APPLY, AUTOSCALERS, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, HEADLESS, INSTANCE,
-    JSON_PATCH, LEASE, LEASES, MEMCACHEDS, MONITORING, NETWORK_POLICIES, PDB, PDBS, PODS, SECRETS,
-    SERVER_LIST, SERVICE, SERVICE_MONITORS, SERVICES, STATEFULSETS, STATUS,
+    APPLY, CHILDREN, DEPLOYMENT, EVENTS, HEADLESS, INSTANCE, JSON_PATCH, LEASE, LEASES, MEMCACHEDS,
+    MONITORING, PDB, PODS, SECRETS, SERVER_LIST, SERVICE, SERVICE_MONITORS, STATEFULSETS, STATUS,
 };
 use crate::cluster::world::{LEGACY_FINALIZER, World, memcached, with_legacy_finalizer};
 use crate::cluster::{self, lease};
@@ -56,18 +55,15 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
     // for each kind the operator creates by name, the objects without it (metadata only: same-named
     // objects it must not take over). Secrets are named by users, so that watch is not label-scoped (and
     // is metadata-only).
-    for (path, selectors) in [
+    let children = CHILDREN
+        .iter()
+        .map(|&path| (path, &[Some(MANAGED), Some(UNMANAGED)][..]));
+    let others = [
         (MEMCACHEDS, &[None][..]),
-        (DEPLOYMENTS, &[Some(MANAGED), Some(UNMANAGED)]),
-        (STATEFULSETS, &[Some(MANAGED), Some(UNMANAGED)]),
-        (SERVICES, &[Some(MANAGED), Some(UNMANAGED)]),
-        (CONFIGMAPS, &[Some(MANAGED), Some(UNMANAGED)]),
         (PODS, &[Some(MANAGED)]),
-        (NETWORK_POLICIES, &[Some(MANAGED), Some(UNMANAGED)]),
-        (AUTOSCALERS, &[Some(MANAGED), Some(UNMANAGED)]),
-        (PDBS, &[Some(MANAGED), Some(UNMANAGED)]),
         (SECRETS, &[None]),
-    ] {
+    ];
+    for (path, selectors) in others.into_iter().chain(children) {
         for &selector in selectors {
             let gets: Vec<_> = of(&requests, &Method::GET, path)
                 .into_iter()
@@ -116,7 +112,7 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
 
     // The Deployment: server-side applied, 2 replicas, memcached on the spec's port, controlled by the
     // instance.
-    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    let deployments = of(&requests, &Method::PATCH, *DEPLOYMENT);
     assert_eq!(deployments.len(), 1, "{deployments:#?}");
     assert_created(deployments[0], "Deployment");
     let deployment = &deployments[0].body;
@@ -131,26 +127,26 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         "container args {args:?}"
     );
 
-    let services = of(&requests, &Method::PATCH, SERVICE);
+    let services = of(&requests, &Method::PATCH, *SERVICE);
     assert_eq!(services.len(), 1, "{services:#?}");
     assert_created(services[0], "Service");
     let service = &services[0].body;
     assert_eq!(service["spec"]["ports"][0]["port"], 11211, "{service}");
-    let headless = of(&requests, &Method::PATCH, HEADLESS);
+    let headless = of(&requests, &Method::PATCH, *HEADLESS);
     assert_eq!(headless.len(), 1, "{headless:#?}");
     assert_created(headless[0], "Service");
     assert_eq!(headless[0].body["spec"]["clusterIP"], "None");
-    let pdbs = of(&requests, &Method::PATCH, PDB);
+    let pdbs = of(&requests, &Method::PATCH, *PDB);
     assert_eq!(pdbs.len(), 1, "a budget for 2 pods: {pdbs:#?}");
     assert_created(pdbs[0], "PodDisruptionBudget");
     // No server is ready yet: nothing to publish, so no server list yet.
-    let lists = of(&requests, &Method::PATCH, SERVER_LIST);
+    let lists = of(&requests, &Method::PATCH, *SERVER_LIST);
     assert!(lists.is_empty(), "{lists:#?}");
     // A Deployment instance has no StatefulSet.
     assert!(
         requests
             .iter()
-            .all(|r| r.method == Method::GET || !r.path.starts_with(STATEFULSETS)),
+            .all(|r| r.method == Method::GET || !r.path.starts_with(*STATEFULSETS)),
         "{}",
         fake.log()
     );
@@ -261,15 +257,15 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         assert_eq!(patches.len(), 1, "{patches:#?}");
         patches[0].body.clone()
     };
-    let mut deployment = stored(&applied(DEPLOYMENT), "uid-deployment");
+    let mut deployment = stored(&applied(*DEPLOYMENT), "uid-deployment");
     deployment["spec"]["progressDeadlineSeconds"] = json!(600);
     deployment["status"] = json!({"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
                                   "updatedReplicas": 2, "availableReplicas": 2});
-    let service = stored(&applied(SERVICE), "uid-service");
-    let headless = stored(&applied(HEADLESS), "uid-headless");
-    let pdb = stored(&applied(PDB), "uid-pdb");
+    let service = stored(&applied(*SERVICE), "uid-service");
+    let headless = stored(&applied(*HEADLESS), "uid-headless");
+    let pdb = stored(&applied(*PDB), "uid-pdb");
     assert!(
-        of(&first, &Method::PATCH, SERVER_LIST).is_empty(),
+        of(&first, &Method::PATCH, *SERVER_LIST).is_empty(),
         "no server list before a server is ready:\n{}",
         lines(&first)
     );
@@ -280,9 +276,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         lines(&first)
     );
     let mut world = World {
-        deployments: vec![deployment],
-        services: vec![service, headless],
-        pdbs: vec![pdb],
+        children: vec![deployment, service, headless, pdb],
         pods: vec![
             ready_pod("cache-7d4b9c8f6d-a1b2c", "127.0.0.1"),
             ready_pod("cache-7d4b9c8f6d-d3e4f", "127.0.0.2"),
@@ -297,7 +291,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
     let written = writes(&second);
     let lists: Vec<_> = written
         .iter()
-        .filter(|r| r.is(&Method::PATCH, SERVER_LIST))
+        .filter(|r| r.is(&Method::PATCH, *SERVER_LIST))
         .collect();
     let statuses: Vec<_> = written
         .iter()
@@ -308,7 +302,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
             && lists.len() == 1
             && written
                 .iter()
-                .all(|r| r.is(&Method::PATCH, STATUS) || r.is(&Method::PATCH, SERVER_LIST)),
+                .all(|r| r.is(&Method::PATCH, STATUS) || r.is(&Method::PATCH, *SERVER_LIST)),
         "{written:#?}\n{}",
         lines(&second)
     );
@@ -318,7 +312,7 @@ async fn restart_against_a_settled_instance_writes_nothing() {
         published["data"]["servers"], "127.0.0.1:11211\n127.0.0.2:11211\n",
         "{published}"
     );
-    world.config_maps = vec![stored(published, "uid-servers")];
+    world.children.push(stored(published, "uid-servers"));
     // Status: server-side applied through the subresource, with the three conditions and the selector.
     let first_status = statuses[0];
     assert_eq!(
@@ -357,13 +351,12 @@ async fn restart_against_a_settled_instance_writes_nothing() {
 
     // 4. Same, when the children's lists arrive after the instance's (a large cluster, a busy API
     //    server): the reconcile must not act on caches that do not hold their initial lists yet.
-    world.slow_lists = vec![
-        (DEPLOYMENTS, Duration::from_millis(1500)),
-        (SERVICES, Duration::from_millis(1500)),
-        (PODS, Duration::from_millis(1500)),
-        (PDBS, Duration::from_millis(1500)),
-        (SECRETS, Duration::from_millis(1500)),
-    ];
+    world.slow_lists = CHILDREN
+        .iter()
+        .copied()
+        .chain([PODS, SECRETS])
+        .map(|path| (path, Duration::from_millis(1500)))
+        .collect();
     let fourth = run_once(world, "settle-4").await;
     assert!(
         writes(&fourth).is_empty(),
@@ -389,7 +382,7 @@ async fn an_instance_of_an_earlier_build_loses_its_finalizer_and_is_reconciled()
                {"op": "remove", "path": "/metadata/finalizers/0"}])
     );
     // The same reconcile goes on: the children follow the patch.
-    let deployments = of(&requests, &Method::PATCH, DEPLOYMENT);
+    let deployments = of(&requests, &Method::PATCH, *DEPLOYMENT);
     assert_eq!(deployments.len(), 1, "{}", lines(&requests));
     assert!(deployments[0].seq > patches[0].seq, "{}", lines(&requests));
 }

@@ -35,7 +35,7 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
         || {
             let requests = fake.requests();
             async move {
-                !of(&requests, &Method::PATCH, DEPLOYMENT).is_empty()
+                !of(&requests, &Method::PATCH, *DEPLOYMENT).is_empty()
                     && !of(&requests, &Method::POST, EVENTS).is_empty()
             }
         },
@@ -53,7 +53,7 @@ async fn secret_referencing_instance_reads_the_secret_once_and_hashes_it() {
         "{}",
         lines(&requests)
     );
-    let deployment = &of(&requests, &Method::PATCH, DEPLOYMENT)[0].body;
+    let deployment = &of(&requests, &Method::PATCH, *DEPLOYMENT)[0].body;
     let template = &deployment["spec"]["template"];
     let hash = template["metadata"]["annotations"]["cache.example.com/secret-hash"]
         .as_str()

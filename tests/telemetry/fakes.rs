@@ -1,20 +1,16 @@
 //! What the collector talks to in these tests: fake memcached servers on 127.0.x.y addresses (Linux
 //! answers all of 127.0.0.0/8 on the loopback interface, so pods can have distinct IPs and share the
-//! container port), a fake API server behind kube's client that records every request, and the caches
-//! as the operator's watches would fill them.
+//! container port), the scripted API server's rules for what the collector asks of it
+//! ([`crate::common::scripted`]), and the caches as the operator's watches would fill them.
 
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use http::{Request, Response};
-use http_body_util::BodyExt;
 use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::Client;
 use kube::api::PartialObjectMeta;
-use kube::client::Body;
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{self, Store, store::Writer};
 use kube::runtime::watcher;
@@ -36,8 +32,8 @@ use tokio_rustls::rustls::{RootCertStore, ServerConfig, crypto::ring};
 
 pub use crate::common::memcached::Mode;
 use crate::common::memcached::converse;
-
-pub const NS: &str = "default";
+use crate::common::scripted::writes;
+pub use crate::common::scripted::{Api, NS, Secrets};
 
 // ---------------------------------------------------------------------------------------------------
 // Fake memcached servers.
@@ -223,114 +219,12 @@ impl Pki {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// A fake API server.
+// The API server.
 
-/// A request the collector made, and when.
-#[derive(Clone, Debug)]
-pub struct Seen {
-    pub method: String,
-    pub path: String,
-    pub query: String,
-    pub body: Value,
-    pub at: Instant,
-}
-
-/// Answers Secret GETs from `secrets` (404 for others), echoes status applies and events, and records
-/// every request.
-pub struct FakeApi {
-    pub seen: Arc<Mutex<Vec<Seen>>>,
-    pub secrets: Arc<Mutex<BTreeMap<String, Value>>>,
-}
-
-impl FakeApi {
-    pub fn start() -> (Client, Self) {
-        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let seen = Arc::new(Mutex::new(Vec::new()));
-        let secrets: Arc<Mutex<BTreeMap<String, Value>>> = Arc::default();
-        let (s, sec) = (seen.clone(), secrets.clone());
-        tokio::spawn(async move {
-            while let Some((request, respond)) = handle.next_request().await {
-                let (parts, body) = request.into_parts();
-                let bytes = body.collect().await.unwrap().to_bytes();
-                let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-                let path = parts.uri.path().to_owned();
-                let (status, reply) = answer(parts.method.as_str(), &path, &body, &sec);
-                s.lock().unwrap().push(Seen {
-                    method: parts.method.to_string(),
-                    path,
-                    query: parts.uri.query().unwrap_or_default().to_owned(),
-                    body,
-                    at: Instant::now(),
-                });
-                respond.send_response(
-                    Response::builder()
-                        .status(status)
-                        .body(Body::from(serde_json::to_vec(&reply).unwrap()))
-                        .unwrap(),
-                );
-            }
-        });
-        (Client::new(service, NS), Self { seen, secrets })
-    }
-
-    pub fn requests(&self) -> Vec<Seen> {
-        self.seen.lock().unwrap().clone()
-    }
-
-    /// The requests to `path` with `method`.
-    pub fn to(&self, method: &str, path: &str) -> Vec<Seen> {
-        self.requests()
-            .into_iter()
-            .filter(|r| r.method == method && r.path == path)
-            .collect()
-    }
-
-    /// The status applies of instance `name`.
-    pub fn status_writes(&self, name: &str) -> Vec<Seen> {
-        self.to(
-            "PATCH",
-            &format!("/apis/cache.example.com/v1alpha1/namespaces/{NS}/memcacheds/{name}/status"),
-        )
-    }
-
-    pub fn events(&self) -> Vec<Seen> {
-        self.to(
-            "POST",
-            &format!("/apis/events.k8s.io/v1/namespaces/{NS}/events"),
-        )
-    }
-
-    pub fn secret_reads(&self, name: &str) -> usize {
-        self.to("GET", &format!("/api/v1/namespaces/{NS}/secrets/{name}"))
-            .len()
-    }
-}
-
-fn answer(
-    method: &str,
-    path: &str,
-    body: &Value,
-    secrets: &Mutex<BTreeMap<String, Value>>,
-) -> (u16, Value) {
-    let secret_prefix = format!("/api/v1/namespaces/{NS}/secrets/");
-    if method == "GET"
-        && let Some(name) = path.strip_prefix(&secret_prefix)
-    {
-        return match secrets.lock().unwrap().get(name) {
-            Some(secret) => (200, secret.clone()),
-            None => (
-                404,
-                json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 404,
-                       "reason": "NotFound", "message": "not found"}),
-            ),
-        };
-    }
-    let mut echo = body.clone();
-    if path.ends_with("/status") {
-        echo["spec"] = json!({});
-        echo["metadata"]["namespace"] = json!(NS);
-    }
-    (if method == "POST" { 201 } else { 200 }, echo)
+/// The scripted API server as the collector needs it: the Secrets in `secrets`, and every write (status
+/// applies, events) echoed.
+pub fn api(secrets: &Secrets) -> (Client, Api) {
+    Api::start(vec![], vec![secrets.rule(), writes()])
 }
 
 // ---------------------------------------------------------------------------------------------------

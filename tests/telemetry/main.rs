@@ -49,7 +49,9 @@ fn secret(name: &str, version: &str, data: &[(&str, &str)]) -> serde_json::Value
 struct OnePod {
     server: Server,
     caches: Caches,
-    api: FakeApi,
+    api: Api,
+    /// The Secrets the API server serves.
+    secrets: Secrets,
     collector: Arc<Collector>,
     metrics: Arc<OperandMetrics>,
 }
@@ -61,12 +63,14 @@ async fn one_pod(ip: &str, spec: Value, security: Security, status_interval: Dur
     let mut caches = Caches::new();
     caches.instance(&instance("cache", server.address.port(), spec));
     caches.pod(&pod("cache", "cache-a", ip, true, false));
-    let (client, api) = FakeApi::start();
+    let secrets = Secrets::default();
+    let (client, api) = api(&secrets);
     let (collector, metrics) = caches.collector(client, status_interval);
     OnePod {
         server,
         caches,
         api,
+        secrets,
         collector,
         metrics,
     }
@@ -99,7 +103,8 @@ async fn slow_dead_and_half_closing_pods_are_down_and_delay_nothing_else() {
     caches.instance(&instance("fast", port, json!({})));
     caches.pod(&pod("fast", "fast-a", "127.0.1.5", true, false));
 
-    let (client, api) = FakeApi::start();
+    let secrets = Secrets::default();
+    let (client, api) = api(&secrets);
     let (collector, metrics) = caches.collector(client, LONG);
     let start = Instant::now();
     collector.collect().await;
@@ -259,7 +264,7 @@ async fn series_of_deleted_pods_and_instances_disappear() {
     caches.pod(&pod("cache", "cache-a", "127.0.4.1", true, false));
     caches.pod(&pod_b);
     caches.pod(&pod("other", "other-a", "127.0.4.3", true, false));
-    let (client, _api) = FakeApi::start();
+    let (client, _api) = api(&Secrets::default());
     let (collector, metrics) = caches.collector(client, LONG);
 
     collector.collect().await;
@@ -327,14 +332,8 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
             &[("auth-file", &format!("alice:{password}\n"))],
         )
     };
-    api.secrets
-        .lock()
-        .unwrap()
-        .insert("cache-tls".into(), tls_secret);
-    api.secrets
-        .lock()
-        .unwrap()
-        .insert("cache-auth".into(), auth_secret("s3cret", "8"));
+    one.secrets.insert("cache-tls", tls_secret);
+    one.secrets.insert("cache-auth", auth_secret("s3cret", "8"));
     let up = |metrics: &_| {
         sample(
             &exposition(metrics),
@@ -363,10 +362,7 @@ async fn tls_and_auth_instances_are_read_with_their_secrets_once_per_version() {
 
     // The password changes (a new Secret version) but the servers still want the old one: the new
     // version is read, the read is refused, and the pod is down.
-    api.secrets
-        .lock()
-        .unwrap()
-        .insert("cache-auth".into(), auth_secret("other", "9"));
+    one.secrets.insert("cache-auth", auth_secret("other", "9"));
     caches.secret("cache-auth", "9");
     collector.collect().await;
     assert_eq!(api.secret_reads("cache-auth"), 2);
@@ -428,11 +424,8 @@ async fn mutual_tls_presents_the_client_secret_when_one_is_named() {
         let mut one = one_pod(ip, json!({"security": {"tls": tls}}), security, LONG).await;
         one.caches.secret("cache-tls", "7");
         one.caches.secret("cache-client", "3");
-        {
-            let mut secrets = one.api.secrets.lock().unwrap();
-            secrets.insert("cache-tls".into(), tls_secret.clone());
-            secrets.insert("cache-client".into(), client_secret.clone());
-        }
+        one.secrets.insert("cache-tls", tls_secret.clone());
+        one.secrets.insert("cache-client", client_secret.clone());
         one.collector.collect().await;
         assert_eq!(
             up(&one.metrics),
@@ -547,7 +540,7 @@ async fn the_reconciler_keeps_its_hands_off_status_stats() {
     let mut cluster = mock::Cluster::new();
     let mut mc = mock::memcached(1);
     mc.status = Some(previous);
-    let seen = mock::create_as(&mut cluster, mc, mock::DEPLOYMENTS).await;
+    let seen = mock::create_as(&mut cluster, mc, *mock::DEPLOYMENTS).await;
     let status = &seen.last().unwrap().body;
     assert_eq!(seen.last().unwrap().path, mock::STATUS);
     assert!(
@@ -603,7 +596,8 @@ async fn a_rotated_certificate_is_reloaded_in_place_and_said_once() {
     let spec = json!({"security": {"tls": {"secretName": "cache-tls"}}});
     caches.instance(&instance("cache", server.address.port(), spec));
     caches.pod(&pod("cache", "cache-a", "127.0.0.1", true, false));
-    let (client, api) = FakeApi::start();
+    let secrets = Secrets::default();
+    let (client, api) = api(&secrets);
     let (collector, metrics) = caches.collector(client, LONG);
     let ca = pki.ca_pem();
     let put_secret = |caches: &mut Caches, version: &str, leaf: &Leaf| {
@@ -612,10 +606,7 @@ async fn a_rotated_certificate_is_reloaded_in_place_and_said_once() {
             ("tls.key", leaf.key.as_str()),
             ("ca.crt", ca.as_str()),
         ];
-        api.secrets
-            .lock()
-            .unwrap()
-            .insert("cache-tls".into(), secret("cache-tls", version, &data));
+        secrets.insert("cache-tls", secret("cache-tls", version, &data));
         caches.secret("cache-tls", version);
     };
     let counters = || {

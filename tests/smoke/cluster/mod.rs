@@ -1,6 +1,7 @@
 //! The cluster the smoke tests run the operator against: the workspace's fake API server
 //! ([`fake_apiserver`], stateful: what the operator writes comes back in its lists and watches), holding
-//! a [`world::World`], and the paths ([`paths`]) and objects the tests name.
+//! a [`world::World`], and the paths ([`paths`]) and objects the tests name. It serves the kinds of
+//! children of the operator's table ([`crate::common::kinds`]).
 
 pub mod paths;
 pub mod world;
@@ -11,6 +12,7 @@ use fake_apiserver::{Fake, Options};
 use serde_json::Value;
 
 use crate::cluster::world::World;
+use crate::common::kinds;
 
 /// Where the operator's Lease lives, and its name.
 pub const LEASE_NAMESPACE: &str = "op-system";
@@ -39,6 +41,7 @@ async fn serve(world: World, lease: Option<Value>, tls: bool) -> Arc<Fake> {
         tls,
         outages: true,
         service_monitors: world.service_monitors.is_some(),
+        children: kinds::collections(),
         ..Options::default()
     })
     .await

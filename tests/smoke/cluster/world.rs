@@ -10,14 +10,10 @@ use serde_json::{Value, json};
 #[derive(Clone)]
 pub struct World {
     pub memcacheds: Vec<Value>,
-    pub deployments: Vec<Value>,
-    pub statefulsets: Vec<Value>,
-    pub services: Vec<Value>,
-    pub config_maps: Vec<Value>,
+    /// Children of any kind of the operator's table, each stored in the collection of its `apiVersion`
+    /// and `kind`.
+    pub children: Vec<Value>,
     pub pods: Vec<Value>,
-    pub pdbs: Vec<Value>,
-    pub network_policies: Vec<Value>,
-    pub autoscalers: Vec<Value>,
     /// Full Secrets: the operator lists and watches them metadata-only, and gets them whole by name.
     pub secrets: Vec<Value>,
     /// ServiceMonitors, or `None` when the cluster does not serve their API.
@@ -31,14 +27,8 @@ impl Default for World {
     fn default() -> Self {
         Self {
             memcacheds: vec![memcached()],
-            deployments: vec![],
-            statefulsets: vec![],
-            services: vec![],
-            config_maps: vec![],
+            children: vec![],
             pods: vec![],
-            pdbs: vec![],
-            network_policies: vec![],
-            autoscalers: vec![],
             secrets: vec![],
             service_monitors: None,
             slow_lists: vec![],
@@ -50,20 +40,23 @@ impl World {
     /// Stores every object in `fake` (each keeps the uid, generation and creation time it has; the
     /// store gives it a resource version) and makes its slow lists slow.
     pub fn seed(self, fake: &Fake) {
+        let mut store = fake.store();
+        for child in self.children {
+            let text = |field: &str| child[field].as_str().unwrap_or_default().to_owned();
+            let (api_version, kind) = (text("apiVersion"), text("kind"));
+            let collection = store
+                .find_kind(&api_version, &kind)
+                .unwrap_or_else(|| panic!("the fake serves no {api_version} {kind}"));
+            store
+                .create(collection.plural, child)
+                .unwrap_or_else(|e| panic!("cannot seed a {kind}: {e}"));
+        }
         let collections = [
             ("memcacheds", self.memcacheds),
-            ("deployments", self.deployments),
-            ("statefulsets", self.statefulsets),
-            ("services", self.services),
-            ("configmaps", self.config_maps),
             ("pods", self.pods),
-            ("poddisruptionbudgets", self.pdbs),
-            ("networkpolicies", self.network_policies),
-            ("horizontalpodautoscalers", self.autoscalers),
             ("secrets", self.secrets),
             ("servicemonitors", self.service_monitors.unwrap_or_default()),
         ];
-        let mut store = fake.store();
         for (plural, objects) in collections {
             for obj in objects {
                 store

@@ -62,6 +62,7 @@ mod leader;
 mod metrics;
 mod namespaced;
 mod outage;
+mod real_clients;
 mod restart;
 mod rollouts;
 mod scale_handover;

@@ -13,9 +13,9 @@ use serde_json::Value;
 
 use crate::Api;
 use crate::request::{Req, parse_query};
+use crate::response::response;
 use crate::routes::{Answer, answer};
 use crate::tls;
-use crate::response::response;
 use crate::watch;
 
 pub(crate) async fn handle(

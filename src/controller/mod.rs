@@ -3,8 +3,8 @@
 //! The kinds of children are one table ([`kinds`]). The flow, in the order one reconcile goes:
 //! [`reconcile`] (validate, plan, apply, report), [`pool`] (slots, drain marks), [`secrets`] (the
 //! referenced Secrets' hashes), [`children`] (apply only what differs), [`changes`] and [`events`] (what
-//! changed, said once), [`pace`] (which status writes can wait), [`error`], and [`handover`] (the copies of
-//! Deployment rollouts). The runtime: the watches and their caches, the turns reconciles take, the retry
+//! changed, said once), [`pace`] (which status writes can wait) and [`error`]; warm handover is
+//! [`crate::handover`]'s, which the context holds. The runtime: the watches and their caches, the turns reconciles take, the retry
 //! backoff, the API server's reachability and read-your-writes.
 //!
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
@@ -14,14 +14,11 @@ pub mod backoff;
 mod changes;
 mod children;
 mod error;
-pub mod handover;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
 mod reconcile;
-pub mod scale_handover;
 mod secrets;
-pub mod spare;
 pub mod turns;
 
 use std::sync::Arc;
@@ -40,6 +37,7 @@ pub use secrets::SecretHashes;
 pub use turns::Turns;
 
 use crate::api::Memcached;
+use crate::handover::{self, Handover};
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
 use crate::store::{Publisher, REPORTER, Stores, Written};
@@ -111,11 +109,8 @@ pub struct Context {
     pub pace: pace::Pace,
     /// Whose turn it is to reconcile, and to write a first status.
     pub turns: Turns,
-    /// The warm-handover copies of Deployment rollouts (see [`handover`]).
-    pub handovers: handover::Handovers,
-    /// The warm-handover copies of scales under a declared client hashing (see [`scale_handover`]),
-    /// sharing the copy turns of `handovers`.
-    pub scale_handovers: scale_handover::ScaleHandovers,
+    /// Warm handover: its copies, gates and spare servers (see [`crate::handover`]).
+    pub handover: Handover,
 }
 
 impl Context {
@@ -131,15 +126,29 @@ impl Context {
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),
-                instance: reporter_instance,
+                instance: reporter_instance.clone(),
             },
             settings.side_step_timeout,
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
-        let handovers = handover::Handovers::default();
-        let scale_handovers = scale_handover::ScaleHandovers::new(handovers.shared());
+        let handover = Handover::new(handover::Deps {
+            client: client.clone(),
+            events: Publisher::new(
+                client.clone(),
+                Reporter {
+                    controller: REPORTER.to_owned(),
+                    instance: reporter_instance,
+                },
+                settings.side_step_timeout,
+            ),
+            metrics: metrics.handovers(),
+            secrets: stores.secrets.clone(),
+            pods: stores.pods.clone(),
+            cluster_domain: settings.cluster_domain.clone(),
+            clock: clock.clone(),
+        });
         Self {
             client,
             settings,
@@ -152,8 +161,7 @@ impl Context {
             written: Arc::default(),
             pace,
             turns,
-            handovers,
-            scale_handovers,
+            handover,
         }
     }
 
@@ -180,8 +188,7 @@ impl Context {
         };
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
-        self.handovers.forget_instance(namespace, name);
-        self.scale_handovers.forget_instance(namespace, name);
+        self.handover.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }

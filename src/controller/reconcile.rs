@@ -24,18 +24,17 @@ use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::changes::Changes;
 use super::children::{self, Source};
-use super::handover;
 use super::legacy_finalizer;
 use super::pool;
-use super::scale_handover;
 use super::secrets::{self, Resolved};
-use super::spare;
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, MemcachedStatus, Server, Workload};
+use crate::handover::plan::rollout as gate;
+use crate::handover::{Rollout, View};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, autoscaler, deployment, handover as gate, labels, network_policy, pdb, pod, rollout,
-    servers, service, service_monitor, statefulset,
+    Instance, autoscaler, deployment, labels, network_policy, pdb, pod, rollout, servers, service,
+    service_monitor, statefulset,
 };
 use crate::status::{self, DEGRADED, HandoverProgress, Observed, Problem, WorkloadStatus};
 use crate::store::cache::Cache;
@@ -482,12 +481,18 @@ async fn apply_children(
         }
     }
 
-    // The list a scale changes is published (or held back) above; its copies run from here on.
-    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), &pods).await?;
-
+    // The handover step, once, in the workload's arm (see `handover::engine`).
+    let view = |rollout| View {
+        mc,
+        instance,
+        pods: &pods,
+        servers: &plan.servers,
+        scale: plan.scale.as_ref(),
+        rollout,
+    };
     // How long until a StatefulSet rollout may move on to the next server, or a copy's progress is shown.
     let rollout_wait;
-    let mut handovers;
+    let handovers;
     let created_workload;
     let workload = match instance.spec.workload {
         Workload::Deployment => {
@@ -513,7 +518,8 @@ async fn apply_children(
                 |d| d.spec.as_ref().and_then(|s| s.replicas),
             )
             .await?;
-            let step = handover::step(ctx, mc, instance, &plan.servers, &pods).await?;
+            // The list a scale changes is published (or held back) above; its copies run from here on.
+            let step = ctx.handover.step(view(Rollout::Deployment)).await?;
             handovers = step.progress;
             rollout_wait = step.wait;
             WorkloadStatus::from(applied.as_ref())
@@ -543,17 +549,13 @@ async fn apply_children(
                 enabled,
                 &(ctx.clock)(),
             );
-            let staging = spare::step(
-                ctx,
-                mc,
-                instance,
-                desired.spec.as_ref().map(|s| &s.template),
-                &pace,
-                live.as_deref(),
-                &pods,
-            )
-            .await?;
-            statefulset::set_partition(&mut desired, staging.partition);
+            let rollout = Rollout::StatefulSet {
+                template: desired.spec.as_ref().map(|s| &s.template),
+                pace: &pace,
+                live: live.as_deref(),
+            };
+            let staging = ctx.handover.step(view(rollout)).await?;
+            statefulset::set_partition(&mut desired, staging.partition.unwrap_or(pace.partition));
             handovers = staging.progress;
             rollout_wait = [pace.wait, staging.wait].into_iter().flatten().min();
             let applied = ensure_workload(
@@ -569,7 +571,6 @@ async fn apply_children(
         }
     };
     if may_yield && created_workload && ctx.turns.new_waiting() {
-        handovers.extend(scaled.progress);
         return Ok(Children {
             workload,
             servers: plan.servers,
@@ -674,7 +675,6 @@ async fn apply_children(
         }
         None => {}
     }
-    handovers.extend(scaled.progress);
     Ok(Children {
         workload,
         servers: plan.servers,
@@ -682,10 +682,7 @@ async fn apply_children(
         pods,
         problem,
         handovers,
-        wait: [plan.wait, rollout_wait, scaled.wait]
-            .into_iter()
-            .flatten()
-            .min(),
+        wait: [plan.wait, rollout_wait].into_iter().flatten().min(),
         yielded: false,
         wrote_first_status,
     })

@@ -368,4 +368,61 @@ mod tests {
             opened.message
         );
     }
+
+    #[tokio::test]
+    async fn several_copies_say_all_they_copied_and_every_failure() {
+        use crate::handover::tasks::Tasks;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let tasks = Tasks::default();
+        let meta = Meta {
+            slot: 2,
+            source: "old".into(),
+            since: Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+            bound: None,
+            change: None,
+        };
+        tasks.start(pod_key("ns", "cache", "new"), meta, Vec::new());
+        let (_, job) = tasks
+            .take_ended("ns", "cache")
+            .pop()
+            .expect("ended at once");
+        let ok = |copied| {
+            Ended::Copied(Ok(Snapshot {
+                copied,
+                bytes: copied * 10,
+                ..Snapshot::default()
+            }))
+        };
+        let (opened, done) = several("new", &job, &[("old", &ok(3)), ("a", &ok(4))]);
+        assert!(done);
+        assert_eq!(opened.reason, "Copied");
+        assert_eq!(
+            opened.message,
+            "Copied 7 items (70 bytes) of the keys whose server changes when new takes slot 2 from old \
+             (2 copies)"
+        );
+        let timed_out = Ended::Copied(Err(Failure {
+            error: CopyError::Timeout(Duration::from_secs(1)),
+            progress: Snapshot {
+                copied: 1,
+                bytes: 10,
+                ..Snapshot::default()
+            },
+        }));
+        let skipped = Ended::Skipped("no pod with an IP serves 10.0.0.9:11211".into());
+        let ended = [("old", &ok(3)), ("a", &timed_out), ("b", &skipped)];
+        let (opened, done) = several("new", &job, &ended);
+        assert!(!done);
+        assert_eq!(opened.reason, "TimedOut");
+        for part in [
+            "ended cold (timeout) after 4 items (40 bytes)",
+            "from a (timeout): not finished within 1s",
+            "from b: no pod with an IP",
+        ] {
+            assert!(opened.message.contains(part), "{}", opened.message);
+        }
+        let (nothing, done) = several("new", &job, &[("old", &ok(0)), ("a", &ok(0))]);
+        assert!(done);
+        assert_eq!(nothing.reason, "NothingToCopy");
+    }
 }

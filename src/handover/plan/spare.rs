@@ -10,9 +10,8 @@
 //!    items are copied to it (add mode: what clients wrote to it meanwhile stays), and its gate opens;
 //! 3. once no server is left to replace and no new pod waits, the spare is deleted.
 //!
-//! The published list does not change (the names are stable), so each copy is the whole server: the
-//! planner's answer for an unchanged list is no copy at all, and these copies are about a server that is
-//! replaced under the same entry.
+//! The published list does not change (the names are stable: the planner, [`super::copies`], has no key
+//! to move for it), so what is copied is the whole server, to the spare and from it to its replacement.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;

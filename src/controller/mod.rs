@@ -4,8 +4,8 @@
 //! [`reconcile`] (validate, plan, apply, report), [`pool`] (slots, drain marks), [`secrets`] (the
 //! referenced Secrets' hashes), [`children`] (apply only what differs), [`changes`] and [`events`] (what
 //! changed, said once), [`pace`] (which status writes can wait) and [`error`]; warm handover is
-//! [`crate::handover`]'s, which the context holds. The runtime: the watches and their caches, the turns reconciles take, the retry
-//! backoff, the API server's reachability and read-your-writes.
+//! [`crate::handover`]'s, which the context holds. The runtime: the watches and their caches, the turns
+//! reconciles take, the retry backoff, the API server's reachability and read-your-writes.
 //!
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.

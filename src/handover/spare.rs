@@ -181,7 +181,7 @@ impl Handover {
                         pod.name
                     ),
                 },
-                (true, Some(slot)) => match self.from_spare(r, pod, slot).await {
+                (true, Some(slot)) => match self.copy_from_spare(r, pod, slot).await {
                     Some(opened) => opened,
                     None => continue,
                 },
@@ -194,7 +194,7 @@ impl Handover {
 
     /// Starts the copy from the spare to `pod` for `slot`: `None` once it runs (or the pod has no IP
     /// yet), the gate to open when it cannot.
-    async fn from_spare(&self, r: &Rolling<'_>, pod: &Member, slot: i32) -> Option<Opened> {
+    async fn copy_from_spare(&self, r: &Rolling<'_>, pod: &Member, slot: i32) -> Option<Opened> {
         let instance = r.view.instance;
         let target_ip = pod.ip.as_deref()?;
         let Some(spare_ip) = r.spare.as_ref().and_then(usable) else {

@@ -154,7 +154,9 @@ fn modules(src: &Path) -> BTreeMap<Module, String> {
                 dirs.push(path);
                 continue;
             }
-            if path.extension().is_none_or(|e| e != "rs") {
+            // `tests.rs` files are the test modules of their parent (`#[cfg(test)] mod tests;`), left
+            // out as a `#[cfg(test)]` tail is.
+            if path.extension().is_none_or(|e| e != "rs") || path.ends_with("tests.rs") {
                 continue;
             }
             let relative = path.strip_prefix(src).unwrap().with_extension("");

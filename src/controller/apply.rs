@@ -25,12 +25,13 @@ use super::children::{self, Source};
 use super::pool::{self, Pool};
 use super::report::{self, Children, Published};
 use super::view::View;
-use super::{Context, Error, handover, scale_handover, spare};
+use super::{Context, Error};
 use crate::api::{Server, Workload};
+use crate::handover::plan::rollout as gate;
+use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, deployment, handover as gate, labels, pod, rollout, servers, service_monitor,
-    statefulset,
+    Instance, deployment, labels, pod, rollout, servers, service_monitor, statefulset,
 };
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
@@ -70,14 +71,11 @@ pub(super) async fn children(
         matches!(step, Step::Draining { .. })
     })
     .await;
-    // The list a scale changes is published (or held back) above; its copies run from here on.
-    let scaled = scale_handover::step(ctx, mc, instance, plan.scale.as_ref(), view.pods).await?;
     let applied = match instance.spec.workload {
         Workload::Deployment => deployment(ctx, view, &plan, secret_hash, changes).await?,
         Workload::StatefulSet => statefulset(ctx, view, &plan, secret_hash, changes).await?,
     };
-    let mut handovers = applied.handovers;
-    handovers.extend(scaled.progress);
+    let handovers = applied.handovers;
     let mut children = Children {
         workload: applied.status,
         servers: plan.servers.clone(),
@@ -85,10 +83,7 @@ pub(super) async fn children(
         pods: view.pods.to_vec(),
         problem: None,
         handovers,
-        wait: [plan.wait, applied.wait, scaled.wait]
-            .into_iter()
-            .flatten()
-            .min(),
+        wait: [plan.wait, applied.wait].into_iter().flatten().min(),
         yielded: false,
         wrote_first_status: false,
     };
@@ -180,15 +175,19 @@ async fn deployment(
     let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
     let live = children::cached(instance, instance.name, &view.source())?;
     // Without a surge the old pod goes before the new one starts: nothing to copy from.
-    let handover = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
-    if gate::gate_wanted(handover, &desired, live.as_deref()) {
+    let warm = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
+    if gate::gate_wanted(warm, &desired, live.as_deref()) {
         gate::add_gate(&mut desired);
     }
     let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |d| {
         d.spec.as_ref().and_then(|s| s.replicas)
     })
     .await?;
-    let step = handover::step(ctx, view.mc, instance, &plan.servers, view.pods).await?;
+    // The list a scale changes is published (or held back) above; its copies run from here on.
+    let step = ctx
+        .handover
+        .step(handover(view, plan, Rollout::Deployment))
+        .await?;
     Ok(AppliedWorkload {
         status: WorkloadStatus::from(applied.as_ref()),
         created: live.is_none(),
@@ -225,18 +224,13 @@ async fn statefulset(
         enabled,
         &(ctx.clock)(),
     );
-    let template = desired.spec.as_ref().map(|s| &s.template);
-    let staging = spare::step(
-        ctx,
-        view.mc,
-        instance,
-        template,
-        &pace,
-        live.as_deref(),
-        view.pods,
-    )
-    .await?;
-    statefulset::set_partition(&mut desired, staging.partition);
+    let rollout = Rollout::StatefulSet {
+        template: desired.spec.as_ref().map(|s| &s.template),
+        pace: &pace,
+        live: live.as_deref(),
+    };
+    let staging = ctx.handover.step(handover(view, plan, rollout)).await?;
+    statefulset::set_partition(&mut desired, staging.partition.unwrap_or(pace.partition));
     let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |s| {
         s.spec.as_ref().and_then(|s| s.replicas)
     })
@@ -247,6 +241,19 @@ async fn statefulset(
         handovers: staging.progress,
         wait: [pace.wait, staging.wait].into_iter().flatten().min(),
     })
+}
+
+/// What warm handover is told of this reconcile (see `crate::handover`): the instance, its pods, the
+/// slots as published, the change of the list a scale makes, and the workload's rollout.
+fn handover<'v>(view: &'v View<'_>, plan: &'v Pool, rollout: Rollout<'v>) -> handover::View<'v> {
+    handover::View {
+        mc: view.mc,
+        instance: view.instance,
+        pods: view.pods,
+        servers: &plan.servers,
+        scale: plan.scale.as_ref(),
+        rollout,
+    }
 }
 
 /// Applies the workload (`replicas` of them) and records it as created, scaled or updated.

@@ -55,6 +55,9 @@ pub enum Error {
 
     #[error("the Memcached object is malformed: {0}")]
     Malformed(String),
+
+    #[error(transparent)]
+    Handover(#[from] crate::handover::Error),
 }
 
 impl Error {
@@ -69,6 +72,7 @@ impl Error {
             Self::Status { .. } => "status",
             Self::Finalizer(_) => "finalizer",
             Self::Malformed(_) => "malformed",
+            Self::Handover(error) => error.kind(),
         }
     }
 
@@ -85,6 +89,7 @@ impl Error {
             Self::ForeignOwner { .. } | Self::NotManaged { .. } | Self::Malformed(_) => {
                 return false;
             }
+            Self::Handover(error) => return error.unanswered(),
         };
         matches!(source, kube::Error::Service(_) | kube::Error::HyperError(_))
     }
@@ -126,6 +131,7 @@ impl Error {
                     "{self}; it is left untouched: delete or rename it, or rename this Memcached"
                 ),
             }),
+            Self::Handover(error) => error.problem(),
             _ => None,
         }
     }

@@ -3,9 +3,9 @@
 //! The kinds of children are one table ([`kinds`]). The flow, in the order one reconcile goes:
 //! [`reconcile`] (validate, plan, apply, report), [`pool`] (slots, drain marks), [`secrets`] (the
 //! referenced Secrets' hashes), [`children`] (apply only what differs), [`changes`] and [`events`] (what
-//! changed, said once), [`pace`] (which status writes can wait), [`error`], and [`handover`] (the copies of
-//! Deployment rollouts). The runtime: the watches and their caches, the turns reconciles take, the retry
-//! backoff, the API server's reachability and read-your-writes.
+//! changed, said once), [`pace`] (which status writes can wait) and [`error`]; warm handover is
+//! [`crate::handover`]'s, which the context holds. The runtime: the watches and their caches, the turns
+//! reconciles take, the retry backoff, the API server's reachability and read-your-writes.
 //!
 //! Everything the reconciler reads comes from in-memory caches (reflector stores) fed by label-scoped
 //! watches, so a reconcile makes no read requests; it writes only when something differs.
@@ -15,15 +15,12 @@ pub mod backoff;
 mod changes;
 mod children;
 mod error;
-pub mod handover;
 mod legacy_finalizer;
 pub mod pace;
 mod pool;
 mod reconcile;
 mod report;
-pub mod scale_handover;
 mod secrets;
-pub mod spare;
 pub mod turns;
 mod view;
 
@@ -43,6 +40,7 @@ pub use secrets::SecretHashes;
 pub use turns::Turns;
 
 use crate::api::Memcached;
+use crate::handover::{self, Handover};
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
 use crate::store::{Publisher, REPORTER, Stores, Written};
@@ -114,11 +112,8 @@ pub struct Context {
     pub pace: pace::Pace,
     /// Whose turn it is to reconcile, and to write a first status.
     pub turns: Turns,
-    /// The warm-handover copies of Deployment rollouts (see [`handover`]).
-    pub handovers: handover::Handovers,
-    /// The warm-handover copies of scales under a declared client hashing (see [`scale_handover`]),
-    /// sharing the copy turns of `handovers`.
-    pub scale_handovers: scale_handover::ScaleHandovers,
+    /// Warm handover: its copies, gates and spare servers (see [`crate::handover`]).
+    pub handover: Handover,
 }
 
 impl Context {
@@ -134,15 +129,29 @@ impl Context {
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),
-                instance: reporter_instance,
+                instance: reporter_instance.clone(),
             },
             settings.side_step_timeout,
         );
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
-        let handovers = handover::Handovers::default();
-        let scale_handovers = scale_handover::ScaleHandovers::new(handovers.shared());
+        let handover = Handover::new(handover::Deps {
+            client: client.clone(),
+            events: Publisher::new(
+                client.clone(),
+                Reporter {
+                    controller: REPORTER.to_owned(),
+                    instance: reporter_instance,
+                },
+                settings.side_step_timeout,
+            ),
+            metrics: metrics.handovers(),
+            secrets: stores.secrets.clone(),
+            pods: stores.pods.clone(),
+            cluster_domain: settings.cluster_domain.clone(),
+            clock: clock.clone(),
+        });
         Self {
             client,
             settings,
@@ -155,8 +164,7 @@ impl Context {
             written: Arc::default(),
             pace,
             turns,
-            handovers,
-            scale_handovers,
+            handover,
         }
     }
 
@@ -183,8 +191,7 @@ impl Context {
         };
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
-        self.handovers.forget_instance(namespace, name);
-        self.scale_handovers.forget_instance(namespace, name);
+        self.handover.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.written.observe_deleted(mc, &());
     }

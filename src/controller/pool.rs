@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
-use crate::resources::scale_handover::{self, Change, Direction};
+use crate::handover::plan::scale::{self as scale_handover, Change, Direction};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
@@ -87,8 +87,8 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
     };
     let holds = scale.as_ref().is_some_and(|change| {
         let copies = ctx
-            .scale_handovers
-            .copies(instance.namespace, instance.name, change);
+            .handover
+            .scale_copies(instance.namespace, instance.name, change);
         scale_handover::holds(change, &copies, &now, handover.timeout_seconds())
     });
     let direction = scale.as_ref().map(|c| c.direction);

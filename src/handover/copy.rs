@@ -172,7 +172,7 @@ async fn server_time(conn: &mut Conn, side: Side, line: &mut Vec<u8>) -> Result<
 }
 
 /// Empties `target` (`flush_all`), so that it holds only what the copy brings: a StatefulSet rollout's
-/// spare server holds one server's items at a time (see `resources::spare`).
+/// spare server holds one server's items at a time (see `handover::plan::spare`).
 pub(super) async fn flush(settings: &Settings, target: &Target) -> Result<(), CopyError> {
     let mut conn = open(settings, Side::Target, target).await?;
     bounded(settings, Side::Target, async {

@@ -1,15 +1,27 @@
-//! Warm handover: copying a memcached server's items to another server, so a server that takes keys
-//! over starts with them instead of empty.
+//! Warm handover: copying memcached servers' items to the servers that take their keys over, so a
+//! server that takes keys over starts with them instead of empty. The whole feature lives here:
 //!
-//! One [`Copier`] copies one source server to one target server:
-//!
-//! - [`dump`]: the source's items, listed by `lru_crawler metadump all`, read a line at a time;
-//! - [`copy`](mod@copy): each batch of keys fetched from the source with `mg` (value, client flags,
-//!   remaining TTL) and stored on the target with `ms` in add mode, so a value a client wrote on the
-//!   target since is never overwritten;
-//! - [`rate`]: the byte rate limit (`spec.handover.maxBytesPerSecond`);
-//! - [`progress`]: counters readable while the copy runs, and the final summary;
-//! - [`metrics`]: the per-instance series the controller records each copy's outcome into.
+//! - [`plan`], pure: the one planner ([`plan::copies`]: the published list changes from A to B under the
+//!   clients' hashing; which keys must move where?), whatever caused the change (a Deployment rollout's
+//!   replaced pod, a scale, both), and the decisions around it: the Deployment's handover gate and
+//!   takeovers ([`plan::rollout`]), the StatefulSet rollout's spare server ([`plan::spare`]), the scale's
+//!   change and how long it waits ([`plan::scale`]);
+//! - [`Handover`], the orchestrator the controller holds, with its one entry point
+//!   [`Handover::step`], called once per reconcile with a [`View`] of the instance: it starts the
+//!   copies the planner asks for, opens the gates and steps the spare when they end, and says so in
+//!   events (`HandedOver`, `HandoverFailed`) and [`metrics`]; it needs no more of the operator than
+//!   its [`Deps`] (client, event publisher, metrics, the Secret and pod caches, the cluster domain, a
+//!   clock) and fails with its own [`Error`];
+//! - one registry of running copies (`tasks`), shared by rollouts, scales and the spare: every copy in
+//!   a task of its own, at most [`MOST_COPIES`] at once, cancelled when its pod or instance goes or the
+//!   operator stops;
+//! - the copy engine: one [`Copier`] copies one source server to one target server:
+//!   [`dump`] (the source's items, listed by `lru_crawler metadump all`, read a line at a time),
+//!   [`copy`](mod@copy) (each batch of keys fetched from the source with `mg`: value, client flags,
+//!   remaining TTL; and stored on the target with `ms` in add mode, so a value a client wrote on the
+//!   target since is never overwritten), [`rate`] (the byte rate limit,
+//!   `spec.handover.maxBytesPerSecond`) and [`progress`] (counters readable while the copy runs, and the
+//!   final summary).
 //!
 //! Connections are opened as the stats collector opens them ([`crate::connection`]): TLS verified against
 //! the instance's CA, memcached's ASCII authentication. A copy is bounded in time as a whole
@@ -19,16 +31,25 @@
 
 pub mod copy;
 pub mod dump;
+mod engine;
 mod error;
 pub mod metrics;
+pub mod plan;
 pub mod progress;
 pub mod rate;
+mod rollout;
+mod scale;
+mod spare;
+mod tasks;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use error::{CopyError, Failure, Side};
+pub use engine::{Clock, Deps, Handover, PROGRESS_EVERY, Rollout, Step, View};
+pub use error::{CopyError, Error, Failure, Side};
+pub use plan::rollout::GATE;
 pub use progress::{Progress, Snapshot};
+pub use tasks::MOST_COPIES;
 
 use crate::api::WarmHandover;
 use crate::connection::Target;

@@ -16,6 +16,12 @@ pub const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";
 pub const APP_NAME: &str = "memcached";
 /// Value of [`MANAGED_BY_KEY`]; also the server-side apply field manager.
 pub const MANAGER_NAME: &str = "memcached-operator";
+/// The pod condition (and readiness gate) the operator sets once a new server's warm handover is over
+/// (see `handover::plan::rollout`).
+pub const HANDOVER_GATE: &str = "cache.example.com/handover";
+/// The label the Deployment controller gives each pod: the hash of the template it was made from, so
+/// pods of the same ReplicaSet share it and a rollout's new pods differ from the old ones.
+pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
 
 /// The label (`app.kubernetes.io/name=memcached-operator`) the install puts on the operator's own pods:
 /// instance NetworkPolicies admit pods with it to the memcached port when the operator reads stats.

@@ -29,7 +29,7 @@ pub struct Input<'a> {
     pub drain_seconds: i32,
     /// Whether the drained pods can be removed now: on a Deployment, whether every drained pod carries
     /// the deletion cost (as the pod cache shows), so the ReplicaSet removes those and no other; and
-    /// whether the scale handover's copies ended (see `resources::scale_handover`).
+    /// whether the scale handover's copies ended (see `handover::plan::scale`).
     pub removable: bool,
     /// The published entries before this reconcile, recorded in a drain that starts (`Drain::servers`)
     /// when a scale handover will need them; empty otherwise.

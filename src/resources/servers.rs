@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
+use super::labels::{HANDOVER_GATE, TEMPLATE_HASH_LABEL};
 use super::{Instance, service};
 use crate::api::Server;
 
@@ -42,32 +43,58 @@ pub fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// What slot assignment reads of a pod.
+/// The one view of a pod that slot assignment, the drain and the warm handover read (the servers' pods
+/// and a StatefulSet rollout's spare server alike).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Member {
     pub name: String,
     pub ip: Option<String>,
+    /// Its ReplicaSet's template hash ([`TEMPLATE_HASH_LABEL`]), for a Deployment's pods.
+    pub template_hash: Option<String>,
     pub ready: bool,
     pub terminating: bool,
     pub created: Option<Timestamp>,
+    /// Its containers are ready but a readiness gate holds it, and the handover gate's condition is not
+    /// set yet: it waits for the operator's warm handover.
+    pub waiting: bool,
     /// Whether the pod carries the operator's drained deletion cost.
     pub marked: bool,
 }
 
 impl Member {
-    /// The slot-relevant view of `pod`; `None` for a pod without a name.
+    /// The view of `pod`; `None` for a pod without a name.
+    ///
+    /// The pods are cached without their spec (see `store::compact`), so whether a pod is gated is read
+    /// from its status: a kubelet reports `Ready` as `ContainersReady` and every readiness gate, so
+    /// containers ready and the pod not is a gate holding it; the only gate the operator's templates have
+    /// is the handover's, and its condition not set yet means the operator has not opened it.
     pub fn of(pod: &Pod) -> Option<Self> {
         let name = pod.metadata.name.clone()?;
         let status = pod.status.as_ref();
+        let condition = |type_: &str| {
+            status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == type_))
+                .map(|c| c.status == "True")
+        };
         let ready = is_ready(pod);
+        let waiting = condition("ContainersReady") == Some(true)
+            && !ready
+            && condition(HANDOVER_GATE).is_none();
         Some(Self {
             name,
             ip: status
                 .and_then(|s| s.pod_ip.clone())
                 .filter(|ip| !ip.is_empty()),
+            template_hash: pod
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(TEMPLATE_HASH_LABEL).cloned()),
             ready,
             terminating: pod.metadata.deletion_timestamp.is_some(),
             created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            waiting,
             marked: pod
                 .metadata
                 .annotations
@@ -80,11 +107,16 @@ impl Member {
     /// `ip:port` (`[ip]:port` for IPv6), once the pod is ready and has an IP.
     fn address(&self, port: i32) -> Option<String> {
         let ip = self.ip.as_deref().filter(|_| self.ready)?;
-        Some(if ip.contains(':') {
-            format!("[{ip}]:{port}")
-        } else {
-            format!("{ip}:{port}")
-        })
+        Some(entry(ip, port))
+    }
+}
+
+/// The published entry of a Deployment pod at `ip`: `ip:port`, `[ip]:port` for IPv6.
+pub fn entry(ip: &str, port: i32) -> String {
+    if ip.contains(':') {
+        format!("[{ip}]:{port}")
+    } else {
+        format!("{ip}:{port}")
     }
 }
 

@@ -423,7 +423,7 @@ pub async fn run(
         // The instances whose warm-handover copy ended, to open the new server's gate.
         .reconcile_on(futures::stream::select(
             streams.foreign,
-            ctx.handovers.triggers(),
+            ctx.handover.triggers(),
         ))
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)

@@ -634,7 +634,7 @@ async fn a_handover_whose_target_refuses_connections_ends_cold_and_the_rollout_p
             let conditions = p.status.as_ref()?.conditions.as_ref()?;
             let gate = conditions
                 .iter()
-                .find(|c| c.type_ == memcached_operator::resources::handover::GATE)?;
+                .find(|c| c.type_ == memcached_operator::handover::GATE)?;
             Some(gate.reason.clone().unwrap_or_default())
         })
         .collect();

@@ -10,7 +10,7 @@ fn member(name: &str, ip: &str, ready: bool, created: i64) -> Member {
         ready,
         terminating: false,
         created: Some(Timestamp::from_second(created).unwrap()),
-        marked: false,
+        ..Member::default()
     }
 }
 

@@ -1,25 +1,29 @@
-//! The pure side of a Deployment rollout's warm handover: whether the pod template carries the handover
-//! readiness gate, which pods wait behind it, and which old server each of them takes over from.
+//! A Deployment rollout's warm handover: whether the pod template carries the handover readiness gate,
+//! which pods wait behind it, which old server each of them takes over from, and the change of the
+//! published list that takeover makes.
 //!
 //! During a Deployment rollout (`maxSurge: 1, maxUnavailable: 0`) the new pod runs beside the old ones;
 //! its readiness gate keeps it out of the Deployment controller's count (and out of the published list)
 //! until the operator sets the gate's condition, so the old server it replaces still answers while its
-//! items are copied over. The controller side (`controller::handover`) runs the copies and opens the gates.
+//! items are copied over (the copies [`super::copies`] plans for [`takeover_lists`]).
+//!
+//! When the new pod is published: its gate open, it turns ready, and the Deployment controller removes
+//! the old pod (the one with [`SOURCE_COST`]); once that pod terminates its slot is vacant, and the new
+//! pod, ready and holding no slot, takes it (`resources::servers::assign_deployment`), so the published
+//! list changes from the one with the old pod's address at that slot to the one with the new pod's. Until
+//! the gate opens, the old pod and every other source of the copies run and stay in the list.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Pod, PodReadinessGate, PodTemplateSpec};
+use k8s_openapi::api::core::v1::{PodReadinessGate, PodTemplateSpec};
 use k8s_openapi::jiff::Timestamp;
 
-use super::drift;
 use crate::api::Server;
+use crate::resources::drift;
+use crate::resources::servers::Member;
 
-/// The pod condition (and readiness gate) the operator sets once a new server's handover is over.
-pub const GATE: &str = "cache.example.com/handover";
-/// The label the Deployment controller gives each pod: the hash of the template it was made from, so
-/// pods of the same ReplicaSet share it and a rollout's new pods differ from the old ones.
-pub const TEMPLATE_HASH_LABEL: &str = "pod-template-hash";
+pub use crate::resources::labels::{HANDOVER_GATE as GATE, TEMPLATE_HASH_LABEL};
 /// The pod-deletion cost given to the old server a copy reads, so that the ReplicaSet controller removes
 /// exactly that pod once the new one is ready (the default is 0; the drained cost, -1000, still goes
 /// first).
@@ -116,58 +120,6 @@ pub fn add_template_gate(template: &mut PodTemplateSpec) {
     }
 }
 
-/// What the handover reads of a pod.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct Candidate {
-    pub name: String,
-    pub ip: Option<String>,
-    /// Its ReplicaSet's template hash ([`TEMPLATE_HASH_LABEL`]).
-    pub template_hash: Option<String>,
-    pub ready: bool,
-    pub terminating: bool,
-    pub created: Option<Timestamp>,
-    /// Its containers are ready but a readiness gate holds it, and the handover gate's condition is not
-    /// set yet: it waits for the operator.
-    pub waiting: bool,
-}
-
-impl Candidate {
-    /// The handover's view of `pod`; `None` for a pod without a name.
-    ///
-    /// The pods are cached without their spec (see `store::compact`), so whether a pod is
-    /// gated is read from its status: a kubelet reports `Ready` as `ContainersReady` and every readiness
-    /// gate, so containers ready and the pod not is a gate holding it; the only gate the operator's
-    /// template has is the handover's, and its condition not set yet means the operator has not opened it.
-    pub fn of(pod: &Pod) -> Option<Self> {
-        let name = pod.metadata.name.clone()?;
-        let status = pod.status.as_ref();
-        let condition = |type_: &str| {
-            status
-                .and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| c.type_ == type_))
-                .map(|c| c.status == "True")
-        };
-        let ready = condition("Ready") == Some(true);
-        let waiting =
-            condition("ContainersReady") == Some(true) && !ready && condition(GATE).is_none();
-        Some(Self {
-            name,
-            ip: status
-                .and_then(|s| s.pod_ip.clone())
-                .filter(|ip| !ip.is_empty()),
-            template_hash: pod
-                .metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(TEMPLATE_HASH_LABEL).cloned()),
-            ready,
-            terminating: pod.metadata.deletion_timestamp.is_some(),
-            created: pod.metadata.creation_timestamp.as_ref().map(|t| t.0),
-            waiting,
-        })
-    }
-}
-
 /// One gated pod and the server it takes over from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Takeover {
@@ -187,11 +139,11 @@ pub struct Takeover {
 /// runs (left out) to their sources (read by no other copy).
 pub fn takeovers(
     servers: &[Server],
-    pods: &[Candidate],
+    pods: &[Member],
     running: &BTreeMap<String, String>,
 ) -> Vec<Takeover> {
     let slotted: BTreeSet<&str> = servers.iter().filter_map(|s| s.pod.as_deref()).collect();
-    let mut waiting: Vec<&Candidate> = pods
+    let mut waiting: Vec<&Member> = pods
         .iter()
         .filter(|p| p.waiting && !p.terminating && !running.contains_key(&p.name))
         .collect();
@@ -229,6 +181,21 @@ pub fn takeovers(
     out
 }
 
+/// The published list now (`servers`, in slot order) and the one clients get once the takeover of `slot`
+/// by the server at `entry` is published: the same list, `entry` at that slot's position. `None` when the
+/// slot publishes no address (nothing to take over).
+pub fn takeover_lists(
+    servers: &[Server],
+    slot: i32,
+    entry: &str,
+) -> Option<(Vec<String>, Vec<String>)> {
+    let (old, slots) = super::published(servers);
+    let index = slots.iter().position(|s| *s == slot)?;
+    let mut new = old.clone();
+    new[index] = entry.to_owned();
+    Some((old, new))
+}
+
 /// The rank of a ReplicaSet (by its template hash) in the order the Deployment controller scales old
 /// ReplicaSets down: oldest first (`scaleDownOldReplicaSetsForRollingUpdate` sorts them by creation time).
 ///
@@ -238,7 +205,7 @@ pub fn takeovers(
 /// of every ReplicaSet for a rare case): a ReplicaSet is at least as old as its oldest pod, and its pods
 /// outlive the next ReplicaSet's creation unless all were replaced since (evicted, rescheduled), so the
 /// oldest pod of each template ranks them. Pods without a creation time rank last.
-fn oldest_first(pods: &[Candidate]) -> impl Fn(&Option<String>) -> usize + '_ {
+fn oldest_first(pods: &[Member]) -> impl Fn(&Option<String>) -> usize + '_ {
     let mut oldest: BTreeMap<&Option<String>, Option<Timestamp>> = BTreeMap::new();
     for pod in pods {
         let entry = oldest.entry(&pod.template_hash).or_insert(pod.created);

@@ -1,4 +1,4 @@
-//! The pure side of a scale's warm handover under a declared client hashing (`spec.clients.hashing`):
+//! A scale's warm handover under a declared client hashing (`spec.clients.hashing`):
 //! which change of the published list a scale makes, which (source, target) copies it needs and which keys
 //! each takes, and whether the scale waits for them.
 //!
@@ -12,11 +12,9 @@
 //!   copies ended, so clients never ask an empty server for keys it owns.
 //!
 //! Either way a key is copied from the server that owns it under the old list to the one that owns it
-//! under the new list, one copy per (source, target) pair with keys to move (see [`Change::pairs`]), with
-//! add semantics, so a value clients wrote on the new owner since wins. A handover never holds a scale for
-//! longer than `spec.handover.timeoutSeconds` ([`holds`]).
-//!
-//! The controller side (`controller::scale_handover`) runs the copies.
+//! under the new list, one copy per (source, target) pair with keys to move (the planner's
+//! [`super::copies`]), with add semantics, so a value clients wrote on the new owner since wins. A
+//! handover never holds a scale for longer than `spec.handover.timeoutSeconds` ([`holds`]).
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -24,9 +22,9 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::{Pair, published};
 use crate::api::{Drain, Server};
-use crate::handover::KeyFilter;
-use crate::hashing::{Handover, InvalidEntry, KeyMove, Scheme};
+use crate::hashing::{Handover, InvalidEntry, Scheme};
 
 /// Which way the scale goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,42 +51,16 @@ pub struct Change {
     pub started: Option<Time>,
 }
 
-/// One copy: keys owned by `old[source]` before and by `new[target]` after.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct Pair {
-    pub source: usize,
-    pub target: usize,
-}
-
 impl Change {
-    /// The copies the change needs: every (source, target) pair whose entries differ and between which
-    /// keys can move. Under a scheme consistent between the two list sizes
-    /// ([`Scheme::consistent_between`]) only pairs with a leaving source or a joining target can (for jump,
-    /// by slot index); otherwise (modula) every pair can, and the filters find the keys.
+    /// The copies the change needs: every (source, target) pair between which keys can move
+    /// ([`super::pairs`]).
     pub fn pairs(&self) -> Vec<Pair> {
-        let consistent = self
-            .scheme
-            .consistent_between(self.old.len(), self.new.len());
-        let (old, new) = (&self.old, &self.new);
-        let mut pairs = Vec::new();
-        for (source, from) in old.iter().enumerate() {
-            for (target, to) in new.iter().enumerate() {
-                if from == to {
-                    continue;
-                }
-                let may_move = !consistent
-                    || match self.scheme {
-                        Scheme::Jump => {
-                            source == target || source >= new.len() || target >= old.len()
-                        }
-                        _ => !new.contains(from) || !old.contains(to),
-                    };
-                if may_move {
-                    pairs.push(Pair { source, target });
-                }
-            }
-        }
-        pairs
+        super::pairs(Some(self.scheme), &self.old, &self.new)
+    }
+
+    /// The planner's copies of the change: one per pair, with the filter of the keys it moves.
+    pub fn copies(&self) -> Result<Vec<super::Copy>, InvalidEntry> {
+        super::copies(Some(self.scheme), &self.old, &self.new)
     }
 
     /// Where each key is under both lists, built once and shared by the change's filters.
@@ -100,22 +72,6 @@ impl Change {
     pub fn slot(&self, target: usize) -> i32 {
         self.new_slots.get(target).copied().unwrap_or(-1)
     }
-}
-
-/// The keys of `pair`: owned by its source under the old list and by its target under the new one.
-pub fn filter(handover: Arc<Handover>, pair: Pair) -> KeyFilter {
-    Arc::new(move |key: &[u8]| {
-        matches!(handover.key_move(key), KeyMove::Moves { from, to }
-            if from == pair.source && to == pair.target)
-    })
-}
-
-/// The published entries of `servers`, in slot order, with their slots.
-fn published(servers: &[Server]) -> (Vec<String>, Vec<i32>) {
-    servers
-        .iter()
-        .filter_map(|s| Some((s.address.clone()?, s.slot)))
-        .unzip()
 }
 
 /// The scale-down a drain makes: from the list it recorded (`drain.servers`) to the one published now.

@@ -1,4 +1,6 @@
 use super::*;
+use crate::handover::KeyFilter;
+use crate::handover::plan::filter;
 use crate::hashing::Placement;
 use k8s_openapi::jiff::Timestamp;
 

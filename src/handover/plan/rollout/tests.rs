@@ -2,6 +2,7 @@ use super::*;
 use crate::api::{MemcachedConfig, MemcachedSpec};
 use crate::resources::testing::memcached;
 use crate::resources::{Defaults, Instance, deployment};
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 
 fn build(max_memory_mb: i32) -> Deployment {
@@ -71,17 +72,17 @@ fn server_defaults_in_the_live_template_are_no_change() {
     assert!(!gate_wanted(false, &build(65), Some(&live)));
 }
 
-fn pod(name: &str, hash: &str, conditions: serde_json::Value, created: i64) -> Candidate {
+fn pod(name: &str, hash: &str, conditions: serde_json::Value, created: i64) -> Member {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {TEMPLATE_HASH_LABEL: hash},
                      "creationTimestamp": Timestamp::from_second(created).unwrap().to_string()},
         "status": {"podIP": format!("10.0.0.{created}"), "conditions": conditions},
     }))
     .unwrap();
-    Candidate::of(&pod).unwrap()
+    Member::of(&pod).unwrap()
 }
 
-fn ready(name: &str, hash: &str, created: i64) -> Candidate {
+fn ready(name: &str, hash: &str, created: i64) -> Member {
     pod(
         name,
         hash,
@@ -90,7 +91,7 @@ fn ready(name: &str, hash: &str, created: i64) -> Candidate {
     )
 }
 
-fn waiting(name: &str, created: i64) -> Candidate {
+fn waiting(name: &str, created: i64) -> Member {
     pod(
         name,
         "new",
@@ -233,4 +234,13 @@ fn after_an_interrupted_rollout_a_surge_pod_takes_over_from_the_oldest_replica_s
             source: Some((0, "m0".into()))
         }]
     );
+}
+
+#[test]
+fn a_takeover_replaces_the_slots_entry_in_place() {
+    let servers = slots(&["a", "b", "c"]);
+    let (old, new) = takeover_lists(&servers, 1, "10.1.0.9:11211").unwrap();
+    assert_eq!(old, ["10.0.0.0:11211", "10.0.0.1:11211", "10.0.0.2:11211"]);
+    assert_eq!(new, ["10.0.0.0:11211", "10.1.0.9:11211", "10.0.0.2:11211"]);
+    assert_eq!(takeover_lists(&servers, 7, "10.1.0.9:11211"), None);
 }

@@ -1,0 +1,295 @@
+//! The orchestrator: what the reconcile asks of warm handover, once per reconcile ([`Handover::step`]).
+//!
+//! The reconcile calls it once the published list is applied, in its workload step: a Deployment's
+//! after the Deployment, a StatefulSet's before it (the step decides the partition). Those two places
+//! are one call per reconcile; both come after the list because a scale-down's copies start once the
+//! shorter list is published, and a scale-up's joining servers, like a rollout's new server behind its
+//! gate, are held out of the list the reconcile just applied until their copies ended. The step:
+//!
+//! 1. the scale's copies ([`super::scale`]): started for the change the pool planned, reported per
+//!    target once they ended;
+//! 2. the rollout's: a Deployment's ([`super::rollout`]: copies into each new pod waiting behind its
+//!    gate, the gate opened when they end), or a StatefulSet's ([`super::spare`]: through the spare
+//!    server, and the partition that lets the next server go);
+//! 3. the progress of every running copy, for the status, and when to come back to show it.
+//!
+//! Every copy runs in the one registry ([`super::tasks`]). The decisions are the planner's
+//! ([`super::plan`]); this side reads the cache, makes the few writes they call for (a gate, the source's
+//! deletion cost, the spare pod), says what happened in events and counts each copy in the metrics.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource};
+use serde_json::json;
+use tracing::debug;
+
+use super::metrics::HandoverMetrics;
+use super::plan::rollout::GATE;
+use super::plan::scale::{Change, Copies};
+use super::tasks::{Subject, Tasks};
+use super::{Copier, Error, Settings};
+use crate::api::{Memcached, Server};
+use crate::connection::{ServerNames, Target};
+use crate::resources::Instance;
+use crate::resources::rollout::Pace;
+use crate::status::HandoverProgress;
+use crate::store::Publisher;
+use crate::store::cache::Cache;
+use crate::store::events::{normal, warning};
+use crate::store::secrets::{SecretReader, SecretValues};
+
+/// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+
+/// Source of "now" (pinned in tests).
+pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
+
+/// What warm handover needs of the operator, given once.
+pub struct Deps {
+    pub client: Client,
+    /// Its own publisher of the `HandedOver` and `HandoverFailed` events.
+    pub events: Publisher,
+    pub metrics: Arc<HandoverMetrics>,
+    /// The metadata-only Secret cache (which exist, at which version).
+    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The pod cache, where a StatefulSet rollout's spare server is found.
+    pub pods: Cache<Pod>,
+    /// The cluster's DNS domain: the names a server's certificate may be valid for.
+    pub cluster_domain: String,
+    pub clock: Clock,
+}
+
+/// Warm handover, shared by every reconcile (the controller's context holds one).
+pub struct Handover {
+    pub(super) client: Client,
+    pub(super) events: Publisher,
+    pub(super) metrics: Arc<HandoverMetrics>,
+    /// The TLS and authentication Secrets' values, read once per version (as the stats collector does).
+    secrets: SecretReader,
+    pub(super) pods: Cache<Pod>,
+    cluster_domain: String,
+    pub(super) clock: Clock,
+    pub(super) tasks: Tasks,
+}
+
+/// What one reconcile hands the step: the instance, its server pods, the slots as this reconcile
+/// publishes them, the scale the pool planned, and the rollout's workload.
+pub struct View<'a> {
+    pub mc: &'a Memcached,
+    pub instance: &'a Instance<'a>,
+    pub pods: &'a [Arc<Pod>],
+    pub servers: &'a [Server],
+    pub scale: Option<&'a Change>,
+    pub rollout: Rollout<'a>,
+}
+
+/// The workload whose rollout hands over.
+pub enum Rollout<'a> {
+    Deployment,
+    StatefulSet {
+        /// The new pod template (the spare runs it).
+        template: Option<&'a PodTemplateSpec>,
+        /// The rollout's pace: the partition it would apply without a handover.
+        pace: &'a Pace,
+        /// The live StatefulSet (none before it exists).
+        live: Option<&'a StatefulSet>,
+    },
+}
+
+/// What the step leaves for the workload, the status and the requeue.
+#[derive(Debug, Default)]
+pub struct Step {
+    /// The copies running for the instance, by target slot.
+    pub progress: Vec<HandoverProgress>,
+    /// When to come back: a copy's progress, or the spare's start running late.
+    pub wait: Option<Duration>,
+    /// A StatefulSet's partition to apply: the pace's, or the live one while the server about to go is
+    /// copied to the spare.
+    pub partition: Option<i32>,
+}
+
+/// How a gate is opened: the condition's reason and message.
+pub(super) struct Opened {
+    pub(super) reason: &'static str,
+    pub(super) message: String,
+}
+
+impl Handover {
+    pub fn new(deps: Deps) -> Self {
+        Self {
+            secrets: SecretReader {
+                client: deps.client.clone(),
+                store: deps.secrets,
+                values: SecretValues::default(),
+            },
+            client: deps.client,
+            events: deps.events,
+            metrics: deps.metrics,
+            pods: deps.pods,
+            cluster_domain: deps.cluster_domain,
+            clock: deps.clock,
+            tasks: Tasks::default(),
+        }
+    }
+
+    /// The instances to reconcile because one of their copies ended; taken once, by the controller.
+    pub fn triggers(&self) -> impl Stream<Item = ObjectRef<Memcached>> + Send + 'static {
+        self.tasks.triggers()
+    }
+
+    /// Cancels the copies of an instance that is gone.
+    pub fn forget_instance(&self, namespace: &str, name: &str) {
+        self.tasks.forget_instance(namespace, name);
+    }
+
+    /// Where the copies of the scale `change` are; [`Copies::NotStarted`] when the instance's scale
+    /// copies are for another change, or there are none (what the pool's plan asks).
+    pub fn scale_copies(&self, namespace: &str, instance: &str, change: &Change) -> Copies {
+        let key = (namespace.to_owned(), instance.to_owned(), Subject::Scale);
+        self.tasks
+            .with(&key, |job| {
+                (job.change.as_ref() == Some(change)).then(|| job.copies())
+            })
+            .flatten()
+            .unwrap_or(Copies::NotStarted)
+    }
+
+    /// The handover step of one reconcile (see the module doc).
+    pub async fn step(&self, view: View<'_>) -> Result<Step, Error> {
+        let (namespace, name) = (view.instance.namespace, view.instance.name);
+        self.scale_step(&view).await?;
+        let mut wait = None;
+        let mut partition = None;
+        match view.rollout {
+            Rollout::Deployment => self.rollout_step(&view).await?,
+            Rollout::StatefulSet {
+                template,
+                pace,
+                live,
+            } => {
+                let staging = self.spare_step(&view, template, pace, live).await?;
+                partition = Some(staging.partition);
+                wait = staging.wait;
+            }
+        }
+        let progress = self.tasks.progress(namespace, name);
+        let wait = [wait, (!progress.is_empty()).then_some(PROGRESS_EVERY)]
+            .into_iter()
+            .flatten()
+            .min();
+        Ok(Step {
+            progress,
+            wait,
+            partition,
+        })
+    }
+
+    pub(super) fn now(&self) -> Time {
+        (self.clock)()
+    }
+
+    /// Says `note` about the instance: a `HandedOver` event when `done`, a `HandoverFailed` Warning
+    /// otherwise.
+    pub(super) async fn tell(&self, mc: &Memcached, done: bool, note: String) {
+        let event = if done {
+            normal("HandedOver", "Handover", note)
+        } else {
+            warning("HandoverFailed", "Handover", note)
+        };
+        self.events.record(&mc.object_ref(&()), event).await;
+    }
+
+    /// The copy from `source` to `target` ((pod, IP) each), bounded by `spec.handover`, reached as the
+    /// stats collector reaches the servers (TLS, authentication); why not, when the Secrets cannot be
+    /// used.
+    pub(super) async fn copier(
+        &self,
+        instance: &Instance<'_>,
+        source: (&str, &str),
+        target: (&str, &str),
+    ) -> Result<Copier, String> {
+        let transport = self
+            .secrets
+            .transport(instance.namespace, instance.spec, &|_, _| None)
+            .await?;
+        let port = u16::try_from(instance.spec.container_port)
+            .map_err(|_| "the container port is out of range".to_owned())?;
+        let server = |(pod, ip): (&str, &str)| -> Result<Target, String> {
+            let ip: IpAddr = ip
+                .parse()
+                .map_err(|_| format!("pod {pod} has no valid IP"))?;
+            let names = match transport.tls {
+                Some(_) => ServerNames::for_pod(
+                    instance.name,
+                    instance.namespace,
+                    pod,
+                    &self.cluster_domain,
+                ),
+                None => ServerNames::default(),
+            };
+            Ok(Target {
+                address: SocketAddr::new(ip, port),
+                tls: transport.tls.clone(),
+                names,
+                credentials: transport.credentials.clone(),
+                certificate: None,
+            })
+        };
+        let settings = Settings::from_spec(&instance.spec.handover());
+        Ok(Copier::new(server(source)?, server(target)?, settings))
+    }
+
+    /// Sets the pod's handover condition `True` through its status subresource: a strategic-merge
+    /// patch, which merges conditions by type, so the kubelet's own conditions are left as they are.
+    /// Remembered until the pod cache shows it. A pod gone meanwhile needs nothing.
+    pub(super) async fn open_gate(
+        &self,
+        (namespace, instance): (&str, &str),
+        pod: &str,
+        opened: &Opened,
+    ) -> Result<(), Error> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
+        let now = self.now();
+        let patch = json!({"status": {"conditions": [{
+            "type": GATE,
+            "status": "True",
+            "reason": opened.reason,
+            "message": opened.message,
+            "lastTransitionTime": now,
+        }]}});
+        match api
+            .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
+            .await
+        {
+            Ok(_) => {
+                debug!(%pod, reason = opened.reason, "opened the handover gate");
+                let key = pod_key(namespace, instance, pod);
+                self.tasks.close(key, -1, super::tasks::Phase::Opened, now);
+                Ok(())
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(source) => Err(Error::Apply {
+                kind: "Pod".into(),
+                name: pod.to_owned(),
+                source,
+            }),
+        }
+    }
+}
+
+/// The registry key of the job that fills `pod`.
+pub(super) fn pod_key(namespace: &str, instance: &str, pod: &str) -> super::tasks::Key {
+    (
+        namespace.to_owned(),
+        instance.to_owned(),
+        Subject::Pod(pod.to_owned()),
+    )
+}

@@ -147,6 +147,16 @@ struct Reads {
     problem: Option<String>,
 }
 
+/// What an instance's collection does after its reads.
+struct Next {
+    /// `status.stats` is due.
+    write: bool,
+    /// Evictions started, with how many: one Warning.
+    evicting: Option<u64>,
+    /// What the certificate reloads came to.
+    reloaded: Outcome,
+}
+
 /// The collector. Shared by its collection tasks.
 pub struct Collector {
     settings: Settings,
@@ -250,6 +260,52 @@ impl Collector {
                 state.reload = Reload::default();
             }
         }
+        let reads = self.read_instance(&key, &mc, &servers).await;
+        for shown in reads.presented.values() {
+            match &shown.refresh {
+                Some(RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
+                Some(RefreshAnswer::Refused(_)) => self.metrics.count_refresh("refused"),
+                None => {}
+            }
+        }
+        self.metrics.set_instance(key.clone(), reads.samples.clone());
+        let read: Vec<Stats> = reads.samples.values().flatten().cloned().collect();
+        let summary = summarize(servers.len(), &read);
+        let now = Instant::now();
+        let next = self.step_state(&key, &mc, &servers, reads, summary.as_ref(), now);
+        if next.write
+            && self.write_status(&key, summary.as_ref()).await
+            && let Some(state) = self.lock_state().get_mut(&key)
+        {
+            state.last_write = Some(now);
+        }
+        if let Some(evicted) = next.evicting {
+            self.warn_evicting(&key, &mc, evicted, &read).await;
+        }
+        if let Outcome::Reloaded { servers, .. } = &next.reloaded {
+            self.metrics
+                .count_reloads(u64::try_from(*servers).unwrap_or(u64::MAX));
+        }
+        if let Some(event) = reload_event(&mc, &next.reloaded) {
+            self.publish(&key, &mc, event).await;
+        }
+    }
+
+    /// Reads every server of the instance with the transport its Secrets give (none to read: nothing;
+    /// Secrets that cannot be used: every server unreadable, and why).
+    async fn read_instance(
+        &self,
+        key: &InstanceKey,
+        mc: &Memcached,
+        servers: &[(String, SocketAddr)],
+    ) -> Reads {
+        if servers.is_empty() {
+            return Reads {
+                samples: PodSamples::new(),
+                presented: BTreeMap::new(),
+                problem: None,
+            };
+        }
         // Told the TLS Secret's certificate and CA, gives the previous CA to trust during a rotation.
         let previous = |certificate: Result<CertificateDigest, String>, ca: Option<&[u8]>| {
             let mut state = self.lock_state();
@@ -257,113 +313,77 @@ impl Collector {
             reload.secret(certificate, ca);
             reload.previous_ca().map(<[u8]>::to_vec)
         };
-        let Reads {
-            samples,
-            presented,
-            problem,
-        } = if servers.is_empty() {
-            Reads {
-                samples: PodSamples::new(),
-                presented: BTreeMap::new(),
-                problem: None,
-            }
-        } else {
-            match self.secrets.transport(&key.0, &mc.spec, &previous).await {
-                Ok(transport) => {
-                    if transport.presents_server_certificate {
-                        self.note_shared_identity(&key);
-                    }
-                    self.read_all(&key, &servers, &transport).await
+        match self.secrets.transport(&key.0, &mc.spec, &previous).await {
+            Ok(transport) => {
+                if transport.presents_server_certificate {
+                    self.note_shared_identity(key);
                 }
-                Err(reason) => {
-                    for _ in &servers {
-                        self.metrics.count_read("unreadable");
-                    }
-                    Reads {
-                        samples: servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
-                        presented: BTreeMap::new(),
-                        problem: Some(reason),
-                    }
-                }
+                self.read_all(key, servers, &transport).await
             }
-        };
-        for shown in presented.values() {
-            match &shown.refresh {
-                Some(RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
-                Some(RefreshAnswer::Refused(_)) => self.metrics.count_refresh("refused"),
-                None => {}
+            Err(reason) => {
+                for _ in servers {
+                    self.metrics.count_read("unreadable");
+                }
+                Reads {
+                    samples: servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
+                    presented: BTreeMap::new(),
+                    problem: Some(reason),
+                }
             }
         }
-        self.metrics.set_instance(key.clone(), samples.clone());
+    }
 
-        let read: Vec<Stats> = samples.values().flatten().cloned().collect();
-        let summary = summarize(servers.len(), &read);
-        let counters: BTreeMap<String, Counter> = samples
+    /// Moves the instance's kept state on from what was read: the certificate reloads, the problem
+    /// logged, the eviction episode, and whether `status.stats` is due.
+    fn step_state(
+        &self,
+        key: &InstanceKey,
+        mc: &Memcached,
+        servers: &[(String, SocketAddr)],
+        reads: Reads,
+        summary: Option<&CacheStats>,
+        now: Instant,
+    ) -> Next {
+        let counters: BTreeMap<String, Counter> = reads
+            .samples
             .iter()
             .filter_map(|(pod, stats)| {
                 let s = stats.as_ref()?;
-                Some((
-                    pod.clone(),
-                    Counter {
-                        uptime_seconds: s.uptime_seconds,
-                        evictions: s.evictions,
-                    },
-                ))
+                let counter = Counter {
+                    uptime_seconds: s.uptime_seconds,
+                    evictions: s.evictions,
+                };
+                Some((pod.clone(), counter))
             })
             .collect();
-        let now = Instant::now();
         let stored = mc.status.as_ref().and_then(|s| s.stats.as_ref());
-        let (write, evicting, reloaded) = {
-            let mut state = self.lock_state();
-            let state = state.entry(key.clone()).or_default();
-            let observed: Vec<Observed<'_>> = servers
-                .iter()
-                .map(|(pod, _)| Observed {
-                    pod,
-                    presented: presented.get(pod),
-                })
-                .collect();
-            let reloaded = if mc.spec.tls().is_some() {
-                state.reload.observe(now, self.settings.interval, &observed)
-            } else {
-                Outcome::Nothing
-            };
-            if state.problem != problem {
-                log_problem(&key, state.problem.as_deref(), problem.as_deref());
-                state.problem = problem;
-            }
-            let evicted = episodes::evicted(&state.counters, &counters);
-            let (episode, started) = episodes::step(&state.episode, evicted);
-            state.episode = episode;
-            state.counters = counters;
-            let write = should_write(
-                stored,
-                summary.as_ref(),
-                state.last_write,
-                now,
-                self.settings.status_interval,
-            );
-            (
-                write,
-                started.then_some(evicted.unwrap_or_default()),
-                reloaded,
-            )
+        let mut state = self.lock_state();
+        let state = state.entry(key.clone()).or_default();
+        let observed: Vec<Observed<'_>> = servers
+            .iter()
+            .map(|(pod, _)| Observed {
+                pod,
+                presented: reads.presented.get(pod),
+            })
+            .collect();
+        let reloaded = if mc.spec.tls().is_some() {
+            state.reload.observe(now, self.settings.interval, &observed)
+        } else {
+            Outcome::Nothing
         };
-        if write
-            && self.write_status(&key, summary.as_ref()).await
-            && let Some(state) = self.lock_state().get_mut(&key)
-        {
-            state.last_write = Some(now);
+        if state.problem != reads.problem {
+            log_problem(key, state.problem.as_deref(), reads.problem.as_deref());
+            state.problem = reads.problem;
         }
-        if let Some(evicted) = evicting {
-            self.warn_evicting(&key, &mc, evicted, &read).await;
-        }
-        if let Outcome::Reloaded { servers, .. } = &reloaded {
-            self.metrics
-                .count_reloads(u64::try_from(*servers).unwrap_or(u64::MAX));
-        }
-        if let Some(event) = reload_event(&mc, &reloaded) {
-            self.publish(&key, &mc, event).await;
+        let evicted = episodes::evicted(&state.counters, &counters);
+        let (episode, started) = episodes::step(&state.episode, evicted);
+        state.episode = episode;
+        state.counters = counters;
+        let interval = self.settings.status_interval;
+        Next {
+            write: should_write(stored, summary, state.last_write, now, interval),
+            evicting: started.then_some(evicted.unwrap_or_default()),
+            reloaded,
         }
     }
 

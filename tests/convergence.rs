@@ -183,7 +183,7 @@ async fn a_child_deleted_right_after_it_was_applied_comes_back_at_once() {
     let mut deleted: Deployment = serde_json::from_value(json!({"metadata": {
         "name": NAME, "namespace": NS, "resourceVersion": "13"}}))
     .unwrap();
-    session.ctx.written.observe_deleted(&deleted, &());
+    session.ctx.writer.written.observe_deleted(&deleted, &());
     session.reconcile(&mut cluster, memcached(1)).await.unwrap();
     let seen = session.finish().await;
     assert_eq!(seen.len(), 7, "{seen:#?}");
@@ -340,6 +340,7 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
     let first_status = async {
         while session
             .ctx
+            .writer
             .written
             .fresher::<Memcached>(NS, NAME, &(), None)
             .object
@@ -397,8 +398,11 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
         let ctx = ctx.clone();
         tokio::spawn(async move {
             let _turn = ctx.turns.apply_new().await;
-            let deployment = ctx.written.fresher::<Deployment>(NS, NAME, &(), None);
-            let service = ctx.written.fresher::<Service>(NS, NAME, &(), None);
+            let deployment = ctx
+                .writer
+                .written
+                .fresher::<Deployment>(NS, NAME, &(), None);
+            let service = ctx.writer.written.fresher::<Service>(NS, NAME, &(), None);
             (deployment.object.is_some(), service.object.is_some())
         })
     };
@@ -535,7 +539,7 @@ async fn a_new_instance_converges_in_seven_requests_in_one_process() {
     session.reconcile(&mut cluster, memcached(1)).await.unwrap();
 
     // The answers the operator kept are what its watches bring back.
-    let written = &session.ctx.written;
+    let written = &session.ctx.writer.written;
     let deployment = serde_json::to_value(
         written
             .fresher::<Deployment>(NS, NAME, &(), None)

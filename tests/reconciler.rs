@@ -523,10 +523,11 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     ctx.pace.wrote(NS, NAME);
     let mut written = mc.clone();
     written.metadata.resource_version = Some("5".into());
-    ctx.written
+    ctx.writer
+        .written
         .remember(Arc::new(Compact::encode(&written).unwrap()), &());
     assert_eq!(ctx.backoff.failures(&key), 3);
-    assert_eq!(ctx.written.len(), 1);
+    assert_eq!(ctx.writer.written.len(), 1);
 
     // The watch sees the deletion: the cache drops the instance, then the context forgets it.
     let mut deleted = mc.clone();
@@ -536,7 +537,7 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
         .apply_watcher_event(&watcher::Event::Delete(deleted.clone()));
     ctx.forget(&deleted);
     assert_eq!(ctx.backoff.failures(&key), 0);
-    assert!(ctx.written.is_empty());
+    assert!(ctx.writer.written.is_empty());
     let status = MemcachedStatus {
         replicas: 1,
         ..MemcachedStatus::default()

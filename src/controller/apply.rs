@@ -136,7 +136,8 @@ async fn drain_events(ctx: &Context, view: &View<'_>, plan: &Pool, which: fn(&St
                 ),
             ),
         };
-        ctx.events
+        ctx.writer
+            .events
             .record(&reference, normal(reason, "Scale", note))
             .await;
     }
@@ -152,7 +153,7 @@ async fn server_list(ctx: &Context, view: &View<'_>, published: &[Server]) -> Re
     if !servers::publishes(published) && children::cached(instance, &name, &source)?.is_none() {
         return Ok(());
     }
-    let api = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let api = ctx.writer.api(instance.namespace);
     let applied = children::ensure(instance, list, &source, api).await?;
     // Not an event: it comes with the first ready server, not with the instance's creation, and the
     // list changes with every server that comes and goes. One event per instance says "Created".
@@ -266,7 +267,7 @@ async fn ensure_workload<K: ChildKind>(
     replicas_of: fn(&K) -> Option<i32>,
 ) -> Result<Arc<K>, Error> {
     let (instance, kind) = (view.instance, K::kind(&()));
-    let api = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let api = ctx.writer.api(instance.namespace);
     let applied = children::ensure(instance, desired, &view.source(), api).await?;
     if applied.changed {
         changes.workload();
@@ -352,7 +353,7 @@ impl<K: ChildKind> Apply for Built<K> {
         changes: &'f mut Changes,
     ) -> BoxFuture<'f, Result<(), Error>> {
         Box::pin(async move {
-            let api = Api::namespaced(ctx.client.clone(), view.instance.namespace);
+            let api = ctx.writer.api(view.instance.namespace);
             sync_child(view, &self.name, self.desired, &view.source(), api, changes).await
         })
     }
@@ -404,7 +405,7 @@ async fn service_monitor(
         }));
     };
     let resource = service_monitor::api_resource();
-    let api = Api::namespaced_with(ctx.client.clone(), instance.namespace, &resource);
+    let api = Api::namespaced_with(ctx.writer.client.clone(), instance.namespace, &resource);
     let source = view.source_of(store, &resource);
     sync_child(view, instance.name, monitor, &source, api, changes).await?;
     Ok(None)

@@ -79,7 +79,7 @@ impl Changes {
     /// Logs and publishes the events (best effort), and empties the record.
     pub async fn publish(&mut self, ctx: &Context, reference: &ObjectReference) {
         for event in self.events() {
-            ctx.events.record(reference, event).await;
+            ctx.writer.events.record(reference, event).await;
         }
         *self = Self::default();
     }

@@ -43,7 +43,7 @@ use crate::api::Memcached;
 use crate::handover::{self, Handover};
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
-use crate::store::{Publisher, REPORTER, Stores, Written};
+use crate::store::{Publisher, REPORTER, Stores, Writer, Written};
 
 /// Tunables of the reconciler.
 #[derive(Clone, Debug)]
@@ -94,20 +94,19 @@ pub fn system_clock() -> Clock {
     Arc::new(|| Time(Timestamp::now()))
 }
 
-/// Shared state of every reconcile.
+/// Shared state of every reconcile, built once: what it reads (`stores`), what it writes through
+/// (`writer`), its settings and metrics, and what the process remembers per instance (retry backoff,
+/// status pacing, Secret hashes, turns, warm handovers).
 pub struct Context {
-    pub client: Client,
     pub settings: Settings,
     pub stores: Stores,
-    pub events: Publisher,
+    /// The client, read-your-writes and the event publisher.
+    pub writer: Writer,
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
     pub clock: Clock,
     /// Hashes of the referenced Secrets' values, per Secret version.
     pub secret_hashes: SecretHashes,
-    /// The answers to this operator's latest writes, until the caches catch up (read-your-writes); shared
-    /// with the watches, which end an answer when they see the object deleted.
-    pub written: Arc<Written>,
     /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
     /// Whose turn it is to reconcile, and to write a first status.
@@ -152,16 +151,19 @@ impl Context {
             cluster_domain: settings.cluster_domain.clone(),
             clock: clock.clone(),
         });
-        Self {
+        let writer = Writer {
             client,
+            written: Arc::default(),
+            events,
+        };
+        Self {
             settings,
             stores,
-            events,
+            writer,
             metrics,
             backoff,
             clock,
             secret_hashes: SecretHashes::default(),
-            written: Arc::default(),
             pace,
             turns,
             handover,
@@ -172,7 +174,10 @@ impl Context {
     /// [`crate::run::watch`]); a new context keeps its own.
     pub fn sharing(self, written: Arc<Written>, secret_hashes: SecretHashes) -> Self {
         Self {
-            written,
+            writer: Writer {
+                written,
+                ..self.writer
+            },
             secret_hashes,
             ..self
         }
@@ -193,6 +198,6 @@ impl Context {
         self.pace.forget(namespace, name);
         self.handover.forget_instance(namespace, name);
         self.metrics.forget_instance(namespace, name);
-        self.written.observe_deleted(mc, &());
+        self.writer.written.observe_deleted(mc, &());
     }
 }

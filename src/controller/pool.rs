@@ -134,7 +134,7 @@ pub async fn apply_marks(
     instance: &Instance<'_>,
     marks: &[(String, bool)],
 ) -> Result<(), Error> {
-    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), instance.namespace);
+    let api: Api<Pod> = ctx.writer.api(instance.namespace);
     let params = PatchParams::apply(labels::MANAGER_NAME).force();
     for (name, mark) in marks {
         let mut metadata = json!({"name": name});

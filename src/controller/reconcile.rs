@@ -114,7 +114,7 @@ async fn reconcile_in_span(
 ) -> Result<Action, Error> {
     let _timer = ctx.metrics.reconcile_timer();
     ctx.metrics.set_instances(ctx.stores.memcacheds.len());
-    ctx.written.prune();
+    ctx.writer.written.prune();
     let key = ObjectRef::from_obj(mc.as_ref());
     let result = reconcile_instance(mc.clone(), &ctx, pass).await;
     match &result {
@@ -134,7 +134,7 @@ async fn reconcile_in_span(
             ctx.metrics.reconciled(Some(error.kind()));
             warn!(%error, "reconcile failed");
             let event = warning("ReconcileFailed", "Reconcile", error.to_string());
-            ctx.events.send(&mc.object_ref(&()), event).await;
+            ctx.writer.events.send(&mc.object_ref(&()), event).await;
         }
     }
     result
@@ -154,6 +154,7 @@ async fn reconcile_instance(
     let name = mc.name_any();
     let mc = latest(ctx, mc);
     let mc = ctx
+        .writer
         .written
         .fresher(&namespace, &name, &(), Some(mc.clone()))
         .object
@@ -162,7 +163,7 @@ async fn reconcile_instance(
     let mc = match legacy_finalizer::remove_patch(&mc) {
         None => mc,
         Some(patch) => {
-            let api: Api<Memcached> = Api::namespaced(ctx.client.clone(), &namespace);
+            let api: Api<Memcached> = ctx.writer.api(&namespace);
             let Some(patched) = legacy_finalizer::remove(&api, &mc, patch).await? else {
                 // Deleted meanwhile (or another replica removed the finalizer of a deleted instance just
                 // before, as after a leader hand-over): the work is done.
@@ -178,7 +179,7 @@ async fn reconcile_instance(
             let mut patched = patched;
             crate::store::compact::trim_instance(&mut patched);
             if let Ok(kept) = Compact::encode(&patched) {
-                ctx.written.remember(Arc::new(kept), &());
+                ctx.writer.written.remember(Arc::new(kept), &());
             }
             Arc::new(patched)
         }

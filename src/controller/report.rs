@@ -34,6 +34,7 @@ pub(super) async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
     };
     let name = mc.name_any();
     let Some(mc) = ctx
+        .writer
         .written
         .fresher(&namespace, &name, &(), Some(latest(ctx, mc.clone())))
         .object
@@ -125,7 +126,11 @@ async fn applied(
     let mc = if applied.wrote_first_status {
         let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
         let cached = ctx.stores.memcacheds.get(&ObjectRef::from_obj(mc));
-        let latest = ctx.written.fresher(&namespace, &name, &(), cached).object;
+        let latest = ctx
+            .writer
+            .written
+            .fresher(&namespace, &name, &(), cached)
+            .object;
         with_first_status = Memcached {
             status: latest.and_then(|latest| latest.status.clone()),
             ..mc.clone()
@@ -243,7 +248,7 @@ pub(super) async fn report(
         && before.is_none_or(|b| b.status != "True" || b.reason != degraded.reason)
     {
         let event = warning(&degraded.reason, "Reconcile", degraded.message.clone());
-        ctx.events.send(&mc.object_ref(&()), event).await;
+        ctx.writer.events.send(&mc.object_ref(&()), event).await;
     }
     Ok(None)
 }
@@ -258,8 +263,7 @@ pub(super) async fn patch_status(
 ) -> Result<(), Error> {
     let name = mc.name_any();
     // The answer is kept compact (read-your-writes); nothing else reads it.
-    let api: Api<Compact<Memcached>> =
-        Api::namespaced(ctx.client.clone(), &mc.namespace().unwrap_or_default());
+    let api: Api<Compact<Memcached>> = ctx.writer.api(&mc.namespace().unwrap_or_default());
     let status = MemcachedStatus {
         stats: None,
         ..status.clone()
@@ -277,6 +281,6 @@ pub(super) async fn patch_status(
         )
         .await
         .map_err(|source| Error::Status { name, source })?;
-    ctx.written.remember(Arc::new(written), &());
+    ctx.writer.written.remember(Arc::new(written), &());
     Ok(())
 }

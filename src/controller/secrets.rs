@@ -135,7 +135,7 @@ async fn key_hashes(
     if let Some(hashes) = ctx.secret_hashes.get(namespace, name, &version) {
         return Ok(Some(hashes));
     }
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let api: Api<Secret> = ctx.writer.api(namespace);
     let secret = api
         .get_opt(name)
         .await

@@ -83,7 +83,7 @@ impl<'a> View<'a> {
             pods: &reads.pods,
             secret_hash,
             stores: &ctx.stores,
-            written: &ctx.written,
+            written: &ctx.writer.written,
         })
     }
 

@@ -382,7 +382,7 @@ pub async fn run(
     // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this
     // is dropped by the error policy.
     let forget = ctx.clone();
-    let written = ctx.written.clone();
+    let written = ctx.writer.written.clone();
     // A 404 here means that the CRD is not installed: reported through `connectivity` (and `/readyz`).
     let mc_stream = retrying_memcacheds(
         &ctx.metrics,

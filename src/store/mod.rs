@@ -8,7 +8,8 @@
 //! - [`foreign`]: objects that have a child's name but are not the operator's;
 //! - [`written`]: read-your-writes, the answers to the operator's own writes until the caches catch up;
 //! - [`secrets`]: the values of the Secrets an instance names, read once per version;
-//! - [`events`]: the event publisher.
+//! - [`events`]: the event publisher;
+//! - [`writer`]: the client, read-your-writes and the publisher, what a reconcile writes through.
 //!
 //! The watches that fill the caches are built above, with the wiring (`crate::run`).
 
@@ -19,6 +20,7 @@ pub mod foreign;
 pub mod kinds;
 pub mod pod_index;
 pub mod secrets;
+pub mod writer;
 pub mod written;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
@@ -31,6 +33,7 @@ pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;
 pub use kinds::{ChildCaches, ChildKind, EachKind, KindName, MakeCache, each_kind, kind_names};
 pub use pod_index::PodIndex;
+pub use writer::Writer;
 pub use written::Written;
 
 use crate::api::Memcached;

@@ -268,7 +268,8 @@ impl Collector {
                 None => {}
             }
         }
-        self.metrics.set_instance(key.clone(), reads.samples.clone());
+        self.metrics
+            .set_instance(key.clone(), reads.samples.clone());
         let read: Vec<Stats> = reads.samples.values().flatten().cloned().collect();
         let summary = summarize(servers.len(), &read);
         let now = Instant::now();

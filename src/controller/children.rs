@@ -9,6 +9,7 @@ use kube::{Api, Resource, ResourceExt};
 
 use super::Error;
 use crate::resources::{Instance, drift, labels};
+use crate::store::WriteError;
 use crate::store::cache::Cache;
 use crate::store::compact::{Compact, Compactable};
 use crate::store::foreign::Foreign;
@@ -160,7 +161,7 @@ where
     let applied = api
         .patch(&name, &params, &Patch::Apply(&desired))
         .await
-        .map_err(|source| Error::Apply {
+        .map_err(|source| WriteError::Apply {
             kind: K::kind(dt).into_owned(),
             name: name.clone(),
             source,
@@ -200,11 +201,12 @@ where
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(source) => {
-            return Err(Error::Delete {
+            return Err(WriteError::Delete {
                 kind: K::kind(dt).into_owned(),
                 name: name.to_owned(),
                 source,
-            });
+            }
+            .into());
         }
     }
     source.written.remember_deleted(live.as_ref(), dt);

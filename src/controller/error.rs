@@ -2,24 +2,13 @@
 //! condition (a problem a person must fix) or is transient (retried with backoff, nothing to report).
 
 use crate::status::Problem;
+use crate::store::WriteError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("failed to apply {kind} {name}: {source}")]
-    Apply {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("failed to delete {kind} {name}: {source}")]
-    Delete {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
+    /// An apply or delete of a child (or of what warm handover writes) that failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
 
     #[error("failed to read Secret {namespace}/{name}: {source}")]
     SecretRead {
@@ -55,24 +44,19 @@ pub enum Error {
 
     #[error("the Memcached object is malformed: {0}")]
     Malformed(String),
-
-    #[error(transparent)]
-    Handover(#[from] crate::handover::Error),
 }
 
 impl Error {
     /// Short, stable label for the `reconcile_errors` metric.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Apply { .. } => "apply",
-            Self::Delete { .. } => "delete",
+            Self::Write(error) => error.kind(),
             Self::SecretRead { .. } => "secret",
             Self::ForeignOwner { .. } => "foreign_owner",
             Self::NotManaged { .. } => "not_managed",
             Self::Status { .. } => "status",
             Self::Finalizer(_) => "finalizer",
             Self::Malformed(_) => "malformed",
-            Self::Handover(error) => error.kind(),
         }
     }
 
@@ -81,15 +65,13 @@ impl Error {
     /// failed reconcile.
     pub fn unanswered(&self) -> bool {
         let source = match self {
-            Self::Apply { source, .. }
-            | Self::Delete { source, .. }
-            | Self::SecretRead { source, .. }
+            Self::SecretRead { source, .. }
             | Self::Status { source, .. }
             | Self::Finalizer(source) => source,
             Self::ForeignOwner { .. } | Self::NotManaged { .. } | Self::Malformed(_) => {
                 return false;
             }
-            Self::Handover(error) => return error.unanswered(),
+            Self::Write(error) => return error.unanswered(),
         };
         matches!(source, kube::Error::Service(_) | kube::Error::HyperError(_))
     }
@@ -99,14 +81,7 @@ impl Error {
     /// network) return `None`: they are retried with backoff and not reported as `Degraded`.
     pub fn problem(&self) -> Option<Problem> {
         match self {
-            Self::Apply {
-                kind,
-                name,
-                source: kube::Error::Api(status),
-            } if matches!(status.code, 400 | 403 | 422) => Some(Problem {
-                reason: "ApplyRejected".into(),
-                message: format!("the API server rejected {kind} {name}: {}", status.message),
-            }),
+            Self::Write(error) => error.problem(),
             Self::SecretRead {
                 namespace,
                 name,
@@ -131,7 +106,6 @@ impl Error {
                     "{self}; it is left untouched: delete or rename it, or rename this Memcached"
                 ),
             }),
-            Self::Handover(error) => error.problem(),
             _ => None,
         }
     }

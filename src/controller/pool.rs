@@ -17,6 +17,7 @@ use crate::handover::plan::scale::{self as scale_handover, Change, Direction};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
+use crate::store::WriteError;
 
 /// What this reconcile does about the pool.
 pub struct Pool {
@@ -160,11 +161,12 @@ pub async fn apply_marks(
             warn!(pod = %name, "the pod to mark is gone; skipping it");
             continue;
         }
-        return Err(Error::Apply {
+        return Err(WriteError::Apply {
             kind: "Pod".into(),
             name: name.clone(),
             source: error,
-        });
+        }
+        .into());
     }
     Ok(())
 }

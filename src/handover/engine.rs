@@ -17,6 +17,7 @@
 //! ([`super::plan`]); this side reads the cache, makes the few writes they call for (a gate, the source's
 //! deletion cost, the spare pod), says what happened in events and counts each copy in the metrics.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -34,7 +35,7 @@ use tracing::debug;
 use super::metrics::HandoverMetrics;
 use super::plan::rollout::GATE;
 use super::plan::scale::{Change, Copies};
-use super::tasks::{Subject, Tasks};
+use super::tasks::{Prepared, Subject, Tasks};
 use super::{Copier, Error, Settings};
 use crate::api::{Memcached, Server};
 use crate::connection::{ServerNames, Target};
@@ -205,6 +206,39 @@ impl Handover {
             warning("HandoverFailed", "Handover", note)
         };
         self.events.record(&mc.object_ref(&()), event).await;
+    }
+    /// The copy of `copy` between the servers at `from` and `to` (entries of the published lists),
+    /// found among `endpoints` (entry → pod name and IP), for the target `slot`; a server no pod with an
+    /// IP serves gives a copy that fails at once, saying so.
+    pub(super) async fn prepare_copy(
+        &self,
+        instance: &Instance<'_>,
+        endpoints: &HashMap<String, (String, String)>,
+        (from, to): (&str, &str),
+        copy: super::plan::Copy,
+        slot: i32,
+    ) -> Prepared {
+        let (source, target) = (endpoints.get(from), endpoints.get(to));
+        let copier = match (source, target) {
+            (None, _) => Err(format!("no pod with an IP serves {from}")),
+            (_, None) => Err(format!("no pod with an IP serves {to}")),
+            (Some((sp, sip)), Some((tp, tip))) => self
+                .copier(instance, (sp, sip), (tp, tip))
+                .await
+                .map(|c| match copy.filter {
+                    Some(filter) => c.only(filter),
+                    None => c,
+                }),
+        };
+        let name = |e: Option<&(String, String)>, entry: &str| {
+            e.map_or_else(|| entry.to_owned(), |(pod, _)| pod.clone())
+        };
+        Prepared {
+            source: name(source, from),
+            target: name(target, to),
+            slot,
+            copier,
+        }
     }
 
     /// The copy from `source` to `target` ((pod, IP) each), bounded by `spec.handover`, reached as the

@@ -7,60 +7,11 @@ use std::time::Duration;
 use super::dump::DumpError;
 use super::progress::Snapshot;
 use crate::connection::LinkError;
-use crate::status::Problem;
 
-/// Why a handover step failed: a write to the API server its decisions need (a gate, the spare server).
-/// The copies' own failures are no error: a rollout or a scale goes on cold, said in an event.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    #[error("failed to apply {kind} {name}: {source}")]
-    Apply {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
-    #[error("failed to delete {kind} {name}: {source}")]
-    Delete {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-}
-
-impl Error {
-    /// Short, stable label for the `reconcile_errors` metric, as the reconciler's own writes have.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Self::Apply { .. } => "apply",
-            Self::Delete { .. } => "delete",
-        }
-    }
-
-    /// Whether the request got no answer at all (a refused or cut connection, a timeout).
-    pub fn unanswered(&self) -> bool {
-        let (Self::Apply { source, .. } | Self::Delete { source, .. }) = self;
-        matches!(source, kube::Error::Service(_) | kube::Error::HyperError(_))
-    }
-
-    /// The condition a refusal a retry alone will not fix is worth: an apply the API server rejects as
-    /// invalid or forbidden.
-    pub fn problem(&self) -> Option<Problem> {
-        match self {
-            Self::Apply {
-                kind,
-                name,
-                source: kube::Error::Api(status),
-            } if matches!(status.code, 400 | 403 | 422) => Some(Problem {
-                reason: "ApplyRejected".into(),
-                message: format!("the API server rejected {kind} {name}: {}", status.message),
-            }),
-            _ => None,
-        }
-    }
-}
+/// Why a handover step failed: a write to the API server its decisions need (a gate, the spare server),
+/// typed as every write of the operator is. The copies' own failures are no error: a rollout or a scale
+/// goes on cold, said in an event.
+pub use crate::store::WriteError as Error;
 
 /// Which server of a copy an error concerns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

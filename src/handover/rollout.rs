@@ -150,27 +150,9 @@ impl Handover {
         let mut prepared = Vec::with_capacity(copies.len());
         for copy in copies {
             let (from, to) = (&old[copy.pair.source], &new[copy.pair.target]);
-            let (source, target) = (endpoints.get(from), endpoints.get(to));
-            let copier = match (source, target) {
-                (None, _) => Err(format!("no pod with an IP serves {from}")),
-                (_, None) => Err(format!("no pod with an IP serves {to}")),
-                (Some((sp, sip)), Some((tp, tip))) => self
-                    .copier(instance, (sp, sip), (tp, tip))
-                    .await
-                    .map(|c| match copy.filter {
-                        Some(filter) => c.only(filter),
-                        None => c,
-                    }),
-            };
-            let name = |e: Option<&(String, String)>, entry: &str| {
-                e.map_or_else(|| entry.to_owned(), |(pod, _)| pod.clone())
-            };
-            prepared.push(Prepared {
-                source: name(source, from),
-                target: name(target, to),
-                slot: slots.get(copy.pair.target).copied().unwrap_or(slot),
-                copier,
-            });
+            let slot = slots.get(copy.pair.target).copied().unwrap_or(slot);
+            let prepared_copy = self.prepare_copy(instance, &endpoints, (from, to), copy, slot);
+            prepared.push(prepared_copy.await);
         }
         prepared
     }

@@ -206,28 +206,11 @@ impl Handover {
         let mut prepared = Vec::new();
         for copy in copies {
             let (from, to) = (&change.old[copy.pair.source], &change.new[copy.pair.target]);
-            let source = endpoints.get(from.as_str());
-            let target = endpoints.get(to.as_str());
-            let name = |e: Option<&(String, String)>, entry: &str| {
-                e.map_or_else(|| entry.to_owned(), |(pod, _)| pod.clone())
-            };
-            let copier = match (source, target) {
-                (None, _) => Err(format!("no pod with an IP serves {from}")),
-                (_, None) => Err(format!("no pod with an IP serves {to}")),
-                (Some((sp, sip)), Some((tp, tip))) => self
-                    .copier(instance, (sp, sip), (tp, tip))
-                    .await
-                    .map(|c| match copy.filter {
-                        Some(filter) => c.only(filter),
-                        None => c,
-                    }),
-            };
-            prepared.push(Prepared {
-                source: name(source, from),
-                target: name(target, to),
-                slot: change.slot(copy.pair.target),
-                copier,
-            });
+            let slot = change.slot(copy.pair.target);
+            prepared.push(
+                self.prepare_copy(instance, &endpoints, (from, to), copy, slot)
+                    .await,
+            );
         }
         prepared
     }

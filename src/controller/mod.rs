@@ -86,8 +86,7 @@ impl Default for Settings {
     }
 }
 
-/// Source of "now" for condition transition times (pinned in tests).
-pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
+pub use crate::store::Clock;
 
 /// The system clock.
 pub fn system_clock() -> Clock {
@@ -124,27 +123,20 @@ impl Context {
         reporter_instance: Option<String>,
         clock: Clock,
     ) -> Self {
-        let events = Publisher::new(
+        let events = Arc::new(Publisher::new(
             client.clone(),
             Reporter {
                 controller: REPORTER.to_owned(),
-                instance: reporter_instance.clone(),
+                instance: reporter_instance,
             },
             settings.side_step_timeout,
-        );
+        ));
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
         let handover = Handover::new(handover::Deps {
             client: client.clone(),
-            events: Publisher::new(
-                client.clone(),
-                Reporter {
-                    controller: REPORTER.to_owned(),
-                    instance: reporter_instance,
-                },
-                settings.side_step_timeout,
-            ),
+            events: events.clone(),
             metrics: metrics.handovers(),
             secrets: stores.secrets.clone(),
             pods: stores.pods.clone(),

@@ -42,22 +42,19 @@ use crate::connection::{ServerNames, Target};
 use crate::resources::Instance;
 use crate::resources::rollout::Pace;
 use crate::status::HandoverProgress;
-use crate::store::Publisher;
 use crate::store::cache::Cache;
 use crate::store::events::{normal, warning};
 use crate::store::secrets::{SecretReader, SecretValues};
+use crate::store::{Clock, Publisher};
 
 /// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
-/// Source of "now" (pinned in tests).
-pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
-
 /// What warm handover needs of the operator, given once.
 pub struct Deps {
     pub client: Client,
-    /// Its own publisher of the `HandedOver` and `HandoverFailed` events.
-    pub events: Publisher,
+    /// The operator's event publisher, for the `HandedOver` and `HandoverFailed` events.
+    pub events: Arc<Publisher>,
     pub metrics: Arc<HandoverMetrics>,
     /// The metadata-only Secret cache (which exist, at which version).
     pub secrets: Store<PartialObjectMeta<Secret>>,
@@ -71,7 +68,7 @@ pub struct Deps {
 /// Warm handover, shared by every reconcile (the controller's context holds one).
 pub struct Handover {
     pub(super) client: Client,
-    pub(super) events: Publisher,
+    pub(super) events: Arc<Publisher>,
     pub(super) metrics: Arc<HandoverMetrics>,
     /// The TLS and authentication Secrets' values, read once per version (as the stats collector does).
     secrets: SecretReader,

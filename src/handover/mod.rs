@@ -45,7 +45,7 @@ mod tasks;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use engine::{Clock, Deps, Handover, PROGRESS_EVERY, Rollout, Step, View};
+pub use engine::{Deps, Handover, PROGRESS_EVERY, Rollout, Step, View};
 pub use error::{CopyError, Error, Failure, Side};
 pub use plan::rollout::GATE;
 pub use progress::{Progress, Snapshot};

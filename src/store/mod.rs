@@ -33,7 +33,7 @@ pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;
 pub use kinds::{ChildCaches, ChildKind, EachKind, KindName, MakeCache, each_kind, kind_names};
 pub use pod_index::PodIndex;
-pub use writer::{WriteError, Writer};
+pub use writer::{Clock, WriteError, Writer};
 pub use written::Written;
 
 use crate::api::Memcached;

@@ -3,11 +3,16 @@
 
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::{Api, Client, Resource};
 
 use super::events::Publisher;
 use super::written::Written;
 use crate::status::Problem;
+
+/// Source of "now" for what the operator writes (condition transition times, handover bounds); pinned
+/// in tests.
+pub type Clock = Arc<dyn Fn() -> Time + Send + Sync>;
 
 /// The client, read-your-writes and the event publisher.
 pub struct Writer {
@@ -15,7 +20,7 @@ pub struct Writer {
     /// The answers to this operator's latest writes, until the caches catch up; shared with the watches,
     /// which end an answer when they see the object deleted.
     pub written: Arc<Written>,
-    pub events: Publisher,
+    pub events: Arc<Publisher>,
 }
 
 impl Writer {

@@ -79,6 +79,16 @@ pub struct RunArgs {
     )]
     pub leader_election_id: String,
 
+    /// Name of the Secret, in the operator's namespace (--leader-election-namespace, else $POD_NAMESPACE,
+    /// else the kubeconfig's namespace), holding the key of the Secrets' hash in pod templates. The
+    /// operator creates it when missing; deleting it rotates the key (every instance using Secrets rolls once).
+    #[arg(
+        long,
+        env = "DIGEST_KEY_SECRET",
+        default_value = crate::store::digest_key::DEFAULT_SECRET
+    )]
+    pub digest_key_secret: String,
+
     /// Watch and reconcile only this namespace [default: all namespaces]. Empty means all namespaces, as
     /// OLM's AllNamespaces install mode passes it.
     #[arg(long, env = "WATCH_NAMESPACE")]

@@ -28,7 +28,7 @@ pub const NAME_PREFIX: &str = "memcached-operator-";
 pub const MANAGER_ROLE: &str = "manager-role";
 /// Name of the ClusterRole that lets the operator check who scrapes `/metrics`.
 pub const METRICS_AUTH_ROLE: &str = "metrics-auth-role";
-/// Name of the namespaced Role for the leader-election Lease.
+/// Name of the namespaced Role for the leader-election Lease and the digest key Secret.
 pub const LEADER_ELECTION_ROLE: &str = "leader-election-role";
 
 /// The CRD, generated from the Rust types, with [`name_rule`] on its root (the one rule that reads
@@ -205,7 +205,9 @@ pub fn metrics_auth_role() -> ClusterRole {
     }
 }
 
-/// The leader-election Lease, in the operator's own namespace only: read, created once, renewed by patch.
+/// What the operator keeps in its own namespace only: the leader-election Lease (read, created once,
+/// renewed by patch) and the digest key Secret (created once; reading it is the manager role's `get` on
+/// Secrets). The name stays the one the Lease gave it, which installs bind.
 pub fn leader_election_role() -> Role {
     Role {
         metadata: ObjectMeta {
@@ -214,11 +216,10 @@ pub fn leader_election_role() -> Role {
             namespace: Some("system".to_owned()),
             ..ObjectMeta::default()
         },
-        rules: Some(vec![rule(
-            "coordination.k8s.io",
-            &["leases"],
-            &["get", "create", "patch"],
-        )]),
+        rules: Some(vec![
+            rule("coordination.k8s.io", &["leases"], &["get", "create", "patch"]),
+            rule("", &["secrets"], &["create"]),
+        ]),
     }
 }
 

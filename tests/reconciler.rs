@@ -942,6 +942,143 @@ async fn a_changed_secret_rolls_the_pods() {
     );
 }
 
+/// An instance with auth only, its Secret holding `content_b64`.
+fn auth_only() -> Memcached {
+    with_spec(1, json!({"security": {"auth": {"secretName": "cache-auth"}}}))
+}
+
+/// Creates `auth_only()` with the auth file `content_b64` and returns what was seen; `key` is the script of
+/// the digest key's read (empty when the operator holds it already).
+async fn create_auth_only(
+    cluster: &mut Cluster,
+    content_b64: &str,
+    key: Vec<Exchange>,
+) -> Vec<Seen> {
+    cluster.secret("cache-auth", "1");
+    let mut script =
+        vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", content_b64))];
+    script.extend(key);
+    script.extend(created_children(*DEPLOYMENTS, 1));
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let run = run(cluster, auth_only(), script).await;
+    run.result.unwrap();
+    run.seen
+}
+
+/// Someone who may read Deployments but not Secrets (the built-in `view` role) knows the spec, the
+/// algorithm and a dictionary, and tries each word against the hash in the pod template: the unkeyed
+/// digest of the Secrets (what the annotation was before it was keyed) and the keyed one under keys that
+/// could be guessed. None matches, the right password included.
+#[tokio::test]
+async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
+    use memcached_operator::resources::secrets::{KeyDigest, TlsReload, digest, keyed, referenced};
+    let mut cluster = Cluster::new();
+    // base64 of "app:pw42\n"
+    let seen = create_auth_only(&mut cluster, "YXBwOnB3NDIK", vec![]).await;
+    let annotation = secret_hash(&seen[1].body);
+    let spec = auth_only().spec;
+    let refs = referenced(&spec);
+    let mut words: Vec<String> = (0..1000).map(|n| format!("app:pw{n}\n")).collect();
+    words.extend(["app:password\n", "app:app\n", "memcached:memcached\n"].map(String::from));
+    let guessed_keys: [&[u8]; 3] = [b"", &[0; 32], b"memcached-operator"];
+    let mut tried = 0;
+    for word in &words {
+        let contents = [(
+            "cache-auth".to_owned(),
+            Some([("auth-file".to_owned(), KeyDigest::of(word.as_bytes()))].into()),
+        )]
+        .into();
+        let unkeyed = digest(NS, &refs, &contents, TlsReload::Rollout("test"))
+            .unwrap()
+            .unwrap();
+        assert_ne!(annotation, unkeyed, "{word:?} found by the unkeyed digest");
+        for key in guessed_keys {
+            assert_ne!(annotation, keyed(key, &unkeyed), "{word:?} found under a guessed key");
+        }
+        tried += 1;
+    }
+    assert_eq!(tried, 1003);
+    // The operator's own key gives it, so a change of the Secret still changes the template.
+    let contents = [(
+        "cache-auth".to_owned(),
+        Some([("auth-file".to_owned(), KeyDigest::of(b"app:pw42\n"))].into()),
+    )]
+    .into();
+    let unkeyed = digest(NS, &refs, &contents, TlsReload::Rollout("test")).unwrap().unwrap();
+    assert_eq!(annotation, keyed(TEST_DIGEST_KEY, &unkeyed));
+}
+
+/// The digest key is read or made once per process: the first operator makes it (a GET that finds
+/// nothing, a create), the next reconciles of that process ask for nothing, and a restarted process reads
+/// the same key, so the restart rolls no pod.
+#[tokio::test]
+async fn the_digest_key_is_made_once_and_a_restart_keeps_the_hash() {
+    const KEY: &str = "/api/v1/namespaces/ops/secrets/memcached-operator-digest-key";
+    let location = KeyLocation {
+        namespace: "ops".into(),
+        name: "memcached-operator-digest-key".into(),
+    };
+    let mut cluster = Cluster::new();
+    cluster.digest_key = DigestKey::new(location.clone());
+    let made = vec![
+        expect(Method::GET, KEY).fail(404, "NotFound"),
+        expect(Method::POST, "/api/v1/namespaces/ops/secrets"),
+    ];
+    let first = create_auth_only(&mut cluster, "YXBwOnB3NDIK", made).await;
+    let key_secret = first[2].body.clone();
+    assert_eq!(key_secret["metadata"]["namespace"], "ops");
+    let key_b64 = key_secret["data"]["key"].as_str().expect("the key");
+    assert!(key_b64.len() >= 44, "32 bytes or more: {key_b64}");
+    let hash = secret_hash(&first[3].body);
+
+    // The same process: nothing more to read.
+    let mut again = Cluster::new();
+    again.digest_key = cluster.digest_key.clone();
+    let second = create_auth_only(&mut again, "YXBwOnB3NDIK", vec![]).await;
+    assert_eq!(secret_hash(&second[1].body), hash);
+
+    // A restarted process reads the key the first one made: the same hash.
+    let mut restarted = Cluster::new();
+    restarted.digest_key = DigestKey::new(location);
+    let read = vec![expect(Method::GET, KEY).reply(StatusCode::OK, key_secret)];
+    let third = create_auth_only(&mut restarted, "YXBwOnB3NDIK", read).await;
+    assert_eq!(secret_hash(&third[2].body), hash);
+}
+
+/// Without the right to create the key, an instance using Secrets says so and names the RBAC it lacks;
+/// nothing is applied.
+#[tokio::test]
+async fn a_digest_key_the_operator_may_not_make_is_degraded_and_names_it() {
+    const KEY: &str = "/api/v1/namespaces/ops/secrets/memcached-operator-digest-key";
+    let mut cluster = Cluster::new();
+    cluster.digest_key = DigestKey::new(KeyLocation {
+        namespace: "ops".into(),
+        name: "memcached-operator-digest-key".into(),
+    });
+    cluster.secret("cache-auth", "1");
+    let run = run(
+        &mut cluster,
+        auth_only(),
+        vec![
+            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "YXBwOnB3NDIK")),
+            expect(Method::GET, KEY).fail(404, "NotFound"),
+            expect(Method::POST, "/api/v1/namespaces/ops/secrets").fail(403, "Forbidden"),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+            event(),
+        ],
+    )
+    .await;
+    assert!(run.result.is_err());
+    let degraded = condition(&run.seen[3].body, "Degraded");
+    assert_eq!(degraded["reason"], "DigestKeyUnavailable");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(message.contains("ops/memcached-operator-digest-key"), "{message}");
+    assert!(message.contains("create on Secrets"), "{message}");
+    let reasons: Vec<_> = run.seen[4..].iter().map(|e| e.body["reason"].clone()).collect();
+    assert_eq!(reasons, [json!("DigestKeyUnavailable"), json!("ReconcileFailed")]);
+}
+
 /// A running instance whose auth Secret is rotated to a file memcached would misread (no final newline:
 /// memcached 1.6.18 drops the password's last character) keeps its pods: nothing is rolled, the instance
 /// is Degraded, and the message says what is wrong without quoting the file.

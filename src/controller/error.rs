@@ -3,6 +3,7 @@
 
 use crate::status::Problem;
 use crate::store::WriteError;
+use crate::store::digest_key::KeyError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -17,6 +18,10 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+
+    /// The key of the Secrets' hash could not be read or made (see [`crate::store::digest_key`]).
+    #[error(transparent)]
+    DigestKey(#[from] KeyError),
 
     #[error(
         "{kind} {name} is controlled by another owner (uid {owner_uid}), not by this Memcached"
@@ -52,6 +57,7 @@ impl Error {
         match self {
             Self::Write(error) => error.kind(),
             Self::SecretRead { .. } => "secret",
+            Self::DigestKey(_) => "digest_key",
             Self::ForeignOwner { .. } => "foreign_owner",
             Self::NotManaged { .. } => "not_managed",
             Self::Status { .. } => "status",
@@ -66,9 +72,13 @@ impl Error {
     pub fn unanswered(&self) -> bool {
         let source = match self {
             Self::SecretRead { source, .. }
+            | Self::DigestKey(KeyError::Api { source, .. })
             | Self::Status { source, .. }
             | Self::Finalizer(source) => source,
-            Self::ForeignOwner { .. } | Self::NotManaged { .. } | Self::Malformed(_) => {
+            Self::ForeignOwner { .. }
+            | Self::NotManaged { .. }
+            | Self::Malformed(_)
+            | Self::DigestKey(KeyError::Malformed { .. }) => {
                 return false;
             }
             Self::Write(error) => return error.unanswered(),
@@ -92,6 +102,17 @@ impl Error {
                     "the operator may not read Secret {namespace}/{name}: {}; check its RBAC",
                     status.message
                 ),
+            }),
+            Self::DigestKey(KeyError::Api {
+                source: kube::Error::Api(status),
+                ..
+            }) if status.code == 403 => Some(Problem {
+                reason: "DigestKeyUnavailable".into(),
+                message: format!("{self}; check its RBAC"),
+            }),
+            Self::DigestKey(KeyError::Malformed { .. }) => Some(Problem {
+                reason: "DigestKeyUnavailable".into(),
+                message: self.to_string(),
             }),
             Self::ForeignOwner { .. } => Some(Problem {
                 reason: "OwnershipConflict".into(),

@@ -43,6 +43,7 @@ use crate::api::Memcached;
 use crate::handover::{self, Handover};
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
+use crate::store::digest_key::{self, DigestKey, KeyLocation};
 use crate::store::{Publisher, REPORTER, Stores, Writer, Written};
 
 /// Tunables of the reconciler.
@@ -66,6 +67,8 @@ pub struct Settings {
     /// The cluster's DNS domain: the names a server's certificate may be valid for, when a warm handover
     /// connects to it over TLS.
     pub cluster_domain: String,
+    /// Where the key of the Secrets' hash lives (`--digest-key-secret` in the operator's namespace).
+    pub digest_key: KeyLocation,
 }
 
 /// Default of [`Settings::concurrency`] (`--concurrency`).
@@ -82,6 +85,10 @@ impl Default for Settings {
             status_pace: Duration::from_secs(1),
             concurrency: DEFAULT_CONCURRENCY,
             cluster_domain: crate::connection::DEFAULT_CLUSTER_DOMAIN.to_owned(),
+            digest_key: KeyLocation {
+                namespace: "default".to_owned(),
+                name: digest_key::DEFAULT_SECRET.to_owned(),
+            },
         }
     }
 }
@@ -106,6 +113,8 @@ pub struct Context {
     pub clock: Clock,
     /// Hashes of the referenced Secrets' values, per Secret version.
     pub secret_hashes: SecretHashes,
+    /// The key of the Secrets' hash in pod templates.
+    pub digest_key: DigestKey,
     /// When each instance's status was last written, to pace the writes that can wait.
     pub pace: pace::Pace,
     /// Whose turn it is to reconcile, and to write a first status.
@@ -143,6 +152,7 @@ impl Context {
             cluster_domain: settings.cluster_domain.clone(),
             clock: clock.clone(),
         });
+        let digest_key = DigestKey::new(settings.digest_key.clone());
         let writer = Writer {
             client,
             written: Arc::default(),
@@ -156,6 +166,7 @@ impl Context {
             backoff,
             clock,
             secret_hashes: SecretHashes::default(),
+            digest_key,
             pace,
             turns,
             handover,

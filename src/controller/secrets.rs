@@ -90,7 +90,8 @@ impl SecretHashes {
 
 /// What resolving the Secrets gave.
 pub enum Resolved {
-    /// Every Secret and key is there; the hash of their content (`None` when none are referenced).
+    /// Every Secret and key is there; the hash of their content, keyed with the operator's digest key
+    /// (`None` when nothing is hashed).
     Ready(Option<String>),
     /// A Secret or key is missing: report it, apply nothing, and wait for the Secret watch.
     Missing(InvalidSpec),
@@ -111,12 +112,14 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
         .and_then(Option::as_ref)
         .is_some_and(|keys| keys.contains_key("ca.crt"));
     let tls = secrets::tls_reload(instance.spec, instance.stats_collected, has_ca);
-    Ok(
-        match secrets::digest(instance.namespace, &refs, &contents, tls) {
-            Ok(hash) => Resolved::Ready(hash),
-            Err(missing) => Resolved::Missing(missing),
-        },
-    )
+    match secrets::digest(instance.namespace, &refs, &contents, tls) {
+        Ok(Some(digest)) => {
+            let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
+            Ok(Resolved::Ready(Some(secrets::keyed(key, &digest))))
+        }
+        Ok(None) => Ok(Resolved::Ready(None)),
+        Err(missing) => Ok(Resolved::Missing(missing)),
+    }
 }
 
 async fn key_hashes(

@@ -34,6 +34,7 @@ use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, bind_address, metrics_endpoint};
 use crate::controller::Settings;
+use crate::store::digest_key::KeyLocation;
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, OperatorPods};
@@ -111,7 +112,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     });
     let options = RunOptions {
         namespace: args.namespace.clone(),
-        settings: settings(&args, collector.is_some()),
+        settings: settings(&args, &config, collector.is_some()),
         reporter_instance: Some(identity),
     };
     let controller = run::run(
@@ -261,7 +262,7 @@ fn spawn_collector(
 }
 
 /// The reconciler's settings from the flags.
-fn settings(args: &RunArgs, stats_collected: bool) -> Settings {
+fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings {
     Settings {
         defaults: Defaults {
             image: args.memcached_image.clone(),
@@ -271,8 +272,20 @@ fn settings(args: &RunArgs, stats_collected: bool) -> Settings {
         requeue_after: args.requeue_interval,
         concurrency: args.concurrency,
         cluster_domain: args.cluster_domain.clone(),
+        digest_key: KeyLocation {
+            namespace: own_namespace(args).unwrap_or_else(|| config.default_namespace.clone()),
+            name: args.digest_key_secret.clone(),
+        },
         ..Settings::default()
     }
+}
+
+/// The operator's own namespace, where its Lease and digest key live: --leader-election-namespace, else
+/// `POD_NAMESPACE` (set by the install from the downward API).
+fn own_namespace(args: &RunArgs) -> Option<String> {
+    args.leader_election_namespace
+        .clone()
+        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
 }
 
 /// Longest wait for a connection (TCP and TLS) to the API server. kube's default of 30 s lets one attempt
@@ -339,11 +352,7 @@ async fn start_election(
     identity: &str,
     stop: &CancellationToken,
 ) -> anyhow::Result<Option<Election>> {
-    let namespace = args
-        .leader_election_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
-        .context("--leader-elect needs --leader-election-namespace or the POD_NAMESPACE environment variable")?;
+    let namespace = own_namespace(args).context("--leader-elect needs --leader-election-namespace or the POD_NAMESPACE environment variable")?;
     info!(lease = %args.leader_election_id, %namespace, %identity, "waiting to become leader");
     let mut delay = Duration::from_millis(500);
     let mut warned = false;

@@ -115,6 +115,14 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
     refs
 }
 
+/// The hash a pod template carries for `digest` (what [`digest`] gave): HMAC-SHA256 under the
+/// operator's key (see `crate::store::digest_key`), so that someone who may read pod templates but not
+/// Secrets cannot test a guessed Secret value against it.
+pub fn keyed(key: &[u8], digest: &str) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    hex(ring::hmac::sign(&key, digest.as_bytes()).as_ref())
+}
+
 /// Hash of one Secret value.
 pub fn hash_value(value: &[u8]) -> String {
     hex(&Sha256::digest(value))
@@ -124,7 +132,8 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// The hash over the keys every reference needs, given each Secret's per-key value digests (`None` for a
+/// The digest over the keys every reference needs (unkeyed: it stays in the operator; what the pod
+/// template carries is [`keyed`]), given each Secret's per-key value digests (`None` for a
 /// Secret that does not exist); the TLS Secret's keys are checked but not hashed when `tls` is
 /// [`TlsReload::InPlace`]. `None` when nothing is hashed. Fails with the first missing Secret or key, or
 /// auth file memcached would misread.

@@ -8,6 +8,7 @@
 //! - [`foreign`]: objects that have a child's name but are not the operator's;
 //! - [`written`]: read-your-writes, the answers to the operator's own writes until the caches catch up;
 //! - [`secrets`]: the values of the Secrets an instance names, read once per version;
+//! - [`digest_key`]: the operator's key for the Secrets' hash in pod templates;
 //! - [`events`]: the event publisher;
 //! - [`writer`]: the client, read-your-writes and the publisher, what a reconcile writes through.
 //!
@@ -15,6 +16,7 @@
 
 pub mod cache;
 pub mod compact;
+pub mod digest_key;
 pub mod events;
 pub mod foreign;
 pub mod kinds;

@@ -31,6 +31,7 @@ pub use memcached_operator::controller::{
     Context, Error, SecretHashes, Settings, error_policy, reconcile,
 };
 pub use memcached_operator::metrics::Metrics;
+pub use memcached_operator::store::digest_key::{DigestKey, KeyLocation};
 pub use memcached_operator::store::foreign;
 pub use memcached_operator::store::{
     Cache, CacheWriter, ChildCaches, ChildKind, Compact, Compactable, MakeCache, PodIndex, Stores,
@@ -41,6 +42,8 @@ pub use tower_test::mock;
 
 pub const NOW: i64 = 1_700_000_000;
 pub const NAME: &str = "cache";
+/// The digest key the scenarios' operator holds.
+pub const TEST_DIGEST_KEY: &[u8] = b"a test key, thirty-two bytes long";
 
 /// The paths of the instance's children, from the table's kinds.
 pub static DEPLOYMENTS: LazyLock<&str> = LazyLock::new(|| object_path::<Deployment>(NAME));
@@ -92,6 +95,9 @@ pub struct Cluster {
     pub service_monitors: Option<CacheWriter<DynamicObject>>,
     /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
     pub secret_hashes: SecretHashes,
+    /// The key of the Secrets' hash: a fixed one, as if read before; a scenario replaces it with
+    /// [`DigestKey::new`] to see it read or made.
+    pub digest_key: DigestKey,
     /// Same-named Deployments and ConfigMaps the operator does not manage.
     pub foreign_deployments: Writer<PartialObjectMeta<Deployment>>,
     pub foreign_config_maps: Writer<PartialObjectMeta<ConfigMap>>,
@@ -148,6 +154,7 @@ impl Cluster {
             secrets,
             service_monitors: None,
             secret_hashes: SecretHashes::default(),
+            digest_key: DigestKey::fixed(TEST_DIGEST_KEY),
             foreign_deployments,
             foreign_config_maps,
         }
@@ -281,6 +288,7 @@ impl Session {
             Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
         );
         ctx.secret_hashes = cluster.secret_hashes.clone();
+        ctx.digest_key = cluster.digest_key.clone();
         Self {
             ctx: Arc::new(ctx),
             metrics,

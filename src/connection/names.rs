@@ -4,8 +4,12 @@
 //! the instance's Services. So a server is accepted when its certificate (besides a chain to the instance's
 //! CA) is valid for **any** of:
 //!
-//! - the client Service `<name>` and the headless Service `<name>-headless`, each as `<svc>`, `<svc>.<ns>`,
-//!   `<svc>.<ns>.svc` and `<svc>.<ns>.svc.<clusterDomain>` (the forms a pod's DNS search path resolves);
+//! - the client Service `<name>` and the headless Service `<name>-headless`, each as `<svc>.<ns>.svc` and
+//!   `<svc>.<ns>.svc.<clusterDomain>`: the forms that name the namespace. The short forms a pod's search
+//!   path also resolves (`<svc>`, `<svc>.<ns>`) are not accepted: `<svc>` is the same for a same-named
+//!   instance in every namespace, so with a CA shared between tenants (a cluster-wide cert-manager issuer)
+//!   another namespace's certificate would pass; `<svc>.<ns>` is also a name outside the cluster (`ns` can
+//!   be any top-level domain);
 //! - the pod's own name behind the headless Service, `<pod>.<name>-headless.<ns>.svc[.<clusterDomain>]`:
 //!   the stable address of a StatefulSet pod, and what a wildcard `*.<name>-headless.<ns>.svc` certificate
 //!   covers;
@@ -36,10 +40,8 @@ impl ServerNames {
     /// not valid DNS names (which the API server's validation of object names rules out) are left out.
     pub fn for_pod(instance: &str, namespace: &str, pod: &str, cluster_domain: &str) -> Self {
         let headless = headless_name(instance);
-        let mut names = Vec::with_capacity(10);
+        let mut names = Vec::with_capacity(6);
         for service in [instance, headless.as_str()] {
-            names.push(service.to_owned());
-            names.push(format!("{service}.{namespace}"));
             names.push(format!("{service}.{namespace}.svc"));
             names.push(format!("{service}.{namespace}.svc.{cluster_domain}"));
         }
@@ -82,12 +84,8 @@ mod tests {
         assert_eq!(
             shown(&names),
             [
-                "cache",
-                "cache.shop",
                 "cache.shop.svc",
                 "cache.shop.svc.cluster.local",
-                "cache-headless",
-                "cache-headless.shop",
                 "cache-headless.shop.svc",
                 "cache-headless.shop.svc.cluster.local",
                 "cache-0.cache-headless.shop.svc",

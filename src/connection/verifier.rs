@@ -273,7 +273,6 @@ mod tests {
         for name in [
             "cache.shop.svc",
             "cache.shop.svc.cluster.local",
-            "cache",
             "cache-headless.shop.svc",
             "cache-0.cache-headless.shop.svc.cluster.local",
             "*.cache-headless.shop.svc",
@@ -306,6 +305,32 @@ mod tests {
                     .contains("valid neither for the pod IP 10.1.2.3"),
                 "{names:?}: {error}"
             );
+        }
+    }
+
+    /// A CA shared between tenants (a cluster-wide issuer) signs another namespace's certificate for its
+    /// instance of the same name, with every name cert-manager users give one: it is not this instance's.
+    #[test]
+    fn a_certificate_for_the_same_named_instance_of_another_namespace_is_refused() {
+        let ca = ca("cluster-wide CA");
+        let verifier = verifier(&ca);
+        let theirs = [
+            "cache",
+            "cache-headless",
+            "cache.other",
+            "cache-headless.other",
+            "cache.other.svc",
+            "cache.other.svc.cluster.local",
+            "*.cache-headless.other.svc",
+        ];
+        for name in theirs {
+            verify(&verifier, &leaf(&ca, &[name], false)).expect_err(name);
+        }
+        verify(&verifier, &leaf(&ca, &theirs, false)).expect_err("all of them");
+        // The short forms of this namespace's own instance are not enough either: they are the same
+        // in every namespace, or names outside the cluster.
+        for name in ["cache", "cache.shop", "cache-headless.shop"] {
+            verify(&verifier, &leaf(&ca, &[name], false)).expect_err(name);
         }
     }
 

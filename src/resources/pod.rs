@@ -168,6 +168,17 @@ fn mount(name: &str, path: &str) -> VolumeMount {
     }
 }
 
+/// The auth file alone, as a `subPath` mount: the kubelet binds the file as it is when the container starts
+/// and never updates it (a directory mount follows every change of the Secret), so a rotated auth file
+/// reaches memcached only through the rollout the operator starts once it has checked it, and a
+/// container restart reads the file the pod started with, not one the operator refused.
+fn auth_file_mount(key: &str) -> VolumeMount {
+    VolumeMount {
+        sub_path: Some(key.to_owned()),
+        ..mount(AUTH_VOLUME, &format!("{}/{key}", args::AUTH_DIR))
+    }
+}
+
 /// The restricted-profile container security context every container gets.
 fn restricted() -> SecurityContext {
     SecurityContext {
@@ -202,8 +213,8 @@ fn memcached_container(instance: &Instance<'_>) -> Container {
     if spec.tls().is_some() {
         mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
     }
-    if spec.auth().is_some() {
-        mounts.push(mount(AUTH_VOLUME, args::AUTH_DIR));
+    if let Some(auth) = spec.auth() {
+        mounts.push(auth_file_mount(auth.key()));
     }
     let delay = spec.high_availability().pre_stop_delay_seconds();
     // Endpoints are removed when the pod starts terminating; sleeping first lets clients and kube-proxy

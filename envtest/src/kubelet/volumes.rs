@@ -7,7 +7,11 @@
 //!
 //! A Secret that cannot be read (missing and not `optional`) fails the mount; the pod waits for it, as a
 //! kubelet keeps a pod in `ContainerCreating` until its volumes mount. Other volume kinds are not
-//! written (the stand-in mounts nothing else), and `subPath` mounts are not supported.
+//! written (the stand-in mounts nothing else).
+//!
+//! A `subPath` mount is a copy of the file as it was when the pod started (`<volume>.subpath/<subPath>`),
+//! never updated: a kubelet bind-mounts the file's inode at container start and keeps that mount for the
+//! pod's life, container restarts included (kubernetes#89629), so a Secret changed later never reaches it.
 //!
 //! While the pod runs, [`mount`] is called again now and then (the kubelet's sync): a changed Secret is
 //! written into the running pod's volume the way a kubelet's atomic writer does it, so that a process
@@ -32,6 +36,8 @@ const DEFAULT_MODE: i32 = 0o644;
 #[derive(Debug, Default)]
 pub struct Mounts {
     mounts: Vec<(String, PathBuf)>,
+    /// `subPath` mounts: the container's file path → the pinned local file.
+    files: Vec<(String, PathBuf)>,
 }
 
 impl Mounts {
@@ -44,6 +50,11 @@ impl Mounts {
     /// `ssl_key=/etc/...`) replaced by the file written for it.
     pub fn map(&self, arg: &str) -> String {
         let mut out = arg.to_owned();
+        for (mount_path, local) in &self.files {
+            if out == *mount_path || out.ends_with(&format!("={mount_path}")) {
+                out = format!("{}{}", &out[..out.len() - mount_path.len()], local.display());
+            }
+        }
         for (mount_path, local) in &self.mounts {
             let from = format!("{}/", mount_path.trim_end_matches('/'));
             let to = format!("{}/", local.display());
@@ -59,6 +70,7 @@ impl Mounts {
                 .iter()
                 .map(|(m, l)| ((*m).to_owned(), PathBuf::from(l)))
                 .collect(),
+            files: Vec::new(),
         }
     }
 }
@@ -107,16 +119,6 @@ pub async fn mount(
         else {
             continue;
         };
-        if volume_mount
-            .sub_path
-            .as_deref()
-            .is_some_and(|p| !p.is_empty())
-        {
-            bail!(
-                "volume {:?}: subPath mounts are not supported by the stand-in kubelet",
-                volume_mount.name
-            );
-        }
         let name = source.secret_name.clone().unwrap_or_default();
         let secret = api
             .get_opt(&name)
@@ -135,9 +137,32 @@ pub async fn mount(
         let local = dir.join(&volume_mount.name);
         write(&local, &files)
             .with_context(|| format!("cannot write volume {:?}", volume_mount.name))?;
-        mounts.mounts.push((volume_mount.mount_path.clone(), local));
+        match volume_mount.sub_path.as_deref().filter(|p| !p.is_empty()) {
+            Some(sub_path) => {
+                let pinned = pin(dir, &volume_mount.name, &local, sub_path)?;
+                mounts.files.push((volume_mount.mount_path.clone(), pinned));
+            }
+            None => mounts.mounts.push((volume_mount.mount_path.clone(), local)),
+        }
     }
     Ok(mounts)
+}
+
+/// The pinned copy of `sub_path` of the volume written at `local`: made the first time, then kept as it
+/// is (see the module documentation).
+fn pin(dir: &Path, volume: &str, local: &Path, sub_path: &str) -> Result<PathBuf> {
+    if sub_path.starts_with('/') || sub_path.split('/').any(|p| p == "..") {
+        bail!("volume {volume:?}: subPath {sub_path:?} leaves the volume");
+    }
+    let pinned = dir.join(format!("{volume}.subpath")).join(sub_path);
+    if !pinned.exists() {
+        if let Some(parent) = pinned.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::copy(local.join(sub_path), &pinned)
+            .with_context(|| format!("volume {volume:?}: subPath {sub_path:?}"))?;
+    }
+    Ok(pinned)
 }
 
 /// The files a Secret volume holds: relative path → (content, mode).
@@ -265,6 +290,32 @@ fn count_files(dir: &Path) -> usize {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_sub_path_mount_keeps_the_file_the_pod_started_with() {
+        let dir = std::env::temp_dir().join(format!("envtest-subpath-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let volume = dir.join("auth");
+        let files = |content: &str| {
+            BTreeMap::from([("users".to_owned(), (content.as_bytes().to_vec(), 0o440))])
+        };
+        write(&volume, &files("u:p\n")).unwrap();
+        let pinned = pin(&dir, "auth", &volume, "users").unwrap();
+        write(&volume, &files("u:q")).unwrap();
+        assert_eq!(fs::read(volume.join("users")).unwrap(), b"u:q");
+        assert_eq!(pin(&dir, "auth", &volume, "users").unwrap(), pinned);
+        assert_eq!(fs::read(&pinned).unwrap(), b"u:p\n", "the pod's file stays");
+        let mounts = Mounts {
+            mounts: vec![],
+            files: vec![("/etc/memcached/auth/users".into(), pinned.clone())],
+        };
+        assert_eq!(
+            mounts.map("/etc/memcached/auth/users"),
+            pinned.display().to_string()
+        );
+        assert!(pin(&dir, "auth", &volume, "../x").is_err());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn an_update_swaps_the_files_at_once_and_unchanged_content_is_left_alone() {

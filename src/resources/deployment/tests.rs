@@ -329,6 +329,17 @@ fn secrets_are_mounted_read_only_for_the_memcached_group() {
         "{args}"
     );
 
+    // The auth file is bound as it was when the container started (subPath): a changed Secret reaches the
+    // servers only through a rollout, which the operator starts after checking the new file.
+    let auth = mounts.iter().find(|m| m.name == "auth").unwrap();
+    assert_eq!(auth.mount_path, "/etc/memcached/auth/users");
+    assert_eq!(auth.sub_path.as_deref(), Some("users"));
+    let tls = mounts.iter().find(|m| m.name == "tls").unwrap();
+    assert_eq!(
+        tls.sub_path, None,
+        "TLS files follow the Secret: servers reload them in place"
+    );
+
     let template = d.spec.unwrap().template.metadata.unwrap();
     assert_eq!(template.annotations.unwrap()[SECRET_HASH_ANNOTATION], "abc");
     let plain = build(MemcachedSpec::default());

@@ -959,9 +959,14 @@ async fn create_auth_only(
         vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", content_b64))];
     script.extend(key);
     script.extend(created_children(*DEPLOYMENTS, 1));
+    // Auth without TLS: a warning that credentials travel in the clear.
+    script.push(event());
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, auth_only(), script).await;
     run.result.unwrap();
+    let warned = run.seen.iter().rev().nth(1).unwrap();
+    assert_eq!(warned.body["reason"], "CredentialsInClear");
+    assert_eq!(warned.body["type"], "Warning");
     run.seen
 }
 

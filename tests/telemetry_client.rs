@@ -43,6 +43,7 @@ fn plain(address: SocketAddr) -> Target {
         names: ServerNames::default(),
         credentials: None,
         certificate: None,
+        still_the_pod: None,
     }
 }
 
@@ -247,6 +248,7 @@ fn with_credentials(address: SocketAddr, user: &str, password: &str) -> Target {
         names: ServerNames::default(),
         credentials: Some(Arc::new(credentials)),
         certificate: None,
+        still_the_pod: None,
     }
 }
 
@@ -259,6 +261,39 @@ async fn accepted_credentials_are_sent_first_then_stats_are_read() {
         read_stats(&target, GENEROUS).await.expect("stats"),
         fixture_stats()
     );
+}
+
+/// Credentials in the clear go only to the pod the address was read for: when the pod cache no longer
+/// shows it there (gone, terminating, another IP), the connection is closed with nothing sent.
+#[tokio::test]
+async fn credentials_in_the_clear_go_to_nobody_but_the_expected_pod() {
+    let (heard_tx, heard_rx) = tokio::sync::oneshot::channel();
+    let address = fake(|mut stream| async move {
+        let mut heard = Vec::new();
+        let _ = stream.read_to_end(&mut heard).await;
+        let _ = heard_tx.send(heard);
+    })
+    .await;
+    let target = Target {
+        still_the_pod: Some(Arc::new(|| false)),
+        ..with_credentials(address, "alice", "secret")
+    };
+    let error = read_error(&target, GENEROUS, "not the pod").await;
+    assert!(
+        matches!(error, ReadError::Link(LinkError::NotThePod)),
+        "{error:?}"
+    );
+    let heard = heard_rx.await.expect("the server saw the connection");
+    assert!(heard.is_empty(), "sent: {:?}", String::from_utf8_lossy(&heard));
+
+    // The pod it was read for: the credentials go, then the stats are read.
+    let address =
+        fake(|stream| converse(stream, Mode::Answer, Some("alice secret"), FIXTURE)).await;
+    let target = Target {
+        still_the_pod: Some(Arc::new(|| true)),
+        ..with_credentials(address, "alice", "secret")
+    };
+    assert_eq!(read_stats(&target, GENEROUS).await.expect("stats"), fixture_stats());
 }
 
 #[tokio::test]
@@ -339,6 +374,7 @@ fn tls_target(address: SocketAddr, material: &TlsMaterial) -> Target {
         names: ServerNames::for_pod("memcached", "cache", "memcached-0", "cluster.local"),
         credentials: None,
         certificate: None,
+        still_the_pod: None,
     }
 }
 
@@ -611,6 +647,7 @@ async fn real_memcached_with_an_auth_file() {
         names: ServerNames::default(),
         credentials: Some(Arc::new(right)),
         certificate: None,
+        still_the_pod: None,
     };
     assert_exercised(&read_stats(&target, GENEROUS).await.expect("stats"));
 

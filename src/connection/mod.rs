@@ -49,7 +49,15 @@ pub struct Target {
     /// whether a stats read may ask it to reload its certificate files when it presents another. Only the
     /// stats collector acts on it.
     pub certificate: Option<ExpectedCertificate>,
+    /// Without TLS, with credentials: asked after connecting and before the credentials go out in the
+    /// clear, whether the address still belongs to the pod the target was made for (the pod cache still
+    /// shows that pod, with that IP, not terminating). A pod IP taken from a cache can be stale or, after
+    /// the pod is gone, another pod's; over verified TLS the certificate says who answers instead.
+    pub still_the_pod: Option<PodCheck>,
 }
+
+/// See [`Target::still_the_pod`].
+pub type PodCheck = Arc<dyn Fn() -> bool + Send + Sync>;
 
 impl Target {
     /// A server reached over plain TCP without authentication.
@@ -60,6 +68,7 @@ impl Target {
             names: ServerNames::default(),
             credentials: None,
             certificate: None,
+            still_the_pod: None,
         }
     }
 }
@@ -119,6 +128,13 @@ pub enum LinkError {
          server certificates) for the operator to authenticate"
     )]
     Unverified,
+    /// Credentials would go in the clear to an address whose pod is no longer the one expected (gone,
+    /// terminating, or another IP): nothing is sent.
+    #[error(
+        "not sending credentials in the clear: the pod is gone, terminating or has another IP since the \
+         address was read"
+    )]
+    NotThePod,
     /// The server did not answer the authenticating `set` with `STORED`: it refused the credentials, or
     /// closed the connection, or said something else.
     #[error("authentication refused: {0}")]
@@ -138,6 +154,7 @@ impl LinkError {
             Self::Connect(_) => "connect",
             Self::Tls(_) | Self::Unverified => "tls",
             Self::Auth(_) => "auth",
+            Self::NotThePod => "not_the_pod",
             Self::Closed => "closed",
             Self::Io(_) => "io",
         }
@@ -185,6 +202,12 @@ pub async fn open(target: &Target) -> Result<Connection, LinkError> {
     };
     let mut stream = BufReader::new(stream);
     if let Some(credentials) = credentials {
+        if target.tls.is_none()
+            && let Some(check) = &target.still_the_pod
+            && !check()
+        {
+            return Err(LinkError::NotThePod);
+        }
         authenticate(&mut stream, credentials).await?;
     }
     Ok(Connection { stream, presented })

@@ -284,6 +284,10 @@ async fn ensure_workload<K: ChildKind>(
             )),
             Some(_) => changes.updated(format!("{kind} {name}")),
         }
+        let rolled = before.is_none_or(|before| before == replicas);
+        if rolled && instance.spec.auth().is_some() && instance.spec.tls().is_none() {
+            changes.credentials_in_clear(name);
+        }
     }
     applied.current()
 }

@@ -8,7 +8,10 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
 
 use super::Context;
-use crate::store::events::normal;
+use crate::store::events::{normal, warning};
+
+/// Reason of the warning that credentials travel in the clear.
+pub const CREDENTIALS_IN_CLEAR: &str = "CredentialsInClear";
 
 /// The children changes of one reconcile, in the order they were made.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -18,6 +21,8 @@ pub struct Changes {
     updated: Vec<String>,
     deleted: Vec<String>,
     workload: bool,
+    /// The instance's pods were created or changed with auth on and TLS off: said with a warning.
+    in_clear: Option<String>,
 }
 
 impl Changes {
@@ -44,6 +49,11 @@ impl Changes {
     /// `what` ("PodDisruptionBudget cache") was deleted because the spec no longer wants it.
     pub fn deleted(&mut self, what: String) {
         self.deleted.push(what);
+    }
+
+    /// The workload of instance `name` was created or its pods changed, with auth on and TLS off.
+    pub fn credentials_in_clear(&mut self, name: &str) {
+        self.in_clear = Some(name.to_owned());
     }
 
     /// The events that record these changes: at most one per reason. Pure.
@@ -73,6 +83,14 @@ impl Changes {
             );
             events.push(normal("Deleted", "Delete", note));
         }
+        if let Some(name) = &self.in_clear {
+            let note = format!(
+                "Memcached {name} requires authentication without TLS: its clients, and the operator's stats \
+                 reads and warm handovers, send the credentials in the clear on the pod network. Set \
+                 spec.security.tls to encrypt them (see docs/operations.md, Security)"
+            );
+            events.push(warning(CREDENTIALS_IN_CLEAR, "Warn", note));
+        }
         events
     }
 
@@ -95,6 +113,18 @@ mod tests {
             .into_iter()
             .map(|e| (e.reason, e.note.unwrap_or_default()))
             .collect()
+    }
+
+    #[test]
+    fn credentials_in_the_clear_are_a_warning() {
+        let mut changes = Changes::default();
+        changes.created("Deployment cache with 1 replicas".into());
+        changes.credentials_in_clear("cache");
+        let events = changes.events();
+        let warned = events.last().unwrap();
+        assert_eq!(warned.reason, CREDENTIALS_IN_CLEAR);
+        assert_eq!(warned.type_, kube::runtime::events::EventType::Warning);
+        assert!(warned.note.as_deref().unwrap().contains("spec.security.tls"));
     }
 
     #[test]

@@ -45,6 +45,7 @@ use crate::status::HandoverProgress;
 use crate::store::cache::Cache;
 use crate::store::events::{normal, warning};
 use crate::store::secrets::{SecretReader, SecretValues};
+use crate::store::pod_index::still_at;
 use crate::store::{Clock, Publisher};
 
 /// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).
@@ -272,6 +273,7 @@ impl Handover {
                 names,
                 credentials: transport.credentials.clone(),
                 certificate: None,
+                still_the_pod: Some(still_at(&self.pods, instance.namespace, pod, ip)),
             })
         };
         let settings = Settings::from_spec(&instance.spec.handover());

@@ -8,6 +8,7 @@
 //! re-list (after a watch expired) replaces it whole when the list is complete.
 
 use std::collections::{BTreeSet, HashMap};
+use std::net::IpAddr;
 use std::sync::{Arc, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
@@ -16,6 +17,7 @@ use kube::{Resource, ResourceExt};
 
 use super::cache::Cache;
 use super::compact::Compact;
+use crate::connection::PodCheck;
 use crate::resources::labels;
 
 /// A pod as the pod watch delivers it.
@@ -124,6 +126,30 @@ fn instance_of(pod: &Cached) -> Option<Instance> {
     Some((pod.namespace()?, labels.get(labels::INSTANCE_KEY)?.clone()))
 }
 
+/// The check a connection makes before it sends credentials in the clear (see
+/// [`crate::connection::Target::still_the_pod`]): pod `name` of `namespace` is in `pods` now, with IP `ip`,
+/// and not terminating. One lookup in the cache by name, when the connection is made.
+pub fn still_at(pods: &Cache<Pod>, namespace: &str, name: &str, ip: IpAddr) -> PodCheck {
+    let (pods, namespace, name) = (pods.clone(), namespace.to_owned(), name.to_owned());
+    Arc::new(move || {
+        pods.get(&namespace, &name)
+            .ok()
+            .flatten()
+            .is_some_and(|pod| at(&pod, ip))
+    })
+}
+
+/// Whether `pod` has IP `ip` and is not terminating.
+fn at(pod: &Pod, ip: IpAddr) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.pod_ip.as_deref())
+            .and_then(|a| a.parse::<IpAddr>().ok())
+            == Some(ip)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -154,6 +180,36 @@ mod tests {
             .iter()
             .map(|p| p.name_any())
             .collect()
+    }
+
+    #[test]
+    fn credentials_in_the_clear_wait_for_the_pod_the_address_was_read_for() {
+        use watcher::Event::{Apply, Delete};
+        let with_ip = |ip: &str, terminating: bool| -> Cached {
+            let mut pod: Pod = serde_json::from_value(json!({
+                "metadata": {"name": "a-1", "namespace": "ns"}, "status": {"podIP": ip}}))
+            .unwrap();
+            if terminating {
+                pod.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+                    ),
+                );
+            }
+            serde_json::from_value(serde_json::to_value(pod).unwrap()).unwrap()
+        };
+        let ip: IpAddr = "10.0.0.1".parse().unwrap();
+        let (store, mut writer) = super::super::cache::cache::<Pod>();
+        let check = still_at(&store, "ns", "a-1", ip);
+        assert!(!check(), "not in the cache");
+        writer.apply_watcher_event(&Apply(with_ip("10.0.0.1", false)));
+        assert!(check(), "the pod, at its IP");
+        writer.apply_watcher_event(&Apply(with_ip("10.0.0.1", true)));
+        assert!(!check(), "terminating");
+        writer.apply_watcher_event(&Apply(with_ip("10.0.0.2", false)));
+        assert!(!check(), "another IP");
+        writer.apply_watcher_event(&Delete(with_ip("10.0.0.2", false)));
+        assert!(!check(), "gone");
     }
 
     #[test]

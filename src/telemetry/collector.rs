@@ -53,6 +53,7 @@ use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::servers;
 use crate::store::secrets::{SecretReader, SecretValues, Transport};
+use crate::store::pod_index::still_at;
 use crate::store::{Cache, PodIndex, Publisher};
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
@@ -453,6 +454,7 @@ impl Collector {
                 tls: transport.tls.clone(),
                 names,
                 credentials: transport.credentials.clone(),
+                still_the_pod: Some(still_at(&self.pods.store, namespace, pod, address.ip())),
                 certificate: transport
                     .certificate
                     .clone()

@@ -100,6 +100,7 @@ async fn a_rotated_certificate_is_reloaded_without_restarting_a_pod() {
                 Credentials::from_auth_file(b"app:s3cret\n").expect("credentials"),
             )),
             certificate: None,
+            still_the_pod: None,
         };
         let reading = read(&target, Duration::from_secs(5)).await.expect("stats");
         let shown = reading.certificate.expect("over TLS");

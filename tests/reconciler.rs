@@ -819,6 +819,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         [
             expect(Method::PATCH, *NETWORK_POLICIES).create(),
             expect(Method::PATCH, *AUTOSCALERS).create(),
+            // No foreign watch for ServiceMonitors: the name is read once before one is created.
+            expect(Method::GET, SERVICE_MONITORS).fail(404, "NotFound"),
             expect(Method::PATCH, SERVICE_MONITORS).create(),
         ],
     );
@@ -843,8 +845,9 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     cluster.child::<HorizontalPodAutoscaler>(
         serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap(),
     );
-    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
-    let event = &seen[i + 3].body;
+    assert_eq!(seen[i + 2].method, Method::GET, "the ServiceMonitor's name, read");
+    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 3].body)).unwrap());
+    let event = &seen[i + 4].body;
     assert_eq!(event["reason"], "Created");
     assert_eq!(
         event["note"],
@@ -854,6 +857,34 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         )
     );
     seen[0].body.clone()
+}
+
+/// A ServiceMonitor of the instance's name that is not the operator's is left alone: the instance says
+/// whose it is, and nothing is applied to it (an unforced apply would have taken it over, owner reference
+/// and all, and garbage collection would delete it with the instance).
+#[tokio::test]
+async fn a_foreign_service_monitor_of_the_same_name_is_not_taken_over() {
+    let mut cluster = Cluster::with_service_monitors();
+    let mc = with_spec(1, json!({"monitoring": {"exporter": {"enabled": true},
+                                               "serviceMonitor": {"enabled": true}}}));
+    let theirs = json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
+        "metadata": {"name": "cache", "namespace": NS, "labels": {"team": "web"}}});
+    let mut script = created_children(*DEPLOYMENTS, 1);
+    script.pop();
+    script.extend([
+        expect(Method::GET, SERVICE_MONITORS).reply(StatusCode::OK, theirs),
+        event(),
+        expect(Method::PATCH, STATUS).apply(),
+        event(),
+        event(),
+    ]);
+    let run = run(&mut cluster, mc, script).await;
+    let error = run.result.unwrap_err();
+    assert!(error.to_string().contains("ServiceMonitor cache exists and is not managed"), "{error}");
+    assert!(
+        !run.seen.iter().any(|s| s.method == Method::PATCH && s.path.contains("servicemonitors")),
+        "nothing is applied to it"
+    );
 }
 
 /// Reconciles `mc` once more to record the settled status and returns the instance with that status.

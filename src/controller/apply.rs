@@ -411,8 +411,40 @@ async fn service_monitor(
     let resource = service_monitor::api_resource();
     let api = Api::namespaced_with(ctx.writer.client.clone(), instance.namespace, &resource);
     let source = view.source_of(store, &resource);
+    if monitor.is_some() && children::cached(instance, instance.name, &source)?.is_none() {
+        unclaimed_service_monitor(ctx, instance, &resource).await?;
+    }
     sync_child(view, instance.name, monitor, &source, api, changes).await?;
     Ok(None)
+}
+
+/// ServiceMonitors have no foreign watch (an optional API, asked for by few instances): before one is
+/// created, its name is read once, and one that is not the operator's is refused as the foreign watches
+/// refuse the other kinds, instead of being taken over by the apply.
+async fn unclaimed_service_monitor(
+    ctx: &Context,
+    instance: &crate::resources::Instance<'_>,
+    resource: &kube::api::ApiResource,
+) -> Result<(), Error> {
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(ctx.writer.client.clone(), instance.namespace, resource);
+    let existing = api
+        .get_metadata_opt(instance.name)
+        .await
+        .map_err(|source| Error::Read {
+            kind: resource.kind.clone(),
+            name: instance.name.to_owned(),
+            source,
+        })?;
+    match existing {
+        Some(object) if crate::store::foreign::is_foreign(&object, instance.uid()) => {
+            Err(Error::NotManaged {
+                kind: resource.kind.clone(),
+                name: instance.name.to_owned(),
+            })
+        }
+        _ => Ok(()),
+    }
 }
 
 /// Applies the child `name` as `desired`, or deletes it when nothing is desired (and the cache shows

@@ -415,7 +415,8 @@ impl Handover {
         let pod = spare::spare(instance, template);
         let name = spare::name(instance.name);
         let api: Api<Pod> = Api::namespaced(self.client.clone(), instance.namespace);
-        let params = PatchParams::apply(labels::MANAGER_NAME).force();
+        // Not forced: a pod of that name that is not the operator's answers 409 and is left alone.
+        let params = PatchParams::apply(labels::MANAGER_NAME);
         api.patch(&name, &params, &Patch::Apply(&pod))
             .await
             .map_err(|source| Error::Apply {

@@ -168,6 +168,12 @@ fn trim<K>(object: &mut PartialObjectMeta<K>) {
     };
 }
 
+/// Whether `object` is foreign to the instance of uid `owner_uid`: not labelled as the operator's, and
+/// not controlled by that instance. For a kind without a foreign watch, read by name when needed.
+pub fn is_foreign<K>(object: &PartialObjectMeta<K>, owner_uid: &str) -> bool {
+    !managed(object) && !controlled_by(object, owner_uid)
+}
+
 fn controlled_by<K>(object: &PartialObjectMeta<K>, uid: &str) -> bool {
     object
         .metadata

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, Capabilities, Container, ContainerPort, ExecAction, Lifecycle, LifecycleHandler,
     PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
     ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, TCPSocketAction,
-    Volume, VolumeMount, WeightedPodAffinityTerm,
+    KeyToPath, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -36,6 +36,9 @@ pub const SECRET_HASH_ANNOTATION: &str = "cache.example.com/secret-hash";
 const HOSTNAME_TOPOLOGY: &str = "kubernetes.io/hostname";
 
 const TLS_VOLUME: &str = "tls";
+/// The exporter's own view of the TLS Secret: only the keys it reads.
+const EXPORTER_TLS_VOLUME: &str = "exporter-tls";
+const EXPORTER_TLS_DIR: &str = "/etc/memcached-exporter/tls";
 const AUTH_VOLUME: &str = "auth";
 
 /// The pod template for `instance`. `secret_hash` is the hash of the referenced Secrets' content (when
@@ -68,7 +71,7 @@ fn pod_spec(instance: &Instance<'_>) -> PodSpec {
     let spec = instance.spec;
     let mut containers = vec![memcached_container(instance)];
     if spec.exporter().is_some() {
-        containers.push(exporter_container(spec));
+        containers.push(exporter_container(instance));
     }
     let volumes = volumes(spec);
     PodSpec {
@@ -152,6 +155,22 @@ fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
     let mut volumes = Vec::new();
     if let Some(tls) = spec.tls() {
         volumes.push(secret(TLS_VOLUME, &tls.secret_name));
+        if spec.exporter().is_some() {
+            let mut only = secret(EXPORTER_TLS_VOLUME, &tls.secret_name);
+            if let Some(source) = only.secret.as_mut() {
+                source.items = Some(
+                    exporter_tls_keys(tls.client_auth)
+                        .iter()
+                        .map(|key| KeyToPath {
+                            key: (*key).to_owned(),
+                            path: (*key).to_owned(),
+                            mode: None,
+                        })
+                        .collect(),
+                );
+            }
+            volumes.push(only);
+        }
     }
     if let Some(auth) = spec.auth() {
         volumes.push(secret(AUTH_VOLUME, &auth.secret_name));
@@ -165,6 +184,38 @@ fn mount(name: &str, path: &str) -> VolumeMount {
         mount_path: path.to_owned(),
         read_only: Some(true),
         ..VolumeMount::default()
+    }
+}
+
+/// The exporter's TLS flags. It dials memcached over loopback and verifies it all the same, by the name
+/// the operator also requires of a server's certificate (`<name>.<namespace>.svc`): against the CA
+/// (`ca.crt`) when the servers ask for client certificates (the Secret has one then), else against the
+/// server's own certificate (`tls.crt`), which the exporter reads at start (so a rotated certificate rolls
+/// the pods when the exporter runs: see [`super::secrets::tls_reload`]). Its volume holds only the keys
+/// it reads: the private key only when it must present a client certificate.
+fn exporter_tls_args(instance: &Instance<'_>, client_auth: bool) -> Vec<String> {
+    let trusted = if client_auth { "ca.crt" } else { "tls.crt" };
+    let mut flags = vec![
+        "--memcached.tls.enable".to_owned(),
+        format!(
+            "--memcached.tls.server-name={}.{}.svc",
+            instance.name, instance.namespace
+        ),
+        format!("--memcached.tls.ca-file={EXPORTER_TLS_DIR}/{trusted}"),
+    ];
+    if client_auth {
+        flags.push(format!("--memcached.tls.cert-file={EXPORTER_TLS_DIR}/tls.crt"));
+        flags.push(format!("--memcached.tls.key-file={EXPORTER_TLS_DIR}/tls.key"));
+    }
+    flags
+}
+
+/// The keys of the TLS Secret the exporter reads (see [`exporter_tls_args`]).
+fn exporter_tls_keys(client_auth: bool) -> &'static [&'static str] {
+    if client_auth {
+        &["ca.crt", "tls.crt", "tls.key"]
+    } else {
+        &["tls.crt"]
     }
 }
 
@@ -252,7 +303,8 @@ fn memcached_container(instance: &Instance<'_>) -> Container {
 
 /// The exporter sidecar. It has no readiness probe on purpose: an exporter problem must not take the
 /// memcached pod out of the Service.
-fn exporter_container(spec: &MemcachedSpec) -> Container {
+fn exporter_container(instance: &Instance<'_>) -> Container {
+    let spec = instance.spec;
     let exporter = spec.exporter().cloned().unwrap_or_default();
     let mut container_args = vec![
         format!("--memcached.address=localhost:{}", spec.container_port),
@@ -260,20 +312,8 @@ fn exporter_container(spec: &MemcachedSpec) -> Container {
     ];
     let mut mounts = Vec::new();
     if let Some(tls) = spec.tls() {
-        // The exporter talks to memcached over loopback, where the server name cannot match.
-        container_args.push("--memcached.tls.enable".to_owned());
-        container_args.push("--memcached.tls.insecure-skip-verify".to_owned());
-        if tls.client_auth {
-            container_args.push(format!(
-                "--memcached.tls.cert-file={}/tls.crt",
-                args::TLS_DIR
-            ));
-            container_args.push(format!(
-                "--memcached.tls.key-file={}/tls.key",
-                args::TLS_DIR
-            ));
-        }
-        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+        container_args.extend(exporter_tls_args(instance, tls.client_auth));
+        mounts.push(mount(EXPORTER_TLS_VOLUME, EXPORTER_TLS_DIR));
     }
     Container {
         name: EXPORTER_NAME.to_owned(),

@@ -50,8 +50,8 @@ pub enum TlsReload {
 /// - The stats collector must run (`stats_collected`): it sends `refresh_certs`.
 /// - With auth on, the TLS Secret must have `ca.crt` (`has_ca`): the collector sends credentials only to
 ///   verified servers, and `refresh_certs` only after authenticating.
-/// - Not with the exporter sidecar and `clientAuth`: the exporter reads its client certificate (the
-///   Secret's) once, at start.
+/// - Not with the exporter sidecar: it reads its client certificate (with `clientAuth`) or the server's
+///   certificate it verifies against (without) once, at start.
 pub fn tls_reload(spec: &MemcachedSpec, stats_collected: bool, has_ca: bool) -> TlsReload {
     let Some(tls) = spec.tls() else {
         return TlsReload::Rollout("no TLS");
@@ -62,8 +62,12 @@ pub fn tls_reload(spec: &MemcachedSpec, stats_collected: bool, has_ca: bool) -> 
         TlsReload::Rollout(
             "auth without ca.crt: the operator does not authenticate to unverified servers",
         )
-    } else if tls.client_auth && spec.exporter().is_some() {
+    } else if spec.exporter().is_some() && tls.client_auth {
         TlsReload::Rollout("the exporter sidecar reads its client certificate at start")
+    } else if spec.exporter().is_some() {
+        TlsReload::Rollout(
+            "the exporter sidecar reads the server certificate it verifies against at start",
+        )
     } else {
         TlsReload::InPlace
     }
@@ -394,10 +398,12 @@ mod tests {
                 "{spec:?} {collected} {has_ca}"
             );
         }
-        assert_eq!(
-            tls_reload(&with(false, false, true), true, false),
-            TlsReload::InPlace,
-            "the exporter without clientAuth reads no certificate file"
+        assert!(
+            matches!(
+                tls_reload(&with(false, false, true), true, false),
+                TlsReload::Rollout(_)
+            ),
+            "the exporter without clientAuth verifies the server against its certificate, read at start"
         );
     }
 

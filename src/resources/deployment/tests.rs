@@ -366,6 +366,18 @@ fn exporter_sidecar_scrapes_memcached_over_loopback() {
         args.contains(&"--memcached.tls.enable".to_owned()),
         "TLS is on: {args:?}"
     );
+    // Verified over loopback by the Service's namespaced name, against the CA (client auth is on).
+    assert!(
+        !args.iter().any(|a| a.contains("insecure-skip-verify")),
+        "{args:?}"
+    );
+    assert!(args.contains(&"--memcached.tls.server-name=cache.default.svc".to_owned()));
+    assert!(
+        args.contains(&"--memcached.tls.ca-file=/etc/memcached-exporter/tls/ca.crt".to_owned())
+    );
+    assert!(
+        args.contains(&"--memcached.tls.key-file=/etc/memcached-exporter/tls/tls.key".to_owned())
+    );
     let port = &exporter.ports.as_ref().unwrap()[0];
     assert_eq!(
         (port.name.as_deref(), port.container_port),
@@ -385,6 +397,33 @@ fn exporter_sidecar_scrapes_memcached_over_loopback() {
             .unwrap()
             .contains_key("memory")
     );
+}
+
+/// Without client certificates the exporter has no private key to read: its volume holds the server's
+/// certificate only, which it verifies the server against.
+#[test]
+fn the_exporter_gets_no_private_key_without_client_auth() {
+    let mut spec = everything();
+    spec.security.as_mut().unwrap().tls.as_mut().unwrap().client_auth = false;
+    let d = build(spec);
+    let args = container(&d, "exporter").args.clone().unwrap();
+    assert!(
+        args.contains(&"--memcached.tls.ca-file=/etc/memcached-exporter/tls/tls.crt".to_owned()),
+        "{args:?}"
+    );
+    assert!(!args.iter().any(|a| a.contains("key-file") || a.contains("insecure")), "{args:?}");
+    let mounts = container(&d, "exporter").volume_mounts.clone().unwrap();
+    assert_eq!(mounts.len(), 1);
+    let volume = pod(&d)
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == mounts[0].name)
+        .unwrap();
+    let items = volume.secret.as_ref().unwrap().items.as_ref().unwrap();
+    let keys: Vec<_> = items.iter().map(|i| i.key.as_str()).collect();
+    assert_eq!(keys, ["tls.crt"]);
 }
 
 #[test]

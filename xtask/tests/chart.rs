@@ -32,7 +32,7 @@ fn chart_version_and_app_version_are_the_crate_version() {
 fn chart_lints_without_warnings_with_defaults_and_every_switch_on() {
     let everything = json!({
         "watch": {"scope": "namespace"},
-        "metrics": {"serviceMonitor": {"enabled": true}},
+        "metrics": {"serviceMonitor": {"enabled": true, "tlsConfig": {"insecureSkipVerify": true}}},
         "grafana": {"dashboards": {"enabled": true}},
         "prometheusRule": {"enabled": true},
     });

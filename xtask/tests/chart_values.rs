@@ -76,14 +76,19 @@ fn namespace_scope_grants_the_manager_rules_by_a_role_in_the_release_namespace()
 }
 
 #[test]
-fn leader_election_off_drops_the_flag_and_the_lease_role() {
+fn leader_election_off_drops_the_flag_but_keeps_the_own_namespace_role() {
     let Some(off) = helm::render(json!({"leaderElection": {"enabled": false}, "replicaCount": 1}))
     else {
         return;
     };
     let objects = off.objects().unwrap();
     assert!(!args(&objects).contains(&"--leader-elect".to_owned()));
-    assert!(find(&objects, "Role", LEADER_ROLE).is_none());
+    // The Role in the operator's namespace also lets it create its digest key Secret, elected or not.
+    let role = find(&objects, "Role", LEADER_ROLE).expect("the operator's own-namespace Role");
+    assert!(
+        role["rules"].as_array().unwrap().iter().any(|r| r["resources"][0] == "secrets"),
+        "{role}"
+    );
     let Some(on) = helm::render(json!({"replicaCount": 2})) else {
         return;
     };
@@ -113,8 +118,14 @@ fn service_monitor_scrapes_the_metrics_service_with_a_token() {
             .count()
     };
     assert_eq!(kinds(&off.objects().unwrap()), 0, "off by default");
+    // Without a CA or an explicit insecureSkipVerify, the install says what is missing.
+    if let Some(error) = helm::refusal(json!({"metrics": {"serviceMonitor": {"enabled": true}}})) {
+        assert!(error.contains("metrics.serviceMonitor.tlsConfig"), "{error}");
+    }
+    let ca = json!({"secret": {"name": "metrics-server-cert", "key": "ca.crt"}});
     let Some(on) = helm::render(json!({"metrics": {"serviceMonitor": {
-        "enabled": true, "labels": {"release": "prom"}, "interval": "30s"}}}))
+        "enabled": true, "labels": {"release": "prom"}, "interval": "30s",
+        "tlsConfig": {"ca": ca, "serverName": "op.ns.svc"}}}}))
     else {
         return;
     };
@@ -134,7 +145,8 @@ fn service_monitor_scrapes_the_metrics_service_with_a_token() {
         endpoint["bearerTokenFile"],
         "/var/run/secrets/kubernetes.io/serviceaccount/token"
     );
-    assert_eq!(endpoint["tlsConfig"]["insecureSkipVerify"], true);
+    assert_eq!(endpoint["tlsConfig"]["ca"], ca, "verified against the given CA");
+    assert!(endpoint["tlsConfig"].get("insecureSkipVerify").is_none());
     assert_eq!(
         endpoint["honorLabels"], true,
         "the operand series keep their memcached pods' namespace and pod labels"

@@ -217,7 +217,11 @@ pub fn leader_election_role() -> Role {
             ..ObjectMeta::default()
         },
         rules: Some(vec![
-            rule("coordination.k8s.io", &["leases"], &["get", "create", "patch"]),
+            rule(
+                "coordination.k8s.io",
+                &["leases"],
+                &["get", "create", "patch"],
+            ),
             rule("", &["secrets"], &["create"]),
         ]),
     }

@@ -845,7 +845,11 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     cluster.child::<HorizontalPodAutoscaler>(
         serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap(),
     );
-    assert_eq!(seen[i + 2].method, Method::GET, "the ServiceMonitor's name, read");
+    assert_eq!(
+        seen[i + 2].method,
+        Method::GET,
+        "the ServiceMonitor's name, read"
+    );
     cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 3].body)).unwrap());
     let event = &seen[i + 4].body;
     assert_eq!(event["reason"], "Created");
@@ -865,8 +869,11 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
 #[tokio::test]
 async fn a_foreign_service_monitor_of_the_same_name_is_not_taken_over() {
     let mut cluster = Cluster::with_service_monitors();
-    let mc = with_spec(1, json!({"monitoring": {"exporter": {"enabled": true},
-                                               "serviceMonitor": {"enabled": true}}}));
+    let mc = with_spec(
+        1,
+        json!({"monitoring": {"exporter": {"enabled": true},
+                                               "serviceMonitor": {"enabled": true}}}),
+    );
     let theirs = json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
         "metadata": {"name": "cache", "namespace": NS, "labels": {"team": "web"}}});
     let mut script = created_children(*DEPLOYMENTS, 1);
@@ -880,9 +887,16 @@ async fn a_foreign_service_monitor_of_the_same_name_is_not_taken_over() {
     ]);
     let run = run(&mut cluster, mc, script).await;
     let error = run.result.unwrap_err();
-    assert!(error.to_string().contains("ServiceMonitor cache exists and is not managed"), "{error}");
     assert!(
-        !run.seen.iter().any(|s| s.method == Method::PATCH && s.path.contains("servicemonitors")),
+        error
+            .to_string()
+            .contains("ServiceMonitor cache exists and is not managed"),
+        "{error}"
+    );
+    assert!(
+        !run.seen
+            .iter()
+            .any(|s| s.method == Method::PATCH && s.path.contains("servicemonitors")),
         "nothing is applied to it"
     );
 }
@@ -975,7 +989,10 @@ async fn a_changed_secret_rolls_the_pods() {
 
 /// An instance with auth only, its Secret holding `content_b64`.
 fn auth_only() -> Memcached {
-    with_spec(1, json!({"security": {"auth": {"secretName": "cache-auth"}}}))
+    with_spec(
+        1,
+        json!({"security": {"auth": {"secretName": "cache-auth"}}}),
+    )
 }
 
 /// Creates `auth_only()` with the auth file `content_b64` and returns what was seen; `key` is the script of
@@ -1029,7 +1046,11 @@ async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
             .unwrap();
         assert_ne!(annotation, unkeyed, "{word:?} found by the unkeyed digest");
         for key in guessed_keys {
-            assert_ne!(annotation, keyed(key, &unkeyed), "{word:?} found under a guessed key");
+            assert_ne!(
+                annotation,
+                keyed(key, &unkeyed),
+                "{word:?} found under a guessed key"
+            );
         }
         tried += 1;
     }
@@ -1040,7 +1061,9 @@ async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
         Some([("auth-file".to_owned(), KeyDigest::of(b"app:pw42\n"))].into()),
     )]
     .into();
-    let unkeyed = digest(NS, &refs, &contents, TlsReload::Rollout("test")).unwrap().unwrap();
+    let unkeyed = digest(NS, &refs, &contents, TlsReload::Rollout("test"))
+        .unwrap()
+        .unwrap();
     assert_eq!(annotation, keyed(TEST_DIGEST_KEY, &unkeyed));
 }
 
@@ -1096,7 +1119,8 @@ async fn a_digest_key_the_operator_may_not_make_is_degraded_and_names_it() {
         &mut cluster,
         auth_only(),
         vec![
-            expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "YXBwOnB3NDIK")),
+            expect(Method::GET, AUTH_SECRET)
+                .reply(StatusCode::OK, auth_secret("1", "YXBwOnB3NDIK")),
             expect(Method::GET, KEY).fail(404, "NotFound"),
             expect(Method::POST, "/api/v1/namespaces/ops/secrets").fail(403, "Forbidden"),
             expect(Method::PATCH, STATUS).apply(),
@@ -1109,10 +1133,19 @@ async fn a_digest_key_the_operator_may_not_make_is_degraded_and_names_it() {
     let degraded = condition(&run.seen[3].body, "Degraded");
     assert_eq!(degraded["reason"], "DigestKeyUnavailable");
     let message = degraded["message"].as_str().unwrap();
-    assert!(message.contains("ops/memcached-operator-digest-key"), "{message}");
+    assert!(
+        message.contains("ops/memcached-operator-digest-key"),
+        "{message}"
+    );
     assert!(message.contains("create on Secrets"), "{message}");
-    let reasons: Vec<_> = run.seen[4..].iter().map(|e| e.body["reason"].clone()).collect();
-    assert_eq!(reasons, [json!("DigestKeyUnavailable"), json!("ReconcileFailed")]);
+    let reasons: Vec<_> = run.seen[4..]
+        .iter()
+        .map(|e| e.body["reason"].clone())
+        .collect();
+    assert_eq!(
+        reasons,
+        [json!("DigestKeyUnavailable"), json!("ReconcileFailed")]
+    );
 }
 
 /// A running instance whose auth Secret is rotated to a file memcached would misread (no final newline:

@@ -284,7 +284,11 @@ async fn credentials_in_the_clear_go_to_nobody_but_the_expected_pod() {
         "{error:?}"
     );
     let heard = heard_rx.await.expect("the server saw the connection");
-    assert!(heard.is_empty(), "sent: {:?}", String::from_utf8_lossy(&heard));
+    assert!(
+        heard.is_empty(),
+        "sent: {:?}",
+        String::from_utf8_lossy(&heard)
+    );
 
     // The pod it was read for: the credentials go, then the stats are read.
     let address =
@@ -293,7 +297,10 @@ async fn credentials_in_the_clear_go_to_nobody_but_the_expected_pod() {
         still_the_pod: Some(Arc::new(|| true)),
         ..with_credentials(address, "alice", "secret")
     };
-    assert_eq!(read_stats(&target, GENEROUS).await.expect("stats"), fixture_stats());
+    assert_eq!(
+        read_stats(&target, GENEROUS).await.expect("stats"),
+        fixture_stats()
+    );
 }
 
 #[tokio::test]

@@ -124,7 +124,13 @@ mod tests {
         let warned = events.last().unwrap();
         assert_eq!(warned.reason, CREDENTIALS_IN_CLEAR);
         assert_eq!(warned.type_, kube::runtime::events::EventType::Warning);
-        assert!(warned.note.as_deref().unwrap().contains("spec.security.tls"));
+        assert!(
+            warned
+                .note
+                .as_deref()
+                .unwrap()
+                .contains("spec.security.tls")
+        );
     }
 
     #[test]

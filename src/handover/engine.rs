@@ -44,8 +44,8 @@ use crate::resources::rollout::Pace;
 use crate::status::HandoverProgress;
 use crate::store::cache::Cache;
 use crate::store::events::{normal, warning};
-use crate::store::secrets::{SecretReader, SecretValues};
 use crate::store::pod_index::still_at;
+use crate::store::secrets::{SecretReader, SecretValues};
 use crate::store::{Clock, Publisher};
 
 /// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).

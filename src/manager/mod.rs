@@ -34,12 +34,12 @@ use tracing::{error, info, warn};
 
 use crate::cli::{RunArgs, bind_address, metrics_endpoint};
 use crate::controller::Settings;
-use crate::store::digest_key::KeyLocation;
 use crate::metrics::Metrics;
 use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, OperatorPods};
 use crate::run::connectivity::Connectivity;
 use crate::run::{self, RunOptions};
+use crate::store::digest_key::KeyLocation;
 use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
@@ -283,9 +283,11 @@ fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings 
 /// The operator's own namespace, where its Lease and digest key live: --leader-election-namespace, else
 /// `POD_NAMESPACE` (set by the install from the downward API).
 fn own_namespace(args: &RunArgs) -> Option<String> {
-    args.leader_election_namespace
-        .clone()
-        .or_else(|| std::env::var("POD_NAMESPACE").ok().filter(|s| !s.is_empty()))
+    args.leader_election_namespace.clone().or_else(|| {
+        std::env::var("POD_NAMESPACE")
+            .ok()
+            .filter(|s| !s.is_empty())
+    })
 }
 
 /// Longest wait for a connection (TCP and TLS) to the API server. kube's default of 30 s lets one attempt

@@ -5,10 +5,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{
-    Affinity, Capabilities, Container, ContainerPort, ExecAction, Lifecycle, LifecycleHandler,
-    PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec, PodTemplateSpec, Probe,
-    ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, TCPSocketAction,
-    KeyToPath, Volume, VolumeMount, WeightedPodAffinityTerm,
+    Affinity, Capabilities, Container, ContainerPort, ExecAction, KeyToPath, Lifecycle,
+    LifecycleHandler, PodAffinityTerm, PodAntiAffinity, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource,
+    SecurityContext, TCPSocketAction, Volume, VolumeMount, WeightedPodAffinityTerm,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
@@ -204,8 +204,12 @@ fn exporter_tls_args(instance: &Instance<'_>, client_auth: bool) -> Vec<String> 
         format!("--memcached.tls.ca-file={EXPORTER_TLS_DIR}/{trusted}"),
     ];
     if client_auth {
-        flags.push(format!("--memcached.tls.cert-file={EXPORTER_TLS_DIR}/tls.crt"));
-        flags.push(format!("--memcached.tls.key-file={EXPORTER_TLS_DIR}/tls.key"));
+        flags.push(format!(
+            "--memcached.tls.cert-file={EXPORTER_TLS_DIR}/tls.crt"
+        ));
+        flags.push(format!(
+            "--memcached.tls.key-file={EXPORTER_TLS_DIR}/tls.key"
+        ));
     }
     flags
 }

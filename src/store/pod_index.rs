@@ -190,11 +190,10 @@ mod tests {
                 "metadata": {"name": "a-1", "namespace": "ns"}, "status": {"podIP": ip}}))
             .unwrap();
             if terminating {
-                pod.metadata.deletion_timestamp = Some(
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                pod.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
                         k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-                    ),
-                );
+                    ));
             }
             serde_json::from_value(serde_json::to_value(pod).unwrap()).unwrap()
         };

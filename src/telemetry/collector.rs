@@ -52,8 +52,8 @@ use super::stats::Stats;
 use super::summary::{should_write, summarize};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::servers;
-use crate::store::secrets::{SecretReader, SecretValues, Transport};
 use crate::store::pod_index::still_at;
+use crate::store::secrets::{SecretReader, SecretValues, Transport};
 use crate::store::{Cache, PodIndex, Publisher};
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's

@@ -86,7 +86,11 @@ fn leader_election_off_drops_the_flag_but_keeps_the_own_namespace_role() {
     // The Role in the operator's namespace also lets it create its digest key Secret, elected or not.
     let role = find(&objects, "Role", LEADER_ROLE).expect("the operator's own-namespace Role");
     assert!(
-        role["rules"].as_array().unwrap().iter().any(|r| r["resources"][0] == "secrets"),
+        role["rules"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["resources"][0] == "secrets"),
         "{role}"
     );
     let Some(on) = helm::render(json!({"replicaCount": 2})) else {
@@ -120,7 +124,10 @@ fn service_monitor_scrapes_the_metrics_service_with_a_token() {
     assert_eq!(kinds(&off.objects().unwrap()), 0, "off by default");
     // Without a CA or an explicit insecureSkipVerify, the install says what is missing.
     if let Some(error) = helm::refusal(json!({"metrics": {"serviceMonitor": {"enabled": true}}})) {
-        assert!(error.contains("metrics.serviceMonitor.tlsConfig"), "{error}");
+        assert!(
+            error.contains("metrics.serviceMonitor.tlsConfig"),
+            "{error}"
+        );
     }
     let ca = json!({"secret": {"name": "metrics-server-cert", "key": "ca.crt"}});
     let Some(on) = helm::render(json!({"metrics": {"serviceMonitor": {
@@ -145,7 +152,10 @@ fn service_monitor_scrapes_the_metrics_service_with_a_token() {
         endpoint["bearerTokenFile"],
         "/var/run/secrets/kubernetes.io/serviceaccount/token"
     );
-    assert_eq!(endpoint["tlsConfig"]["ca"], ca, "verified against the given CA");
+    assert_eq!(
+        endpoint["tlsConfig"]["ca"], ca,
+        "verified against the given CA"
+    );
     assert!(endpoint["tlsConfig"].get("insecureSkipVerify").is_none());
     assert_eq!(
         endpoint["honorLabels"], true,

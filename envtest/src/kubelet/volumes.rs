@@ -52,7 +52,11 @@ impl Mounts {
         let mut out = arg.to_owned();
         for (mount_path, local) in &self.files {
             if out == *mount_path || out.ends_with(&format!("={mount_path}")) {
-                out = format!("{}{}", &out[..out.len() - mount_path.len()], local.display());
+                out = format!(
+                    "{}{}",
+                    &out[..out.len() - mount_path.len()],
+                    local.display()
+                );
             }
         }
         for (mount_path, local) in &self.mounts {

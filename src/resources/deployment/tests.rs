@@ -404,14 +404,25 @@ fn exporter_sidecar_scrapes_memcached_over_loopback() {
 #[test]
 fn the_exporter_gets_no_private_key_without_client_auth() {
     let mut spec = everything();
-    spec.security.as_mut().unwrap().tls.as_mut().unwrap().client_auth = false;
+    spec.security
+        .as_mut()
+        .unwrap()
+        .tls
+        .as_mut()
+        .unwrap()
+        .client_auth = false;
     let d = build(spec);
     let args = container(&d, "exporter").args.clone().unwrap();
     assert!(
         args.contains(&"--memcached.tls.ca-file=/etc/memcached-exporter/tls/tls.crt".to_owned()),
         "{args:?}"
     );
-    assert!(!args.iter().any(|a| a.contains("key-file") || a.contains("insecure")), "{args:?}");
+    assert!(
+        !args
+            .iter()
+            .any(|a| a.contains("key-file") || a.contains("insecure")),
+        "{args:?}"
+    );
     let mounts = container(&d, "exporter").volume_mounts.clone().unwrap();
     assert_eq!(mounts.len(), 1);
     let volume = pod(&d)

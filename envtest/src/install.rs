@@ -141,8 +141,10 @@ pub async fn install_operator_manifest(
         &path,
         control_plane.server(),
         control_plane.ca_cert(),
-        &user,
-        &token,
+        (&user, &token),
+        // In a pod the account's namespace is the client's default namespace, where the operator keeps
+        // its own objects (the digest key) when POD_NAMESPACE is not set.
+        Some(&namespace),
     )?;
     Ok(OperatorCredentials {
         namespace,

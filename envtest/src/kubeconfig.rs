@@ -10,9 +10,19 @@ use anyhow::{Context, Result};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
 /// Writes a kubeconfig for `server` (verified against the CA in `ca_file`) authenticating as `user` with
-/// a bearer `token`. Mode 0600: it holds the token.
-pub fn write(path: &Path, server: &str, ca_file: &Path, user: &str, token: &str) -> Result<()> {
+/// a bearer `token`, its context in `namespace` when given (as a ServiceAccount's in-cluster config is in
+/// the account's namespace). Mode 0600: it holds the token.
+pub fn write(
+    path: &Path,
+    server: &str,
+    ca_file: &Path,
+    (user, token): (&str, &str),
+    namespace: Option<&str>,
+) -> Result<()> {
     let q = |s: &str| serde_json::Value::from(s).to_string();
+    let namespace = namespace
+        .map(|ns| format!("\n    namespace: {}", q(ns)))
+        .unwrap_or_default();
     let text = format!(
         "apiVersion: v1\n\
          kind: Config\n\
@@ -29,7 +39,7 @@ pub fn write(path: &Path, server: &str, ca_file: &Path, user: &str, token: &str)
          - name: envtest\n  \
            context:\n    \
              cluster: envtest\n    \
-             user: {user}\n\
+             user: {user}{namespace}\n\
          current-context: envtest\n",
         server = q(server),
         ca = q(&ca_file.to_string_lossy()),

@@ -128,7 +128,7 @@ impl ControlPlane {
         for (user, groups, file) in IDENTITIES {
             let token = random_token();
             tokens.push_str(&format!("{token},{user},{user},\"{groups}\"\n"));
-            crate::kubeconfig::write(&dir.join(file), &server, &pki.ca_cert, user, &token)?;
+            crate::kubeconfig::write(&dir.join(file), &server, &pki.ca_cert, (user, &token), None)?;
         }
         write_file(&token_file, &tokens, 0o600)?;
         let audit_policy = dir.join("audit-policy.yaml");

@@ -200,3 +200,101 @@ fn a_sub_option_needs_a_value_exactly_when_memcached_stops_without_one() {
         );
     }
 }
+
+/// The values the operator refuses are exactly those the real binary exits on, for each configuration of
+/// `resources::validate`'s own test: each is started (with the threads and, for auth, an auth file the
+/// spec would give it) and counted as refused when it exits within a second and a half.
+#[test]
+fn the_values_refused_are_those_memcached_exits_on() {
+    use memcached_operator::api::{AuthConfig, MemcachedConfig, MemcachedSpec, Security};
+    use memcached_operator::resources::validate::validate;
+    let Some(binary) = common::memcached::real_binary() else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("memcached-values-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let auth_file = dir.join("auth");
+    std::fs::write(&auth_file, "u:p\n").unwrap();
+    let cases: [(&[&str], bool, i32); 19] = [
+        (&["-B", "binary"], true, 4),
+        (&["-B", "auto"], true, 4),
+        (&["-B", "ascii"], true, 4),
+        (&["-B", "binary"], false, 4),
+        (&["-R", "0"], false, 4),
+        (&["-R", "-1"], false, 4),
+        (&["-Rabc"], false, 4),
+        (&["-D", ""], false, 4),
+        (&["-D", ":"], false, 4),
+        (&["-N", "5"], false, 4),
+        (&["-N", "4"], false, 4),
+        (&["-N", "0"], false, 8),
+        (&["-o", "hashpower=11"], false, 1),
+        (&["-o", "hashpower=12"], false, 4),
+        (&["-o", "hashpower=13"], false, 4),
+        (&["-o", "hashpower=14"], false, 12),
+        (&["-o", "hashpower=15"], false, 12),
+        // 32 is admitted, but its table (8 << 32 bytes, 32 GiB) fails to allocate on a small machine.
+        (&["-o", "hashpower=24"], false, 4),
+        (&["-o", "hashpower=33"], false, 4),
+    ];
+    for (extra, auth, threads) in cases {
+        let mut spec = MemcachedSpec {
+            memcached: Some(Box::new(MemcachedConfig {
+                extra_args: extra.iter().map(|a| (*a).to_owned()).collect(),
+                threads: Some(threads),
+                ..MemcachedConfig::default()
+            })),
+            ..MemcachedSpec::default()
+        };
+        let mut args = vec!["-U", "0", "-l", "127.0.0.1", "-p", "0"];
+        let threads_arg = threads.to_string();
+        args.extend(["-t", threads_arg.as_str()]);
+        if auth {
+            spec.security = Some(Box::new(Security {
+                auth: Some(AuthConfig {
+                    secret_name: "auth".into(),
+                    ..AuthConfig::default()
+                }),
+                ..Security::default()
+            }));
+            args.extend(["-Y", auth_file.to_str().unwrap()]);
+        }
+        // As root (a CI container), memcached wants a user to run as.
+        if is_root() {
+            args.extend(["-u", "nobody"]);
+        }
+        args.extend(extra);
+        let mut child = Command::new(&binary)
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("memcached runs");
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        let exited = child.try_wait().expect("memcached's state").is_some();
+        if !exited {
+            child.kill().unwrap();
+        }
+        let _ = child.wait();
+        assert_eq!(
+            validate(&spec).is_err(),
+            exited,
+            "{extra:?} (auth {auth}, {threads} threads): memcached {}, the operator {:?}",
+            if exited { "exits" } else { "runs" },
+            validate(&spec).err().map(|e| e.message)
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Whether this process runs as root (memcached refuses to run as root without `-u`).
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(1) == Some("0"))
+        })
+        .unwrap_or(false)
+}

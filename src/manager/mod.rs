@@ -16,6 +16,7 @@ pub mod http;
 pub mod https;
 pub mod leader;
 pub mod metrics_auth;
+pub mod server;
 pub mod transport;
 
 use std::process::ExitCode;
@@ -197,8 +198,9 @@ async fn serve_endpoints(
     match metrics_at {
         None => {}
         Some((addr, true)) => {
-            let tls = https::server_config(args.metrics_cert_dir.as_deref())
-                .context("no certificate for the metrics server")?;
+            let tls =
+                https::server_config(args.metrics_cert_dir.as_deref(), args.metrics_enable_http2)
+                    .context("no certificate for the metrics server")?;
             let authorizer = Arc::new(metrics_auth::Authorizer::new(client.clone()));
             let router = http::metrics(metrics.clone(), metrics_auth::Gate::new(Some(authorizer)));
             let local = https::serve(addr, router, tls)

@@ -1,6 +1,10 @@
 //! `/metrics` behind TokenReview and SubjectAccessReview, against a scripted API server: who gets 401, 403
-//! and 200, that answers are cached per token, that scrapes beyond the concurrency limit get 503, and that
-//! the endpoint answers over HTTPS with a certificate from a directory.
+//! and 200, that answers are remembered per token (allowed ones apart from refused ones, and reviewed
+//! again in the background), that unknown tokens beyond the review slots get 429 while an allowed token
+//! passes, that allowed scrapes beyond the concurrency limit get 503, and that the endpoint answers over
+//! HTTPS with a certificate from a directory. And the server's limits: HTTP/2 only with the flag, the
+//! header-read and idle timeouts, the connection cap, and a flood of random tokens from 200 clients (also
+//! with TokenReviews slowed to 2 s) that does not hold up Prometheus.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -167,6 +171,18 @@ async fn verdicts_are_cached_per_token() {
     assert_eq!(api.count(), asked, "the second scrapes ask nothing");
 }
 
+/// Waits (5 s at most) until `done`.
+async fn wait_until(what: &str, done: impl Fn() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// `count` scrapes with tokens the API server does not know, started and left waiting (for a held API
 /// server) until [`Api::count`] reaches `seen`.
 async fn waiting_unknown_scrapes(
@@ -181,9 +197,7 @@ async fn waiting_unknown_scrapes(
             tokio::spawn(async move { scrape(&router, Some(&format!("unknown-{i}"))).await.0 })
         })
         .collect();
-    while api.count() < seen {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the reviews of the unknown tokens", || api.count() >= seen).await;
     waiting
 }
 
@@ -302,13 +316,12 @@ async fn an_allowed_token_is_reviewed_again_in_the_background_before_its_verdict
         "the scrapes did not wait for the review: {:?}",
         started.elapsed()
     );
-    while api.count() < 3 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("a review of the allowed token in the background", || {
+        api.count() >= 3
+    })
+    .await;
     drop(held);
-    while api.answered() < 4 {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("the answers to that review", || api.answered() >= 4).await;
     assert_eq!(
         api.count(),
         4,
@@ -341,9 +354,10 @@ async fn an_allowed_token_whose_verdict_ran_out_is_reviewed_on_slots_unknown_tok
         let router = router.clone();
         tokio::spawn(async move { scrape(&router, Some(READER)).await.0 })
     };
-    while api.count() < 3 + MAX_CONCURRENT_REVIEWS {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    wait_until("a review of the token whose verdict ran out", || {
+        api.count() >= 3 + MAX_CONCURRENT_REVIEWS
+    })
+    .await;
     assert_eq!(
         scrape(&router, Some("one-more")).await.0,
         StatusCode::TOO_MANY_REQUESTS,

@@ -59,6 +59,12 @@ pub struct RunArgs {
     #[arg(long, env = "METRICS_CERT_DIR")]
     pub metrics_cert_dir: Option<std::path::PathBuf>,
 
+    /// Offer HTTP/2 (by ALPN) on the HTTPS /metrics endpoint. Off by default, as Kubebuilder's
+    /// `--enable-http2`, since the HTTP/2 rapid-reset attacks (CVE-2023-44487): HTTP/1.1 serves Prometheus
+    /// as well.
+    #[arg(long, env = "METRICS_ENABLE_HTTP2")]
+    pub metrics_enable_http2: bool,
+
     /// Address of the /healthz and /readyz endpoints.
     #[arg(long, env = "HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081")]
     pub health_probe_bind_address: String,

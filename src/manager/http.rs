@@ -4,16 +4,15 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use crate::manager::metrics_auth::{Gate, enforce};
+use crate::manager::server::{self, Limits};
+use crate::metrics::Metrics;
+use crate::run::connectivity::{CRD_MISSING, Connectivity};
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use tokio::net::TcpListener;
-
-use crate::manager::metrics_auth::{Gate, enforce};
-use crate::metrics::Metrics;
-use crate::run::connectivity::{CRD_MISSING, Connectivity};
 
 /// What the probes report.
 #[derive(Debug, Default)]
@@ -87,16 +86,10 @@ async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoRespon
     )
 }
 
-/// Binds `addr` now (so a taken port fails the start) and serves `router` in the background.
+/// Binds `addr` now (so a taken port fails the start) and serves `router` over plain HTTP/1.1 in the
+/// background, within the default [`Limits`].
 pub async fn serve(addr: SocketAddr, router: Router) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, router).await {
-            tracing::error!(%error, %local, "HTTP server stopped");
-        }
-    });
-    Ok(local)
+    server::serve(addr, router, None, Limits::default()).await
 }
 
 #[cfg(test)]

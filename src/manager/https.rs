@@ -1,9 +1,7 @@
 //! HTTPS for `/metrics`: a certificate from `--metrics-cert-dir` (re-read when its files change, so a
 //! certificate cert-manager renews is served without a restart) or a self-signed one generated at start.
-//!
-//! Served by a small accept loop over tokio-rustls and hyper-util's HTTP/1.1+HTTP/2 connection builder,
-//! both already in the dependency tree on the `ring` provider: `axum::serve` takes plain TCP only, and
-//! `axum-server`'s rustls feature would bring a second TLS stack choice (aws-lc) to keep out.
+//! HTTP/1.1 only, unless `--metrics-enable-http2` has `h2` offered by ALPN too; served within the limits
+//! of [`super::server`].
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -11,11 +9,6 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use axum::Router;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto;
-use hyper_util::service::TowerToHyperService;
-use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::crypto::CryptoProvider;
 use tokio_rustls::rustls::pki_types::pem::PemObject;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -23,13 +16,13 @@ use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 
+use super::server::{self, Limits};
+
 /// File names in `--metrics-cert-dir`, as in a `kubernetes.io/tls` Secret.
 pub const CERT_FILE: &str = "tls.crt";
 pub const KEY_FILE: &str = "tls.key";
 /// How often the certificate files are compared with what is served.
 pub const RELOAD_INTERVAL: Duration = Duration::from_secs(30);
-/// Longest TLS handshake: a client that connects and says nothing does not hold a task forever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Why the metrics server's certificate cannot be had.
 #[derive(Debug, thiserror::Error)]
@@ -112,8 +105,8 @@ impl ResolvesServerCert for Current {
 
 /// The TLS configuration for the metrics server: from `cert_dir` (and re-read every
 /// [`RELOAD_INTERVAL`] in the background; a broken update keeps the previous certificate, with a warning),
-/// or self-signed.
-pub fn server_config(cert_dir: Option<&Path>) -> Result<Arc<ServerConfig>, TlsError> {
+/// or self-signed. ALPN offers `http/1.1`, and `h2` before it when `http2`.
+pub fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>, TlsError> {
     let current = Arc::new(Current(RwLock::new(Arc::new(match cert_dir {
         Some(dir) => load(dir)?,
         None => self_signed()?,
@@ -125,7 +118,10 @@ pub fn server_config(cert_dir: Option<&Path>) -> Result<Arc<ServerConfig>, TlsEr
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(current);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    config.alpn_protocols = match http2 {
+        true => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+        false => vec![b"http/1.1".to_vec()],
+    };
     Ok(Arc::new(config))
 }
 
@@ -169,48 +165,14 @@ fn refresh(dir: &Path, current: &Current, seen: &mut Files) -> bool {
     }
 }
 
-/// Binds `addr` now (so a taken port fails the start) and serves `router` over TLS in the background.
+/// Binds `addr` now (so a taken port fails the start) and serves `router` over TLS in the background,
+/// within the default [`Limits`].
 pub async fn serve(
     addr: SocketAddr,
     router: Router,
     config: Arc<ServerConfig>,
 ) -> std::io::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr).await?;
-    let local = listener.local_addr()?;
-    let acceptor = TlsAcceptor::from(config);
-    tokio::spawn(async move {
-        loop {
-            let tcp = match listener.accept().await {
-                Ok((tcp, _)) => tcp,
-                Err(error) => {
-                    // Out of file descriptors and the like: wait rather than spin.
-                    tracing::warn!(%error, %local, "cannot accept a metrics connection");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            };
-            let (acceptor, router) = (acceptor.clone(), router.clone());
-            tokio::spawn(async move {
-                let tls = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
-                {
-                    Ok(Ok(tls)) => tls,
-                    Ok(Err(error)) => {
-                        tracing::debug!(%error, "metrics TLS handshake failed");
-                        return;
-                    }
-                    Err(_) => return,
-                };
-                let service = TowerToHyperService::new(router);
-                if let Err(error) = auto::Builder::new(TokioExecutor::new())
-                    .serve_connection(TokioIo::new(tls), service)
-                    .await
-                {
-                    tracing::debug!(%error, "metrics connection ended");
-                }
-            });
-        }
-    });
-    Ok(local)
+    server::serve(addr, router, Some(config), Limits::default()).await
 }
 
 #[cfg(test)]

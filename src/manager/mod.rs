@@ -16,6 +16,7 @@ pub mod http;
 pub mod https;
 pub mod leader;
 pub mod metrics_auth;
+pub mod server;
 pub mod transport;
 
 use std::process::ExitCode;
@@ -123,21 +124,36 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         options,
         health.synced.clone(),
     );
-    tokio::pin!(controller);
-    tokio::select! {
-        () = &mut controller => {}
-        // In-flight reconciles get a moment to finish, not more: another replica may lead already.
-        () = async {
-            lost.cancelled().await;
-            tokio::time::sleep(LOST_LEASE_GRACE).await;
-        }, if !stop.is_cancelled() => {}
-    }
+    until_stopped(controller, &stop, &lost, SHUTDOWN_GRACE).await;
     if let Some(collector) = collector {
         collector.abort();
     }
     health.stopping.store(true, Ordering::Release);
     metrics.set_leader(false);
     Ok(exit(election, &lost, &stop).await)
+}
+
+/// Runs `controller` until it ends, which it does after a stop or a lost Lease once its in-flight
+/// reconciles have finished; or until those reconciles have had their time: `grace` after a stop
+/// ([`SHUTDOWN_GRACE`]), [`LOST_LEASE_GRACE`] after a lost Lease.
+async fn until_stopped(
+    controller: impl std::future::Future<Output = ()>,
+    stop: &CancellationToken,
+    lost: &CancellationToken,
+    grace: Duration,
+) {
+    tokio::select! {
+        () = controller => {}
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(grace).await;
+        } => warn!(?grace, "in-flight reconciles did not finish in time; exiting without them"),
+        // In-flight reconciles get a moment to finish, not more: another replica may lead already.
+        () = async {
+            lost.cancelled().await;
+            tokio::time::sleep(LOST_LEASE_GRACE).await;
+        }, if !stop.is_cancelled() => {}
+    }
 }
 
 /// How the operator exits once the controller stopped: a replica that lost the lease fails, so that it
@@ -183,8 +199,9 @@ async fn serve_endpoints(
     match metrics_at {
         None => {}
         Some((addr, true)) => {
-            let tls = https::server_config(args.metrics_cert_dir.as_deref())
-                .context("no certificate for the metrics server")?;
+            let tls =
+                https::server_config(args.metrics_cert_dir.as_deref(), args.metrics_enable_http2)
+                    .context("no certificate for the metrics server")?;
             let authorizer = Arc::new(metrics_auth::Authorizer::new(client.clone()));
             let router = http::metrics(metrics.clone(), metrics_auth::Gate::new(Some(authorizer)));
             let local = https::serve(addr, router, tls)
@@ -300,6 +317,11 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(65);
 /// After the Lease is lost, how long in-flight reconciles may take before the process exits anyway.
 pub const LOST_LEASE_GRACE: Duration = Duration::from_secs(2);
+/// After SIGTERM/SIGINT, how long in-flight reconciles may take before the process exits anyway (they are
+/// level-based: the next leader, or this operator's next start, does what they left undone). Within the
+/// pod's grace period (10 s in `config/manager`), with time left to release the Lease; a reconcile waits
+/// for an API server that stopped answering up to [`REQUEST_TIMEOUT`], far longer.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// The API server configuration (kubeconfig or in-cluster), with the timeouts above.
 async fn config() -> anyhow::Result<Config> {
@@ -428,5 +450,35 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     {
         let _ = ctrl_c.await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[tokio::test]
+    async fn a_stop_ends_the_wait_when_the_controller_ends_or_after_the_grace() {
+        let (stop, lost) = (CancellationToken::new(), CancellationToken::new());
+        let grace = Duration::from_millis(300);
+        // A controller that ends once told to stop: no grace waited for.
+        let ends = {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        };
+        stop.cancel();
+        let started = Instant::now();
+        until_stopped(ends, &stop, &lost, grace).await;
+        assert!(started.elapsed() < grace, "{:?}", started.elapsed());
+
+        // A controller whose reconciles never finish: the grace, then no more.
+        let started = Instant::now();
+        until_stopped(std::future::pending(), &stop, &lost, grace).await;
+        let waited = started.elapsed();
+        assert!(
+            waited >= grace && waited < grace * 10,
+            "{waited:?} for a grace of {grace:?}"
+        );
     }
 }

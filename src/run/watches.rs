@@ -360,11 +360,12 @@ pub async fn run(
         written,
         secret_hashes,
         instances: (mc_api, mc_writer),
-        instances_listed: (mc_listed_tx, _),
+        instances_listed: (mc_listed_tx, mc_listed),
         children_synced,
         streams,
         shutdown,
     } = watches;
+    let stopped_unlisted = stopped_before_listing(shutdown.clone(), mc_listed);
     let memcacheds = stores.memcacheds.clone();
     let service_monitor = service_monitor::api_resource();
     let ctx = Arc::new(
@@ -378,29 +379,7 @@ pub async fn run(
         )
         .sharing(written, secret_hashes),
     );
-    // Built once the context exists: a deletion it sees makes the context forget the instance (no
-    // reconcile follows a deletion). Its cache sees the deletion first, so a failure counted after this
-    // is dropped by the error policy.
-    let forget = ctx.clone();
-    let written = ctx.writer.written.clone();
-    // A 404 here means that the CRD is not installed: reported through `connectivity` (and `/readyz`).
-    let mc_stream = retrying_memcacheds(
-        &ctx.metrics,
-        connectivity.clone(),
-        watcher(mc_api, from_cache(watcher::Config::default())),
-    )
-    .modify(trim_instance)
-    .reflect(mc_writer)
-    .inspect_ok(move |event| match event {
-        watcher::Event::InitDone => {
-            mc_listed_tx.send_replace(true);
-        }
-        watcher::Event::Delete(mc) => forget.forget(mc),
-        // The cache holds it now: a status or finalizer write it has caught up with need not be kept.
-        watcher::Event::Apply(mc) => written.observe_cached(mc, &()),
-        _ => {}
-    })
-    .applied_objects();
+    let mc_stream = instances(&ctx, &connectivity, mc_api, mc_writer, mc_listed_tx);
 
     info!(
         namespace = namespace.as_deref().unwrap_or("<all>"),
@@ -416,7 +395,7 @@ pub async fn run(
     if let Some(stream) = streams.service_monitors {
         controller = controller.owns_stream_with(stream, service_monitor);
     }
-    controller
+    let controller = controller
         // Unbounded here: the reconciles take turns themselves, in order (see `turns`).
         .with_config(ControllerConfig::default())
         .reconcile_on(streams.children)
@@ -436,9 +415,62 @@ pub async fn run(
             if let Err(error) = result {
                 log_controller_error(error);
             }
-        })
-        .await;
-    info!("controller stopped");
+        });
+    tokio::select! {
+        () = controller => info!("controller stopped"),
+        () = stopped_unlisted => {
+            info!("controller stopped before the instances were listed; no reconcile had started");
+        }
+    }
+}
+
+/// The instances' watch, filling their cache: each instance changed, for the controller. Built once the
+/// context exists: a deletion it sees makes the context forget the instance (no reconcile follows a
+/// deletion). Its cache sees the deletion first, so a failure counted after this is dropped by the error
+/// policy. `listed` turns true at the end of each complete list.
+fn instances(
+    ctx: &Arc<Context>,
+    connectivity: &Arc<Connectivity>,
+    api: Api<Memcached>,
+    writer: reflector::store::Writer<Memcached>,
+    listed: watch::Sender<bool>,
+) -> impl futures::Stream<Item = Result<Memcached, watcher::Error>> + Send + 'static {
+    let forget = ctx.clone();
+    let written = ctx.writer.written.clone();
+    // A 404 here means that the CRD is not installed: reported through `connectivity` (and `/readyz`).
+    retrying_memcacheds(
+        &ctx.metrics,
+        connectivity.clone(),
+        watcher(api, from_cache(watcher::Config::default())),
+    )
+    .modify(trim_instance)
+    .reflect(writer)
+    .inspect_ok(move |event| match event {
+        watcher::Event::InitDone => {
+            listed.send_replace(true);
+        }
+        watcher::Event::Delete(mc) => forget.forget(mc),
+        // The cache holds it now: a status or finalizer write it has caught up with need not be kept.
+        watcher::Event::Apply(mc) => written.observe_cached(mc, &()),
+        _ => {}
+    })
+    .applied_objects()
+}
+
+/// Resolves when shutdown comes before the instances' first complete list (`listed` still false); pends
+/// otherwise. kube's controller starts no reconcile before its cache of instances holds that list, and
+/// until then it does not end either: its runner waits for the list even after a graceful shutdown has
+/// ended its queue. Without the CRD (or with an API server that never answered) the list never comes, and
+/// the process waited for it after SIGTERM until killed. Nothing is in flight then, so nothing is lost by
+/// ending the controller at once.
+async fn stopped_before_listing(
+    shutdown: Shared<BoxFuture<'static, ()>>,
+    listed: watch::Receiver<bool>,
+) {
+    shutdown.await;
+    if *listed.borrow() {
+        std::future::pending::<()>().await;
+    }
 }
 
 /// Logs what the controller's stream reports: reconcile failures are logged by the reconcile itself;

@@ -210,6 +210,7 @@ pub struct Api {
     unexpected: Arc<Mutex<Vec<String>>>,
     answered: Arc<AtomicUsize>,
     gate: Arc<RwLock<()>>,
+    delay: Arc<Mutex<Duration>>,
     server: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -222,6 +223,7 @@ impl Api {
             unexpected: Arc::default(),
             answered: Arc::default(),
             gate: Arc::default(),
+            delay: Arc::default(),
             rules: Arc::new(rules),
         };
         let mut api = Self {
@@ -229,6 +231,7 @@ impl Api {
             unexpected: server.unexpected.clone(),
             answered: server.answered.clone(),
             gate: server.gate.clone(),
+            delay: server.delay.clone(),
             server: None,
         };
         api.server = Some(tokio::spawn(server.serve(handle, script.into())));
@@ -292,6 +295,12 @@ impl Api {
         .len()
     }
 
+    /// Answers every later request a rule takes only after `delay`, as a loaded API server would; the
+    /// requests are still answered concurrently.
+    pub fn delay(&self, delay: Duration) {
+        *self.delay.lock().unwrap() = delay;
+    }
+
     /// Holds every answer of the rules until the guard is dropped, as a busy API server would.
     pub async fn hold(&self) -> OwnedRwLockWriteGuard<()> {
         self.gate.clone().write_owned().await
@@ -332,6 +341,7 @@ struct Server {
     unexpected: Arc<Mutex<Vec<String>>>,
     answered: Arc<AtomicUsize>,
     gate: Arc<RwLock<()>>,
+    delay: Arc<Mutex<Duration>>,
     rules: Arc<Vec<Rule>>,
 }
 
@@ -380,7 +390,9 @@ impl Server {
             self.seen.lock().unwrap().push(seen.clone());
             if let Some((status, reply)) = self.rules.iter().find_map(|rule| rule(&seen)) {
                 let (gate, answered) = (self.gate.clone(), self.answered.clone());
+                let delay = *self.delay.lock().unwrap();
                 tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
                     let _open = gate.read().await;
                     respond.send_response(response(status, &reply));
                     answered.fetch_add(1, Ordering::SeqCst);

@@ -68,6 +68,7 @@ mod rollouts;
 mod scale_handover;
 mod secrets;
 mod settled;
+mod shutdown;
 mod statefulset_handover;
 mod telemetry;
 

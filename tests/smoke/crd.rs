@@ -1,6 +1,6 @@
 //! Started before its CRD is installed: the operator names the missing `Memcached` CRD and how to install
 //! it, in one warning (repeated at most once a minute) and in `/readyz`'s answer, keeps trying, and starts
-//! by itself once the CRD is there.
+//! by itself once the CRD is there. Told to stop meanwhile, it exits at once.
 
 use std::time::{Duration, Instant};
 
@@ -10,7 +10,7 @@ use fake_apiserver::Fake;
 use crate::checks::of;
 use crate::cluster;
 use crate::cluster::paths::{DEPLOYMENT, MEMCACHEDS, MONITORING};
-use crate::harness::{WAIT, http_get, is_ok, start_with};
+use crate::harness::{Operator, WAIT, http_get, is_ok, start_with};
 
 /// The line that names the missing CRD (in the log and on `/readyz`).
 const MISSING: &str = "the Memcached CRD (memcacheds.cache.example.com) is not installed; install it \
@@ -91,4 +91,41 @@ fn memcached_lists(fake: &Fake) -> usize {
         .iter()
         .filter(|r| !r.is_watch())
         .count()
+}
+
+/// SIGTERM while the CRD is missing, with and without leader election: the operator exits 0 within 2 s.
+/// (It used to answer "shutdown requested; finishing in-flight reconciles" and wait for a first list of
+/// instances that never came, until a second signal or SIGKILL.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_crd_is_missing_exits_within_2s() {
+    let leader_election = ["--leader-elect", "--leader-election-namespace", "op-system"];
+    for (name, args) in [
+        ("crd-stop", &[][..]),
+        ("crd-stop-leader", &leader_election[..]),
+    ] {
+        let fake = cluster::start(None).await;
+        fake.set_crd_missing(true);
+        let (_scratch, mut op, _metrics, probes) = start_with(&fake, name, args);
+        op.wait_until("/readyz names the missing CRD", WAIT, || async {
+            http_get(&probes, "/readyz")
+                .await
+                .is_some_and(|(code, body)| code == 503 && body == MISSING)
+        })
+        .await;
+        let stopped = stop_timed(&mut op).await;
+        eprintln!("{name}: exited {stopped:?} after SIGTERM");
+    }
+}
+
+/// SIGTERM; how long the exit took. Fails unless the operator exits 0 within 2 s.
+async fn stop_timed(op: &mut Operator) -> Duration {
+    let sent = Instant::now();
+    op.sigterm();
+    let exit = op.wait_exit(Duration::from_secs(2)).await;
+    let took = sent.elapsed();
+    let Some(exit) = exit else {
+        panic!("still running 2 s after SIGTERM:\n{}", op.stderr());
+    };
+    assert_eq!(exit.code(), Some(0), "exit status {exit}:\n{}", op.stderr());
+    took
 }

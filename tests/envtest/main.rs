@@ -56,6 +56,7 @@ mod crd;
 mod drain;
 mod drift;
 mod handover;
+mod in_clear;
 mod instances;
 mod invalid_args;
 mod leader;

@@ -77,23 +77,8 @@ pub enum FlagError {
     Positional { index: usize, arg: String },
 }
 
-/// One option as memcached's getopt reads it from extraArgs: where it was written, and its value.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Given {
-    /// The element that holds the value (or the option, when it takes none).
-    pub index: usize,
-    pub flag: Flag,
-    pub value: Option<String>,
-}
-
 /// Walks `args` as memcached would and returns the first refused element.
 pub fn check(args: &[String]) -> Result<(), FlagError> {
-    parse(args).map(|_| ())
-}
-
-/// Walks `args` as memcached would: every option given, or the first refused element.
-pub fn parse(args: &[String]) -> Result<Vec<Given>, FlagError> {
-    let mut given = Vec::new();
     let mut index = 0;
     while index < args.len() {
         let arg = args[index].as_str();
@@ -147,11 +132,6 @@ pub fn parse(args: &[String]) -> Result<Vec<Given>, FlagError> {
                 (_, value) => value,
             };
             sub_options(flag, value, index, &args[index])?;
-            given.push(Given {
-                index,
-                flag: *flag,
-                value: value.map(str::to_owned),
-            });
         } else if let Some(letters) = arg.strip_prefix('-').filter(|l| !l.is_empty()) {
             for (at, letter) in letters.char_indices() {
                 let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
@@ -169,18 +149,8 @@ pub fn parse(args: &[String]) -> Result<Vec<Given>, FlagError> {
                         rest
                     };
                     sub_options(flag, Some(value), index, &args[index])?;
-                    given.push(Given {
-                        index,
-                        flag: *flag,
-                        value: Some(value.to_owned()),
-                    });
                     break;
                 }
-                given.push(Given {
-                    index,
-                    flag: *flag,
-                    value: None,
-                });
             }
         } else {
             return Err(FlagError::Positional {
@@ -190,7 +160,7 @@ pub fn parse(args: &[String]) -> Result<Vec<Given>, FlagError> {
         }
         index += 1;
     }
-    Ok(given)
+    Ok(())
 }
 
 fn refuse(flag: &Flag, index: usize, arg: &str) -> Result<(), FlagError> {

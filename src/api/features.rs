@@ -78,8 +78,11 @@ pub struct MemcachedConfig {
     /// may not set an option the operator manages or that stops memcached serving (-p -U -l -s -a -A -Z
     /// -S -Y -m -c -t -I -v -d -u -P -e -h -i -V, the ssl_* and ext_path -o sub-options), nor an option
     /// memcached does not know, nor a positional argument, nor a -o sub-option without the value it needs
-    /// (-o hashpower); the CRD's rule refuses such a spec at admission where it can see it, and the
-    /// operator reports it as Degraded with reason InvalidConfig and rolls nothing out.
+    /// (-o hashpower), nor a value memcached exits on or never serves with (-B binary or auto with
+    /// security.auth, -B other than ascii/binary/auto, -R 0 or negative, -D "", -N 0 or above threads,
+    /// -n 0, -f 1 or less, -o hashpower outside 12..32, not above the item lock table of the threads, or
+    /// a table larger than the memory limit); the CRD's rule refuses such a spec at admission where it can
+    /// see it, and the operator reports it as Degraded with reason InvalidConfig and rolls nothing out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 256)))]
     pub extra_args: Vec<String>,

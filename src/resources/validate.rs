@@ -18,9 +18,24 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 }
 
 /// extraArgs, walked as memcached's getopt would (see `api::flags`), so that no spelling of a managed
-/// option slips through on servers that do not run the CRD's CEL rule.
+/// option slips through on servers that do not run the CRD's CEL rule, and no value memcached exits on
+/// (`api::flags::values`: `-B binary` with auth, `-R 0`, `-D ""`, `-N` above the threads, `-o hashpower`
+/// out of range) reaches the pods: they would crash-loop, where a refused spec leaves them serving.
 fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
-    flags::argv::check(&spec.memcached().extra_args)
+    let config = spec.memcached();
+    let memory_limit = super::deployment::memcached_resources(spec)
+        .limits
+        .as_ref()
+        .and_then(|l| l.get("memory"))
+        .and_then(|q| quantity::parse(&q.0))
+        .filter(|bytes| bytes.is_finite() && *bytes >= 0.0)
+        .map(|bytes| bytes as u64);
+    let managed = flags::values::Managed {
+        threads: config.threads(),
+        auth: spec.auth().is_some(),
+        memory_limit,
+    };
+    flags::values::check(&config.extra_args, &managed)
         .map_err(|err| InvalidSpec::config(format!("spec.memcached.{err}")))
 }
 
@@ -116,8 +131,8 @@ fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 mod tests {
     use super::*;
     use crate::api::{
-        ExporterConfig, HighAvailability, MemcachedConfig, Monitoring, PodDisruptionBudgetConfig,
-        ServiceMonitorConfig,
+        AuthConfig, ExporterConfig, HighAvailability, MemcachedConfig, Monitoring,
+        PodDisruptionBudgetConfig, Security, ServiceMonitorConfig,
     };
     use crate::resources::INVALID_CONFIG;
     use k8s_openapi::api::core::v1::ResourceRequirements;
@@ -182,6 +197,96 @@ mod tests {
             ..MemcachedConfig::default()
         });
         validate(&ok).unwrap();
+    }
+
+    fn with_args(extra: &[&str], threads: Option<i32>, auth: bool) -> MemcachedSpec {
+        MemcachedSpec {
+            memcached: Some(Box::new(MemcachedConfig {
+                threads,
+                extra_args: extra.iter().map(|a| (*a).to_owned()).collect(),
+                ..MemcachedConfig::default()
+            })),
+            security: auth.then(|| {
+                Box::new(Security {
+                    auth: Some(AuthConfig {
+                        secret_name: "auth".into(),
+                        key: None,
+                    }),
+                    ..Security::default()
+                })
+            }),
+            ..MemcachedSpec::default()
+        }
+    }
+
+    /// The configurations memcached 1.6.18 exits on (see `api::flags::values`), each named by the
+    /// element that sets it; their neighbours that start are valid.
+    #[test]
+    fn extra_args_memcached_would_exit_on_are_invalid() {
+        for (extra, threads, auth, expected) in [
+            (&["-B", "binary"][..], None, true, "extraArgs[1] \"binary\""),
+            (
+                &["-o", "modern", "-Bauto"],
+                None,
+                true,
+                "extraArgs[2] \"-Bauto\"",
+            ),
+            (
+                &["--protocol=binary"],
+                None,
+                true,
+                "extraArgs[0] \"--protocol=binary\"",
+            ),
+            (&["-B", "ascii", "-B", "binary"], None, true, "extraArgs[3]"),
+            (&["-B", "udp"], None, false, "extraArgs[1] \"udp\""),
+            (&["-R", "0"], None, false, "extraArgs[1] \"0\""),
+            (&["-R", "-p1"], None, false, "extraArgs[1] \"-p1\""),
+            (&["-R", "-1"], None, false, "extraArgs[1] \"-1\""),
+            (&["-R4294967296"], None, false, "extraArgs[0]"),
+            (&["-D", ""], None, false, "extraArgs[1] \"\""),
+            (&["-N", "5"], None, false, "extraArgs[1] \"5\""),
+            (&["-N", "3"], Some(2), false, "extraArgs[1] \"3\""),
+            (&["-N", "0"], None, false, "extraArgs[1] \"0\""),
+            (
+                &["-o", "hashpower=11"],
+                None,
+                false,
+                "extraArgs[1] \"hashpower=11\"",
+            ),
+            (&["-o", "hashpower=33"], None, false, "extraArgs[1]"),
+            (&["-o", "modern,hashpower=abc"], None, false, "extraArgs[1]"),
+            (&["-o", "hashpower=12"], None, false, "extraArgs[1]"),
+            (&["-o", "hashpower=13"], Some(5), false, "extraArgs[1]"),
+            (&["-o", "hashpower=15"], Some(21), false, "extraArgs[1]"),
+            (&["-o", "hashpower=24"], None, false, "extraArgs[1]"),
+            (&["-n", "0"], None, false, "extraArgs[1]"),
+            (&["-f", "1"], None, false, "extraArgs[1]"),
+        ] {
+            let message = message(&with_args(extra, threads, auth));
+            assert!(
+                message.starts_with(&format!("spec.memcached.{expected}")),
+                "{extra:?}: {message}"
+            );
+        }
+        for (extra, threads, auth) in [
+            (&["-B", "binary"][..], None, false),
+            (&["-B", "auto"], None, false),
+            (&["-B", "ascii"], None, true),
+            (&["-B", "binary", "-B", "ascii"], None, true),
+            (&["-R", "40x"], None, false),
+            (&["-D", ":"], None, false),
+            (&["-N", "4"], None, false),
+            (&["-N", "8"], Some(8), false),
+            (&["-o", "hashpower=13"], None, false),
+            (&["-o", "hashpower=12"], Some(3), false),
+            (&["-o", "hashpower=16"], Some(21), false),
+            (&["-o", "hashpower=23"], None, false),
+            (&["-n", "-5"], None, false),
+            (&["-f", "1.25"], None, false),
+        ] {
+            validate(&with_args(extra, threads, auth))
+                .unwrap_or_else(|e| panic!("{extra:?} threads {threads:?} auth {auth}: {e}"));
+        }
     }
 
     #[test]

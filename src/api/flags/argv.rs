@@ -75,10 +75,37 @@ pub enum FlagError {
         "extraArgs[{index}] {arg:?} is neither an option nor the value of one; memcached takes no other arguments"
     )]
     Positional { index: usize, arg: String },
+    /// A value memcached cannot start with (see [`super::values`]); `why` says what it does and what to
+    /// write instead.
+    #[error("extraArgs[{index}] {arg:?}: {why}")]
+    Value {
+        index: usize,
+        arg: String,
+        why: String,
+    },
+}
+
+/// One option as memcached's getopt reads it from extraArgs: the option, its value if it takes one, and
+/// the element that holds the value (the option's own element for a switch or an attached value), so a
+/// check of the value can name what the user typed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Given<'a> {
+    pub flag: &'static Flag,
+    pub value: Option<&'a str>,
+    /// Position in extraArgs of the element holding the value (or the option).
+    pub index: usize,
+    /// That element, as written.
+    pub arg: &'a str,
 }
 
 /// Walks `args` as memcached would and returns the first refused element.
 pub fn check(args: &[String]) -> Result<(), FlagError> {
+    parse(args).map(|_| ())
+}
+
+/// Walks `args` as memcached would: the options it reads, in its order, or the first refused element.
+pub fn parse(args: &[String]) -> Result<Vec<Given<'_>>, FlagError> {
+    let mut given = Vec::new();
     let mut index = 0;
     while index < args.len() {
         let arg = args[index].as_str();
@@ -132,6 +159,12 @@ pub fn check(args: &[String]) -> Result<(), FlagError> {
                 (_, value) => value,
             };
             sub_options(flag, value, index, &args[index])?;
+            given.push(Given {
+                flag,
+                value,
+                index,
+                arg: &args[index],
+            });
         } else if let Some(letters) = arg.strip_prefix('-').filter(|l| !l.is_empty()) {
             for (at, letter) in letters.char_indices() {
                 let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
@@ -149,8 +182,20 @@ pub fn check(args: &[String]) -> Result<(), FlagError> {
                         rest
                     };
                     sub_options(flag, Some(value), index, &args[index])?;
+                    given.push(Given {
+                        flag,
+                        value: Some(value),
+                        index,
+                        arg: &args[index],
+                    });
                     break;
                 }
+                given.push(Given {
+                    flag,
+                    value: None,
+                    index,
+                    arg: &args[index],
+                });
             }
         } else {
             return Err(FlagError::Positional {
@@ -160,7 +205,7 @@ pub fn check(args: &[String]) -> Result<(), FlagError> {
         }
         index += 1;
     }
-    Ok(())
+    Ok(given)
 }
 
 fn refuse(flag: &Flag, index: usize, arg: &str) -> Result<(), FlagError> {

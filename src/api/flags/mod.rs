@@ -8,10 +8,13 @@
 //! itself (a second value would override the spec), options that undo the operator's security
 //! settings or open a path it does not expose, and options that make memcached exit or never serve
 //! (a crash-looping pod is worse than a refused spec). Anything memcached does not know is refused too,
-//! because memcached exits on an unknown option.
+//! because memcached exits on an unknown option. Of the allowed options, the values memcached exits on
+//! (`-B binary` with an auth file, `-R 0`, `-D ""`, `-N` above the threads, `-o hashpower` out of range)
+//! are refused by [`values::check`], which only the operator runs.
 
 pub mod argv;
 pub mod cel;
+pub mod values;
 
 /// Whether an option takes a value, as in `struct option`'s `has_arg`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -208,3 +208,24 @@ fn a_value_that_looks_like_a_flag_is_a_value() {
     // getopt gives a required argument the next element whatever it looks like.
     assert_eq!(check(&args(&["-D", "-p"])), Ok(()));
 }
+
+/// `parse` hands each option's value with the element that holds it, for the checks of values.
+#[test]
+fn parse_names_the_element_holding_each_value() {
+    let list = args(&["-CB", "binary", "--max-reqs=0", "-o", "modern", "-D:"]);
+    let given: Vec<(char, Option<&str>, usize, &str)> = parse(&list)
+        .unwrap()
+        .iter()
+        .map(|g| (g.flag.short.unwrap(), g.value, g.index, g.arg))
+        .collect();
+    assert_eq!(
+        given,
+        [
+            ('C', None, 0, "-CB"),
+            ('B', Some("binary"), 1, "binary"),
+            ('R', Some("0"), 2, "--max-reqs=0"),
+            ('o', Some("modern"), 4, "modern"),
+            ('D', Some(":"), 5, "-D:"),
+        ]
+    );
+}

@@ -59,6 +59,7 @@ mod handover;
 mod instances;
 mod invalid_args;
 mod leader;
+mod long_names;
 mod metrics;
 mod namespaced;
 mod outage;

@@ -10,7 +10,7 @@ use kube::CustomResourceExt;
 use serde::Serialize;
 
 use crate::api::{GROUP, Memcached};
-use crate::resources::MAX_NAME_LEN;
+use crate::resources::{MAX_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REVISION_HASH_LEN};
 use crate::store::{ChildKind, EachKind, each_kind};
 
 /// Path of the committed CRD, relative to the repository root.
@@ -31,8 +31,8 @@ pub const METRICS_AUTH_ROLE: &str = "metrics-auth-role";
 /// Name of the namespaced Role for the leader-election Lease and the digest key Secret.
 pub const LEADER_ELECTION_ROLE: &str = "leader-election-role";
 
-/// The CRD, generated from the Rust types, with [`name_rule`] on its root (the one rule that reads
-/// `metadata`, which the derived schema of the spec cannot carry).
+/// The CRD, generated from the Rust types, with [`name_rule`] and [`statefulset_name_rule`] on its root
+/// (the rules that read `metadata`, which the derived schema of the spec cannot carry).
 pub fn crd() -> CustomResourceDefinition {
     let mut crd = Memcached::crd();
     for version in &mut crd.spec.versions {
@@ -43,7 +43,7 @@ pub fn crd() -> CustomResourceDefinition {
         {
             root.x_kubernetes_validations
                 .get_or_insert_with(Vec::new)
-                .push(name_rule());
+                .extend([name_rule(), statefulset_name_rule()]);
         }
     }
     crd
@@ -62,6 +62,26 @@ pub fn name_rule() -> ValidationRule {
             "metadata.name must be at most {MAX_NAME_LEN} characters of lower-case letters, digits and '-', start \
              with a letter and end with a letter or digit: it names the instance's Services, `<name>-headless` \
              included, which must fit in 63 characters"
+        )),
+        ..ValidationRule::default()
+    }
+}
+
+/// CEL rule on the object's root: a StatefulSet instance's name leaves room for the hash the StatefulSet
+/// controller appends in its pods' `controller-revision-hash` label (a label value, at most 63
+/// characters), as the operator's `InvalidName` check requires. A longer name is admitted by the API and
+/// then no pod is ever created (kubernetes/kubernetes#64023).
+pub fn statefulset_name_rule() -> ValidationRule {
+    ValidationRule {
+        rule: format!(
+            "!has(self.spec.workload) || self.spec.workload != 'StatefulSet' || \
+             self.metadata.name.size() <= {MAX_STATEFULSET_NAME_LEN}"
+        ),
+        message: Some(format!(
+            "metadata.name of a StatefulSet instance (spec.workload: StatefulSet) must be at most \
+             {MAX_STATEFULSET_NAME_LEN} characters: its pods carry the label \
+             controller-revision-hash=<name>-<a hash of up to {REVISION_HASH_LEN} characters>, which must fit \
+             in 63 characters, or the StatefulSet controller creates no pod"
         )),
         ..ValidationRule::default()
     }

@@ -700,6 +700,44 @@ fn cel_refuses_names_that_cannot_name_the_services() {
     }
 }
 
+/// The root's StatefulSet rule refuses, for `workload: StatefulSet` only, the names longer than the
+/// operator's limit for it (room for `-<revision hash>` in a 63-character label value), with a message
+/// naming the limit.
+#[test]
+fn cel_refuses_statefulset_names_too_long_for_the_revision_label() {
+    use kube::core::cel::Validator;
+    use memcached_operator::resources::{MAX_NAME_LEN, MAX_STATEFULSET_NAME_LEN};
+    let schema = schema();
+    let longest = "a".repeat(MAX_STATEFULSET_NAME_LEN);
+    let too_long = "a".repeat(MAX_STATEFULSET_NAME_LEN + 1);
+    let deployment_longest = "a".repeat(MAX_NAME_LEN);
+    for (name, workload, valid) in [
+        (longest.as_str(), Some("StatefulSet"), true),
+        (too_long.as_str(), Some("StatefulSet"), false),
+        (deployment_longest.as_str(), Some("StatefulSet"), false),
+        (too_long.as_str(), Some("Deployment"), true),
+        (deployment_longest.as_str(), Some("Deployment"), true),
+        (deployment_longest.as_str(), None, true),
+    ] {
+        let spec = workload.map_or(json!({}), |w| json!({"workload": w}));
+        let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                            "metadata": {"name": name, "namespace": "ns"}, "spec": spec});
+        let cel = Validator::new().validate(&schema, &object, None);
+        assert_eq!(
+            cel.is_ok(),
+            valid,
+            "CEL on a {}-character {workload:?} name: {cel:?}",
+            name.len()
+        );
+        if let Err(e) = cel {
+            assert!(
+                format!("{e:?}").contains("must be at most 52 characters"),
+                "{e:?}"
+            );
+        }
+    }
+}
+
 /// The CEL rules (what a 1.25+ API server rejects at admission) and the operator's own checks (what it
 /// reports as InvalidConfig, on every server) agree case by case.
 #[test]

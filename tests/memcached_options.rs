@@ -293,7 +293,7 @@ fn start(binary: &Path, spec: &memcached_operator::api::MemcachedSpec, dir: &Pat
     let mut child = Stop(child);
     let child = &mut child.0;
     let deadline = Instant::now() + Duration::from_secs(3);
-    let outcome = loop {
+    loop {
         if let Some(status) = child.try_wait().expect("memcached's status") {
             let mut out = String::new();
             for pipe in [
@@ -327,8 +327,7 @@ fn start(binary: &Path, spec: &memcached_operator::api::MemcachedSpec, dir: &Pat
             break Outcome::Silent;
         }
         std::thread::sleep(Duration::from_millis(20));
-    };
-    outcome
+    }
 }
 
 /// Each configuration the operator refuses as one memcached exits on is one the real memcached exits on,

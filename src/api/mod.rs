@@ -169,7 +169,8 @@ pub struct MemcachedSpec {
     pub monitoring: Option<Box<Monitoring>>,
 
     /// What runs the servers: `Deployment` (default) or `StatefulSet` (stable pod names and DNS
-    /// addresses). Cannot change on a live instance.
+    /// addresses). Cannot change on a live instance. A StatefulSet instance's name is at most 52
+    /// characters (54 for a Deployment): its pods' controller-revision-hash label is `<name>-<hash>`.
     #[serde(default)]
     pub workload: Workload,
 

@@ -25,7 +25,7 @@ pub mod validate;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
 
-use crate::api::{Memcached, MemcachedSpec};
+use crate::api::{Memcached, MemcachedSpec, Workload};
 
 /// Image used when neither `spec.image` nor `MEMCACHED_IMAGE` says otherwise.
 pub const DEFAULT_IMAGE: &str = "memcached:1.6-alpine";
@@ -113,7 +113,7 @@ impl<'a> Instance<'a> {
             reason: "InvalidObject",
             message: "the Memcached object has no uid yet".into(),
         })?;
-        validate_child_name(name)?;
+        validate_child_name(name, mc.spec.workload)?;
         validate::validate(&mc.spec)?;
         Ok(Self {
             name,
@@ -144,12 +144,35 @@ impl<'a> Instance<'a> {
     }
 }
 
-/// Longest instance name: the headless Service `<name>-headless` must fit in 63 characters.
+/// Longest instance name: the headless Service `<name>-headless` must fit in 63 characters. The limit of a
+/// Deployment instance: its ReplicaSets (`<name>-<hash>`) and pods (`<name>-<hash>-<5 characters>`) are
+/// DNS subdomains of up to 253 characters, and the API server shortens a generated name's base.
 pub const MAX_NAME_LEN: usize = 63 - service::HEADLESS_SUFFIX.len();
+
+/// Longest hash the StatefulSet controller puts after a revision's name: `controller-revision-hash` is
+/// `<name>-<hash>`, the hash a 32-bit FNV in decimal, safe-encoded (up to 10 characters).
+pub const REVISION_HASH_LEN: usize = 10;
+
+/// Longest name of a StatefulSet instance: its pods carry the label `controller-revision-hash=<name>-<hash>`,
+/// a label value of at most 63 characters; for a longer one the StatefulSet controller creates no pod
+/// (kubernetes/kubernetes#64023). Its other names fit: pods `<name>-<ordinal>` (at most `-63`), the spare
+/// `<name>-handover`, the headless Service.
+pub const MAX_STATEFULSET_NAME_LEN: usize = 63 - 1 - REVISION_HASH_LEN;
+
+/// Longest name of an instance whose servers `workload` runs.
+pub const fn max_name_len(workload: Workload) -> usize {
+    match workload {
+        Workload::Deployment => MAX_NAME_LEN,
+        Workload::StatefulSet => MAX_STATEFULSET_NAME_LEN,
+    }
+}
 
 /// Children are named after the instance. A Service name must be an RFC 1035 label of at most 63
 /// characters, including the headless Service's suffix; a Memcached name may be a longer DNS subdomain.
-fn validate_child_name(name: &str) -> Result<(), InvalidSpec> {
+/// A StatefulSet instance's name is shorter still (see [`MAX_STATEFULSET_NAME_LEN`]): the CRD's rule
+/// refuses a longer one at admission, and this catches one that slips through (a server without CEL, a
+/// workload changed where the transition rule does not run).
+fn validate_child_name(name: &str, workload: Workload) -> Result<(), InvalidSpec> {
     let bytes = name.as_bytes();
     let valid = !bytes.is_empty()
         && bytes.len() <= MAX_NAME_LEN
@@ -158,18 +181,31 @@ fn validate_child_name(name: &str) -> Result<(), InvalidSpec> {
         && bytes
             .iter()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || *b == b'-');
-    if valid {
-        Ok(())
-    } else {
-        Err(InvalidSpec {
+    if !valid {
+        return Err(InvalidSpec {
             reason: "InvalidName",
             message: format!(
                 "metadata.name {name:?} cannot name the instance's Services: it must be at most \
                  {MAX_NAME_LEN} characters of lower-case letters, digits and '-', start with a letter and end \
                  with a letter or digit; recreate the Memcached under such a name"
             ),
-        })
+        });
     }
+    if bytes.len() > max_name_len(workload) {
+        return Err(InvalidSpec {
+            reason: "InvalidName",
+            message: format!(
+                "metadata.name {name:?} ({} characters) is too long for spec.workload {}: a StatefulSet \
+                 instance's name must be at most {MAX_STATEFULSET_NAME_LEN} characters, because its pods carry \
+                 the label controller-revision-hash=<name>-<a hash of up to {REVISION_HASH_LEN} characters>, \
+                 which must fit in 63, or the StatefulSet controller creates no pod; recreate the Memcached \
+                 under a shorter name",
+                bytes.len(),
+                workload.as_str()
+            ),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -240,6 +276,34 @@ mod tests {
         assert_eq!(owners[0].uid, "uid-1");
         assert_eq!(owners[0].controller, Some(true));
         assert_eq!(meta.labels.unwrap(), labels::common_labels("cache"));
+    }
+
+    /// A StatefulSet's pods carry `controller-revision-hash=<name>-<hash of up to 10 characters>`, a label
+    /// value of at most 63 characters: the StatefulSet controller creates no pod for a longer one
+    /// (kubernetes/kubernetes#64023), so a StatefulSet instance's name is at most 52 characters.
+    #[test]
+    fn statefulset_names_leave_room_for_the_revision_label() {
+        let defaults = Defaults::default();
+        let spec = |workload| MemcachedSpec {
+            workload,
+            ..MemcachedSpec::default()
+        };
+        let longest = "a".repeat(52);
+        let mc = memcached(&longest, spec(Workload::StatefulSet));
+        assert!(Instance::new(&mc, &defaults).is_ok());
+        for too_long in ["a".repeat(53), "a".repeat(54)] {
+            let mc = memcached(&too_long, spec(Workload::StatefulSet));
+            let err = Instance::new(&mc, &defaults).unwrap_err();
+            assert_eq!(err.reason, "InvalidName");
+            assert!(
+                err.message.contains("at most 52 characters")
+                    && err.message.contains("controller-revision-hash"),
+                "{}",
+                err.message
+            );
+            let mc = memcached(&too_long, spec(Workload::Deployment));
+            assert!(Instance::new(&mc, &defaults).is_ok(), "{too_long}");
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ mod in_clear;
 mod instances;
 mod invalid_args;
 mod leader;
+mod long_names;
 mod metrics;
 mod namespaced;
 mod outage;

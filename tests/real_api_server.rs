@@ -158,11 +158,33 @@ fn live<K: serde::de::DeserializeOwned>(file: &str) -> (Value, K) {
 /// Deliberate changes to a child since the recording (file, JSON pointer, why): an upgrade from the
 /// recording's build writes each once. Here the recorded value stands in for the new one; the envtest
 /// tier's settled scenarios check on a live server that the new form, once applied, is left alone.
-const CHANGED_SINCE_RECORDING: &[(&str, &str, &str)] = &[(
-    "networkpolicies.memcached-secure.json",
-    "/spec/podSelector",
-    "the policy selects the StatefulSet rollout's spare server too, whose app.kubernetes.io/name differs",
-)];
+const CHANGED_SINCE_RECORDING: &[(&str, &str, &str)] = &[
+    (
+        "networkpolicies.memcached-secure.json",
+        "/spec/podSelector",
+        "the policy selects the StatefulSet rollout's spare server too, whose app.kubernetes.io/name differs",
+    ),
+    (
+        "deployments.memcached-secure.json",
+        "/spec/template/spec/containers/0/volumeMounts",
+        "the auth file is mounted by subPath (a running pod keeps the file it started with)",
+    ),
+    (
+        "deployments.memcached-secure.json",
+        "/spec/template/spec/containers/1/args",
+        "the exporter verifies memcached by its namespaced Service name instead of skipping verification",
+    ),
+    (
+        "deployments.memcached-secure.json",
+        "/spec/template/spec/containers/1/volumeMounts",
+        "the exporter mounts its own view of the TLS Secret",
+    ),
+    (
+        "deployments.memcached-secure.json",
+        "/spec/template/spec/volumes",
+        "the exporter's TLS volume holds only the keys it reads",
+    ),
+];
 
 /// Builds each child of `name` as the operator of this tree would, and checks that the recorded live
 /// child already holds it: a settled instance causes no write after an upgrade to this build beyond the

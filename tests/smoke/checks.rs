@@ -5,7 +5,8 @@ use fake_apiserver::{Fake, Req};
 use serde_json::Value;
 
 use crate::cluster::paths::{
-    APPLY, DEPLOYMENT, EVENTS, HEADLESS, LEASE, LEASES, MONITORING, PDB, SERVICE,
+    APPLY, DEPLOYMENT, DIGEST_KEY, EVENTS, HEADLESS, LEASE, LEASES, MONITORING, PDB, SERVICE,
+    SERVICE_MONITORS,
 };
 
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=memcached-operator";
@@ -70,8 +71,9 @@ pub fn only_lease_requests(fake: &Fake) -> bool {
     fake.requests().iter().all(|r| r.path == LEASE)
 }
 
-/// Nothing was asked of a path the fake does not serve, and nothing was refused, except reads of the
-/// Lease before it exists.
+/// Nothing was asked of a path the fake does not serve, and nothing was refused, except reads of what
+/// the operator creates when it is missing: the Lease, the digest key, a ServiceMonitor (read by name
+/// before it is created, as ServiceMonitors have no foreign watch).
 pub fn assert_no_unexpected_requests(fake: &Fake) {
     let unexpected: Vec<String> = fake
         .requests()
@@ -81,7 +83,15 @@ pub fn assert_no_unexpected_requests(fake: &Fake) {
             let lease_not_created_yet = r.status == 404 && r.is(&Method::GET, LEASE);
             // Discovery of an API group the cluster does not serve.
             let no_service_monitors = r.status == 404 && r.is(&Method::GET, MONITORING);
-            refused && !lease_not_created_yet && !no_service_monitors
+            let key_not_made_yet = r.status == 404 && r.is(&Method::GET, DIGEST_KEY);
+            let monitor_not_made_yet = r.status == 404
+                && r.method == Method::GET
+                && r.path.starts_with(&format!("{SERVICE_MONITORS}/"));
+            refused
+                && !lease_not_created_yet
+                && !no_service_monitors
+                && !key_not_made_yet
+                && !monitor_not_made_yet
         })
         .map(Req::line)
         .collect();

@@ -35,6 +35,8 @@ pub const STATUS: &str =
     "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
 
 pub const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+/// The operator's digest key, in its own namespace (`POD_NAMESPACE`).
+pub const DIGEST_KEY: &str = "/api/v1/namespaces/op-system/secrets/memcached-operator-digest-key";
 pub const LEASES: &str = "/apis/coordination.k8s.io/v1/namespaces/op-system/leases";
 pub const LEASE: &str =
     "/apis/coordination.k8s.io/v1/namespaces/op-system/leases/memcached-operator.cache.example.com";

@@ -312,6 +312,94 @@ async fn only_the_keys_the_filter_selects_are_copied() {
     }
 }
 
+/// A relay to `upstream` that drops the first dump line of `key` it passes (as a walk of the LRUs misses
+/// an item the server moves as the walk passes it), and counts the value fetches (`mg … v …`) it relays.
+async fn relay_missing_once(
+    upstream: SocketAddr,
+    key: &'static str,
+) -> (SocketAddr, Arc<AtomicUsize>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let address = listener.local_addr().expect("address");
+    let fetches = Arc::new(AtomicUsize::new(0));
+    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let counted = fetches.clone();
+    tokio::spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let server = TcpStream::connect(upstream).await.expect("upstream");
+            let (client_read, mut client_write) = client.into_split();
+            let (server_read, mut server_write) = server.into_split();
+            let (fetches, dropped) = (counted.clone(), dropped.clone());
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(client_read);
+                let mut line = Vec::new();
+                while lines.read_until(b'\n', &mut line).await.unwrap_or(0) > 0 {
+                    if line.starts_with(b"mg ") && line.windows(3).any(|w| w == b" v ") {
+                        fetches.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if server_write.write_all(&line).await.is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+            tokio::spawn(async move {
+                let mut lines = BufReader::new(server_read);
+                let mut line = Vec::new();
+                let listed = format!("key={key} ");
+                while lines.read_until(b'\n', &mut line).await.unwrap_or(0) > 0 {
+                    let skip = line.starts_with(listed.as_bytes())
+                        && !dropped.swap(true, Ordering::Relaxed);
+                    if !skip && client_write.write_all(&line).await.is_err() {
+                        return;
+                    }
+                    line.clear();
+                }
+            });
+        }
+    });
+    (address, fetches)
+}
+
+/// An item the first walk does not list (dropped from it here; on a real server, written after the walk
+/// passed, or moved between LRUs as it passed) is copied by the sweep that follows, which fetches nothing
+/// the target already holds.
+#[tokio::test]
+async fn the_sweep_copies_what_the_first_walk_missed_and_fetches_nothing_twice() {
+    let (Some(source), Some(target)) =
+        (server("src", &[], &[]).await, server("dst", &[], &[]).await)
+    else {
+        return;
+    };
+    let mut client = Client::connect(source.address, None).await;
+    for i in 0..200 {
+        client
+            .set(format!("key-{i}").as_bytes(), b"x", 0, None)
+            .await;
+    }
+    client.set(b"missed", b"late", 3, None).await;
+    let (relay, fetches) = relay_missing_once(source.address, "missed").await;
+    let summary = copy(&plain(relay), &plain(target.address), settings()).await;
+    assert_eq!(summary.copied, 201, "{summary:?}");
+    assert_eq!(
+        summary.items_seen(),
+        201,
+        "each item counted once: {summary:?}"
+    );
+    assert_eq!(
+        fetches.load(Ordering::Relaxed),
+        201,
+        "the sweep fetched only the missed item"
+    );
+    let mut target = Client::connect(target.address, None).await;
+    assert_eq!(target.get(b"missed").await, Some((b"late".to_vec(), 3, -1)));
+    for i in 0..200 {
+        assert!(
+            target.get(format!("key-{i}").as_bytes()).await.is_some(),
+            "key-{i}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_item_deleted_between_the_dump_and_its_fetch_is_counted_vanished() {
     let (Some(source), Some(target)) =

@@ -1,5 +1,6 @@
 //! The copy itself: the dump (`lru_crawler metadump all`) read from one source connection, each batch of keys fetched on a second
-//! (`mg`) and stored on the target (`ms` in add mode), a batch at a time.
+//! (`mg`) and stored on the target (`ms` in add mode), a batch at a time. The same engine runs the sweep
+//! that follows ([`Pass::Sweep`]): each batch first looked up on the target, only what it lacks fetched.
 //!
 //! Each batch is written whole, then its answers are read in order (memcached answers pipelined requests
 //! in order), so a copy costs two round trips per batch, not per item. What is held at any time is one
@@ -61,6 +62,8 @@ pub(super) struct Copy<'a> {
     settings: &'a Settings,
     progress: &'a Progress,
     filter: Option<&'a KeyFilter>,
+    /// A sweep ([`Pass::Sweep`]): only keys the target does not hold are fetched.
+    pass: Pass,
     dump: Conn,
     fetch: Conn,
     store: Conn,
@@ -75,6 +78,17 @@ pub(super) struct Copy<'a> {
     fetched: Vec<Fetched>,
     line: Vec<u8>,
     out: Vec<u8>,
+}
+
+/// Which walk of the source a copy is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Pass {
+    /// The copy proper: every listed item the filter selects is fetched and stored.
+    Walk,
+    /// A second walk after the first, for the items the first did not list (written to the source after
+    /// the walk passed them, or moved between LRUs as it passed): each batch's keys are first looked up
+    /// on the target (`mg <key> u`, no value), and only those it does not hold are fetched and stored.
+    Sweep,
 }
 
 /// Runs `future` within the request timeout, as a stall of `side` when it does not finish.
@@ -204,6 +218,7 @@ impl<'a> Copy<'a> {
         settings: &'a Settings,
         progress: &'a Progress,
         filter: Option<&'a KeyFilter>,
+        pass: Pass,
     ) -> Result<Self, CopyError> {
         let mut line = Vec::with_capacity(256);
         let mut store = open(settings, Side::Target, target).await?;
@@ -220,9 +235,10 @@ impl<'a> Copy<'a> {
             let time = server_time(&mut dump, Side::Source, &mut line).await?;
             // The LRU walk, not `metadump hash`: the hash walk holds item locks that the copy's own
             // fetches wait for while it waits for the copy to read the dump (a copy of 102 400 items
-            // against 1.6.18 stalled after 3 840). The LRU walk may miss items the server moves between
-            // LRUs while it walks (7 of 102 400 in the same copy): those stay cold. Sent alone: memcached
-            // refuses a metadump pipelined behind other commands.
+            // against 1.6.18 stalled after 3 840). The LRU walk may miss items the server moves
+            // between LRUs while it walks (7 of 102 400 in the same copy): the sweep
+            // (`Pass::Sweep`) finds those. Sent alone: memcached refuses a metadump pipelined behind
+            // other commands.
             send(&mut dump, Side::Source, b"lru_crawler metadump all\r\n").await?;
             Ok(time)
         })
@@ -231,6 +247,7 @@ impl<'a> Copy<'a> {
             settings,
             progress,
             filter,
+            pass,
             dump,
             fetch,
             store,
@@ -251,6 +268,9 @@ impl<'a> Copy<'a> {
     pub(super) async fn run(mut self) -> Result<(), CopyError> {
         loop {
             let more = self.fill().await?;
+            if self.pass == Pass::Sweep && !self.keys.is_empty() {
+                self.keep_missing().await?;
+            }
             if !self.keys.is_empty() {
                 self.fetch_batch().await?;
                 self.store_batch().await?;
@@ -299,6 +319,42 @@ impl<'a> Copy<'a> {
                 _ => self.progress.skipped(),
             }
         }
+    }
+
+    /// Keeps in the batch only the keys the target does not hold: one pipelined `mg <key> u` each (no
+    /// value; `HD` held, `EN` not; `u` leaves the target's LRU as it was).
+    async fn keep_missing(&mut self) -> Result<(), CopyError> {
+        self.out.clear();
+        for key in &self.keys {
+            self.out.extend_from_slice(b"mg ");
+            self.out.extend_from_slice(&key.text);
+            self.out
+                .extend_from_slice(if key.base64 { b" b u\r\n" } else { b" u\r\n" });
+        }
+        let mut missing = Vec::with_capacity(self.keys.len());
+        let (conn, out, line) = (&mut self.store, &self.out, &mut self.line);
+        let count = self.keys.len();
+        bounded(self.settings, Side::Target, async {
+            send(conn, Side::Target, out).await?;
+            for _ in 0..count {
+                read_line(conn, Side::Target, line, LINE_REPLY_LIMIT).await?;
+                missing.push(match line.as_slice() {
+                    b"HD\r\n" => false,
+                    b"EN\r\n" => true,
+                    _ => {
+                        return Err(CopyError::Protocol {
+                            side: Side::Target,
+                            answer: connection::shown(line),
+                        });
+                    }
+                });
+            }
+            Ok(())
+        })
+        .await?;
+        let mut missing = missing.into_iter();
+        self.keys.retain(|_| missing.next().unwrap_or(false));
+        Ok(())
     }
 
     /// Fetches the batch's keys from the source: value, client flags and remaining TTL of each. With `u`:

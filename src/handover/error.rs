@@ -58,6 +58,11 @@ pub enum CopyError {
 }
 
 impl CopyError {
+    /// Whether the source refused the dump because another crawl is running (`BUSY`): asked again.
+    pub fn source_busy(&self) -> bool {
+        matches!(self, Self::Dump(DumpError::Refused(answer)) if answer.starts_with("BUSY"))
+    }
+
     /// A short stable label for metrics: `connect`, `tls`, `auth`, `closed`, `io`, `timeout`, `stalled`,
     /// `refused` (the dump) or `protocol`.
     pub fn reason(&self) -> &'static str {

@@ -19,7 +19,8 @@
 //!   [`dump`] (the source's items, listed by `lru_crawler metadump all`, read a line at a time),
 //!   [`copy`](mod@copy) (each batch of keys fetched from the source with `mg`: value, client flags,
 //!   remaining TTL; and stored on the target with `ms` in add mode, so a value a client wrote on the
-//!   target since is never overwritten), [`rate`] (the byte rate limit,
+//!   target since is never overwritten; then a sweep, a second walk that copies only what the target
+//!   still lacks, for the items the first walk did not list), [`rate`] (the byte rate limit,
 //!   `spec.handover.maxBytesPerSecond`) and [`progress`] (counters readable while the copy runs, and the
 //!   final summary).
 //!
@@ -53,6 +54,11 @@ pub use tasks::MOST_COPIES;
 
 use crate::api::WarmHandover;
 use crate::connection::Target;
+
+/// A dump the source refused with `BUSY` is asked for again after this pause ...
+const BUSY_PAUSE: Duration = Duration::from_millis(250);
+/// ... at most this many times in a row (10 s).
+const BUSY_RETRIES: usize = 40;
 
 /// The largest value a copy takes (memcached's `-I` allows up to 1 GiB): larger items are skipped, so
 /// what the operator holds stays within one batch plus this, whatever the servers' settings.
@@ -136,20 +142,6 @@ impl Copier {
         self
     }
 
-    /// The same copy again (servers, bounds, filter and counters), to retry one the source refused at
-    /// its start: memcached runs one `lru_crawler` crawl at a time, so a second dump of a server
-    /// answers `BUSY` until the first ends.
-    pub fn again(&self) -> Copier {
-        Self {
-            source: self.source.clone(),
-            target: self.target.clone(),
-            settings: self.settings.clone(),
-            filter: self.filter.clone(),
-            empty_target: self.empty_target,
-            progress: self.progress.clone(),
-        }
-    }
-
     /// Empties the target (`flush_all`) before copying, within the copy's time bound: for a target that
     /// is the operator's own server (a StatefulSet rollout's spare), which no client uses.
     pub fn emptying_target(mut self) -> Self {
@@ -163,30 +155,82 @@ impl Copier {
     }
 
     /// Copies, within the time bound: the final counts, or why it stopped and how far it got.
+    ///
+    /// Two walks of the source: the copy proper, then a sweep ([`copy::Pass::Sweep`]) that stores what
+    /// the first walk did not list and the target does not hold, within the time the first left. The
+    /// sweep only adds: when it fails or runs out of time, the first walk's copy stands and the reason is
+    /// logged.
     pub async fn run(self) -> Result<Snapshot, Failure> {
         self.progress.start();
-        let copy = async {
+        let started = tokio::time::Instant::now();
+        let walk = async {
             if self.empty_target {
                 copy::flush(&self.settings, &self.target).await?;
             }
-            copy::Copy::start(
+            self.walk(&self.progress, copy::Pass::Walk).await
+        };
+        let result = tokio::time::timeout(self.settings.timeout, walk)
+            .await
+            .unwrap_or(Err(CopyError::Timeout(self.settings.timeout)));
+        if let Err(error) = result {
+            let progress = self.progress.snapshot();
+            return Err(Failure { error, progress });
+        }
+        let left = self.settings.timeout.saturating_sub(started.elapsed());
+        self.sweep(left).await;
+        Ok(self.progress.snapshot())
+    }
+
+    /// One walk of the source, started again while the source answers `BUSY` (memcached runs one
+    /// `lru_crawler` crawl at a time: another copy's dump of the same server is ending).
+    async fn walk(&self, progress: &Progress, pass: copy::Pass) -> Result<(), CopyError> {
+        let mut refused = 0;
+        loop {
+            let started = copy::Copy::start(
                 &self.source,
                 &self.target,
                 &self.settings,
-                &self.progress,
+                progress,
                 self.filter.as_ref(),
+                pass,
             )
-            .await?
-            .run()
-            .await
-        };
-        let result = tokio::time::timeout(self.settings.timeout, copy)
-            .await
-            .unwrap_or(Err(CopyError::Timeout(self.settings.timeout)));
-        let progress = self.progress.snapshot();
+            .await;
+            let result = match started {
+                Ok(copy) => copy.run().await,
+                Err(error) => Err(error),
+            };
+            match result {
+                Err(error) if error.source_busy() && refused < BUSY_RETRIES => {
+                    refused += 1;
+                    tokio::time::sleep(BUSY_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// The second walk, within `left`: its items count as copied; its own counts of what it skipped
+    /// (items the first walk counted already) are dropped.
+    async fn sweep(&self, left: Duration) {
+        let found = Progress::default();
+        let result = tokio::time::timeout(left, self.walk(&found, copy::Pass::Sweep)).await;
+        let swept = found.snapshot();
+        self.progress.add_copied(swept.copied, swept.bytes);
+        let target = self.target.address;
         match result {
-            Ok(()) => Ok(progress),
-            Err(error) => Err(Failure { error, progress }),
+            Ok(Ok(())) if swept.copied > 0 => tracing::info!(
+                %target, items = swept.copied,
+                "the sweep copied items the first walk of the source did not list"
+            ),
+            Ok(Ok(())) => {}
+            Ok(Err(error)) => tracing::warn!(
+                %target, items = swept.copied, %error,
+                "the sweep after the copy stopped; the copy stands"
+            ),
+            Err(_) => tracing::warn!(
+                %target, items = swept.copied,
+                "the sweep after the copy ran out of the copy's time; the copy stands"
+            ),
         }
     }
 }

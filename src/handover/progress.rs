@@ -57,6 +57,12 @@ impl Progress {
         self.bytes.fetch_add(bytes, Ordering::Relaxed);
     }
 
+    /// Items another walk of the same copy stored (the sweep's), with their value bytes.
+    pub(super) fn add_copied(&self, items: u64, bytes: u64) {
+        self.copied.fetch_add(items, Ordering::Relaxed);
+        self.bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
     pub(super) fn existing(&self) {
         self.existing.fetch_add(1, Ordering::Relaxed);
     }

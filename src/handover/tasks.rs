@@ -24,7 +24,6 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
 
-use super::dump::DumpError;
 use super::plan::scale::{Change, Copies, past};
 use super::{Copier, CopyError, Failure, Progress, Snapshot};
 use crate::api::Memcached;
@@ -34,11 +33,6 @@ use crate::status::HandoverProgress;
 /// Copies running at once per operator: each is one stream from one server to another, rate-limited on
 /// its own, so a few at once keep the operator's share of the network (and its memory) small.
 pub const MOST_COPIES: usize = 3;
-
-/// Tries a refused dump again this often: the source's dump for another copy is ending.
-const BUSY_PAUSE: Duration = Duration::from_millis(250);
-/// ... and at most this many times (10 s).
-const BUSY_RETRIES: usize = 40;
 
 /// What a job is for.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -232,26 +226,6 @@ impl Default for Tasks {
             ids: AtomicU64::new(1),
         }
     }
-}
-
-/// Runs `copier`, again while its source is busy with another dump.
-async fn run(copier: Copier) -> Result<Snapshot, Failure> {
-    let mut copier = copier;
-    for _ in 0..BUSY_RETRIES {
-        let again = copier.again();
-        match copier.run().await {
-            Err(failure) if busy(&failure) => {
-                tokio::time::sleep(BUSY_PAUSE).await;
-                copier = again;
-            }
-            other => return other,
-        }
-    }
-    copier.run().await
-}
-
-fn busy(failure: &Failure) -> bool {
-    matches!(&failure.error, CopyError::Dump(DumpError::Refused(answer)) if answer.starts_with("BUSY"))
 }
 
 impl Tasks {
@@ -484,7 +458,7 @@ impl Tasks {
                 let result = {
                     // The semaphore is never closed.
                     let _permit = permits.acquire().await;
-                    run(copier).await
+                    copier.run().await
                 };
                 let mut jobs = shared.lock().unwrap_or_else(|e| e.into_inner());
                 let copy = jobs

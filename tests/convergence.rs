@@ -28,6 +28,8 @@ fn assert_runs_again_soon(action: &Action) {
 /// The reconcile asked to run again when a wait of `wait` that began just now is over: at most `wait`,
 /// and a reconcile takes well under 100 ms.
 fn assert_runs_again_within(action: &Action, wait: Duration) {
+    // A reconcile runs again within the requeue interval (300 s) however long a hold is.
+    let wait = wait.min(Settings::default().requeue_after);
     let later = (1..=wait.as_millis() as u64)
         .map(|ms| Action::requeue(Duration::from_millis(ms)))
         .collect::<Vec<_>>();
@@ -336,7 +338,10 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
     let (_cluster, session) = one_turn_for_a_new_instance();
     // Another instance's reconcile holds the only turn.
     let busy = session.ctx.turns.apply().await;
-    let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), session.ctx.clone()));
+    let waiting = tokio::spawn(reconcile_in_turns(
+        Arc::new(memcached(1)),
+        session.ctx.clone(),
+    ));
     let first_status = async {
         while session
             .ctx
@@ -389,7 +394,7 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     let ctx = session.ctx.clone();
     // Another instance's reconcile holds the only turn.
     let busy = ctx.turns.apply().await;
-    let waiting = tokio::spawn(reconcile(Arc::new(memcached(1)), ctx.clone()));
+    let waiting = tokio::spawn(reconcile_in_turns(Arc::new(memcached(1)), ctx.clone()));
     while !ctx.turns.new_waiting() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -426,7 +431,9 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     .unwrap()
     .unwrap();
     // The status's hold began with the first turn, a quiet time before the second.
-    let hold = memcached_operator::controller::pace::CREATING_HOLD.as_millis() as u64;
+    let hold = memcached_operator::controller::pace::CREATING_HOLD
+        .min(Settings::default().requeue_after)
+        .as_millis() as u64;
     let quiet = memcached_operator::controller::turns::QUIET.as_millis() as u64;
     assert!(
         (hold - quiet - 1000..=hold).any(|ms| action == Action::requeue(Duration::from_millis(ms))),

@@ -21,6 +21,7 @@ use super::apply;
 use super::changes::Changes;
 use super::legacy_finalizer;
 use super::report::{self, Outcome, first_status};
+use super::turns::{CLAIM_WITHIN, Reserved};
 use super::view::{Reads, Stop, View, latest};
 use super::{Context, Error};
 use crate::api::Memcached;
@@ -33,9 +34,9 @@ use crate::store::events::warning;
 /// Everything logged on the way carries the instance through the `reconcile` span (`memcached`,
 /// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it).
 ///
-/// It takes its turn first (see [`runtime::turns`](super::turns)). When it has to wait for one, a
-/// new instance's first status is written meanwhile, and the instance is read again from its cache
-/// afterwards: it may have changed, or gone, while it waited.
+/// It takes its turn first (see [`turns`](super::turns)): one reserved for it, or a free one. When none is
+/// free it ends at once and a task of its own waits for the turn (writing a new instance's first status
+/// meanwhile), then makes the instance due again with the turn reserved for it.
 pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     let span = info_span!(
         "reconcile",
@@ -45,54 +46,91 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
     async move {
         let key = ObjectRef::from_obj(mc.as_ref());
         let new = Reads::of(&ctx.stores, &mc).workload.is_none();
-        let (mc, turn) = match ctx.turns.try_apply() {
-            Some(turn) => (mc, turn),
-            None => {
-                let wait = async {
-                    if new {
-                        ctx.turns.apply_new().await
-                    } else {
-                        ctx.turns.apply().await
-                    }
-                };
-                let (_, turn) = tokio::join!(first_status(&mc, &ctx), wait);
-                match ctx.stores.memcacheds.get(&key) {
-                    Some(latest) => (latest, turn),
-                    None => {
-                        debug!("deleted while waiting for its turn");
-                        return Ok(Action::await_change());
-                    }
+        let (turn, mut pass) = match ctx.turns.claim(&key) {
+            Some(Reserved {
+                turn,
+                second: Some(changes),
+            }) => (turn, Pass::second(changes)),
+            Some(Reserved { turn, second: None }) => (turn, Pass::first()),
+            None => match ctx.turns.try_apply() {
+                Some(turn) => (turn, Pass::first()),
+                None => {
+                    wait_for_turn(mc, &ctx, key, Waited::First { new });
+                    return Ok(Action::await_change());
                 }
-            }
+            },
         };
-        let mut pass = Pass {
-            may_yield: true,
-            ..Pass::default()
-        };
-        let first_pass = new.then(|| ctx.turns.first_pass());
-        // Boxed: a reconcile waiting for its turn stays a small future; this part's state is allocated
-        // when the turn comes.
-        let result = Box::pin(reconcile_in_span(mc, ctx.clone(), &mut pass)).await;
+        let first_pass = (new && pass.may_yield).then(|| ctx.turns.first_pass());
+        // Boxed: this part's state is allocated when the turn comes.
+        let result = Box::pin(reconcile_in_span(mc.clone(), ctx.clone(), &mut pass)).await;
         drop(first_pass);
         drop(turn);
-        if !pass.yielded {
+        if !pass.yielded || result.is_err() {
             return result;
         }
         debug!(
             "gave the turn up after creating the workload; the other children come in a second turn"
         );
-        let turn = ctx.turns.second().await;
-        let Some(mc) = ctx.stores.memcacheds.get(&key) else {
-            debug!("deleted while waiting for its second turn");
-            return Ok(Action::await_change());
-        };
-        pass.may_yield = false;
-        let result = Box::pin(reconcile_in_span(mc, ctx.clone(), &mut pass)).await;
-        drop(turn);
-        result
+        wait_for_turn(mc, &ctx, key, Waited::Second(pass.changes));
+        Ok(Action::await_change())
     }
     .instrument(span)
     .await
+}
+
+/// The turn a waiter takes: a first one (for a new instance, counted among the new instances waiting, and
+/// its first status written meanwhile), or a second one after a first pass that gave its turn up.
+enum Waited {
+    First { new: bool },
+    Second(Changes),
+}
+
+/// Hands the wait for `key`'s turn to a task of its own, unless one already waits for it (see
+/// [`turns`](super::turns)): the task takes the turn in order, reserves it for the instance and makes it
+/// due; a reservation nobody claims within [`CLAIM_WITHIN`] is given back.
+fn wait_for_turn(
+    mc: Arc<Memcached>,
+    ctx: &Arc<Context>,
+    key: ObjectRef<Memcached>,
+    waited: Waited,
+) {
+    if !ctx.turns.enqueue(&key) {
+        return;
+    }
+    let ctx = ctx.clone();
+    let span = tracing::Span::current();
+    tokio::spawn(
+        async move {
+            let (turn, second) = match waited {
+                Waited::First { new } => {
+                    let wait = async {
+                        if new {
+                            ctx.turns.apply_new().await
+                        } else {
+                            ctx.turns.apply().await
+                        }
+                    };
+                    let (_, turn) = tokio::join!(first_status(&mc, &ctx), wait);
+                    (turn, None)
+                }
+                Waited::Second(changes) => (ctx.turns.second().await, Some(changes)),
+            };
+            if ctx.stores.memcacheds.get(&key).is_none() {
+                debug!("deleted while waiting for its turn");
+                ctx.turns.abandon(&key);
+                return;
+            }
+            let id = ctx.turns.reserve(&key, Reserved { turn, second });
+            // The context is not kept alive for this: a stopped controller's turns go with it.
+            let weak = Arc::downgrade(&ctx);
+            drop((ctx, mc));
+            tokio::time::sleep(CLAIM_WITHIN).await;
+            if weak.upgrade().is_some_and(|ctx| ctx.turns.expire(&key, id)) {
+                warn!(within = ?CLAIM_WITHIN, "a turn reserved for the instance was not claimed; given back");
+            }
+        }
+        .instrument(span),
+    );
 }
 
 /// A reconcile's passes: a new instance's first ends once its workload is created when other new
@@ -105,6 +143,22 @@ struct Pass {
     yielded: bool,
     /// What the first pass changed, published with what the second changes (one `Created` event).
     changes: Changes,
+}
+
+impl Pass {
+    fn first() -> Self {
+        Self {
+            may_yield: true,
+            ..Self::default()
+        }
+    }
+
+    fn second(changes: Changes) -> Self {
+        Self {
+            changes,
+            ..Self::default()
+        }
+    }
 }
 
 async fn reconcile_in_span(

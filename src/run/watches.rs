@@ -396,7 +396,8 @@ pub async fn run(
         controller = controller.owns_stream_with(stream, service_monitor);
     }
     let controller = controller
-        // Unbounded here: the reconciles take turns themselves, in order (see `turns`).
+        // Unbounded here: the reconciles take turns themselves, in order, and wait for them outside the
+        // controller (see `turns`).
         .with_config(ControllerConfig::default())
         .reconcile_on(streams.children)
         // The instances whose warm-handover copy ended, to open the new server's gate.
@@ -404,6 +405,8 @@ pub async fn run(
             streams.foreign,
             ctx.handover.triggers(),
         ))
+        // The instances whose turn, waited for outside the controller, came (see `turns`).
+        .reconcile_on(ctx.turns.due())
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(

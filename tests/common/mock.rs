@@ -312,6 +312,20 @@ impl Session {
     }
 }
 
+/// Reconciles `mc` as the controller does across turns: again each time its turn, waited for outside the
+/// controller, comes due (`Turns::due`), until none is waited for; the last reconcile's answer. Takes the
+/// context's due stream, so once per context.
+pub async fn reconcile_in_turns(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    use futures::StreamExt as _;
+    let mut due = Box::pin(ctx.turns.due());
+    let mut answer = reconcile(mc.clone(), ctx.clone()).await;
+    while ctx.turns.queued() != (0, 0) {
+        due.next().await.expect("the turns outlive the wait");
+        answer = reconcile(mc.clone(), ctx.clone()).await;
+    }
+    answer
+}
+
 // ---------------------------------------------------------------------------------------------------
 // Objects.
 

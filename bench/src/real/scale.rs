@@ -195,7 +195,7 @@ type Column = (&'static str, fn(&Figures) -> String);
 const COLUMNS: [Column; 13] = [
     ("instances", |f| f.instances.to_string()),
     ("operator CPU converging (s)", |f| {
-        format!("{:.1}", f.cpu_converge_seconds)
+        format!("{:.2}", f.cpu_converge_seconds)
     }),
     ("CPU per instance (ms)", |f| {
         format!("{:.1}", f.cpu_per_instance_ms)

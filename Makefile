@@ -125,6 +125,21 @@ bench-real: ## Run the scale benchmark against a real control plane (needs KUBEB
 	$(CARGO) run --quiet --release --package bench -- --real --instances $(N) \
 		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
 
+# The curve over sizes (make bench-scale; bench --real --scale): for each size of SIZES, the floor (as
+# --floor: no operator, a stand-in writes each instance's Deployment and first status) and then the operator,
+# each on a fresh control plane from $(KUBEBUILDER_ASSETS), in one table: the operator's CPU converging and CPU
+# per instance (with its ratio to the smallest size's), peak RSS, status writes, stats writes, requests and
+# watch re-opens per instance (the last three counted apart from one another), settled writes, all Available,
+# the floor's pods ready and their ratio. Each run's timeout grows with its size (half a second per instance,
+# at least 600 s), so SIZES=10000 measures one large size alone. ARGS=--json prints the figures and every
+# run's report as JSON. The default sizes take about half an hour on 2 cores.
+SIZES ?= 300,1000,3000
+
+.PHONY: bench-scale
+bench-scale: ## Measure the cost per instance at each of SIZES instances against a fair floor on a real control plane (needs KUBEBUILDER_ASSETS).
+	$(CARGO) run --quiet --release --package bench -- --real --scale $(SIZES) \
+		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
+
 # The dashboard's pictures (docs/images/*.svg, shown in docs/operations.md): the bench records the operator's
 # /metrics every second (--record) on a real control plane from $(KUBEBUILDER_ASSETS), first while N instances
 # converge, then (--operand) while one instance of three real memcached servers (Debian's, /usr/bin/memcached)

@@ -1,16 +1,22 @@
 //! `cargo run --release -p bench` (`make bench`): the scale benchmark's command line. Builds the release
 //! operator binary unless `--operator` names one, runs the benchmark `--runs` times (against the fake, or
 //! with `--real` a control plane from `$KUBEBUILDER_ASSETS`), and prints a table per run (and the ranges
-//! over the runs) or, with `--json`, the reports as JSON. Progress goes to stderr.
+//! over the runs) or, with `--json`, the reports as JSON; with `--real --scale`, the floor and the operator
+//! at each size, in one table ([`bench::real::scale`]). Progress goes to stderr.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 use std::time::Duration;
 
 use bench::operand::OperandOptions;
+use bench::real::scale::ScaleOptions;
 use bench::real::{CREATES_IN_FLIGHT, RealOptions};
 use bench::{Options, Report};
 use clap::Parser;
+use serde::Serialize;
+
+/// `--timeout-seconds` unless given (not with `--scale`, whose timeouts grow with each size).
+const TIMEOUT_SECONDS: u64 = 600;
 
 /// Runs the memcached-operator binary against an in-process fake API server (or, with --real, a real
 /// kube-apiserver) holding N instances and reports how fast and how cheaply it converges.
@@ -29,9 +35,10 @@ struct Cli {
     /// Length of the settled window in which writes are counted, in seconds.
     #[arg(long, default_value_t = 60)]
     settle_seconds: u64,
-    /// Give up when the instances are not all Available after this many seconds.
-    #[arg(long, default_value_t = 600)]
-    timeout_seconds: u64,
+    /// Give up when the instances are not all Available after this many seconds [default: 600; with
+    /// --scale, half a second per instance of each size, at least 600].
+    #[arg(long)]
+    timeout_seconds: Option<u64>,
     /// The operator binary [default: build and run target/release/memcached-operator].
     #[arg(long)]
     operator: Option<PathBuf>,
@@ -72,6 +79,23 @@ struct Cli {
     /// figures against.
     #[arg(long, requires = "real", conflicts_with_all = ["restart_settled", "record", "runs", "operator", "operator_args", "operator_env"])]
     floor: bool,
+    /// With --real: the curve over sizes. For each size (instances, comma-separated; 300,1000,3000 when
+    /// none is given), the floor (as --floor) and then the operator, each on a fresh control plane, in one
+    /// table: the operator's CPU and CPU per instance (and its ratio to the smallest size's), peak RSS,
+    /// status writes, requests and watch re-opens per instance, settled writes, Available against the
+    /// floor. One size works too: --sizes 10000.
+    #[arg(
+        long,
+        alias = "sizes",
+        value_name = "SIZES",
+        num_args = 0..=1,
+        value_delimiter = ',',
+        default_missing_values = ["300", "1000", "3000"],
+        value_parser = parse_size,
+        requires = "real",
+        conflicts_with_all = ["instances", "floor", "restart_settled", "record", "runs"]
+    )]
+    scale: Option<Vec<usize>>,
     /// With --real: instances created at once through the admin client.
     #[arg(long, default_value_t = CREATES_IN_FLIGHT, requires = "real")]
     creates_in_flight: usize,
@@ -94,6 +118,18 @@ struct Cli {
     /// With --operand: how long each phase goes on once the operator is done with it, in seconds.
     #[arg(long, default_value_t = 30, requires = "operand")]
     phase_seconds: u64,
+}
+
+/// Prints a report as JSON with `json`, else as its table; or its error.
+fn print_report(
+    outcome: Result<impl std::fmt::Display + Serialize, String>,
+    json: bool,
+) -> ExitCode {
+    let outcome = match (json, outcome) {
+        (true, Ok(report)) => serde_json::to_string_pretty(&report).map_err(|e| e.to_string()),
+        (_, outcome) => outcome.map(|report| report.to_string()),
+    };
+    print_outcome(outcome)
 }
 
 /// Prints a one-report run's report, or its error.
@@ -131,7 +167,7 @@ fn main() -> ExitCode {
         let floor = bench::real::floor::FloorOptions {
             instances: cli.instances,
             pod_start: Duration::from_millis(cli.pod_start_ms),
-            timeout: Duration::from_secs(cli.timeout_seconds),
+            timeout: Duration::from_secs(cli.timeout_seconds.unwrap_or(TIMEOUT_SECONDS)),
             creates_in_flight: cli.creates_in_flight,
             config_dir: real.config_dir.clone(),
         };
@@ -143,19 +179,7 @@ fn main() -> ExitCode {
             Ok(runtime) => runtime.block_on(bench::real::floor::run(&floor)),
             Err(error) => Err(format!("cannot start the async runtime: {error}")),
         };
-        return match (cli.json, outcome) {
-            (true, Ok(report)) => match serde_json::to_string_pretty(&report) {
-                Ok(json) => {
-                    println!("{json}");
-                    ExitCode::SUCCESS
-                }
-                Err(error) => {
-                    eprintln!("error: {error}");
-                    ExitCode::FAILURE
-                }
-            },
-            (_, outcome) => print_outcome(outcome),
-        };
+        return print_report(outcome, cli.json);
     }
     let operator = match &cli.operator {
         Some(path) => path.clone(),
@@ -175,7 +199,7 @@ fn main() -> ExitCode {
         latency: Duration::from_millis(cli.latency_ms),
         pod_start: Duration::from_millis(cli.pod_start_ms),
         settle: Duration::from_secs(cli.settle_seconds),
-        timeout: Duration::from_secs(cli.timeout_seconds),
+        timeout: Duration::from_secs(cli.timeout_seconds.unwrap_or(TIMEOUT_SECONDS)),
         tls: !cli.plain_http,
         record: cli.record.clone(),
     };
@@ -186,6 +210,16 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(sizes) = &cli.scale {
+        let scale = ScaleOptions::new(sizes.clone(), cli.timeout_seconds.map(Duration::from_secs));
+        eprintln!(
+            "the curve: {:?} instances against {}, each size's floor and operator on fresh control planes",
+            scale.sizes,
+            options.operator.display()
+        );
+        let outcome = runtime.block_on(bench::real::scale::run(&options, &real, &scale));
+        return print_report(outcome, cli.json);
+    }
     if cli.handovers {
         eprintln!(
             "warm handovers against {}, on a real control plane",
@@ -320,6 +354,15 @@ fn ranges(reports: &[Report]) -> String {
     out
 }
 
+/// A size of `--scale`: at least one instance.
+fn parse_size(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("a size is at least 1 instance".to_owned()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(format!("{s:?} is not a number of instances: {e}")),
+    }
+}
+
 fn parse_env(s: &str) -> Result<(String, String), String> {
     s.split_once('=')
         .filter(|(key, _)| !key.is_empty())
@@ -395,6 +438,33 @@ mod tests {
         assert!(Cli::try_parse_from(["bench", "--floor"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--real", "--floor", "--restart-settled"]).is_err());
         assert!(Cli::try_parse_from(["bench", "--real", "--plain-http"]).is_err());
+    }
+
+    #[test]
+    fn scale_flags() {
+        let sizes = |args: &[&str]| Cli::try_parse_from(args).map(|cli| cli.scale);
+        assert_eq!(
+            sizes(&["bench", "--real", "--scale"]).unwrap(),
+            Some(bench::real::scale::DEFAULT_SIZES.to_vec())
+        );
+        assert_eq!(
+            sizes(&["bench", "--real", "--scale", "30,60"]).unwrap(),
+            Some(vec![30, 60])
+        );
+        assert_eq!(
+            sizes(&["bench", "--real", "--sizes", "10000", "--json"]).unwrap(),
+            Some(vec![10_000])
+        );
+        assert_eq!(sizes(&["bench", "--real"]).unwrap(), None);
+        assert!(
+            sizes(&["bench", "--scale"]).is_err(),
+            "a real control plane only"
+        );
+        assert!(sizes(&["bench", "--real", "--scale", "0,300"]).is_err());
+        assert!(sizes(&["bench", "--real", "--scale", "-n", "5"]).is_err());
+        assert!(sizes(&["bench", "--real", "--scale", "--floor"]).is_err());
+        let cli = Cli::try_parse_from(["bench", "--real", "--scale"]).unwrap();
+        assert_eq!(cli.timeout_seconds, None, "each size's own");
     }
 
     #[test]

@@ -11,7 +11,8 @@
 //! instance's status says `Available=True`; then, after the same grace, the settled window.
 //!
 //! Requests are counted from the API server's audit log ([`envtest::AuditLog`]), the operator's user only:
-//! the convergence from t0 to the settled window, and the writes of the window. A real server has no
+//! the convergence from t0 to the settled window, and the writes of the window (the stats collector's
+//! `status.stats` writes apart from the reconciler's status writes, by field manager). A real server has no
 //! connection counter of ours, so the report reads the operator's own
 //! `memcached_operator_kube_responses_total{protocol}` from its `/metrics` instead.
 //!
@@ -44,6 +45,7 @@ use crate::record;
 use crate::{Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
 
 pub mod floor;
+pub mod scale;
 
 /// The namespace the instances are created in.
 pub const NAMESPACE: &str = "bench";
@@ -741,9 +743,16 @@ where
     })
 }
 
-/// `verb resource[/subresource]`, as the audit log names them.
+/// The key of the stats collector's writes of `status.stats` ([`key`]), apart from the reconciler's status
+/// writes (`patch memcacheds/status`).
+pub const STATS_WRITES: &str = "patch memcacheds/status (stats)";
+
+/// `verb resource[/subresource]`, as the audit log names them; the stats collector's status writes, told
+/// from the reconciler's by their field manager, as [`STATS_WRITES`].
 fn key(e: &AuditEvent) -> String {
-    if e.subresource.is_empty() {
+    if e.field_manager == memcached_operator::telemetry::collector::FIELD_MANAGER {
+        STATS_WRITES.to_owned()
+    } else if e.subresource.is_empty() {
         format!("{} {}", e.verb, e.resource)
     } else {
         format!("{} {}/{}", e.verb, e.resource, e.subresource)
@@ -856,6 +865,7 @@ mod tests {
             api_group: String::new(),
             namespace: NAMESPACE.to_owned(),
             name: name.to_owned(),
+            field_manager: String::new(),
             code,
             received: at.parse().unwrap(),
             completed: Some(at.parse().unwrap()),
@@ -912,6 +922,23 @@ mod tests {
             .after_create(|e| e.resource == "deployments")
             .unwrap();
         assert_eq!((workload.median, workload.max), (5.0, 5.0));
+    }
+
+    #[test]
+    fn the_stats_collectors_status_writes_are_counted_apart() {
+        let reconciler = event(
+            "op",
+            "patch memcacheds/status a",
+            200,
+            "2026-01-01T00:00:01Z",
+        );
+        let stats = AuditEvent {
+            field_manager: memcached_operator::telemetry::collector::FIELD_MANAGER.to_owned(),
+            ..reconciler.clone()
+        };
+        let counts = by_request([&reconciler, &stats, &stats]);
+        assert_eq!(counts["patch memcacheds/status"], 1);
+        assert_eq!(counts[STATS_WRITES], 2);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! A chart cannot read files outside its own directory, so everything it shares with the other installs
 //! is copied into it here, and the drift check ([`crate::generate`]) fails when a copy is stale: the CRD
-//! (into `crds/`, Helm's convention), the rules of every role (`files/rbac-rules.yaml`, which the
+//! (`files/crd.yaml`, which `templates/crds.yaml` renders so that `helm upgrade` updates it), the rules of every role (`files/rbac-rules.yaml`, which the
 //! templates `toYaml`), the Grafana dashboard of `config/grafana` and the alert rules of
 //! `config/prometheus` (`files/`, read by the templates with `.Files.Get`). The rules of the roles the operator needs come from `memcached_operator::manifests`,
 //! as `config/rbac/role.yaml` does; those of the user-facing roles (editor, viewer, metrics reader) are read
@@ -18,8 +18,9 @@ use crate::repo_root;
 
 /// The chart's directory, relative to the repository root.
 pub const CHART_DIR: &str = "charts/memcached-operator";
-/// The chart's copy of the CRD: `crds/` is installed by Helm before the templates, unless `--skip-crds`.
-pub const CHART_CRD_PATH: &str = "charts/memcached-operator/crds/cache.example.com_memcacheds.yaml";
+/// The chart's copy of the CRD, rendered by `templates/crds.yaml` (behind `crds.enabled`): a template,
+/// unlike Helm's `crds/` directory, is updated by `helm upgrade`.
+pub const CHART_CRD_PATH: &str = "charts/memcached-operator/files/crd.yaml";
 /// The rules of every role of the chart, keyed by role.
 pub const CHART_RULES_PATH: &str = "charts/memcached-operator/files/rbac-rules.yaml";
 /// The chart's copy of the Grafana dashboard.
@@ -53,7 +54,7 @@ pub fn files_under(root: &Path) -> Result<Vec<(String, String)>, Error> {
     serde_json::from_str::<Value>(&dashboard)
         .map_err(|e| Error::Invalid(format!("{DASHBOARD_PATH} is not JSON: {e}")))?;
     Ok(vec![
-        (CHART_CRD_PATH.to_owned(), manifests::crd_yaml()?),
+        (CHART_CRD_PATH.to_owned(), crd_yaml()?),
         (CHART_RULES_PATH.to_owned(), rules_yaml(root)?),
         (CHART_DASHBOARD_PATH.to_owned(), dashboard),
         (CHART_ALERTS_PATH.to_owned(), alerts_yaml(root)?),
@@ -84,6 +85,16 @@ pub fn rules(root: &Path) -> Result<Map<String, Value>, Error> {
         rules.insert((*key).to_owned(), role_rules);
     }
     Ok(rules)
+}
+
+/// The CRD as `memcached-operator crd` prints it, as one document without the leading `---` (Helm's
+/// `fromYaml` reads a single document).
+fn crd_yaml() -> Result<String, Error> {
+    let crd = manifests::crd_yaml()?;
+    Ok(match crd.split_once("\n---\n") {
+        Some((head, body)) if head.lines().all(|l| l.starts_with('#')) => format!("{head}\n{body}"),
+        _ => crd,
+    })
 }
 
 fn rules_yaml(root: &Path) -> Result<String, Error> {

@@ -28,6 +28,19 @@ pub const CHART_DASHBOARD_PATH: &str = "charts/memcached-operator/files/grafana-
 /// The chart's copy of the alert rules (the `spec` of the PrometheusRule).
 pub const CHART_ALERTS_PATH: &str = "charts/memcached-operator/files/prometheus-rules.yaml";
 
+/// The chart's README, whose values table (between [`VALUES_BEGIN`] and [`VALUES_END`]) is generated
+/// from `values.yaml` (defaults, and the comment above each key) and `values.schema.json` (types).
+pub const CHART_README_PATH: &str = "charts/memcached-operator/README.md";
+/// The chart's values, with a comment above each key.
+pub const CHART_VALUES_PATH: &str = "charts/memcached-operator/values.yaml";
+/// The chart's values schema.
+pub const CHART_SCHEMA_PATH: &str = "charts/memcached-operator/values.schema.json";
+/// The line before the generated values table in the chart's README.
+pub const VALUES_BEGIN: &str =
+    "<!-- values table: generated from values.yaml and values.schema.json by `make manifests` -->";
+/// The line after it.
+pub const VALUES_END: &str = "<!-- end of the values table -->";
+
 /// The Grafana dashboard, the one source of the chart's copy.
 pub const DASHBOARD_PATH: &str = "config/grafana/memcached-operator.json";
 /// The PrometheusRule of the kustomize component `config/prometheus`, the one source of the chart's copy.
@@ -58,7 +71,116 @@ pub fn files_under(root: &Path) -> Result<Vec<(String, String)>, Error> {
         (CHART_RULES_PATH.to_owned(), rules_yaml(root)?),
         (CHART_DASHBOARD_PATH.to_owned(), dashboard),
         (CHART_ALERTS_PATH.to_owned(), alerts_yaml(root)?),
+        (CHART_README_PATH.to_owned(), readme(root)?),
     ])
+}
+
+/// The chart's README with its values table regenerated.
+pub fn readme(root: &Path) -> Result<String, Error> {
+    let text = read(root, CHART_README_PATH)?;
+    let (head, rest) = text.split_once(VALUES_BEGIN).ok_or_else(|| {
+        Error::Invalid(format!("{CHART_README_PATH} lacks the line {VALUES_BEGIN}"))
+    })?;
+    let (_, tail) = rest.split_once(VALUES_END).ok_or_else(|| {
+        Error::Invalid(format!("{CHART_README_PATH} lacks the line {VALUES_END}"))
+    })?;
+    let table = values_table(
+        &read(root, CHART_VALUES_PATH)?,
+        &read(root, CHART_SCHEMA_PATH)?,
+    )?;
+    Ok(format!("{head}{VALUES_BEGIN}\n{table}{VALUES_END}{tail}"))
+}
+
+/// The values table: one row per leaf of `values` (a scalar, a list, an empty map, or a map the schema
+/// leaves free-form), in file order, with
+/// its type from `schema`, its default, and the comment lines right above it (or, without one, the
+/// schema's description). A key nobody documented fails, so the table cannot silently lose a value.
+pub fn values_table(values: &str, schema: &str) -> Result<String, Error> {
+    let defaults: Value = serde_saphyr::from_str(values)
+        .map_err(|e| Error::Invalid(format!("{CHART_VALUES_PATH}: {e}")))?;
+    let schema: Value = serde_json::from_str(schema)
+        .map_err(|e| Error::Invalid(format!("{CHART_SCHEMA_PATH}: {e}")))?;
+    let mut rows =
+        String::from("| Value | Type | Default | What it does |\n| --- | --- | --- | --- |\n");
+    let mut leaves: Vec<Vec<String>> = Vec::new();
+    for (path, comment) in commented_keys(values) {
+        if leaves.iter().any(|leaf| path.starts_with(leaf)) {
+            continue; // inside a free-form map (resources, securityContext): its row shows it whole
+        }
+        let mut value = &defaults;
+        let mut node = &schema;
+        for key in &path {
+            value = &value[key.as_str()];
+            node = &node["properties"][key.as_str()];
+        }
+        if value.as_object().is_some_and(|m| !m.is_empty()) && node.get("properties").is_some() {
+            continue; // a map of documented keys: its leaves have rows
+        }
+        leaves.push(path.clone());
+        let name = path.join(".");
+        let described = if comment.is_empty() {
+            node["description"].as_str().unwrap_or_default().to_owned()
+        } else {
+            comment
+        };
+        if described.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{CHART_VALUES_PATH}: {name} has no comment and {CHART_SCHEMA_PATH} no description"
+            )));
+        }
+        let kind = match &node["type"] {
+            Value::String(t) => t.clone(),
+            Value::Array(ts) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" or "),
+            _ => String::new(),
+        };
+        let default = serde_json::to_string(value).unwrap_or_default();
+        rows.push_str(&format!(
+            "| `{name}` | {kind} | `{}` | {} |\n",
+            default.replace('|', "\\|"),
+            described.replace('|', "\\|")
+        ));
+    }
+    Ok(rows)
+}
+
+/// Every key of the YAML text `values` (its path) in file order, with the comment lines right above it
+/// (a blank line ends a comment; the file's header comment belongs to no key).
+fn commented_keys(values: &str) -> Vec<(Vec<String>, String)> {
+    let mut keys = Vec::new();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut comment: Vec<String> = Vec::new();
+    for line in values.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(text) = trimmed.strip_prefix('#') {
+            comment.push(text.trim().to_owned());
+            continue;
+        }
+        if trimmed.is_empty() || trimmed.starts_with("- ") {
+            comment.clear();
+            continue;
+        }
+        let Some((key, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        if key.contains(' ') {
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key.to_owned()));
+        keys.push((
+            stack.iter().map(|(_, k)| k.clone()).collect(),
+            comment.join(" "),
+        ));
+        comment.clear();
+    }
+    keys
 }
 
 /// The rules of every role the chart creates, as one YAML map: `manager`, `metricsAuth` and

@@ -261,6 +261,33 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_values_table_has_a_row_per_leaf_with_its_comment_or_description() {
+        let values = "# header\n\nimage:\n  # The repository.\n  repository: r\n  tag: \"\"\n\
+                      # Free-form.\nresources:\n  limits:\n    cpu: 1\nlist:\n  - a\n";
+        let schema = json!({"properties": {
+            "image": {"type": "object", "properties": {
+                "repository": {"type": "string"},
+                "tag": {"type": "string", "description": "The tag."}}},
+            "resources": {"type": "object"},
+            "list": {"type": "array", "description": "A list."}}});
+        let table = values_table(values, &schema.to_string()).unwrap();
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            [
+                "| `image.repository` | string | `\"r\"` | The repository. |",
+                "| `image.tag` | string | `\"\"` | The tag. |",
+                "| `resources` | object | `{\"limits\":{\"cpu\":1}}` | Free-form. |",
+                "| `list` | array | `[\"a\"]` | A list. |",
+            ]
+        );
+        // A key documented nowhere is refused, naming it.
+        let undocumented = json!({"properties": {"image": {"properties": {}}}});
+        let error = values_table("image:\n  tag: x\n", &undocumented.to_string()).unwrap_err();
+        assert!(error.to_string().contains("image.tag"), "{error}");
+    }
+
+    #[test]
     fn every_role_of_the_chart_has_rules() {
         let rules = rules(&repo_root()).unwrap();
         for key in [

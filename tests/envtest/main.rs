@@ -51,6 +51,7 @@
 mod adoption;
 mod certificates;
 mod chart;
+mod chart_actions;
 mod convergence;
 mod crd;
 mod drain;

@@ -2,7 +2,7 @@
 //!
 //! A chart cannot read files outside its own directory, so everything it shares with the other installs
 //! is copied into it here, and the drift check ([`crate::generate`]) fails when a copy is stale: the CRD
-//! (into `crds/`, Helm's convention), the rules of every role (`files/rbac-rules.yaml`, which the
+//! (`files/crd.yaml`, which `templates/crds.yaml` renders so that `helm upgrade` updates it), the rules of every role (`files/rbac-rules.yaml`, which the
 //! templates `toYaml`), the Grafana dashboard of `config/grafana` and the alert rules of
 //! `config/prometheus` (`files/`, read by the templates with `.Files.Get`). The rules of the roles the operator needs come from `memcached_operator::manifests`,
 //! as `config/rbac/role.yaml` does; those of the user-facing roles (editor, viewer, metrics reader) are read
@@ -18,14 +18,28 @@ use crate::repo_root;
 
 /// The chart's directory, relative to the repository root.
 pub const CHART_DIR: &str = "charts/memcached-operator";
-/// The chart's copy of the CRD: `crds/` is installed by Helm before the templates, unless `--skip-crds`.
-pub const CHART_CRD_PATH: &str = "charts/memcached-operator/crds/cache.example.com_memcacheds.yaml";
+/// The chart's copy of the CRD, rendered by `templates/crds.yaml` (behind `crds.enabled`): a template,
+/// unlike Helm's `crds/` directory, is updated by `helm upgrade`.
+pub const CHART_CRD_PATH: &str = "charts/memcached-operator/files/crd.yaml";
 /// The rules of every role of the chart, keyed by role.
 pub const CHART_RULES_PATH: &str = "charts/memcached-operator/files/rbac-rules.yaml";
 /// The chart's copy of the Grafana dashboard.
 pub const CHART_DASHBOARD_PATH: &str = "charts/memcached-operator/files/grafana-dashboard.json";
 /// The chart's copy of the alert rules (the `spec` of the PrometheusRule).
 pub const CHART_ALERTS_PATH: &str = "charts/memcached-operator/files/prometheus-rules.yaml";
+
+/// The chart's README, whose values table (between [`VALUES_BEGIN`] and [`VALUES_END`]) is generated
+/// from `values.yaml` (defaults, and the comment above each key) and `values.schema.json` (types).
+pub const CHART_README_PATH: &str = "charts/memcached-operator/README.md";
+/// The chart's values, with a comment above each key.
+pub const CHART_VALUES_PATH: &str = "charts/memcached-operator/values.yaml";
+/// The chart's values schema.
+pub const CHART_SCHEMA_PATH: &str = "charts/memcached-operator/values.schema.json";
+/// The line before the generated values table in the chart's README.
+pub const VALUES_BEGIN: &str =
+    "<!-- values table: generated from values.yaml and values.schema.json by `make manifests` -->";
+/// The line after it.
+pub const VALUES_END: &str = "<!-- end of the values table -->";
 
 /// The Grafana dashboard, the one source of the chart's copy.
 pub const DASHBOARD_PATH: &str = "config/grafana/memcached-operator.json";
@@ -53,11 +67,120 @@ pub fn files_under(root: &Path) -> Result<Vec<(String, String)>, Error> {
     serde_json::from_str::<Value>(&dashboard)
         .map_err(|e| Error::Invalid(format!("{DASHBOARD_PATH} is not JSON: {e}")))?;
     Ok(vec![
-        (CHART_CRD_PATH.to_owned(), manifests::crd_yaml()?),
+        (CHART_CRD_PATH.to_owned(), crd_yaml()?),
         (CHART_RULES_PATH.to_owned(), rules_yaml(root)?),
         (CHART_DASHBOARD_PATH.to_owned(), dashboard),
         (CHART_ALERTS_PATH.to_owned(), alerts_yaml(root)?),
+        (CHART_README_PATH.to_owned(), readme(root)?),
     ])
+}
+
+/// The chart's README with its values table regenerated.
+pub fn readme(root: &Path) -> Result<String, Error> {
+    let text = read(root, CHART_README_PATH)?;
+    let (head, rest) = text.split_once(VALUES_BEGIN).ok_or_else(|| {
+        Error::Invalid(format!("{CHART_README_PATH} lacks the line {VALUES_BEGIN}"))
+    })?;
+    let (_, tail) = rest.split_once(VALUES_END).ok_or_else(|| {
+        Error::Invalid(format!("{CHART_README_PATH} lacks the line {VALUES_END}"))
+    })?;
+    let table = values_table(
+        &read(root, CHART_VALUES_PATH)?,
+        &read(root, CHART_SCHEMA_PATH)?,
+    )?;
+    Ok(format!("{head}{VALUES_BEGIN}\n{table}{VALUES_END}{tail}"))
+}
+
+/// The values table: one row per leaf of `values` (a scalar, a list, an empty map, or a map the schema
+/// leaves free-form), in file order, with
+/// its type from `schema`, its default, and the comment lines right above it (or, without one, the
+/// schema's description). A key nobody documented fails, so the table cannot silently lose a value.
+pub fn values_table(values: &str, schema: &str) -> Result<String, Error> {
+    let defaults: Value = serde_saphyr::from_str(values)
+        .map_err(|e| Error::Invalid(format!("{CHART_VALUES_PATH}: {e}")))?;
+    let schema: Value = serde_json::from_str(schema)
+        .map_err(|e| Error::Invalid(format!("{CHART_SCHEMA_PATH}: {e}")))?;
+    let mut rows =
+        String::from("| Value | Type | Default | What it does |\n| --- | --- | --- | --- |\n");
+    let mut leaves: Vec<Vec<String>> = Vec::new();
+    for (path, comment) in commented_keys(values) {
+        if leaves.iter().any(|leaf| path.starts_with(leaf)) {
+            continue; // inside a free-form map (resources, securityContext): its row shows it whole
+        }
+        let mut value = &defaults;
+        let mut node = &schema;
+        for key in &path {
+            value = &value[key.as_str()];
+            node = &node["properties"][key.as_str()];
+        }
+        if value.as_object().is_some_and(|m| !m.is_empty()) && node.get("properties").is_some() {
+            continue; // a map of documented keys: its leaves have rows
+        }
+        leaves.push(path.clone());
+        let name = path.join(".");
+        let described = if comment.is_empty() {
+            node["description"].as_str().unwrap_or_default().to_owned()
+        } else {
+            comment
+        };
+        if described.is_empty() {
+            return Err(Error::Invalid(format!(
+                "{CHART_VALUES_PATH}: {name} has no comment and {CHART_SCHEMA_PATH} no description"
+            )));
+        }
+        let kind = match &node["type"] {
+            Value::String(t) => t.clone(),
+            Value::Array(ts) => ts
+                .iter()
+                .filter_map(Value::as_str)
+                .collect::<Vec<_>>()
+                .join(" or "),
+            _ => String::new(),
+        };
+        let default = serde_json::to_string(value).unwrap_or_default();
+        rows.push_str(&format!(
+            "| `{name}` | {kind} | `{}` | {} |\n",
+            default.replace('|', "\\|"),
+            described.replace('|', "\\|")
+        ));
+    }
+    Ok(rows)
+}
+
+/// Every key of the YAML text `values` (its path) in file order, with the comment lines right above it
+/// (a blank line ends a comment; the file's header comment belongs to no key).
+fn commented_keys(values: &str) -> Vec<(Vec<String>, String)> {
+    let mut keys = Vec::new();
+    let mut stack: Vec<(usize, String)> = Vec::new();
+    let mut comment: Vec<String> = Vec::new();
+    for line in values.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(text) = trimmed.strip_prefix('#') {
+            comment.push(text.trim().to_owned());
+            continue;
+        }
+        if trimmed.is_empty() || trimmed.starts_with("- ") {
+            comment.clear();
+            continue;
+        }
+        let Some((key, _)) = trimmed.split_once(':') else {
+            continue;
+        };
+        if key.contains(' ') {
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key.to_owned()));
+        keys.push((
+            stack.iter().map(|(_, k)| k.clone()).collect(),
+            comment.join(" "),
+        ));
+        comment.clear();
+    }
+    keys
 }
 
 /// The rules of every role the chart creates, as one YAML map: `manager`, `metricsAuth` and
@@ -84,6 +207,16 @@ pub fn rules(root: &Path) -> Result<Map<String, Value>, Error> {
         rules.insert((*key).to_owned(), role_rules);
     }
     Ok(rules)
+}
+
+/// The CRD as `memcached-operator crd` prints it, as one document without the leading `---` (Helm's
+/// `fromYaml` reads a single document).
+fn crd_yaml() -> Result<String, Error> {
+    let crd = manifests::crd_yaml()?;
+    Ok(match crd.split_once("\n---\n") {
+        Some((head, body)) if head.lines().all(|l| l.starts_with('#')) => format!("{head}\n{body}"),
+        _ => crd,
+    })
 }
 
 fn rules_yaml(root: &Path) -> Result<String, Error> {
@@ -126,6 +259,33 @@ fn yaml(root: &Path, path: &str) -> Result<Value, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_values_table_has_a_row_per_leaf_with_its_comment_or_description() {
+        let values = "# header\n\nimage:\n  # The repository.\n  repository: r\n  tag: \"\"\n\
+                      # Free-form.\nresources:\n  limits:\n    cpu: 1\nlist:\n  - a\n";
+        let schema = json!({"properties": {
+            "image": {"type": "object", "properties": {
+                "repository": {"type": "string"},
+                "tag": {"type": "string", "description": "The tag."}}},
+            "resources": {"type": "object"},
+            "list": {"type": "array", "description": "A list."}}});
+        let table = values_table(values, &schema.to_string()).unwrap();
+        let rows: Vec<&str> = table.lines().skip(2).collect();
+        assert_eq!(
+            rows,
+            [
+                "| `image.repository` | string | `\"r\"` | The repository. |",
+                "| `image.tag` | string | `\"\"` | The tag. |",
+                "| `resources` | object | `{\"limits\":{\"cpu\":1}}` | Free-form. |",
+                "| `list` | array | `[\"a\"]` | A list. |",
+            ]
+        );
+        // A key documented nowhere is refused, naming it.
+        let undocumented = json!({"properties": {"image": {"properties": {}}}});
+        let error = values_table("image:\n  tag: x\n", &undocumented.to_string()).unwrap_err();
+        assert!(error.to_string().contains("image.tag"), "{error}");
+    }
 
     #[test]
     fn every_role_of_the_chart_has_rules() {

@@ -62,6 +62,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedOperatorReconcileErrors",
         "MemcachedOperatorAPIServerUnreachable",
         "MemcachedOperatorNoLeader",
+        "MemcachedOperatorMetricsAbsent",
     ] {
         assert!(alerts.contains(alert), "{ALERTS_PATH} lacks {alert}");
     }

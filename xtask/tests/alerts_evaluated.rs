@@ -8,6 +8,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
+use common::helm;
 use common::promql::without_grafana_variables;
 use common::promtool::promtool;
 use common::read;
@@ -25,9 +26,13 @@ fn scratch(name: &str) -> std::path::PathBuf {
 
 /// The rules of the PrometheusRule as a Prometheus rule file (JSON is YAML).
 fn write_rules(dir: &Path) -> std::path::PathBuf {
+    write_spec(dir, &alerts_spec(&repo_root()).unwrap())
+}
+
+/// `spec` (rule groups) as a Prometheus rule file.
+fn write_spec(dir: &Path, spec: &Value) -> std::path::PathBuf {
     let path = dir.join("rules.yaml");
-    let spec = alerts_spec(&repo_root()).unwrap();
-    std::fs::write(&path, serde_json::to_string_pretty(&spec).unwrap()).unwrap();
+    std::fs::write(&path, serde_json::to_string_pretty(spec).unwrap()).unwrap();
     path
 }
 
@@ -61,6 +66,21 @@ fn alert_expr(name: &str) -> String {
         .to_owned()
 }
 
+/// The runbook URL of alert `name` in the rules.
+fn alert_url(name: &str) -> String {
+    let spec = alerts_spec(&repo_root()).unwrap();
+    spec["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap().iter())
+        .find(|r| r["alert"] == name)
+        .unwrap_or_else(|| panic!("no alert {name}"))["annotations"]["runbook_url"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// The one query of the dashboard panel titled `title`, as Prometheus reads it at a 1 m step.
 fn panel_expr(title: &str) -> String {
     let dashboard: Value = serde_json::from_str(&read(DASHBOARD_PATH)).unwrap();
@@ -75,11 +95,18 @@ fn panel_expr(title: &str) -> String {
 
 /// Runs `promtool test rules` on one test group (promtool's unit-test format) against the rule file.
 fn test_rules(group: Value) {
+    test_spec(&alerts_spec(&repo_root()).unwrap(), group);
+}
+
+/// [`test_rules`] against the rule groups `spec`, in a scratch directory of the group's own.
+fn test_spec(spec: &Value, group: Value) {
     let Some(promtool) = promtool() else {
         return;
     };
-    let dir = scratch("alerts-evaluated");
-    write_rules(&dir);
+    static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = scratch(&format!("alerts-evaluated-{n}"));
+    write_spec(&dir, spec);
     let tests =
         json!({"rule_files": ["rules.yaml"], "evaluation_interval": "1m", "tests": [group]});
     std::fs::write(dir.join("tests.yaml"), tests.to_string()).unwrap();
@@ -158,4 +185,130 @@ fn the_handover_panels_count_an_instances_first_copy() {
         "input_series": [items("copied", "_x10 5000x5 7000x5")],
         "promql_expr_test": [at("10m", 5000), at("12m", 0), at("16m", 2000), at("18m", 0)],
     }));
+}
+
+/// A `promql_expr_test`: at `eval_time`, alert `name` fires (with `severity`), or does not fire at all
+/// (`None`). Read through Prometheus's ALERTS series, so the alert's other labels and annotations do not
+/// have to be spelt out.
+fn alerts_at(eval_time: &str, name: &str, severity: Option<&str>) -> Value {
+    let firing = format!("ALERTS{{alertname=\"{name}\", alertstate=\"firing\"}}");
+    match severity {
+        Some(severity) => {
+            json!({"expr": format!("count by (severity) ({firing})"), "eval_time": eval_time,
+            "exp_samples": [{"labels": format!("{{severity=\"{severity}\"}}"), "value": 1}]})
+        }
+        None => json!({"expr": firing, "eval_time": eval_time, "exp_samples": []}),
+    }
+}
+
+#[test]
+fn an_operator_not_scraped_yet_warns_and_does_not_page() {
+    // No series of the operator at all (no ServiceMonitor, or 403 on every scrape) for an hour.
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [],
+        "promql_expr_test": [
+            alerts_at("14m", "MemcachedOperatorMetricsAbsent", None),
+            alerts_at("16m", "MemcachedOperatorMetricsAbsent", Some("warning")),
+            alerts_at("60m", "MemcachedOperatorMetricsAbsent", Some("warning")),
+            alerts_at("60m", "MemcachedOperatorNoLeader", None),
+        ],
+    }));
+}
+
+#[test]
+fn scraped_replicas_without_a_leader_page() {
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [
+            {"series": "memcached_operator_leader{pod=\"op-1\"}", "values": "1x10 0x20"},
+            {"series": "memcached_operator_leader{pod=\"op-2\"}", "values": "0x30"},
+        ],
+        "promql_expr_test": [
+            alerts_at("10m", "MemcachedOperatorNoLeader", None),
+            alerts_at("14m", "MemcachedOperatorNoLeader", None),
+            alerts_at("16m", "MemcachedOperatorNoLeader", Some("critical")),
+            alerts_at("16m", "MemcachedOperatorMetricsAbsent", None),
+        ],
+    }));
+}
+
+/// The rule groups of the chart's PrometheusRule rendered with `alerts` as prometheusRule.alerts.
+fn chart_rules(alerts: Value) -> Option<Value> {
+    let rendering = helm::render(json!({"prometheusRule": {"enabled": true, "alerts": alerts}}))?;
+    let objects = rendering.objects().unwrap();
+    let rule = objects
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .expect("the PrometheusRule");
+    Some(rule["spec"].clone())
+}
+
+#[test]
+fn the_charts_alert_settings_change_what_fires() {
+    // Gets hitting 60 % at 2 per second: under the default 80 %, over a threshold of 50 %.
+    let gets = |status: &str, per_minute: u32| {
+        json!({"series": format!(
+            "memcached_commands_total{{namespace=\"ns\",memcached=\"a\",pod=\"a-0\",command=\"get\",status=\"{status}\"}}"
+        ), "values": format!("0+{per_minute}x60")})
+    };
+    let series = json!([gets("hit", 72), gets("miss", 48)]);
+    let Some(defaults) = chart_rules(json!({})) else {
+        return;
+    };
+    test_spec(
+        &defaults,
+        json!({"interval": "1m", "input_series": series,
+               "promql_expr_test": [alerts_at("45m", "MemcachedHitRatioLow", Some("warning"))]}),
+    );
+    let Some(adjusted) = chart_rules(json!({
+        "MemcachedHitRatioLow": {"threshold": 0.5},
+        "MemcachedOperatorMetricsAbsent": {"enabled": false},
+        "MemcachedOperatorNoLeader": {"severity": "warning", "for": "30m"},
+    })) else {
+        return;
+    };
+    let rules: Vec<&Value> = adjusted["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_array().unwrap())
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .all(|r| r["alert"] != "MemcachedOperatorMetricsAbsent")
+    );
+    test_spec(
+        &adjusted,
+        json!({"interval": "1m", "input_series": [
+                  gets("hit", 72), gets("miss", 48),
+                  {"series": "memcached_operator_leader{pod=\"op-1\"}", "values": "0x60"}],
+               "promql_expr_test": [
+                  alerts_at("45m", "MemcachedHitRatioLow", None),
+                  alerts_at("20m", "MemcachedOperatorNoLeader", None),
+                  alerts_at("31m", "MemcachedOperatorNoLeader", Some("warning"))]}),
+    );
+}
+
+#[test]
+fn the_charts_runbook_urls_follow_the_base_url() {
+    let Some(rendering) = helm::render(json!({"prometheusRule": {
+        "enabled": true, "runbookBaseUrl": "https://runbooks.test/memcached/"}}))
+    else {
+        return;
+    };
+    let objects = rendering.objects().unwrap();
+    let rule = objects
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .unwrap();
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let url = alert["annotations"]["runbook_url"].as_str().unwrap();
+            let original = alert_url(alert["alert"].as_str().unwrap());
+            let anchor = original.split_once('#').unwrap().1;
+            assert_eq!(url, format!("https://runbooks.test/memcached#{anchor}"));
+        }
+    }
 }

@@ -81,7 +81,11 @@ fn default_rendering_installs_the_objects_of_config_default() {
         };
         match kind {
             "CustomResourceDefinition" => {
-                assert_eq!(normalize(ours), normalize(theirs), "the CRD")
+                assert_eq!(
+                    normalize(&ours["spec"]),
+                    normalize(&theirs["spec"]),
+                    "the CRD"
+                )
             }
             "ClusterRole" | "Role" => assert_eq!(ours["rules"], theirs["rules"], "{}", id(ours)),
             "ClusterRoleBinding" | "RoleBinding" => {
@@ -148,7 +152,7 @@ fn default_rendering_runs_the_operator_as_config_default_does() {
     ] {
         assert_eq!(ours[field], theirs[field], "container {field}");
     }
-    // The Service reaches the pods, and the CRD comes from crds/ only (so --skip-crds skips it).
+    // The Service reaches the pods.
     let service = find(
         &objects,
         "Service",
@@ -163,13 +167,19 @@ fn default_rendering_runs_the_operator_as_config_default_does() {
             "the Service selects the pods by {key}"
         );
     }
-    assert!(
-        objects
-            .iter()
-            .all(|o| o["kind"] != "CustomResourceDefinition"),
-        "the CRD belongs in crds/, which `helm install --skip-crds` leaves out"
+    // The CRD is a template (so `helm upgrade` updates it), kept on uninstall; nothing is left in crds/.
+    let crd = find(
+        &objects,
+        "CustomResourceDefinition",
+        "memcacheds.cache.example.com",
+    )
+    .expect("the CRD among the templates");
+    assert_eq!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
     );
-    assert_eq!(rendering.crd_objects().unwrap().len(), 1);
+    assert!(crd["metadata"]["annotations"].get("helm.sh/hook").is_none());
+    assert!(rendering.crd_objects().unwrap().is_empty());
 }
 
 #[test]

@@ -148,10 +148,31 @@ fn service_monitor_scrapes_the_metrics_service_with_a_token() {
     assert_eq!(endpoint["port"], "https");
     assert_eq!(endpoint["scheme"], "https");
     assert_eq!(endpoint["interval"], "30s");
-    assert_eq!(
-        endpoint["bearerTokenFile"],
-        "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    assert!(
+        endpoint.get("bearerTokenFile").is_none(),
+        "deprecated by the Prometheus Operator"
     );
+    // The token of the release's scraper ServiceAccount, bound to metrics-reader.
+    let credentials = &endpoint["authorization"]["credentials"];
+    assert_eq!(credentials["key"], "token");
+    let secret = find(&objects, "Secret", credentials["name"].as_str().unwrap()).unwrap();
+    assert_eq!(secret["type"], "kubernetes.io/service-account-token");
+    let scraper = secret["metadata"]["annotations"]["kubernetes.io/service-account.name"]
+        .as_str()
+        .unwrap();
+    assert!(find(&objects, "ServiceAccount", scraper).is_some());
+    let binding = find(
+        &objects,
+        "ClusterRoleBinding",
+        "memcached-operator-metrics-scraper",
+    )
+    .unwrap();
+    assert_eq!(
+        binding["roleRef"]["name"],
+        "memcached-operator-metrics-reader"
+    );
+    assert_eq!(binding["subjects"][0]["name"], scraper);
+    assert_eq!(binding["subjects"][0]["namespace"], NAMESPACE);
     assert_eq!(
         endpoint["tlsConfig"]["ca"], ca,
         "verified against the given CA"

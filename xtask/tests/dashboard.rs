@@ -186,12 +186,18 @@ fn chart_ships_the_dashboard_for_the_grafana_sidecar() {
     )
     .unwrap();
     assert_eq!(map["metadata"]["labels"]["grafana_dashboard"], "1");
-    let shipped: Value =
+    let mut shipped: Value =
         serde_json::from_str(map["data"]["memcached-operator.json"].as_str().unwrap()).unwrap();
-    assert_eq!(
-        shipped,
-        dashboard(),
-        "the chart ships config/grafana's dashboard"
+    // The uid is the release's (grafana.dashboards.uid, else derived from namespace and release name).
+    let uid = shipped["uid"].as_str().unwrap().to_owned();
+    assert!(
+        uid.starts_with("memcached-") && uid != dashboard()["uid"],
+        "{uid}"
+    );
+    shipped["uid"] = dashboard()["uid"].clone();
+    assert!(
+        shipped == dashboard(),
+        "the chart ships config/grafana's dashboard, the uid aside"
     );
 
     let Some(custom) = helm::render(json!({"grafana": {"dashboards": {

@@ -48,7 +48,7 @@ pub fn skip(reason: &str) {
     eprintln!("skipped: {reason}");
 }
 
-/// The objects of a rendering, templates and crds/ together, as `helm install` creates them.
+/// The objects of a rendering, crds/ (empty) and templates together, as `helm install` creates them.
 pub fn installed(rendering: &Rendering) -> Vec<Value> {
     let mut objects = rendering.crd_objects().unwrap();
     objects.extend(rendering.objects().unwrap());

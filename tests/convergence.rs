@@ -422,6 +422,12 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
         (true, false),
         "the other's turn came after this instance's Deployment and before its Services"
     );
+    // A reconcile triggered while the second turn is waited for (its Deployment seen, say) leaves the
+    // instance to the wait, though a turn is free: nothing sent, no second `Created` event.
+    let meanwhile = reconcile(Arc::new(memcached(1)), ctx.clone())
+        .await
+        .unwrap();
+    assert_eq!(meanwhile, Action::await_change());
     let action = tokio::time::timeout(
         memcached_operator::controller::turns::QUIET + Duration::from_secs(5),
         waiting,

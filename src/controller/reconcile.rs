@@ -52,6 +52,7 @@ pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, 
                 second: Some(changes),
             }) => (turn, Pass::second(changes)),
             Some(Reserved { turn, second: None }) => (turn, Pass::first()),
+            None if ctx.turns.waits(&key) => return Ok(Action::await_change()),
             None => match ctx.turns.try_apply() {
                 Some(turn) => (turn, Pass::first()),
                 None => {

@@ -223,6 +223,12 @@ impl Turns {
         !queue.reserved.contains_key(&key) && queue.waiting.insert(key)
     }
 
+    /// Whether a task waits for `instance`'s turn: its reconciles meanwhile leave the instance to it (a
+    /// second turn waits for quiet before it queues, so a turn may be free while it waits).
+    pub fn waits(&self, instance: &ObjectRef<Memcached>) -> bool {
+        self.lock_queue().waiting.contains(&key(instance))
+    }
+
     /// Reserves `reserved` for `instance`, which waited for it, and makes the instance due; returns the
     /// reservation's number for [`Turns::expire`].
     pub fn reserve(&self, instance: &ObjectRef<Memcached>, reserved: Reserved) -> u64 {

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-use crate::resources::DEFAULT_IMAGE;
+use crate::resources::{DEFAULT_IMAGE, DEFAULT_OPERATOR_IMAGE};
 
 pub use crate::controller::DEFAULT_CONCURRENCY;
 
@@ -31,6 +31,9 @@ pub struct Cli {
 pub enum Command {
     /// Run the operator against the current kube context or in-cluster config (the default).
     Run(RunArgs),
+    /// Write a proxy pod's route configuration from its ConfigMap and have memcached reload it (the
+    /// proxy pods of `spec.proxy` run it; see `resources::proxy`).
+    ProxyConfig(crate::proxy_config::ProxyConfigArgs),
     /// Print the version.
     Version,
 }
@@ -133,6 +136,10 @@ pub struct RunArgs {
     /// Image for instances whose spec sets none.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
     pub memcached_image: String,
+
+    /// The operator's own image: the proxy pods (`spec.proxy`) run it as their configuration writer.
+    #[arg(long, env = "OPERATOR_IMAGE", default_value = DEFAULT_OPERATOR_IMAGE)]
+    pub operator_image: String,
 
     /// Log filter: a level (error, warn, info, debug, trace) or tracing directives such as "info,kube=debug".
     #[arg(long, env = "LOG_LEVEL", default_value = "info")]
@@ -319,14 +326,15 @@ mod tests {
         assert_eq!(run.normalized().namespace, None);
     }
 
-    /// The binary runs the operator; the CRD, the roles and every release file are `cargo xtask`'s.
+    /// The binary runs the operator (and, in the proxy pods, the proxy's configuration writer); the CRD,
+    /// the roles and every release file are `cargo xtask`'s.
     #[test]
     fn only_operator_commands() {
         let names: Vec<String> = Cli::command()
             .get_subcommands()
             .map(|c| c.get_name().to_owned())
             .collect();
-        assert_eq!(names, ["run", "version"]);
+        assert_eq!(names, ["run", "proxy-config", "version"]);
         for moved in ["manifests", "bundle", "api-docs", "crd", "rbac"] {
             assert!(
                 Cli::try_parse_from(["memcached-operator", moved]).is_err(),

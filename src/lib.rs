@@ -17,6 +17,7 @@ pub mod manager;
 pub mod manifests;
 pub mod metrics;
 pub mod observe;
+pub mod proxy_config;
 pub mod resources;
 pub mod run;
 pub mod status;

@@ -42,6 +42,7 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Some(Command::Run(args)) => run(args),
+        Some(Command::ProxyConfig(args)) => proxy_config(args),
         None => run(cli.run),
     }
 }
@@ -64,6 +65,28 @@ fn run(args: RunArgs) -> ExitCode {
     };
     match runtime.block_on(manager::run(args)) {
         Ok(code) => code,
+        Err(error) => {
+            tracing::error!("{error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The proxy pods' configuration writer, on a runtime of one thread: it watches one ConfigMap.
+fn proxy_config(args: memcached_operator::proxy_config::ProxyConfigArgs) -> ExitCode {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(log_directives("info")))
+        .with_writer(std::io::stderr)
+        .try_init();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build();
+    let result = match runtime {
+        Ok(runtime) => runtime.block_on(memcached_operator::proxy_config::run(args)),
+        Err(error) => Err(error.into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             tracing::error!("{error:#}");
             ExitCode::FAILURE

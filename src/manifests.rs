@@ -106,8 +106,12 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 ///   today; the rule stays so that setting it (as controller-runtime operators do, so that a foreground
 ///   deletion waits for the children) takes no RBAC change, and because the Kubebuilder scaffold grants it.
 /// - Deployments, StatefulSets, Services and ConfigMaps (the published server lists): watched and
-///   server-side applied (a PATCH that may create, so `create` too); never deleted by the operator:
-///   garbage collection does that.
+///   server-side applied (a PATCH that may create, so `create` too); never deleted by the operator
+///   (garbage collection does that), except the proxy's (`<name>-proxy`: a Deployment, a Service, a
+///   ConfigMap) when a spec turns the proxy off, hence `delete` on all but StatefulSets.
+/// - ServiceAccounts, Roles and RoleBindings: the proxy's configuration writer's (`<name>-proxy`, a Role
+///   that reads that one ConfigMap, which the operator may itself read: no `escalate` or `bind` is
+///   needed), like PodDisruptionBudgets below.
 /// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
 ///   (server-side apply of one annotation) to mark drained pods, and the server a warm handover copies
 ///   from, with a low pod-deletion cost. Their status is patched (`pods/status`) to open the warm-handover
@@ -160,12 +164,12 @@ pub fn manager_role() -> ClusterRole {
 }
 
 /// One rule per kind of child (see `store::kinds`): read and applied by name; deleted too when the
-/// spec can ask for none.
+/// spec can ask for none of them (an optional kind, or the proxy's children).
 fn child_rules() -> Vec<PolicyRule> {
     struct Rules(Vec<PolicyRule>);
     impl EachKind for Rules {
         fn kind<K: ChildKind>(&mut self) {
-            let verbs: &[&str] = if K::OPTIONAL {
+            let verbs: &[&str] = if K::DELETES {
                 &["get", "list", "watch", "create", "patch", "delete"]
             } else {
                 &["get", "list", "watch", "create", "patch"]

@@ -875,6 +875,31 @@ fn cel_rules_agree_with_the_operator_checks() {
             json!({"monitoring": {"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}}}),
             true,
         ),
+        (json!({"proxy": {"enabled": true, "replicas": 3}}), true),
+        (
+            json!({"proxy": {"enabled": true}, "clients": {"hashing": "unknown"}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "clients": {"hashing": "jump"}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": false}, "clients": {"hashing": "jump"}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "security": {"auth": {"secretName": "a"}}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t"}}}),
+            false,
+        ),
+        (
+            json!({"security": {"tls": {"secretName": "t"}}, "proxy": {"replicas": 2}}),
+            true,
+        ),
     ];
     for (spec, valid) in cases {
         let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",

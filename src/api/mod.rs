@@ -12,6 +12,7 @@ mod handover;
 mod isolation;
 pub mod names;
 mod pools;
+mod proxy;
 mod stats;
 
 use std::collections::BTreeMap;
@@ -96,10 +97,12 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     )
 )]
 #[serde(rename_all = "camelCase")]
-#[schemars(extend("x-kubernetes-validations" = [{
-    "rule": WORKLOAD_RULE,
-    "message": WORKLOAD_RULE_MESSAGE
-}]))]
+#[schemars(extend("x-kubernetes-validations" = [
+    {"rule": WORKLOAD_RULE, "message": WORKLOAD_RULE_MESSAGE},
+    {"rule": PROXY_AUTH_RULE, "message": PROXY_AUTH_MESSAGE},
+    {"rule": PROXY_TLS_RULE, "message": PROXY_TLS_MESSAGE},
+    {"rule": PROXY_HASHING_RULE, "message": PROXY_HASHING_MESSAGE}
+]))]
 // The sections most instances leave out are boxed: the operator's cache holds every instance's spec, and an
 // unboxed `None` takes its section's full size (880 bytes per instance in all). Boxes change neither the
 // JSON nor the schema.
@@ -192,6 +195,11 @@ pub struct MemcachedSpec {
     /// Copying items to servers that take keys over (see docs/clients.md, "Warm handover").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub handover: Option<WarmHandover>,
+
+    /// A memcached proxy in front of the servers: one address, `<name>-proxy`, for any client (see
+    /// docs/clients.md, "The proxy"). Off by default.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<Box<Proxy>>,
 }
 
 fn default_size() -> i32 {
@@ -225,6 +233,7 @@ impl Default for MemcachedSpec {
             autoscaling: None,
             clients: None,
             handover: None,
+            proxy: None,
         }
     }
 }
@@ -286,6 +295,7 @@ pub use features::*;
 pub use handover::*;
 pub use isolation::*;
 pub use pools::*;
+pub use proxy::*;
 pub use stats::*;
 
 impl Memcached {
@@ -342,6 +352,19 @@ impl MemcachedSpec {
     /// `spec.clients.hashing`, or its default `unknown`.
     pub fn client_hashing(&self) -> ClientHashing {
         self.clients.as_ref().map(|c| c.hashing).unwrap_or_default()
+    }
+    /// How keys are placed over the published list, as far as the operator knows: the proxy's
+    /// distribution when the proxy is on (the operator's choice), else the declared client hashing. What
+    /// warm handover follows; `None` when nothing is known.
+    pub fn key_scheme(&self) -> Option<crate::hashing::Scheme> {
+        if self.proxy().is_some() {
+            return Some(crate::hashing::Scheme::ProxyJump);
+        }
+        self.client_hashing().scheme()
+    }
+    /// `spec.proxy`, if the proxy is on.
+    pub fn proxy(&self) -> Option<&Proxy> {
+        self.proxy.as_deref().filter(|p| p.enabled)
     }
     /// ServiceMonitor settings, if a ServiceMonitor is wanted.
     pub fn service_monitor(&self) -> Option<&ServiceMonitorConfig> {

@@ -1,5 +1,5 @@
 //! The names of an instance's children that other parts of the operator (and clients) derive from the
-//! instance's name: the headless Service, the published server list. Kept here, with the API, so that
+//! instance's name: the headless Service, the published server list, the proxy. Kept here, with the API, so that
 //! the builders, the connections to servers and the storage layer all take them from one place.
 
 /// Suffix of the headless Service's name.
@@ -16,4 +16,13 @@ pub const CONFIG_MAP_SUFFIX: &str = "-servers";
 /// Name of the ConfigMap holding the published server list of `instance`.
 pub fn config_map_name(instance: &str) -> String {
     format!("{instance}{CONFIG_MAP_SUFFIX}")
+}
+
+/// Suffix of the proxy's children: its Deployment, Service, route configuration (ConfigMap),
+/// PodDisruptionBudget and the ServiceAccount, Role and RoleBinding of its configuration reloader.
+pub const PROXY_SUFFIX: &str = "-proxy";
+
+/// Name of the proxy's children of `instance` (one of each kind).
+pub fn proxy_name(instance: &str) -> String {
+    format!("{instance}{PROXY_SUFFIX}")
 }

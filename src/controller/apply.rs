@@ -31,7 +31,7 @@ use crate::handover::plan::rollout as gate;
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
 use crate::resources::{
-    Instance, deployment, labels, pod, rollout, servers, service_monitor, statefulset,
+    Instance, deployment, labels, pod, proxy, rollout, servers, service_monitor, statefulset,
 };
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
@@ -159,6 +159,24 @@ async fn server_list(ctx: &Context, view: &View<'_>, published: &[Server]) -> Re
     // list changes with every server that comes and goes. One event per instance says "Created".
     if applied.changed && applied.previous.is_none() {
         info!(config_map = %name, "created the server list with the first ready server");
+    }
+    proxy_routes(ctx, view, published).await
+}
+
+/// The proxy's route configuration, over the same list, in the same step: a scale-down reaches the
+/// proxy before its servers go. Created with the proxy (over an empty list, if need be: its pods wait
+/// for it), deleted with it. Not an event either: it changes with the list.
+async fn proxy_routes(ctx: &Context, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
+    let instance = view.instance;
+    let source = view.source();
+    let api = ctx.writer.api(instance.namespace);
+    match proxy::routes::config_map(instance, published) {
+        Some(routes) => {
+            children::ensure(instance, routes, &source, api).await?;
+        }
+        None => {
+            children::remove(instance, &proxy::proxy_name(instance.name), &source, api).await?;
+        }
     }
     Ok(())
 }
@@ -363,28 +381,33 @@ impl<K: ChildKind> Apply for Built<K> {
     }
 }
 
-/// Applies every child of the kinds the table builds ([`Role::Built`]), in the table's order.
+/// Applies every child the table's builders make: those of the [`Role::Built`] kinds in the table's
+/// order, then those of the other kinds (see [`ChildKind::desired`]).
 async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<(), Error> {
     struct Collect<'i> {
         instance: &'i Instance<'i>,
         children: Vec<Box<dyn Apply>>,
+        /// The other kinds' (the proxy's Deployment), after the ServiceAccount its pods need.
+        last: Vec<Box<dyn Apply>>,
     }
     impl EachKind for Collect<'_> {
         fn kind<K: ChildKind>(&mut self) {
-            if K::ROLE != Role::Built {
-                return;
-            }
             for (name, desired) in K::desired(self.instance) {
-                self.children.push(Box::new(Built { name, desired }));
+                let child: Box<dyn Apply> = Box::new(Built::<K> { name, desired });
+                match K::ROLE {
+                    Role::Built => self.children.push(child),
+                    _ => self.last.push(child),
+                }
             }
         }
     }
     let mut collect = Collect {
         instance: view.instance,
         children: Vec::new(),
+        last: Vec::new(),
     };
     each_kind(&mut collect);
-    for child in collect.children {
+    for child in collect.children.into_iter().chain(collect.last) {
         child.apply(ctx, view, changes).await?;
     }
     Ok(())

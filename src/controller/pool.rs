@@ -38,8 +38,9 @@ pub struct Pool {
 }
 
 /// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, the marks a
-/// Deployment's drained pods need, and the scale handover under a declared client hashing (which holds
-/// the drained pods' removal, or the joining servers' publication, while its copies run).
+/// Deployment's drained pods need, and the scale handover under a known key placement (the proxy's, or a
+/// declared client hashing; it holds the drained pods' removal, or the joining servers' publication,
+/// while its copies run).
 pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<Pod>]) -> Pool {
     let spec = instance.spec;
     let members: Vec<Member> = pods.iter().filter_map(|p| Member::of(p)).collect();
@@ -50,10 +51,7 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         .filter(|n| *n > 0);
     let now = (ctx.clock)();
     let handover = spec.handover();
-    let scheme = spec
-        .client_hashing()
-        .scheme()
-        .filter(|_| handover.enabled());
+    let scheme = spec.key_scheme().filter(|_| handover.enabled());
     // Recorded in a drain that starts, for its handover (and a restarted operator's).
     let published_list: Vec<String> = match scheme {
         Some(_) => previous_servers

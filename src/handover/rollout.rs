@@ -124,7 +124,7 @@ impl Handover {
             holder.ip.as_deref().unwrap_or_default(),
             target.ip.as_deref().unwrap_or_default(),
         );
-        let scheme = instance.spec.client_hashing().scheme();
+        let scheme = instance.spec.key_scheme();
         let entry = servers::entry(target_ip, instance.spec.container_port);
         let planned = takeover_lists(view.servers, slot, &entry)
             .and_then(|(old, new)| Some((copies(scheme, &old, &new).ok()?, old, new)))

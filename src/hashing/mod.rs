@@ -26,6 +26,10 @@ pub enum Scheme {
     Jump,
     /// libmemcached's default: its one-at-a-time hash of the key modulo the number of servers.
     Modula,
+    /// memcached's proxy (1.6.23 and later) with its default pool distribution: jump consistent hash of
+    /// the key's XXH3 over the backends in list order, the published slots. Not for clients to declare:
+    /// the operator chooses it for the proxy it runs (`spec.proxy`).
+    ProxyJump,
 }
 
 impl Scheme {
@@ -38,7 +42,7 @@ impl Scheme {
     /// float rounding gives some sizes 156 points instead of 160, which moves points of every server).
     pub fn consistent_between(self, old: usize, new: usize) -> bool {
         match self {
-            Self::Jump | Self::Rendezvous => true,
+            Self::Jump | Self::ProxyJump | Self::Rendezvous => true,
             Self::Ketama => ketama::points_per_server(old) == ketama::points_per_server(new),
             Self::Modula => false,
         }
@@ -60,6 +64,7 @@ enum Chooser {
     Ketama(ketama::Continuum),
     Rendezvous(rendezvous::Nodes),
     Jump,
+    ProxyJump,
     Modula,
 }
 
@@ -76,6 +81,7 @@ impl Placement {
             Scheme::Ketama => Chooser::Ketama(ketama::Continuum::new(&endpoints)),
             Scheme::Rendezvous => Chooser::Rendezvous(rendezvous::Nodes::new(&endpoints)),
             Scheme::Jump => Chooser::Jump,
+            Scheme::ProxyJump => Chooser::ProxyJump,
             Scheme::Modula => Chooser::Modula,
         };
         Ok(Self {
@@ -110,6 +116,7 @@ impl Placement {
             Chooser::Ketama(continuum) => continuum.server(key),
             Chooser::Rendezvous(nodes) => nodes.server(key),
             Chooser::Jump => jump::server(key, count),
+            Chooser::ProxyJump => jump::proxy_server(key, count),
             Chooser::Modula => modula::server(key, count),
         })
     }
@@ -174,10 +181,11 @@ impl Handover {
 mod tests {
     use super::*;
 
-    const ALL: [Scheme; 4] = [
+    const ALL: [Scheme; 5] = [
         Scheme::Ketama,
         Scheme::Rendezvous,
         Scheme::Jump,
+        Scheme::ProxyJump,
         Scheme::Modula,
     ];
 
@@ -228,7 +236,12 @@ mod tests {
 
     #[test]
     fn scaling_up_moves_keys_only_to_the_new_server_under_consistent_schemes() {
-        for scheme in [Scheme::Ketama, Scheme::Rendezvous, Scheme::Jump] {
+        for scheme in [
+            Scheme::Ketama,
+            Scheme::Rendezvous,
+            Scheme::Jump,
+            Scheme::ProxyJump,
+        ] {
             let handover = Handover::new(scheme, &pods(3), &pods(4)).unwrap();
             let mut moved = 0;
             for i in 0..1000 {

@@ -285,6 +285,7 @@ fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings 
             image: args.memcached_image.clone(),
             operator_pods: operator_pods(),
             stats_collected,
+            operator_image: args.operator_image.clone(),
         },
         requeue_after: args.requeue_interval,
         concurrency: args.concurrency,

@@ -14,6 +14,9 @@ pub const MANAGED_BY_KEY: &str = "app.kubernetes.io/managed-by";
 
 /// Value of [`NAME_KEY`].
 pub const APP_NAME: &str = "memcached";
+/// Value of [`NAME_KEY`] on the proxy's pods: not [`APP_NAME`], so that neither the servers' selector
+/// nor the operator's pod index takes a proxy pod for a server.
+pub const PROXY_APP_NAME: &str = "memcached-proxy";
 /// Value of [`MANAGED_BY_KEY`]; also the server-side apply field manager.
 pub const MANAGER_NAME: &str = "memcached-operator";
 /// The pod condition (and readiness gate) the operator sets once a new server's warm handover is over
@@ -43,6 +46,21 @@ pub fn selector_labels(instance: &str) -> BTreeMap<String, String> {
 /// Selector labels plus `managed-by`: what every child object and pod carries.
 pub fn common_labels(instance: &str) -> BTreeMap<String, String> {
     let mut labels = selector_labels(instance);
+    labels.insert(MANAGED_BY_KEY.to_owned(), MANAGER_NAME.to_owned());
+    labels
+}
+
+/// The labels that select an instance's proxy pods (the proxy Deployment's selector: stable forever).
+pub fn proxy_selector_labels(instance: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (NAME_KEY.to_owned(), PROXY_APP_NAME.to_owned()),
+        (INSTANCE_KEY.to_owned(), instance.to_owned()),
+    ])
+}
+
+/// Proxy selector labels plus `managed-by`: what the proxy's pods carry.
+pub fn proxy_labels(instance: &str) -> BTreeMap<String, String> {
+    let mut labels = proxy_selector_labels(instance);
     labels.insert(MANAGED_BY_KEY.to_owned(), MANAGER_NAME.to_owned());
     labels
 }

@@ -11,6 +11,7 @@ pub mod labels;
 pub mod network_policy;
 pub mod pdb;
 pub mod pod;
+pub mod proxy;
 pub mod quantity;
 pub mod rollout;
 pub mod scaling;
@@ -30,6 +31,13 @@ use crate::api::{Memcached, MemcachedSpec, Workload};
 /// Image used when neither `spec.image` nor `MEMCACHED_IMAGE` says otherwise.
 pub const DEFAULT_IMAGE: &str = "memcached:1.6-alpine";
 
+/// The operator's own image, as the release tooling tags it: what runs the proxy's configuration writer
+/// unless `--operator-image` says otherwise.
+pub const DEFAULT_OPERATOR_IMAGE: &str = concat!(
+    "registry.example.com/memcached-operator:v",
+    env!("CARGO_PKG_VERSION")
+);
+
 /// Operator-wide settings that shape the children of every instance.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Defaults {
@@ -42,6 +50,8 @@ pub struct Defaults {
     /// Whether the operator reads its instances' stats (`--stats-interval` not 0), wherever it runs: the
     /// collector is what asks servers to reload a rotated certificate ([`secrets::tls_reload`]).
     pub stats_collected: bool,
+    /// The operator's own image: the proxy's configuration writer runs it (see [`proxy`]).
+    pub operator_image: String,
 }
 
 /// The operator's pods, as a NetworkPolicy peer: those labelled [`labels::OPERATOR_POD_LABEL`] in
@@ -57,6 +67,7 @@ impl Default for Defaults {
             image: DEFAULT_IMAGE.to_owned(),
             operator_pods: None,
             stats_collected: true,
+            operator_image: DEFAULT_OPERATOR_IMAGE.to_owned(),
         }
     }
 }
@@ -95,6 +106,8 @@ pub struct Instance<'a> {
     pub operator_pods: Option<&'a OperatorPods>,
     /// See [`Defaults::stats_collected`].
     pub stats_collected: bool,
+    /// See [`Defaults::operator_image`].
+    pub operator_image: &'a str,
     owner: OwnerReference,
 }
 
@@ -122,6 +135,7 @@ impl<'a> Instance<'a> {
             image: mc.image_or(&defaults.image),
             operator_pods: defaults.operator_pods.as_ref(),
             stats_collected: defaults.stats_collected,
+            operator_image: &defaults.operator_image,
             owner,
         })
     }

@@ -178,7 +178,7 @@ fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
     volumes
 }
 
-fn mount(name: &str, path: &str) -> VolumeMount {
+pub(super) fn mount(name: &str, path: &str) -> VolumeMount {
     VolumeMount {
         name: name.to_owned(),
         mount_path: path.to_owned(),
@@ -235,7 +235,7 @@ fn auth_file_mount(key: &str) -> VolumeMount {
 }
 
 /// The restricted-profile container security context every container gets.
-fn restricted() -> SecurityContext {
+pub(super) fn restricted() -> SecurityContext {
     SecurityContext {
         allow_privilege_escalation: Some(false),
         read_only_root_filesystem: Some(true),
@@ -248,7 +248,7 @@ fn restricted() -> SecurityContext {
     }
 }
 
-fn tcp_probe(port: &str, initial_delay: i32, period: i32, timeout: i32) -> Probe {
+pub(super) fn tcp_probe(port: &str, initial_delay: i32, period: i32, timeout: i32) -> Probe {
     Probe {
         tcp_socket: Some(TCPSocketAction {
             port: IntOrString::String(port.to_owned()),
@@ -346,7 +346,11 @@ fn exporter_container(instance: &Instance<'_>) -> Container {
     }
 }
 
-fn requirements(cpu: &str, memory_request: &str, memory_limit: &str) -> ResourceRequirements {
+pub(super) fn requirements(
+    cpu: &str,
+    memory_request: &str,
+    memory_limit: &str,
+) -> ResourceRequirements {
     ResourceRequirements {
         requests: Some(BTreeMap::from([
             ("cpu".to_owned(), Quantity(cpu.to_owned())),

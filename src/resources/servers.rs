@@ -265,15 +265,21 @@ pub fn publishes(servers: &[Server]) -> bool {
     servers.iter().any(|s| s.address.is_some())
 }
 
+/// The published list: the address of every slot that has one, in slot order (the `servers` key of the
+/// ConfigMap `<name>-servers`, and the backends of the proxy's route configuration).
+pub fn published_addresses(servers: &[Server]) -> Vec<&str> {
+    servers
+        .iter()
+        .filter_map(|s| s.address.as_deref())
+        .collect()
+}
+
 /// The ConfigMap `<name>-servers` with the published servers (those with an address), in slot order:
 /// `servers` (one `host:port` per line), `servers.json` (the entries) and `mcrouter.json` (one pool,
 /// `PoolRoute`). Every value ends with a newline; JSON keys are in a fixed order.
 pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> ConfigMap {
     let published: Vec<&Server> = servers.iter().filter(|s| s.address.is_some()).collect();
-    let addresses: Vec<&str> = published
-        .iter()
-        .filter_map(|s| s.address.as_deref())
-        .collect();
+    let addresses = published_addresses(servers);
     let lines: String = addresses.iter().map(|a| format!("{a}\n")).collect();
     let mcrouter = json!({
         "pools": {instance.name: {"servers": addresses}},

@@ -13,6 +13,7 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     termination(spec)?;
     disruption_budget(spec)?;
     monitoring(spec)?;
+    proxy(spec)?;
     super::network_policy::validate(spec)?;
     super::autoscaler::validate(spec)
 }
@@ -125,6 +126,23 @@ fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         ));
     }
     Ok(())
+}
+
+/// The proxy's limits, as the CEL rules on `spec` state them (`api::proxy`).
+fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
+    if spec.proxy().is_none() {
+        return Ok(());
+    }
+    let refused = if spec.auth().is_some() {
+        crate::api::PROXY_AUTH_MESSAGE
+    } else if spec.tls().is_some() {
+        crate::api::PROXY_TLS_MESSAGE
+    } else if spec.client_hashing() != crate::api::ClientHashing::Unknown {
+        crate::api::PROXY_HASHING_MESSAGE
+    } else {
+        return Ok(());
+    };
+    Err(InvalidSpec::config(refused.into()))
 }
 
 #[cfg(test)]

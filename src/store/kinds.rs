@@ -16,14 +16,17 @@ use std::fmt::Debug;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::autoscaling::v2::HorizontalPodAutoscaler;
-use k8s_openapi::api::core::v1::{ConfigMap, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 
 use super::cache::Cache;
 use super::compact::Compactable;
 use crate::api::Workload;
 use crate::api::names::config_map_name;
+use crate::api::names::proxy_name;
+use crate::resources::proxy::{self, access};
 use crate::resources::{Instance, autoscaler, network_policy, pdb, service};
 
 /// How the reconcile applies a kind of child.
@@ -35,7 +38,8 @@ pub enum Role {
     Workload(Workload),
     /// Applied after the workload from what the kind's builder makes of the spec (see
     /// [`ChildKind::desired`]), in the table's order; an optional child the spec no longer asks for is
-    /// deleted.
+    /// deleted. (The other kinds' builders make the proxy's children: applied after these, see
+    /// [`ChildKind::desired`].)
     Built,
 }
 
@@ -54,14 +58,19 @@ pub trait ChildKind:
 {
     /// Whether the spec can ask for none of it, so the operator deletes it (and needs to be allowed to).
     const OPTIONAL: bool;
+    /// Whether the operator deletes children of this kind: those of an optional kind, and the optional
+    /// children (the proxy's) the builder of a required kind makes.
+    const DELETES: bool;
     /// How the reconcile applies it.
     const ROLE: Role;
 
     /// This kind's cache.
     fn cache(caches: &ChildCaches) -> &Cache<Self>;
 
-    /// The children of this kind `instance` has, by name ([`Role::Built`] kinds; none for the others,
-    /// which the reconcile builds with the pool and the workload).
+    /// The children of this kind `instance` has, by name, that the reconcile applies after the workload:
+    /// every child of a [`Role::Built`] kind, in the table's order, then the optional children of the
+    /// other kinds' builders (the proxy's Deployment: its pods need the ServiceAccount before them). The
+    /// server list and the workload themselves are built with the pool.
     fn desired(instance: &Instance<'_>) -> Desired<Self>;
 
     /// The names `instance`'s children of this kind must have (an optional kind's are checked as it is
@@ -126,8 +135,8 @@ pub trait MakeCache {
 /// The table. Each entry: the field of [`ChildCaches`], the kind, whether the spec can ask for none, how
 /// it is applied, and (for [`Role::Built`]) its builder.
 macro_rules! child_kinds {
-    ($($(#[$doc:meta])* $field:ident: $kind:ty, optional: $optional:literal, role: $role:expr,
-       built: $built:expr;)*) => {
+    ($($(#[$doc:meta])* $field:ident: $kind:ty, optional: $optional:literal, deletes: $deletes:literal,
+       role: $role:expr, built: $built:expr;)*) => {
         /// The caches of the children, one per kind.
         #[derive(Clone, Debug)]
         pub struct ChildCaches {
@@ -148,6 +157,7 @@ macro_rules! child_kinds {
 
             impl ChildKind for $kind {
                 const OPTIONAL: bool = $optional;
+                const DELETES: bool = $deletes;
                 const ROLE: Role = $role;
 
                 fn cache(caches: &ChildCaches) -> &Cache<Self> {
@@ -169,23 +179,44 @@ macro_rules! child_kinds {
 }
 
 child_kinds! {
-    deployments: Deployment, optional: false, role: Role::Workload(Workload::Deployment),
-        built: |_| Vec::new();
-    statefulsets: StatefulSet, optional: false, role: Role::Workload(Workload::StatefulSet),
-        built: |_| Vec::new();
-    services: Service, optional: false, role: Role::Built,
+    /// The servers' Deployments (the workload), and the proxies' (`<name>-proxy`).
+    deployments: Deployment, optional: false, deletes: true,
+        role: Role::Workload(Workload::Deployment),
+        built: |instance| vec![(proxy_name(instance.name), proxy::deployment(instance))];
+    statefulsets: StatefulSet, optional: false, deletes: false,
+        role: Role::Workload(Workload::StatefulSet), built: |_| Vec::new();
+    services: Service, optional: false, deletes: true, role: Role::Built,
         built: |instance| vec![
             (instance.name.to_owned(), Some(service::service(instance))),
             (service::headless_name(instance.name), Some(service::headless(instance))),
+            (proxy_name(instance.name), proxy::service(instance)),
         ];
-    /// The published server lists (`<name>-servers`).
-    config_maps: ConfigMap, optional: false, role: Role::ServerList, built: |_| Vec::new();
-    pdbs: PodDisruptionBudget, optional: true, role: Role::Built,
-        built: |instance| named(instance, pdb::pdb(instance));
-    network_policies: NetworkPolicy, optional: true, role: Role::Built,
+    /// The published server lists (`<name>-servers`) and the proxies' route configurations
+    /// (`<name>-proxy`), both built from the published list with the pool.
+    config_maps: ConfigMap, optional: false, deletes: true, role: Role::ServerList,
+        built: |_| Vec::new();
+    pdbs: PodDisruptionBudget, optional: true, deletes: true, role: Role::Built,
+        built: |instance| vec![
+            (instance.name.to_owned(), pdb::pdb(instance)),
+            (proxy_name(instance.name), proxy::pdb(instance)),
+        ];
+    network_policies: NetworkPolicy, optional: true, deletes: true, role: Role::Built,
         built: |instance| named(instance, network_policy::network_policy(instance));
-    autoscalers: HorizontalPodAutoscaler, optional: true, role: Role::Built,
+    autoscalers: HorizontalPodAutoscaler, optional: true, deletes: true, role: Role::Built,
         built: |instance| named(instance, autoscaler::autoscaler(instance));
+    /// The proxy's configuration writer: its ServiceAccount, its Role (read its one ConfigMap) and their
+    /// binding (`resources::proxy::access`).
+    service_accounts: ServiceAccount, optional: true, deletes: true, role: Role::Built,
+        built: |instance| proxy_named(instance, access::service_account(instance));
+    roles: RbacRole, optional: true, deletes: true, role: Role::Built,
+        built: |instance| proxy_named(instance, access::role(instance));
+    role_bindings: RoleBinding, optional: true, deletes: true, role: Role::Built,
+        built: |instance| proxy_named(instance, access::role_binding(instance));
+}
+
+/// The proxy's one child of a kind, named `<name>-proxy`, or none.
+fn proxy_named<K>(instance: &Instance<'_>, desired: Option<K>) -> Desired<K> {
+    vec![(proxy_name(instance.name), desired)]
 }
 
 /// One child named after the instance, or none.
@@ -236,6 +267,9 @@ mod tests {
                 ("policy", "poddisruptionbudgets", true),
                 ("networking.k8s.io", "networkpolicies", true),
                 ("autoscaling", "horizontalpodautoscalers", true),
+                ("", "serviceaccounts", true),
+                ("rbac.authorization.k8s.io", "roles", true),
+                ("rbac.authorization.k8s.io", "rolebindings", true),
             ]
         );
     }

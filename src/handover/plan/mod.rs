@@ -81,7 +81,8 @@ pub fn pairs(scheme: Option<Scheme>, old: &[String], new: &[String]) -> Vec<Pair
         same_index(&mut pairs);
         return pairs;
     };
-    if old.len() == new.len() && matches!(scheme, Scheme::Jump | Scheme::Modula) {
+    if old.len() == new.len() && matches!(scheme, Scheme::Jump | Scheme::ProxyJump | Scheme::Modula)
+    {
         same_index(&mut pairs);
         return pairs;
     }
@@ -93,7 +94,9 @@ pub fn pairs(scheme: Option<Scheme>, old: &[String], new: &[String]) -> Vec<Pair
             }
             let may_move = !consistent
                 || match scheme {
-                    Scheme::Jump => source == target || source >= new.len() || target >= old.len(),
+                    Scheme::Jump | Scheme::ProxyJump => {
+                        source == target || source >= new.len() || target >= old.len()
+                    }
                     _ => !new.contains(from) || !old.contains(to),
                 };
             if may_move {

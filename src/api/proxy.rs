@@ -1,0 +1,109 @@
+//! A managed memcached proxy in front of the pool (`spec.proxy`).
+//!
+//! memcached 1.6.23 and later run as a proxy (`-o proxy_config=routelib`): clients connect to one address,
+//! `<name>-proxy`, and the proxy spreads keys over the published server list. The operator generates the
+//! proxy's route configuration from that list and chooses the proxy's key distribution itself (jump hash
+//! of the key's XXH3 over slot indexes, the proxy's default), so warm handover on scale always follows
+//! the hashing that the proxy's clients actually get.
+
+use k8s_openapi::api::core::v1::ResourceRequirements;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The image of the proxy when `spec.proxy.image` leaves it out: the official memcached image of the 1.6
+/// series (the servers' default too), whose builds have the proxy (`--enable-proxy`) since 1.6.23.
+pub const DEFAULT_PROXY_IMAGE: &str = "memcached:1.6-alpine";
+/// Default for `spec.proxy.replicas`.
+pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
+/// Upper bound for `spec.proxy.replicas`.
+pub const MAX_PROXY_REPLICAS: i32 = 32;
+
+/// CEL rule on `spec`: the proxy cannot authenticate to the servers (memcached's proxy mode has no
+/// authentication, to clients or to backends), so it cannot run in front of servers that require it.
+pub const PROXY_AUTH_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
+     || !has(self.security) || !has(self.security.auth)";
+/// Message of [`PROXY_AUTH_RULE`].
+pub const PROXY_AUTH_MESSAGE: &str = "spec.proxy cannot run with spec.security.auth: memcached's proxy \
+     mode has no authentication, to its clients or to the servers";
+/// CEL rule on `spec`: with the proxy on, the operator chooses the key distribution, and warm handover
+/// follows it; a declared client hashing would be a second one it cannot follow at the same time.
+pub const PROXY_HASHING_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
+     || !has(self.clients) || !has(self.clients.hashing) || self.clients.hashing == 'unknown'";
+/// Message of [`PROXY_HASHING_RULE`].
+pub const PROXY_HASHING_MESSAGE: &str = "spec.clients.hashing must be unknown (or left out) with \
+     spec.proxy.enabled: the operator chooses the proxy's key distribution, and warm handover follows it";
+/// CEL rule on `spec`: TLS through the proxy (client to proxy, proxy to servers) is not built yet.
+pub const PROXY_TLS_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
+     || !has(self.security) || !has(self.security.tls)";
+/// Message of [`PROXY_TLS_RULE`].
+pub const PROXY_TLS_MESSAGE: &str = "spec.proxy cannot run with spec.security.tls yet: the operator does not configure TLS through the proxy";
+
+/// The proxy tier (`spec.proxy`). Off unless `enabled`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Proxy {
+    /// Whether to run the proxy: a Deployment `<name>-proxy` of memcached in proxy mode, the Service
+    /// `<name>-proxy` on the memcached port (the one address clients need), and its route configuration
+    /// (the ConfigMap `<name>-proxy`, over the published server list in slot order), reloaded in place
+    /// when the list changes. The proxy spreads keys with jump hash over the slots (the operator's choice;
+    /// warm handover on scale follows it). Not with `spec.security.auth` (the proxy has no
+    /// authentication), nor, for now, with `spec.security.tls`. Default false.
+    #[serde(default)]
+    pub enabled: bool,
+
+    /// Number of proxy pods. Default 2; a PodDisruptionBudget keeps all but one up when above 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 32))]
+    pub replicas: Option<i32>,
+
+    /// Image of the proxy: a memcached 1.6.23 or later built with the proxy (the official images are).
+    /// Default `memcached:1.6-alpine`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub image: Option<String>,
+
+    /// CPU and memory for the proxy container. Default: requests of 100m CPU and 64Mi memory, a memory
+    /// limit of 256Mi; keys given here replace those defaults one by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<Box<ResourceRequirements>>,
+}
+
+impl Proxy {
+    /// `replicas`, or its default.
+    pub fn replicas(&self) -> i32 {
+        self.replicas.unwrap_or(DEFAULT_PROXY_REPLICAS)
+    }
+
+    /// `image`, or the default proxy image.
+    pub fn image(&self) -> &str {
+        self.image.as_deref().unwrap_or(DEFAULT_PROXY_IMAGE)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::api::MemcachedSpec;
+
+    #[test]
+    fn the_proxy_is_off_unless_enabled() {
+        let spec: MemcachedSpec = serde_json::from_str(r#"{"size": 3}"#).unwrap();
+        assert_eq!(spec.proxy(), None);
+        let spec: MemcachedSpec = serde_json::from_str(r#"{"proxy": {"replicas": 3}}"#).unwrap();
+        assert_eq!(spec.proxy(), None);
+    }
+
+    #[test]
+    fn an_enabled_proxy_has_its_defaults() {
+        let spec: MemcachedSpec = serde_json::from_str(r#"{"proxy": {"enabled": true}}"#).unwrap();
+        let proxy = spec.proxy().unwrap();
+        assert_eq!(proxy.replicas(), 2);
+        assert_eq!(proxy.image(), "memcached:1.6-alpine");
+        let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({"proxy": {
+            "enabled": true, "replicas": 1, "image": "registry.example.com/memcached:1.6.45"
+        }}))
+        .unwrap();
+        let proxy = spec.proxy().unwrap();
+        assert_eq!(proxy.replicas(), 1);
+        assert_eq!(proxy.image(), "registry.example.com/memcached:1.6.45");
+    }
+}

@@ -1,0 +1,291 @@
+//! The proxy tier (`spec.proxy`): a Deployment `<name>-proxy` of memcached in proxy mode, the Service
+//! `<name>-proxy` clients connect to, its PodDisruptionBudget, and its route configuration
+//! ([`routes`]).
+//!
+//! How the proxy learns of a changed server list without a restart: the route configuration lives in the
+//! ConfigMap `<name>-proxy`, which no pod mounts (the kubelet refreshes a mounted ConfigMap only after up
+//! to a minute). Each proxy pod runs the operator's own binary twice beside memcached ([`access`] gives it
+//! the right to read that one ConfigMap and nothing else): as an init container that writes the
+//! configuration into a directory the pod shares (an `emptyDir`) before memcached starts, and as a
+//! sidecar that watches the ConfigMap, writes each new configuration there and sends memcached `SIGHUP`
+//! (the pod shares its process namespace; memcached writes its pid file into the same directory).
+//! memcached reloads the configuration at its next clock tick (within a second). The pod template names
+//! the ConfigMap, not its content, so a change of the list rolls no proxy pod.
+
+pub mod access;
+pub mod routes;
+
+use k8s_openapi::api::apps::v1::{
+    Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
+};
+use k8s_openapi::api::core::v1::{
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, Service,
+    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
+};
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::pod::{PORT_NAME, RUN_AS_USER, requirements, restricted, tcp_probe};
+use super::{Instance, labels};
+use crate::api::Proxy;
+
+pub use crate::api::names::{PROXY_SUFFIX, proxy_name};
+
+/// Name of the proxy's memcached container.
+pub const PROXY_CONTAINER: &str = "proxy";
+/// Name of the configuration writer: the init container and the sidecar (the operator's binary).
+pub const CONFIG_CONTAINER: &str = "proxy-config";
+/// The operator's subcommand the configuration writer runs.
+pub const CONFIG_SUBCOMMAND: &str = "proxy-config";
+/// Where the configuration, and memcached's pid file, are shared between the containers.
+pub const CONFIG_DIR: &str = "/etc/memcached-proxy";
+/// The file memcached's pid goes to, in [`CONFIG_DIR`].
+pub const PID_FILE: &str = "memcached.pid";
+const CONFIG_VOLUME: &str = "config";
+
+/// The proxy Deployment of `instance`, or `None` when the proxy is off. Its template depends on the
+/// spec only, never on the server list: a scale or a server's new address rolls no proxy pod.
+pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
+    let proxy = instance.spec.proxy()?;
+    Some(Deployment {
+        metadata: meta(instance),
+        spec: Some(DeploymentSpec {
+            replicas: Some(proxy.replicas()),
+            selector: selector(instance),
+            // A new proxy pod is ready before an old one goes: the Service never loses capacity.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".to_owned()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels::proxy_labels(instance.name)),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(pod_spec(instance, proxy)),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The Service `<name>-proxy`: the address clients of the proxy use, on the memcached port.
+pub fn service(instance: &Instance<'_>) -> Option<Service> {
+    instance.spec.proxy()?;
+    Some(Service {
+        metadata: meta(instance),
+        spec: Some(ServiceSpec {
+            selector: Some(labels::proxy_selector_labels(instance.name)),
+            ports: Some(vec![ServicePort {
+                name: Some(PORT_NAME.to_owned()),
+                port: instance.spec.container_port,
+                target_port: Some(IntOrString::String(PORT_NAME.to_owned())),
+                protocol: Some("TCP".to_owned()),
+                ..ServicePort::default()
+            }]),
+            ..ServiceSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The proxy's PodDisruptionBudget, while it runs more than one pod: one proxy pod down at a time.
+pub fn pdb(instance: &Instance<'_>) -> Option<PodDisruptionBudget> {
+    let proxy = instance.spec.proxy()?;
+    (proxy.replicas() > 1).then(|| PodDisruptionBudget {
+        metadata: meta(instance),
+        spec: Some(PodDisruptionBudgetSpec {
+            selector: Some(selector(instance)),
+            max_unavailable: Some(IntOrString::Int(1)),
+            ..PodDisruptionBudgetSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// The metadata of the proxy's children: named `<name>-proxy`, labelled and owned as every child.
+pub(crate) fn meta(instance: &Instance<'_>) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(proxy_name(instance.name)),
+        ..instance.child_meta()
+    }
+}
+
+fn selector(instance: &Instance<'_>) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(labels::proxy_selector_labels(instance.name)),
+        ..LabelSelector::default()
+    }
+}
+
+/// Restricted security, one process namespace (the sidecar signals memcached, as the same user), the
+/// API token only in the configuration writer's containers, spread over nodes.
+fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
+    let spec = instance.spec;
+    PodSpec {
+        init_containers: Some(vec![config_container(instance, true)]),
+        containers: vec![
+            proxy_container(instance, proxy),
+            config_container(instance, false),
+        ],
+        share_process_namespace: Some(true),
+        service_account_name: Some(proxy_name(instance.name)),
+        automount_service_account_token: Some(false),
+        enable_service_links: Some(false),
+        security_context: Some(PodSecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(RUN_AS_USER),
+            run_as_group: Some(RUN_AS_USER),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".to_owned(),
+                ..SeccompProfile::default()
+            }),
+            ..PodSecurityContext::default()
+        }),
+        topology_spread_constraints: Some(vec![TopologySpreadConstraint {
+            max_skew: 1,
+            topology_key: "kubernetes.io/hostname".to_owned(),
+            when_unsatisfiable: "ScheduleAnyway".to_owned(),
+            label_selector: Some(selector(instance)),
+            ..TopologySpreadConstraint::default()
+        }]),
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        priority_class_name: spec.priority_class_name.clone(),
+        volumes: Some(vec![
+            Volume {
+                name: CONFIG_VOLUME.to_owned(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
+            access::token_volume(),
+        ]),
+        ..PodSpec::default()
+    }
+}
+
+/// memcached in proxy mode, with routelib (built into memcached) reading the generated configuration.
+fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
+    let port = instance.spec.container_port;
+    Container {
+        name: PROXY_CONTAINER.to_owned(),
+        image: Some(proxy.image().to_owned()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        command: Some(vec!["memcached".to_owned()]),
+        args: Some(proxy_args(port)),
+        ports: Some(vec![ContainerPort {
+            name: Some(PORT_NAME.to_owned()),
+            container_port: port,
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        }]),
+        readiness_probe: Some(tcp_probe(PORT_NAME, 1, 5, 2)),
+        liveness_probe: Some(tcp_probe(PORT_NAME, 10, 10, 5)),
+        resources: Some(proxy_resources(proxy)),
+        security_context: Some(restricted()),
+        volume_mounts: Some(vec![config_mount()]),
+        ..Container::default()
+    }
+}
+
+/// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`.
+pub fn proxy_args(port: i32) -> Vec<String> {
+    vec![
+        "-p".to_owned(),
+        port.to_string(),
+        "-o".to_owned(),
+        format!(
+            "proxy_config=routelib,proxy_arg={CONFIG_DIR}/{}",
+            routes::CONFIG_KEY
+        ),
+        "-P".to_owned(),
+        format!("{CONFIG_DIR}/{PID_FILE}"),
+    ]
+}
+
+/// The configuration writer: `once` as the init container (writes the configuration and exits), else
+/// the sidecar (watches, writes, signals memcached).
+fn config_container(instance: &Instance<'_>, once: bool) -> Container {
+    let mut args = vec![
+        CONFIG_SUBCOMMAND.to_owned(),
+        format!("--config-map={}", proxy_name(instance.name)),
+        format!("--dir={CONFIG_DIR}"),
+    ];
+    if once {
+        args.push("--once".to_owned());
+    } else {
+        args.push(format!("--pid-file={CONFIG_DIR}/{PID_FILE}"));
+    }
+    Container {
+        name: if once {
+            format!("{CONFIG_CONTAINER}-init")
+        } else {
+            CONFIG_CONTAINER.to_owned()
+        },
+        image: Some(instance.operator_image.to_owned()),
+        image_pull_policy: Some("IfNotPresent".to_owned()),
+        args: Some(args),
+        env: Some(vec![
+            EnvVar {
+                name: "POD_NAMESPACE".to_owned(),
+                value_from: Some(EnvVarSource {
+                    field_ref: Some(ObjectFieldSelector {
+                        field_path: "metadata.namespace".to_owned(),
+                        ..ObjectFieldSelector::default()
+                    }),
+                    ..EnvVarSource::default()
+                }),
+                ..EnvVar::default()
+            },
+            EnvVar {
+                name: "PROXY_STATS_ADDRESS".to_owned(),
+                value: Some(format!("127.0.0.1:{}", instance.spec.container_port)),
+                ..EnvVar::default()
+            },
+        ]),
+        resources: Some(requirements("10m", "16Mi", "64Mi")),
+        security_context: Some(restricted()),
+        volume_mounts: Some(vec![config_mount(), access::token_mount()]),
+        ..Container::default()
+    }
+}
+
+/// The shared directory, writable by both: the writer puts the configuration there, memcached its pid.
+fn config_mount() -> VolumeMount {
+    VolumeMount {
+        name: CONFIG_VOLUME.to_owned(),
+        mount_path: CONFIG_DIR.to_owned(),
+        ..VolumeMount::default()
+    }
+}
+
+/// Requests of 100m CPU and 64Mi memory and a 256Mi memory limit, with the keys of
+/// `spec.proxy.resources` replacing them one by one.
+pub fn proxy_resources(proxy: &Proxy) -> ResourceRequirements {
+    let mut resources = requirements("100m", "64Mi", "256Mi");
+    if let Some(given) = proxy.resources.as_deref() {
+        if let Some(requests) = &given.requests {
+            resources
+                .requests
+                .get_or_insert_with(Default::default)
+                .extend(requests.clone());
+        }
+        if let Some(limits) = &given.limits {
+            resources
+                .limits
+                .get_or_insert_with(Default::default)
+                .extend(limits.clone());
+        }
+        resources.claims = given.claims.clone();
+    }
+    resources
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,217 @@
+use super::*;
+use crate::api::{MemcachedSpec, Server};
+use crate::resources::Defaults;
+use crate::resources::testing::memcached;
+
+fn spec(size: i32, proxy: serde_json::Value) -> MemcachedSpec {
+    serde_json::from_value(serde_json::json!({"size": size, "proxy": proxy})).unwrap()
+}
+
+fn with<T>(spec: MemcachedSpec, build: impl FnOnce(&Instance<'_>) -> T) -> T {
+    let mc = memcached("cache", spec);
+    let defaults = Defaults {
+        operator_image: "operator:v1".into(),
+        ..Defaults::default()
+    };
+    build(&Instance::new(&mc, &defaults).unwrap())
+}
+
+fn on() -> serde_json::Value {
+    serde_json::json!({"enabled": true})
+}
+
+fn pod_spec_of(deployment: &Deployment) -> &PodSpec {
+    let template = &deployment.spec.as_ref().unwrap().template;
+    template.spec.as_ref().unwrap()
+}
+
+#[test]
+fn nothing_is_built_while_the_proxy_is_off() {
+    for proxy in [serde_json::json!(null), serde_json::json!({"replicas": 3})] {
+        with(spec(3, proxy), |instance| {
+            assert!(deployment(instance).is_none());
+            assert!(service(instance).is_none());
+            assert!(pdb(instance).is_none());
+            assert!(routes::config_map(instance, &[]).is_none());
+            assert!(access::service_account(instance).is_none());
+            assert!(access::role(instance).is_none());
+            assert!(access::role_binding(instance).is_none());
+        });
+    }
+}
+
+#[test]
+fn the_proxy_pods_are_not_the_servers_pods() {
+    let deployment = with(spec(3, on()), |i| deployment(i).unwrap());
+    assert_eq!(deployment.metadata.name.as_deref(), Some("cache-proxy"));
+    let selector = deployment
+        .spec
+        .as_ref()
+        .unwrap()
+        .selector
+        .match_labels
+        .clone();
+    assert_eq!(selector, Some(labels::proxy_selector_labels("cache")));
+    assert_ne!(selector, Some(labels::selector_labels("cache")));
+    assert_eq!(
+        selector.unwrap()[labels::NAME_KEY],
+        labels::PROXY_APP_NAME,
+        "the pod index and the servers' Services select app.kubernetes.io/name=memcached"
+    );
+    assert_eq!(deployment.spec.as_ref().unwrap().replicas, Some(2));
+}
+
+#[test]
+fn the_template_depends_on_the_spec_not_on_the_size() {
+    let template = |size| {
+        with(spec(size, on()), |i| {
+            deployment(i).unwrap().spec.unwrap().template
+        })
+    };
+    assert_eq!(template(3), template(5));
+}
+
+#[test]
+fn the_pod_is_restricted_and_only_the_writer_gets_a_token() {
+    let deployment = with(spec(3, on()), |i| deployment(i).unwrap());
+    let pod = pod_spec_of(&deployment);
+    assert_eq!(pod.share_process_namespace, Some(true));
+    assert_eq!(pod.automount_service_account_token, Some(false));
+    assert_eq!(pod.service_account_name.as_deref(), Some("cache-proxy"));
+    let security = pod.security_context.as_ref().unwrap();
+    assert_eq!(security.run_as_non_root, Some(true));
+    assert_eq!(security.run_as_user, Some(RUN_AS_USER));
+    let all = pod.init_containers.iter().flatten().chain(&pod.containers);
+    let mut names = Vec::new();
+    for container in all {
+        names.push(container.name.as_str());
+        assert_eq!(container.security_context, Some(restricted()));
+        let mounts = container.volume_mounts.as_deref().unwrap();
+        let token = mounts.iter().any(|m| m.mount_path == access::TOKEN_DIR);
+        assert_eq!(
+            token,
+            container.name != PROXY_CONTAINER,
+            "{}",
+            container.name
+        );
+        assert!(mounts.iter().any(|m| m.mount_path == CONFIG_DIR));
+    }
+    assert_eq!(names, ["proxy-config-init", "proxy", "proxy-config"]);
+    let spread = &pod.topology_spread_constraints.as_ref().unwrap()[0];
+    assert_eq!(spread.topology_key, "kubernetes.io/hostname");
+}
+
+#[test]
+fn memcached_runs_routelib_over_the_shared_configuration() {
+    let deployment = with(spec(3, on()), |i| deployment(i).unwrap());
+    let pod = pod_spec_of(&deployment);
+    let proxy = &pod.containers[0];
+    assert_eq!(proxy.image.as_deref(), Some("memcached:1.6-alpine"));
+    assert_eq!(
+        proxy.args.as_deref().unwrap(),
+        [
+            "-p",
+            "11211",
+            "-o",
+            "proxy_config=routelib,proxy_arg=/etc/memcached-proxy/proxy.lua",
+            "-P",
+            "/etc/memcached-proxy/memcached.pid"
+        ]
+    );
+    let writer = &pod.containers[1];
+    assert_eq!(writer.image.as_deref(), Some("operator:v1"));
+    assert_eq!(
+        writer.args.as_deref().unwrap(),
+        [
+            "proxy-config",
+            "--config-map=cache-proxy",
+            "--dir=/etc/memcached-proxy",
+            "--pid-file=/etc/memcached-proxy/memcached.pid"
+        ]
+    );
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert_eq!(
+        init.args.as_deref().unwrap().last().map(String::as_str),
+        Some("--once")
+    );
+}
+
+#[test]
+fn resources_replace_the_defaults_key_by_key() {
+    let proxy = serde_json::json!({"enabled": true, "image": "mc:1.6.45",
+        "resources": {"limits": {"memory": "1Gi"}}});
+    let deployment = with(spec(3, proxy), |i| deployment(i).unwrap());
+    let container = &pod_spec_of(&deployment).containers[0];
+    assert_eq!(container.image.as_deref(), Some("mc:1.6.45"));
+    let resources = container.resources.as_ref().unwrap();
+    assert_eq!(resources.limits.as_ref().unwrap()["memory"].0, "1Gi");
+    assert_eq!(resources.requests.as_ref().unwrap()["memory"].0, "64Mi");
+}
+
+#[test]
+fn the_service_selects_the_proxy_on_the_memcached_port() {
+    let service = with(spec(3, on()), |i| service(i).unwrap());
+    assert_eq!(service.metadata.name.as_deref(), Some("cache-proxy"));
+    let spec = service.spec.unwrap();
+    assert_eq!(spec.selector, Some(labels::proxy_selector_labels("cache")));
+    assert_eq!(spec.ports.unwrap()[0].port, 11211);
+}
+
+#[test]
+fn a_budget_only_above_one_proxy_pod() {
+    let one = serde_json::json!({"enabled": true, "replicas": 1});
+    assert!(with(spec(3, one), pdb).is_none());
+    let budget = with(spec(3, on()), |i| pdb(i).unwrap());
+    let budget_spec = budget.spec.unwrap();
+    assert_eq!(budget_spec.max_unavailable, Some(IntOrString::Int(1)));
+    assert_eq!(
+        budget_spec.selector.unwrap().match_labels,
+        Some(labels::proxy_selector_labels("cache"))
+    );
+}
+
+#[test]
+fn the_routes_list_the_published_servers_in_slot_order() {
+    let server = |slot, address: Option<&str>| Server {
+        slot,
+        pod: Some(format!("pod-{slot}")),
+        address: address.map(str::to_owned),
+        ready: address.is_some(),
+    };
+    let servers = [
+        server(0, Some("10.0.0.9:11211")),
+        server(1, None),
+        server(2, Some("10.0.0.3:11211")),
+    ];
+    let config_map = with(spec(3, on()), |i| routes::config_map(i, &servers).unwrap());
+    assert_eq!(config_map.metadata.name.as_deref(), Some("cache-proxy"));
+    let lua = &config_map.data.unwrap()[routes::CONFIG_KEY];
+    let nine = lua.find("10.0.0.9").unwrap();
+    let three = lua.find("10.0.0.3").unwrap();
+    assert!(nine < three, "{lua}");
+    assert_eq!(
+        lua,
+        &routes::config("cache", &["10.0.0.9:11211", "10.0.0.3:11211"])
+    );
+}
+
+#[test]
+fn the_writer_may_read_its_configuration_and_nothing_else() {
+    let role = with(spec(3, on()), |i| access::role(i).unwrap());
+    let rules = role.rules.unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0].resources.as_deref().unwrap(), ["configmaps"]);
+    assert_eq!(rules[0].resource_names.as_deref().unwrap(), ["cache-proxy"]);
+    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    let binding = with(spec(3, on()), |i| access::role_binding(i).unwrap());
+    assert_eq!(binding.role_ref.name, "cache-proxy");
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (
+            subject.kind.as_str(),
+            subject.name.as_str(),
+            subject.namespace.as_deref()
+        ),
+        ("ServiceAccount", "cache-proxy", Some("default"))
+    );
+}

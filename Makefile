@@ -126,7 +126,7 @@ bench-real: ## Run the scale benchmark against a real control plane (needs KUBEB
 		--settle-seconds $(SETTLE_SECONDS) $(ARGS)
 
 # The curve over sizes (make bench-scale; bench --real --scale): for each size of SIZES, the floor (as
-# --floor: no operator, a stand-in writes each instance's Deployment and first status) and then the operator,
+# --floor: no operator, a stand-in creates each instance's four children and writes its first status) and then the operator,
 # each on a fresh control plane from $(KUBEBUILDER_ASSETS), in one table: the operator's CPU converging and CPU
 # per instance (with its ratio to the smallest size's), peak RSS, status writes, stats writes, requests and
 # watch re-opens per instance (the last three counted apart from one another), settled writes, all Available,

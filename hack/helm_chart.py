@@ -20,6 +20,7 @@ SDK's answer as JSON, or {"error": message} with exit status 1:
   helm_chart.py uninstall KUBECONFIG RELEASE NAMESPACE
   helm_chart.py status KUBECONFIG RELEASE NAMESPACE            (with the release's manifest)
   helm_chart.py history KUBECONFIG RELEASE NAMESPACE
+  helm_chart.py test KUBECONFIG RELEASE NAMESPACE TIMEOUT_SECONDS  (the release's test hooks, `helm test`)
 
 CHART is a chart directory or a packaged chart (.tgz). And the fixture of the upgrade scenario, the chart as
 a commit of this repository has it, packaged:
@@ -76,6 +77,8 @@ def action(argv):
             return config.status(release)
         if verb == "history":
             return {"revisions": config.history(release)}
+        if verb == "test":
+            return config.test(release, timeout=int(argv[4]))
     except helm.HelmError as error:
         return {"error": str(error)}
     finally:
@@ -105,7 +108,7 @@ def package_from_git(commit, destination):
     return {"path": path}
 
 
-ACTIONS = {"install": 6, "upgrade": 6, "rollback": 5, "uninstall": 4, "status": 4, "history": 4}
+ACTIONS = {"install": 6, "upgrade": 6, "rollback": 5, "uninstall": 4, "status": 4, "history": 4, "test": 5}
 
 
 def main(argv):

@@ -34,6 +34,10 @@ pub enum Command {
     /// Write a proxy pod's route configuration from its ConfigMap and have memcached reload it (the
     /// proxy pods of `spec.proxy` run it; see `resources::proxy`).
     ProxyConfig(crate::proxy_config::ProxyConfigArgs),
+    /// Check that an installed operator answers: its Deployment has an available replica, a ready pod of it
+    /// holds and renews its leader Lease, and a sample Memcached it is given becomes Available (then it is
+    /// deleted). The Helm chart's `helm test` pod runs it; exit status 1 says which step failed.
+    Check(CheckArgs),
     /// Print the version.
     Version,
 }
@@ -148,6 +152,51 @@ pub struct RunArgs {
     /// Log format.
     #[arg(long, env = "LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+}
+
+/// Flags of `check` (see [`crate::check`]).
+#[derive(Debug, Clone, Args)]
+pub struct CheckArgs {
+    /// Namespace of the operator's Deployment and Lease [default: $POD_NAMESPACE, else the kubeconfig's
+    /// or the pod's namespace].
+    #[arg(long, env = "POD_NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// The operator's Deployment.
+    #[arg(long)]
+    pub deployment: String,
+
+    /// The leader-election Lease (--leader-election-id of `run`); leave it out for an operator that runs
+    /// without --leader-elect.
+    #[arg(long)]
+    pub lease: Option<String>,
+
+    /// Name of the sample Memcached to create, wait for and delete.
+    #[arg(long)]
+    pub instance: String,
+
+    /// Namespace of the sample Memcached, one the operator watches [default: --namespace].
+    #[arg(long)]
+    pub instance_namespace: Option<String>,
+
+    /// How long the whole check may take (e.g. 90s, 2m).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub timeout: Duration,
+}
+
+impl CheckArgs {
+    /// What to check; empty namespaces read as unset.
+    pub fn check(self) -> crate::check::Check {
+        let unset_if_blank = |value: Option<String>| value.filter(|v| !v.trim().is_empty());
+        crate::check::Check {
+            namespace: unset_if_blank(self.namespace),
+            deployment: self.deployment,
+            lease: unset_if_blank(self.lease),
+            instance_namespace: unset_if_blank(self.instance_namespace),
+            instance: self.instance,
+            timeout: self.timeout,
+        }
+    }
 }
 
 impl RunArgs {
@@ -334,13 +383,56 @@ mod tests {
             .get_subcommands()
             .map(|c| c.get_name().to_owned())
             .collect();
-        assert_eq!(names, ["run", "proxy-config", "version"]);
+        assert_eq!(names, ["run", "proxy-config", "check", "version"]);
         for moved in ["manifests", "bundle", "api-docs", "crd", "rbac"] {
             assert!(
                 Cli::try_parse_from(["memcached-operator", moved]).is_err(),
                 "{moved}"
             );
         }
+    }
+
+    #[test]
+    fn check_takes_the_release_objects_and_a_timeout() {
+        let cli = Cli::try_parse_from([
+            "memcached-operator",
+            "check",
+            "--namespace=ops",
+            "--deployment=op-controller-manager",
+            "--lease=op.cache.example.com",
+            "--instance=op-helm-test",
+            "--instance-namespace=apps",
+            "--timeout=90s",
+        ])
+        .unwrap();
+        let Some(Command::Check(args)) = cli.command else {
+            panic!("expected check")
+        };
+        let check = args.check();
+        assert_eq!(check.namespace.as_deref(), Some("ops"));
+        assert_eq!(check.deployment, "op-controller-manager");
+        assert_eq!(check.lease.as_deref(), Some("op.cache.example.com"));
+        assert_eq!(check.instance_namespace.as_deref(), Some("apps"));
+        assert_eq!(check.timeout, Duration::from_secs(90));
+
+        let cli = Cli::try_parse_from([
+            "memcached-operator",
+            "check",
+            "--deployment=d",
+            "--instance=i",
+            "--lease=",
+        ])
+        .unwrap();
+        let Some(Command::Check(args)) = cli.command else {
+            panic!("expected check")
+        };
+        let check = args.check();
+        assert_eq!(check.lease, None, "an empty Lease means no leader election");
+        assert_eq!(check.timeout, Duration::from_secs(120));
+        assert!(
+            Cli::try_parse_from(["memcached-operator", "check", "--instance=i"]).is_err(),
+            "the Deployment is required"
+        );
     }
 
     #[test]

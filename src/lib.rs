@@ -8,6 +8,7 @@
 //! by the workspace's `xtask` crate, not by this library or its binary.
 
 pub mod api;
+pub mod check;
 pub mod cli;
 pub mod connection;
 pub mod controller;

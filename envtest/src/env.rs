@@ -27,8 +27,8 @@ use crate::kubelet::{Kubelet, KubeletOptions};
 #[derive(Clone, Debug, Default)]
 pub struct EnvOptions {
     pub control_plane: ControlPlaneOptions,
-    /// `log_dir` is replaced by `<control plane dir>/kubelet`, and `bind_pods` turned on when no
-    /// scheduler runs.
+    /// `log_dir` is replaced by `<control plane dir>/kubelet`, `bind_pods` turned on when no scheduler
+    /// runs, and the API server of `operator` is the control plane's.
     pub kubelet: KubeletOptions,
 }
 
@@ -51,6 +51,10 @@ impl Env {
         let mut kubelet_options = options.kubelet;
         kubelet_options.log_dir = control_plane.dir().join("kubelet");
         kubelet_options.bind_pods |= !control_plane.has_scheduler();
+        if let Some(operator) = &mut kubelet_options.operator {
+            operator.server = control_plane.server().to_owned();
+            operator.ca_cert = control_plane.ca_cert().to_owned();
+        }
         let kubelet = Kubelet::start(kubelet_client, kubelet_options)
             .await
             .context("cannot start the stand-in kubelet")?;

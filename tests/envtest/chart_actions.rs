@@ -5,6 +5,10 @@
 //! image, so each release's operator runs as a process instead, with exactly the arguments and
 //! environment of the Deployment Helm stored in the release (read back with `helm status`), under a token
 //! of the release's ServiceAccount: what the release's RBAC does not allow fails here as in a cluster.
+//!
+//! `helm test` runs the chart's test pod for real: the stand-in kubelet runs a pod of the operator's image
+//! that runs once as the operator binary (`memcached-operator check`) under a token of the pod's
+//! ServiceAccount, and reports it Succeeded or Failed by its exit code (`envtest::kubelet::oneshot`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -13,8 +17,8 @@ use std::time::Duration;
 
 use envtest::{Env, Mark, Operator};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::{Api, Client};
@@ -23,6 +27,7 @@ use serde_json::{Value, json};
 
 use crate::instances::{conditions, settled};
 use crate::{FIELD_MANAGER, OPERATOR_BIN, REPO_ROOT, options, wait_for};
+use envtest::kubelet::oneshot;
 
 const CHART: &str = "charts/memcached-operator";
 /// The chart as it is on main before the templated CRD (crds/ directory), packaged from git by
@@ -68,12 +73,28 @@ fn helm_available() -> Result<(), String> {
 
 /// One Helm action through hack/helm_chart.py: its JSON answer, or Helm's error message.
 fn helm(env: &Env, args: &[&str]) -> Result<Value, String> {
+    helm_with(env.kubeconfig(), args)
+}
+
+/// `helm test` of the release, off the test's runtime: the stand-in kubelet's tasks run on it, and
+/// must run the test pod while Helm waits for it.
+async fn helm_test(env: &Env, release: &str, namespace: &str) -> Result<Value, String> {
+    let kubeconfig = env.kubeconfig().to_owned();
+    let args = [release.to_owned(), namespace.to_owned()];
+    tokio::task::spawn_blocking(move || {
+        helm_with(&kubeconfig, &["test", &args[0], &args[1], "120"])
+    })
+    .await
+    .expect("helm test ran")
+}
+
+fn helm_with(kubeconfig: &Path, args: &[&str]) -> Result<Value, String> {
     let (verb, rest) = args.split_first().expect("a verb");
     let out = Command::new("python3")
         .current_dir(REPO_ROOT)
         .arg("hack/helm_chart.py")
         .arg(verb)
-        .arg(env.kubeconfig())
+        .arg(kubeconfig)
         .args(rest)
         .output()
         .expect("python3 runs");
@@ -533,5 +554,174 @@ async fn chart_upgrade_from_main_rollback_and_uninstall() {
     .expect_err("the schema refuses crds.keep: yes");
     assert!(refused.contains("/crds/keep"), "{refused}");
     assert_eq!(cluster_scoped(&client, release).await, BTreeSet::new());
+    operator.operator.stop();
+}
+
+/// The name of a ready pod of release `release`'s operator Deployment (the stand-in kubelet reports it
+/// Running and Ready, and runs nothing in it).
+async fn operator_pod(client: &Client, namespace: &str, release: &str) -> String {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    let selector = format!("control-plane=controller-manager,app.kubernetes.io/instance={release}");
+    wait_for(
+        &format!("a ready pod of {namespace}/{release}'s operator Deployment"),
+        Duration::from_secs(60),
+        || async {
+            let list = pods
+                .list(&ListParams::default().labels(&selector))
+                .await
+                .map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|p| {
+                    p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| {
+                            cs.iter().any(|c| c.type_ == "Ready" && c.status == "True")
+                        })
+                })
+                .map(|p| p.metadata.name.unwrap_or_default())
+                .ok_or_else(|| "none ready yet".to_owned())
+        },
+    )
+    .await
+}
+
+/// What the test pod's process wrote since `from` bytes into its log.
+fn check_output(env: &Env, namespace: &str, pod: &str, from: usize) -> String {
+    let log = oneshot::log_path(&env.control_plane().dir().join("kubelet"), namespace, pod);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    text.get(from..).unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn chart_helm_test_passes_only_while_the_operator_answers() {
+    const NAME: &str = "chart_helm_test";
+    let Some(env) = start(NAME).await else {
+        return;
+    };
+    let client = env.client().clone();
+    let (release, namespace) = ("cache", "cache-system");
+    let test_pod = "cache-memcached-operator-helm-test";
+    // The "restricted" Pod Security Standard enforced: the API server admits the test pod (and the
+    // operator's, and the sample's memcached pod) only if it meets it.
+    envtest::create_namespace(
+        &client,
+        namespace,
+        &[("pod-security.kubernetes.io/enforce", "restricted")],
+    )
+    .await
+    .unwrap();
+    let answer = install(
+        &env,
+        &repo_path(CHART),
+        release,
+        namespace,
+        json!({"tests": {"timeout": "40s"}}),
+    );
+    let notes = answer["notes"].as_str().unwrap_or_default();
+    assert!(notes.contains("helm test cache -n cache-system"), "{notes}");
+    let pod = operator_pod(&client, namespace, release).await;
+    eprintln!(
+        "[{NAME}] installed; the operator's pod {pod} is ready as status only, no operator runs"
+    );
+
+    // No operator: its Deployment looks available, but nobody leads, so the test fails.
+    let failed = helm_test(&env, release, namespace)
+        .await
+        .expect_err("helm test must fail while no operator runs");
+    let output = check_output(&env, namespace, test_pod, 0);
+    assert!(
+        output.contains("ok: Deployment cache-system/cache-memcached-operator-controller-manager")
+            && output.contains("check failed: the leader Lease cache-system/cache-memcached-operator.cache.example.com"),
+        "the check must fail on the Lease:\n{output}\nhelm: {failed}"
+    );
+    let instances: Api<Memcached> = Api::namespaced(client.clone(), namespace);
+    assert!(
+        instances.get_opt(test_pod).await.unwrap().is_none(),
+        "no sample instance is left behind"
+    );
+    eprintln!(
+        "[{NAME}] helm test failed without an operator: {}",
+        output.trim()
+    );
+
+    // The operator runs as the Deployment's pod (its identity in the Lease): the test passes.
+    let mut operator = start_operator(&env, release, namespace, &pod).await;
+    let mark = env.control_plane().audit().mark().unwrap();
+    let from = output.len();
+    let passed = helm_test(&env, release, namespace).await;
+    let output = check_output(&env, namespace, test_pod, from);
+    let answer = passed.unwrap_or_else(|e| {
+        panic!(
+            "helm test: {e}\n{output}\n{}",
+            operator.operator.log_tail(30)
+        )
+    });
+    for line in [
+        "ok: Deployment cache-system/cache-memcached-operator-controller-manager: 1 of 1 replicas available",
+        &format!(
+            "ok: Lease cache-system/cache-memcached-operator.cache.example.com: held and renewed by pod {pod}"
+        ),
+        "ok: Memcached cache-system/cache-memcached-operator-helm-test: Available",
+        "ok: Memcached cache-system/cache-memcached-operator-helm-test deleted",
+    ] {
+        assert!(
+            output.contains(line),
+            "{line:?} missing from:\n{output}\n{answer}"
+        );
+    }
+    eprintln!("[{NAME}] helm test passed:\n{}", output.trim());
+
+    // Least privilege that is enough: the test's ServiceAccount created the sample and was refused
+    // nothing; the operator made it Available.
+    let tester = format!("system:serviceaccount:{namespace}:{test_pod}");
+    let events = env.control_plane().audit().read_since(&mark).unwrap();
+    let refused: Vec<String> = events
+        .iter()
+        .filter(|e| e.user == tester && e.code == 403)
+        .map(|e| format!("{} {} {}", e.verb, e.resource, e.name))
+        .collect();
+    assert!(refused.is_empty(), "the test pod was refused {refused:?}");
+    assert!(
+        events.iter().any(|e| e.user == tester
+            && e.verb == "create"
+            && e.resource == "memcacheds"
+            && e.code == 201),
+        "the test pod created the sample itself"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| e.user == operator.user && e.resource == "memcacheds" && e.name == test_pod),
+        "the operator reconciled the sample"
+    );
+    // The hooks went with the passed test (hook-succeeded), and the sample with the check.
+    assert!(instances.get_opt(test_pod).await.unwrap().is_none());
+    let gone = |found: bool, what: &str| assert!(!found, "{what} {test_pod} is left");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), namespace);
+    wait_for(
+        "the test pod to be deleted",
+        Duration::from_secs(30),
+        || async {
+            match pods.get_opt(test_pod).await {
+                Ok(None) => Ok(()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
+    let accounts: Api<ServiceAccount> = Api::namespaced(client.clone(), namespace);
+    gone(
+        accounts.get_opt(test_pod).await.unwrap().is_some(),
+        "ServiceAccount",
+    );
+    let roles: Api<Role> = Api::namespaced(client.clone(), namespace);
+    gone(roles.get_opt(test_pod).await.unwrap().is_some(), "Role");
+    let bindings: Api<RoleBinding> = Api::namespaced(client.clone(), namespace);
+    gone(
+        bindings.get_opt(test_pod).await.unwrap().is_some(),
+        "RoleBinding",
+    );
     operator.operator.stop();
 }

@@ -81,6 +81,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use envtest::kubelet::DEBIAN_MEMCACHED;
+use envtest::kubelet::oneshot::OperatorImage;
 use envtest::{
     AuditEvent, ControlPlane, Env, EnvOptions, KubeletOptions, Mark, Operator, OperatorCredentials,
     RequestCounts, SharedEnv,
@@ -93,17 +94,22 @@ use serde_json::Value;
 pub const OPERATOR_BIN: &str = env!("CARGO_BIN_EXE_memcached-operator");
 /// The repository, for `config/`.
 pub const REPO_ROOT: &str = env!("CARGO_MANIFEST_DIR");
+/// The Helm chart's operator image (`image.repository` of its values): the stand-in kubelet runs pods that
+/// run once with it (`helm test`'s) as processes of [`OPERATOR_BIN`].
+pub const CHART_IMAGE_REPOSITORY: &str = "registry.example.com/memcached-operator";
 /// The field manager of what the scenarios apply.
 pub const FIELD_MANAGER: &str = "envtest-scenario";
 
 /// The shared environment's options: the kubelet runs a real memcached per pod where Debian's is
-/// installed (so the operator's statistics collector reads real servers), unless `ENVTEST_MEMCACHED=0`.
+/// installed (so the operator's statistics collector reads real servers), unless `ENVTEST_MEMCACHED=0`,
+/// and runs the pods of the chart's image that run once (`helm test`'s) as the operator binary.
 fn options() -> EnvOptions {
     let memcached = Path::new(DEBIAN_MEMCACHED);
     let wanted = std::env::var("ENVTEST_MEMCACHED").map_or(true, |v| v != "0");
     EnvOptions {
         kubelet: KubeletOptions {
             memcached: (wanted && memcached.is_file()).then(|| memcached.to_owned()),
+            operator: Some(OperatorImage::new(OPERATOR_BIN, &[CHART_IMAGE_REPOSITORY])),
             ..KubeletOptions::default()
         },
         ..EnvOptions::default()

@@ -37,15 +37,30 @@ pub struct Rendering {
 }
 
 impl Rendering {
-    /// Every object the templates render (not the CRDs), in template path order.
+    /// Every object the templates render that `helm install` creates (not the CRDs, not the test hooks
+    /// `helm test` creates), in template path order.
     pub fn objects(&self) -> Result<Vec<Value>, Error> {
-        yaml_objects(self.manifests.values())
+        let objects = yaml_objects(self.manifests.values())?;
+        Ok(objects.into_iter().filter(|o| !test_hook(o)).collect())
+    }
+
+    /// The objects `helm test` creates (annotated `helm.sh/hook: test`), in template path order.
+    pub fn test_hooks(&self) -> Result<Vec<Value>, Error> {
+        let objects = yaml_objects(self.manifests.values())?;
+        Ok(objects.into_iter().filter(test_hook).collect())
     }
 
     /// The objects of `crds/`, which Helm installs before the templates unless `--skip-crds`.
     pub fn crd_objects(&self) -> Result<Vec<Value>, Error> {
         yaml_objects(self.crds.values())
     }
+}
+
+/// Whether `object` is a hook of `helm test`.
+fn test_hook(object: &Value) -> bool {
+    object["metadata"]["annotations"]["helm.sh/hook"]
+        .as_str()
+        .is_some_and(|hooks| hooks.split(',').any(|h| h.trim() == "test"))
 }
 
 fn yaml_objects<'a>(texts: impl Iterator<Item = &'a String>) -> Result<Vec<Value>, Error> {

@@ -1,16 +1,18 @@
 //! `--real --floor`: what the control plane alone allows. The same instances, created the same way on the
 //! same control plane, but no operator: a stand-in controller in the bench process writes, for each new
-//! instance as soon as its watch sees it, only what every operator must write first (its Deployment, then
-//! its first status), [`CONCURRENCY`] instances at a time in the order seen, as the operator's default
-//! `--concurrency` allows. No Services, no events, no server list: the delays it measures are the least an
-//! operator could show on this machine, so a figure of the operator's can be read against them (on a
-//! 2-core machine the control plane's own work is most of the time).
+//! instance as soon as its watch sees it, the same four children the operator keeps for an instance of
+//! size 1 (its Deployment, its Service and headless Service, its server list ConfigMap), then its first
+//! status, [`CONCURRENCY`] instances at a time in the order seen, as the operator's default `--concurrency`
+//! allows. No events, no reads of the pods, no second status: the delays it measures are the least an
+//! operator could show on this machine (the issue's "fair floor"), so a figure of the operator's can be
+//! read against them (on a 2-core machine the control plane's own work is most of the time).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Service};
 use kube::api::{DynamicObject, Patch, PatchParams, PostParams};
 use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, ResourceExt};
@@ -67,7 +69,7 @@ impl std::fmt::Display for FloorReport {
         };
         writeln!(
             f,
-            "floor on {}: {} instances, no operator; a stand-in writes each one's Deployment and first \
+            "floor on {}: {} instances, no operator; a stand-in writes each one's four children and first \
              status, {} at a time",
             self.server, self.instances, self.concurrency
         )?;
@@ -221,20 +223,15 @@ async fn stand_in(client: Client, failed: Arc<Mutex<usize>>) {
             }
         }
     };
-    let deployments: Api<Deployment> = Api::namespaced(client, NAMESPACE);
+    let children = Children::new(&client);
     let work = futures::stream::unfold(queue, |mut queue| async move {
         queue.recv().await.map(|mc| (mc, queue))
     })
     .for_each_concurrent(CONCURRENCY, |mc| {
-        let (deployments, memcacheds, failed) =
-            (deployments.clone(), memcacheds.clone(), failed.clone());
+        let (children, memcacheds, failed) = (children.clone(), memcacheds.clone(), failed.clone());
         async move {
             let name = mc.name_any();
-            let deployment = deployment(&mc);
-            let created = deployments
-                .create(&PostParams::default(), &deployment)
-                .await
-                .map(drop);
+            let mut results = children.create(&mc).await;
             let status = json!({"status": {"conditions": [{
                 "type": "Progressing", "status": "True", "reason": "Creating",
                 "message": "creating the Deployment; waiting for its controller to start the pods",
@@ -244,7 +241,8 @@ async fn stand_in(client: Client, failed: Arc<Mutex<usize>>) {
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
                 .await
                 .map(drop);
-            for result in [created, written] {
+            results.push(written);
+            for result in results {
                 if let Err(e) = result {
                     eprintln!("warning: the stand-in's write for {name}: {e}");
                     *failed.lock().unwrap_or_else(|e| e.into_inner()) += 1;
@@ -255,24 +253,112 @@ async fn stand_in(client: Client, failed: Arc<Mutex<usize>>) {
     tokio::join!(watch, work);
 }
 
+/// The stand-in's clients of the four kinds it creates.
+#[derive(Clone)]
+struct Children {
+    deployments: Api<Deployment>,
+    services: Api<Service>,
+    config_maps: Api<ConfigMap>,
+}
+
+impl Children {
+    fn new(client: &Client) -> Self {
+        Children {
+            deployments: Api::namespaced(client.clone(), NAMESPACE),
+            services: Api::namespaced(client.clone(), NAMESPACE),
+            config_maps: Api::namespaced(client.clone(), NAMESPACE),
+        }
+    }
+
+    /// Creates `mc`'s four children, one request each, all at once (the least time a client can take:
+    /// the operator writes them one after another); the result of each.
+    async fn create(&self, mc: &DynamicObject) -> Vec<kube::Result<()>> {
+        let post = PostParams::default();
+        let (deployment, service, headless, servers) = (
+            deployment(mc),
+            service(mc, false),
+            service(mc, true),
+            server_list(mc),
+        );
+        let (deployment, service, headless, servers) = tokio::join!(
+            self.deployments.create(&post, &deployment),
+            self.services.create(&post, &service),
+            self.services.create(&post, &headless),
+            self.config_maps.create(&post, &servers),
+        );
+        vec![
+            deployment.map(drop),
+            service.map(drop),
+            headless.map(drop),
+            servers.map(drop),
+        ]
+    }
+}
+
+/// The labels and controller reference of every child of `mc`, as the operator writes them.
+fn child_metadata(mc: &DynamicObject, name: &str) -> serde_json::Value {
+    let instance = mc.name_any();
+    json!({
+        "name": name, "namespace": NAMESPACE,
+        "labels": labels(&instance),
+        "ownerReferences": [{
+            "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": instance,
+            "uid": mc.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true,
+        }],
+    })
+}
+
+fn labels(instance: &str) -> serde_json::Value {
+    json!({
+        "app.kubernetes.io/name": "memcached",
+        "app.kubernetes.io/instance": instance,
+        "app.kubernetes.io/managed-by": "memcached-operator",
+    })
+}
+
+/// The instance's Service (`<name>`, ClusterIP) or headless Service (`<name>-headless`).
+fn service(mc: &DynamicObject, headless: bool) -> Service {
+    let instance = mc.name_any();
+    let name = if headless {
+        format!("{instance}-headless")
+    } else {
+        instance.clone()
+    };
+    let mut spec = json!({
+        "selector": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": instance},
+        "ports": [{"name": "memcached", "port": 11211, "targetPort": "memcached"}],
+    });
+    if headless {
+        spec["clusterIP"] = json!("None");
+        spec["publishNotReadyAddresses"] = json!(true);
+    }
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": child_metadata(mc, &name), "spec": spec,
+    }))
+    .unwrap_or_else(|e| unreachable!("a constant Service's shape: {e}"))
+}
+
+/// The instance's server list, `<name>-servers`, with one server, as its first ready pod makes it.
+fn server_list(mc: &DynamicObject) -> ConfigMap {
+    let name = format!("{}-servers", mc.name_any());
+    let server = "10.0.0.1:11211";
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": child_metadata(mc, &name),
+        "data": {"servers": format!("{server}\n"), "servers.json": json!([server]).to_string()},
+    }))
+    .unwrap_or_else(|e| unreachable!("a constant ConfigMap's shape: {e}"))
+}
+
 /// A Deployment like the operator's for a default instance of size 1 (one memcached container, its port,
 /// probes and resources), controlled by `mc` so that the admin's watch counts it as its workload.
 fn deployment(mc: &DynamicObject) -> Deployment {
     let name = mc.name_any();
-    let labels = json!({
-        "app.kubernetes.io/name": "memcached",
-        "app.kubernetes.io/instance": name,
-        "app.kubernetes.io/managed-by": "memcached-operator",
-    });
+    let labels = labels(&name);
     serde_json::from_value(json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
-        "metadata": {
-            "name": name, "namespace": NAMESPACE, "labels": labels,
-            "ownerReferences": [{
-                "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached", "name": name,
-                "uid": mc.uid().unwrap_or_default(), "controller": true, "blockOwnerDeletion": true,
-            }],
-        },
+        "metadata": child_metadata(mc, &name),
         "spec": {
             "replicas": 1,
             "selector": {"matchLabels": {"app.kubernetes.io/name": "memcached", "app.kubernetes.io/instance": name}},

@@ -240,8 +240,8 @@ first create to the settled window, as every request here.
 are counted apart, in all: every watch is open before the first create, so each one after it re-opens one \
 the API server closed (a re-list that follows one stays among the requests).
 - settled writes: the operator's writes in the settled window, which starts 2 s after all Available.
-- fair floor: `--floor` on a control plane of its own: no operator, a stand-in writes each instance's \
-Deployment and first status; seconds from the first create until every pod was Ready, the floor's \
+- fair floor: `--floor` on a control plane of its own: no operator, a stand-in creates each instance's \
+four children (Deployment, Service, headless Service, server list) and writes its first status; seconds from the first create until every pod was Ready, the floor's \
 equivalent of all Available.";
 
 impl fmt::Display for ScaleReport {

@@ -16,7 +16,9 @@
 //!   no kubelet can pull: their containers wait with `ErrImagePull`, then `ImagePullBackOff`, and the
 //!   pod stays Pending and not ready, and those of `no-server.test`, whose pods run and are ready but
 //!   serve nothing: connections are refused ([`image`]);
-//! - deletion: the process is killed and the pod deleted for good.
+//! - deletion: the process is killed and the pod deleted for good;
+//! - pods that run once (`restartPolicy` not `Always`) with the operator's image, such as `helm test`'s:
+//!   the operator binary as a process, the pod `Succeeded` or `Failed` by its exit code ([`oneshot`]).
 //!
 //! Not done: probes, restarts, resource limits, volumes other than the Secret volumes of memcached,
 //! pulling images, init containers' work, node heartbeats (the node lifecycle controller is off
@@ -31,6 +33,7 @@ pub mod image;
 pub mod ip;
 pub mod memcached;
 pub mod node;
+pub mod oneshot;
 pub mod pod;
 pub mod status;
 pub mod volumes;
@@ -80,6 +83,9 @@ pub struct KubeletOptions {
     pub bind_pods: bool,
     /// Where memcached's output goes.
     pub log_dir: PathBuf,
+    /// Run pods that run once with the operator's image as processes of its binary ([`oneshot`]);
+    /// `None`: status only, as every other pod.
+    pub operator: Option<oneshot::OperatorImage>,
 }
 
 impl Default for KubeletOptions {
@@ -93,6 +99,7 @@ impl Default for KubeletOptions {
             memcached: None,
             bind_pods: false,
             log_dir: std::env::temp_dir(),
+            operator: None,
         }
     }
 }
@@ -131,6 +138,11 @@ impl Kubelet {
                 "no memcached at {} (apt-get install memcached)",
                 binary.display()
             );
+        }
+        if let Some(operator) = &options.operator
+            && !operator.binary.is_file()
+        {
+            bail!("no operator binary at {}", operator.binary.display());
         }
         std::fs::create_dir_all(&options.log_dir)?;
         let nodes: Vec<String> = (0..options.nodes)
@@ -253,8 +265,13 @@ fn on_pod(ctx: &Arc<Context>, pods: &Pods, nodes: &HashSet<String>, binder: &Bin
     if matches!(phase, Some("Succeeded" | "Failed")) {
         return;
     }
+    let once = ctx.options.operator.as_ref().is_some_and(|o| o.runs(&pod));
     let (latest, receiver) = watch::channel(pod);
-    let task = tokio::spawn(pod::run(ctx.clone(), receiver));
+    let task = if once {
+        tokio::spawn(oneshot::run(ctx.clone(), receiver))
+    } else {
+        tokio::spawn(pod::run(ctx.clone(), receiver))
+    };
     pods.insert(uid, PodHandle { latest, task });
 }
 

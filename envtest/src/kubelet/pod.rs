@@ -328,11 +328,11 @@ fn port_free(ip: Ipv4Addr, port: u16) -> bool {
     std::net::TcpListener::bind((ip, port)).is_ok()
 }
 
-fn deleting(pod: &Pod) -> bool {
+pub(super) fn deleting(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
 }
 
-async fn until_deleting(pods: &mut watch::Receiver<Pod>) {
+pub(super) async fn until_deleting(pods: &mut watch::Receiver<Pod>) {
     while !deleting(&pods.borrow_and_update()) {
         if pods.changed().await.is_err() {
             // The kubelet stopped feeding this pod; wait for the start delay instead.
@@ -343,7 +343,7 @@ async fn until_deleting(pods: &mut watch::Receiver<Pod>) {
 
 /// The later of two versions of a pod, by resourceVersion (etcd's revision, a number in practice); the
 /// newer argument wins when they cannot be compared.
-fn newest(old: Pod, new: Pod) -> Pod {
+pub(super) fn newest(old: Pod, new: Pod) -> Pod {
     let version = |p: &Pod| p.resource_version().and_then(|v| v.parse::<u64>().ok());
     match (version(&old), version(&new)) {
         (Some(o), Some(n)) if o > n => old,
@@ -353,7 +353,7 @@ fn newest(old: Pod, new: Pod) -> Pod {
 
 /// Kills the pod's process, waits the termination delay (at most the pod's grace period), and deletes
 /// the pod for good.
-async fn terminate(
+pub(super) async fn terminate(
     ctx: &Context,
     api: &Api<Pod>,
     name: &str,

@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(run.normalized().namespace, None);
     }
 
-    /// The binary runs the operator (and, in the proxy pods, the proxy's configuration writer); the CRD,
+    /// The binary runs the operator (and, in the proxy pods, the proxy's configuration writer; in `helm test`, the check); the CRD,
     /// the roles and every release file are `cargo xtask`'s.
     #[test]
     fn only_operator_commands() {

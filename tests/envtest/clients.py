@@ -9,6 +9,7 @@ tells users to:
   rendezvous  pymemcache HashClient built from the published (host, port) entries, str keys
   jump        jump.hash(int(hashlib.md5(key).hexdigest(), 16), len(servers)) picking one plain
               pymemcache Client per published server, in list order
+  plain       one plain pymemcache Client of the one address given (the proxy's, tests/envtest/proxy.rs)
 
 One JSON request on stdin, one JSON answer on stdout:
 
@@ -151,7 +152,27 @@ class Jump:
         return found
 
 
+class Plain:
+    """One plain pymemcache Client of the one address given (the proxy's): no hashing, no list."""
+
+    def __init__(self, servers):
+        import pymemcache
+        from pymemcache.client.base import Client
+
+        self.library = f"pymemcache {pymemcache.__version__} Client"
+        (server,) = read_servers(servers)
+        self.client = Client(server)
+
+    def set_many(self, items):
+        return len(items) - len(self.client.set_many(items))
+
+    def get_many(self, keys):
+        return {k: v.decode() for k, v in self.client.get_many(keys).items()}
+
+
 def client(hashing, servers):
+    if hashing == "plain":
+        return Plain(servers)
     if hashing == "ketama":
         return Libmemcached(servers, {"ketama_weighted": True})
     if hashing == "modula":

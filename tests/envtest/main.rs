@@ -46,7 +46,9 @@
 //! mix into a count; namespaced ones cannot.
 //!
 //! Knobs: `ENVTEST_KEEP=1` keeps the control plane's directory (logs, audit log, etcd data);
-//! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists).
+//! `ENVTEST_MEMCACHED=0` turns off the real memcached per pod (on when `/usr/bin/memcached` exists);
+//! `MEMCACHED_PROXY_BINARY=<a proxy-capable memcached, 1.6.23+>` runs the proxy pods of `spec.proxy` for
+//! real (without it they serve nothing, and the scenarios that need them skip).
 
 mod adoption;
 mod certificates;
@@ -65,6 +67,7 @@ mod long_names;
 mod metrics;
 mod namespaced;
 mod outage;
+mod proxy;
 mod real_clients;
 mod restart;
 mod rollouts;
@@ -109,12 +112,24 @@ fn options() -> EnvOptions {
     EnvOptions {
         kubelet: KubeletOptions {
             memcached: (wanted && memcached.is_file()).then(|| memcached.to_owned()),
+            proxy_memcached: proxy_memcached(),
             operator: Some(OperatorImage::new(OPERATOR_BIN, &[CHART_IMAGE_REPOSITORY])),
             ..KubeletOptions::default()
         },
         ..EnvOptions::default()
     }
 }
+
+/// The proxy-capable memcached (1.6.23 or later, built with `--enable-proxy`) named by
+/// `$MEMCACHED_PROXY_BINARY`, if it names a file: the stand-in kubelet runs it for the proxy pods of
+/// `spec.proxy`.
+pub fn proxy_memcached() -> Option<PathBuf> {
+    let path = PathBuf::from(std::env::var_os(PROXY_BINARY_VAR)?);
+    path.is_file().then_some(path)
+}
+
+/// The variable naming the proxy-capable memcached.
+pub const PROXY_BINARY_VAR: &str = "MEMCACHED_PROXY_BINARY";
 
 /// The control plane a scenario runs on: the binary's shared one, or its own.
 pub enum ScenarioEnv {

@@ -93,7 +93,7 @@ fn python(request: &Value) -> Result<Value, String> {
 }
 
 /// [`python`] off the runtime's threads.
-async fn drive(request: Value) -> Result<Value, String> {
+pub(crate) async fn drive(request: Value) -> Result<Value, String> {
     tokio::task::spawn_blocking(move || python(&request))
         .await
         .expect("the client driver's thread")
@@ -117,19 +117,19 @@ async fn probe(hashing: &str, names: bool) -> Result<String, String> {
 
 /// The list the operator publishes, as a client reads it, and where its names point.
 #[derive(Debug, Clone)]
-struct Published {
+pub(crate) struct Published {
     /// The ConfigMap's `servers`, one `host:port` a line, in slot order.
-    servers: Vec<String>,
+    pub servers: Vec<String>,
     /// Each published host that is not an address (a StatefulSet's DNS name), to its pod's IP.
-    hosts: BTreeMap<String, String>,
+    pub hosts: BTreeMap<String, String>,
     /// The uids of the pods holding the slots.
-    uids: BTreeSet<String>,
+    pub uids: BTreeSet<String>,
 }
 
 /// Waits until instance `cache` settled with `size` ready servers, no drain under way, no spare server,
 /// none of its slots held by a pod of `replaced` (uids), and the ConfigMap lists the servers of
 /// `status.servers`; returns that list.
-async fn published(
+pub(crate) async fn published(
     s: &Scenario,
     size: usize,
     replaced: &BTreeSet<String>,

@@ -18,10 +18,13 @@
 //!   serve nothing: connections are refused ([`image`]);
 //! - deletion: the process is killed and the pod deleted for good;
 //! - pods that run once (`restartPolicy` not `Always`) with the operator's image, such as `helm test`'s:
-//!   the operator binary as a process, the pod `Succeeded` or `Failed` by its exit code ([`oneshot`]).
+//!   the operator binary as a process, the pod `Succeeded` or `Failed` by its exit code ([`oneshot`]);
+//! - the operator's proxy pods (`spec.proxy`): a proxy-capable memcached and the configuration writer
+//!   (init container and sidecar) as operator processes, their `emptyDir` a directory of the pod's own
+//!   ([`proxy`]).
 //!
 //! Not done: probes, restarts, resource limits, volumes other than the Secret volumes of memcached,
-//! pulling images, init containers' work, node heartbeats (the node lifecycle controller is off
+//! pulling images, init containers' work (but the proxy pods'), node heartbeats (the node lifecycle controller is off
 //! instead), pods on nodes that are not its own, `kubectl exec`/`logs`/`port-forward` (no kubelet API),
 //! Service endpoints (pod IPs are loopback addresses, which the API server refuses in Endpoints and
 //! EndpointSlices, so the endpoint controllers are off, see [`crate::control_plane`]; and no kube-proxy
@@ -35,6 +38,7 @@ pub mod memcached;
 pub mod node;
 pub mod oneshot;
 pub mod pod;
+pub mod proxy;
 pub mod status;
 pub mod volumes;
 
@@ -79,6 +83,10 @@ pub struct KubeletOptions {
     pub pod_termination_delay: Duration,
     /// Run this memcached binary for each pod's `memcached` container; `None`: status only.
     pub memcached: Option<PathBuf>,
+    /// Run this proxy-capable memcached (1.6.23+, `--enable-proxy`) for proxy pods, with their
+    /// configuration writers as processes of [`KubeletOptions::operator`]'s binary ([`proxy`]); `None`,
+    /// or no `operator`: proxy pods are status only.
+    pub proxy_memcached: Option<PathBuf>,
     /// Bind unscheduled pods to the nodes (when no kube-scheduler runs).
     pub bind_pods: bool,
     /// Where memcached's output goes.
@@ -97,6 +105,7 @@ impl Default for KubeletOptions {
             pod_start_delay: Duration::from_millis(100),
             pod_termination_delay: Duration::ZERO,
             memcached: None,
+            proxy_memcached: None,
             bind_pods: false,
             log_dir: std::env::temp_dir(),
             operator: None,
@@ -138,6 +147,11 @@ impl Kubelet {
                 "no memcached at {} (apt-get install memcached)",
                 binary.display()
             );
+        }
+        if let Some(binary) = &options.proxy_memcached
+            && !binary.is_file()
+        {
+            bail!("no proxy-capable memcached at {}", binary.display());
         }
         if let Some(operator) = &options.operator
             && !operator.binary.is_file()
@@ -266,9 +280,13 @@ fn on_pod(ctx: &Arc<Context>, pods: &Pods, nodes: &HashSet<String>, binder: &Bin
         return;
     }
     let once = ctx.options.operator.as_ref().is_some_and(|o| o.runs(&pod));
+    let proxies = ctx.options.proxy_memcached.is_some() && ctx.options.operator.is_some();
+    let proxy = proxies && proxy::is_proxy_pod(&pod);
     let (latest, receiver) = watch::channel(pod);
     let task = if once {
         tokio::spawn(oneshot::run(ctx.clone(), receiver))
+    } else if proxy {
+        tokio::spawn(proxy::run(ctx.clone(), receiver))
     } else {
         tokio::spawn(pod::run(ctx.clone(), receiver))
     };

@@ -15,7 +15,8 @@
 //! pod's ServiceAccount's credentials as a kubeconfig (`KUBECONFIG`) holding a token from the TokenRequest
 //! API, its context in the pod's namespace, in place of the mounted token of an in-cluster config, so
 //! what the account's RBAC does not allow fails here as in a cluster. A pod with
-//! `automountServiceAccountToken: false` gets no credentials. Its output goes to
+//! `automountServiceAccountToken: false` gets no credentials, unless the container mounts a volume at the
+//! token's directory itself (a projected token, [`has_credentials`]). Its output goes to
 //! [`log_path`]; deleting the pod kills it.
 
 use std::os::unix::process::ExitStatusExt;
@@ -231,22 +232,46 @@ async fn start(
     kubeconfig: &Path,
     pods: &mut watch::Receiver<Pod>,
 ) -> Option<Result<Process, i32>> {
+    let container = pod.spec.as_ref()?.containers.first()?;
+    let log = log_path(
+        &ctx.options.log_dir,
+        &pod.namespace().unwrap_or_default(),
+        &pod.name_any(),
+    );
+    start_container(ctx, pod, container, kubeconfig, pods, &log, &|s| {
+        s.to_owned()
+    })
+    .await
+}
+
+/// Starts `container` of `pod` as a process of the operator binary, as [module docs](self) say, its
+/// output to `log`; `map` rewrites each argument and environment value (paths of the pod's volumes, the
+/// pod's loopback). `Some(Err(exit code))` when it cannot start, `None` when the pod was deleted while
+/// its credentials were awaited or no operator binary is known.
+pub(super) async fn start_container(
+    ctx: &Context,
+    pod: &Pod,
+    container: &Container,
+    kubeconfig: &Path,
+    pods: &mut watch::Receiver<Pod>,
+    log: &Path,
+    map: &(dyn Fn(&str) -> String + Sync),
+) -> Option<Result<Process, i32>> {
     let options = ctx.options.operator.as_ref()?;
     let (name, namespace) = (pod.name_any(), pod.namespace().unwrap_or_default());
     let spec = pod.spec.as_ref()?;
-    let container = spec.containers.first()?;
     let Some(args) = arguments(container, &options.binary) else {
         warn!(pod = %name, %namespace, "the container's command is not the operator binary");
         return Some(Err(START_ERROR));
     };
+    let args: Vec<String> = args.iter().map(|a| map(a)).collect();
     let account = spec.service_account_name.as_deref().unwrap_or("default");
-    let mounted = spec.automount_service_account_token != Some(false);
     let mut cmd = Command::new(&options.binary);
     cmd.args(&args)
         .env("HOSTNAME", &name)
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBERNETES_SERVICE_PORT");
-    if mounted {
+    if has_credentials(pod, container) {
         let token = credentials(ctx, pod, account, pods).await?;
         let user = format!("system:serviceaccount:{namespace}:{account}");
         if let Some(dir) = kubeconfig.parent() {
@@ -268,10 +293,9 @@ async fn start(
         cmd.env("KUBECONFIG", kubeconfig.with_extension("absent"));
     }
     for (key, value) in environment(pod, container) {
-        cmd.env(key, value);
+        cmd.env(key, map(&value));
     }
-    let log = log_path(&ctx.options.log_dir, &namespace, &name);
-    match Process::start(&format!("{namespace}/{name}"), cmd, &log) {
+    match Process::start(&format!("{namespace}/{name}/{}", container.name), cmd, log) {
         Ok(process) => {
             info!(pod = %name, %namespace, pid = process.pid(), "running {} {}", options.binary.display(), args.join(" "));
             Some(Ok(process))
@@ -281,6 +305,25 @@ async fn start(
             Some(Err(START_ERROR))
         }
     }
+}
+
+/// Where every Kubernetes client looks for a pod's token.
+const TOKEN_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+/// Whether `container` gets its ServiceAccount's credentials: the pod mounts the token into every
+/// container (`automountServiceAccountToken` not `false`), or the container mounts a volume at the
+/// token's directory itself (a projected token, as the proxy's configuration writer has).
+pub fn has_credentials(pod: &Pod, container: &Container) -> bool {
+    let automount = pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| s.automount_service_account_token != Some(false));
+    let mounted = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .any(|m| m.mount_path.trim_end_matches('/') == TOKEN_DIR);
+    automount || mounted
 }
 
 /// A token of the pod's ServiceAccount, retried every two seconds (as a kubelet keeps the pod in

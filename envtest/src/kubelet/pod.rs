@@ -324,7 +324,7 @@ fn running(ip: Ipv4Addr) -> Running {
 
 /// Whether nothing listens on `ip:port` now (a bind succeeds; std sets `SO_REUSEADDR`, so connections
 /// left in TIME_WAIT do not count).
-fn port_free(ip: Ipv4Addr, port: u16) -> bool {
+pub(super) fn port_free(ip: Ipv4Addr, port: u16) -> bool {
     std::net::TcpListener::bind((ip, port)).is_ok()
 }
 

@@ -1,0 +1,223 @@
+//! The memcached proxy in front of a pool (`spec.proxy`), on real servers and a real proxy: a plain
+//! pymemcache `Client` that knows only the proxy (no list, no hashing: `clients.py`'s `plain`) fills
+//! 20 000 keys and reads every one back after a scale 3 -> 5, a scale 5 -> 4 and a rollout of the pool,
+//! with no proxy pod replaced or restarted.
+//!
+//! The client connects to the Service `<name>-proxy` as an application would, except that envtest has no
+//! kube-proxy (and no endpoint controllers, see the stand-in kubelet): the Service is resolved here to
+//! its one endpoint, the ready proxy pod's IP and port (the pod the Service's selector picks).
+//!
+//! The proxy pods run for real only when `$MEMCACHED_PROXY_BINARY` names a proxy-capable memcached
+//! (1.6.23 or later, built with `--enable-proxy`); without it the scenario prints
+//! `envtest: skipped proxy: ...` and passes. After each change the scenario waits for the pool to settle
+//! (the published list of `status.servers`), for the route ConfigMap `<name>-proxy` to list it, and for
+//! the proxy to have reloaded it (its `proxy_config_reloads` counting the change and then staying still).
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use crate::instances::{apply, pods};
+use crate::real_clients::{Published, drive, published};
+use crate::{PROXY_BINARY_VAR, Scenario, proxy_memcached, wait_for};
+
+const KEYS: usize = 20_000;
+const VALUE_LEN: usize = 100;
+const PORT: u16 = 11211;
+const PROXY_PODS: &str = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=cache";
+
+fn spec(size: usize, memory: i64) -> Value {
+    json!({
+        "size": size,
+        "memcached": {"maxMemoryMB": memory},
+        "scaling": {"drainSeconds": 2},
+        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+        "proxy": {"enabled": true, "replicas": 1},
+    })
+}
+
+/// The ready proxy pod: (`ip:port` the Service `cache-proxy` leads to, uid, restart count).
+async fn proxy_pod(s: &Scenario) -> (String, String, i32) {
+    let api = pods(s);
+    wait_for("a ready proxy pod", Duration::from_secs(90), || async {
+        let listed = api
+            .list(&ListParams::default().labels(PROXY_PODS))
+            .await
+            .map_err(|e| e.to_string())?
+            .items;
+        let ready: Vec<&Pod> = listed.iter().filter(|p| is_ready(p)).collect();
+        let [pod] = ready.as_slice() else {
+            return Err(format!(
+                "{} proxy pods, {} ready",
+                listed.len(),
+                ready.len()
+            ));
+        };
+        let status = pod.status.clone().unwrap_or_default();
+        let ip = status.pod_ip.ok_or("no IP")?;
+        let restarts = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .map(|c| c.restart_count)
+            .sum();
+        Ok((
+            format!("{ip}:{PORT}"),
+            pod.uid().unwrap_or_default(),
+            restarts,
+        ))
+    })
+    .await
+}
+
+fn is_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A counter of the proxy's `stats`.
+async fn stat(address: &str, name: &str) -> Result<u64, String> {
+    let mut stream = TcpStream::connect(address)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"stats\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(stream).lines();
+    while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
+        if line == "END" {
+            break;
+        }
+        let mut words = line.split_ascii_whitespace().skip(1);
+        if words.next() == Some(name) {
+            return words.next().and_then(|v| v.parse().ok()).ok_or(line);
+        }
+    }
+    Err(format!("no {name} in stats"))
+}
+
+/// Waits until the route ConfigMap lists `list`'s servers and the proxy has loaded it: its reload count
+/// past `reloads_before` (when the route changed) and still for two seconds (a reload lands within a
+/// second of the writer's signal). Returns the reload count.
+async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, reloads_before: u64) -> u64 {
+    let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.namespace);
+    wait_for(
+        "the route ConfigMap to list the servers",
+        Duration::from_secs(30),
+        || async {
+            let map = maps.get("cache-proxy").await.map_err(|e| e.to_string())?;
+            let lua = map
+                .data
+                .unwrap_or_default()
+                .remove("proxy.lua")
+                .unwrap_or_default();
+            let hosts = lua.matches("host = ").count();
+            let all = list.servers.iter().all(|server| {
+                let (host, port) = server.rsplit_once(':').unwrap_or_default();
+                lua.contains(&format!("host = \"{host}\", port = {port}"))
+            });
+            (all && hosts == list.servers.len())
+                .then_some(())
+                .ok_or(lua)
+        },
+    )
+    .await;
+    let first = stat(proxy, "proxy_config_reloads").await.unwrap_or(0);
+    let last = Mutex::new((first, Instant::now()));
+    wait_for(
+        "the proxy to reload the route",
+        Duration::from_secs(30),
+        || async {
+            let now = stat(proxy, "proxy_config_reloads").await?;
+            let mut last = last.lock().unwrap_or_else(|e| e.into_inner());
+            if now != last.0 {
+                *last = (now, Instant::now());
+            }
+            let still = last.1.elapsed() >= Duration::from_secs(2);
+            (now > reloads_before && still)
+                .then_some(now)
+                .ok_or(format!("{now} reloads"))
+        },
+    )
+    .await
+}
+
+/// The plain client's `op` (`fill` or `count`) through the proxy: keys stored or hit.
+async fn through_proxy(op: &str, proxy: &str) -> usize {
+    let answer = drive(json!({
+        "op": op, "hashing": "plain", "servers": [proxy], "keys": KEYS, "value_len": VALUE_LEN,
+    }))
+    .await
+    .unwrap_or_else(|e| panic!("the plain client's {op} through {proxy}: {e}"));
+    answer["hits"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("{answer}")) as usize
+}
+
+#[tokio::test]
+async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollout() {
+    let name = "proxy";
+    if envtest::assets().is_none() {
+        return envtest::skip(name);
+    }
+    if proxy_memcached().is_none() {
+        let reason = format!(
+            "no proxy-capable memcached (set {PROXY_BINARY_VAR} to a memcached 1.6.23+ built with --enable-proxy)"
+        );
+        return envtest::skip_because(name, &reason);
+    }
+    let Some(s) = Scenario::start_with_memcached(name, &[]).await else {
+        return;
+    };
+    apply(&s, "cache", spec(3, 64)).await;
+    let mut list = published(&s, 3, &BTreeSet::new(), Duration::from_secs(120)).await;
+    let (proxy, uid, restarts) = proxy_pod(&s).await;
+    let mut reloads = proxy_follows(&s, &proxy, &list, 0).await;
+    let stored = through_proxy("fill", &proxy).await;
+    s.step(&format!(
+        "{stored} of {KEYS} keys stored through the proxy {proxy} over {:?}",
+        list.servers
+    ));
+    assert_eq!(stored, KEYS);
+    let steps: [(&str, usize, i64, bool); 3] = [
+        ("scale 3 -> 5", 5, 64, false),
+        ("scale 5 -> 4", 4, 64, false),
+        ("rollout (-m 64 -> 65)", 4, 65, true),
+    ];
+    for (step, size, memory, rolls) in steps {
+        apply(&s, "cache", spec(size, memory)).await;
+        let replaced = if rolls {
+            list.uids.clone()
+        } else {
+            BTreeSet::new()
+        };
+        list = published(&s, size, &replaced, Duration::from_secs(300)).await;
+        reloads = proxy_follows(&s, &proxy, &list, reloads).await;
+        let hits = through_proxy("count", &proxy).await;
+        s.step(&format!(
+            "after the {step}: {hits} of {KEYS} keys hit through the proxy ({:.2} %), servers {:?}",
+            hits as f64 * 100.0 / KEYS as f64,
+            list.servers
+        ));
+        assert_eq!(
+            hits, KEYS,
+            "every key hits through the proxy after the {step}"
+        );
+        let (now, now_uid, now_restarts) = proxy_pod(&s).await;
+        assert_eq!(
+            (now.as_str(), now_uid.as_str(), now_restarts),
+            (proxy.as_str(), uid.as_str(), restarts),
+            "the proxy pod is the same, not restarted, after the {step}"
+        );
+    }
+}

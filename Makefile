@@ -116,6 +116,15 @@ bench-handover: ## Measure the warm-handover copy: 1 GiB between two real memcac
 bench-warm: ## Measure warm handovers on a real control plane (needs KUBEBUILDER_ASSETS): keys kept by rollouts and scaling.
 	$(CARGO) run --quiet --release --package bench -- --handovers $(ARGS)
 
+# The proxy's hop (make bench-proxy; bench --proxy-hop): get latency direct to a memcached server
+# ($$MEMCACHED_BINARY, else Debian's /usr/bin/memcached) and through a proxy-capable memcached
+# ($$MEMCACHED_PROXY_BINARY, 1.6.23+ built with --enable-proxy) running the operator's arguments and route
+# configuration, for the bench's client and pymemcache; skipped with a message without the binaries.
+# ARGS="--samples 20000" or ARGS="--proxy-arg=-t --proxy-arg=2" to try a proxy setting.
+.PHONY: bench-proxy
+bench-proxy: ## Measure the proxy's hop: get latency direct and through the proxy (needs MEMCACHED_PROXY_BINARY).
+	$(CARGO) run --quiet --release --package bench -- --proxy-hop $(ARGS)
+
 .PHONY: bench-caches
 bench-caches: ## Compare the memory of the operator's packed caches with kube's reflector stores (300, 3000 instances).
 	$(CARGO) run --quiet --release --example cache_memory -- $(ARGS)

@@ -19,6 +19,9 @@
 //!
 //! `--handovers` ([`handovers`]) measures warm handovers instead: the keys a rollout or a scale keeps, on a
 //! real control plane with real memcached servers.
+//!
+//! `--proxy-hop` ([`proxy_hop`]) measures what the proxy's hop costs a client: get latency direct to a
+//! memcached server and through a proxy-capable memcached running the operator's route configuration.
 
 pub mod cache_client;
 pub mod endpoint;
@@ -27,6 +30,7 @@ pub mod kubelet;
 pub mod operand;
 pub mod process;
 pub mod progress;
+pub mod proxy_hop;
 pub mod real;
 pub mod record;
 

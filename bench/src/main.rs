@@ -115,6 +115,19 @@ struct Cli {
     /// hit afterwards, the time, the operator's requests and peak RSS.
     #[arg(long, conflicts_with_all = ["real", "plain_http", "runs", "restart_settled", "operand", "record"])]
     handovers: bool,
+    /// Instead of the convergence of --instances: what the proxy's hop costs a client. One memcached
+    /// server ($MEMCACHED_BINARY, else /usr/bin/memcached) and a proxy-capable memcached
+    /// ($MEMCACHED_PROXY_BINARY) running the operator's proxy arguments and route configuration; get
+    /// latency direct and through the proxy, for the bench's client and pymemcache.
+    #[arg(long, conflicts_with_all = ["real", "plain_http", "runs", "restart_settled", "operand", "record", "handovers"])]
+    proxy_hop: bool,
+    /// With --proxy-hop: counted gets of each path for each client.
+    #[arg(long, default_value_t = 50_000, requires = "proxy_hop")]
+    samples: usize,
+    /// With --proxy-hop: an extra argument for the proxy after the operator's, e.g. --proxy-arg=-t
+    /// --proxy-arg=1 (repeatable), to try a setting.
+    #[arg(long = "proxy-arg", allow_hyphen_values = true, requires = "proxy_hop")]
+    proxy_args: Vec<String>,
     /// With --operand: how long each phase goes on once the operator is done with it, in seconds.
     #[arg(long, default_value_t = 30, requires = "operand")]
     phase_seconds: u64,
@@ -148,6 +161,9 @@ fn print_outcome(outcome: Result<impl std::fmt::Display, String>) -> ExitCode {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.proxy_hop {
+        return proxy_hop(&cli);
+    }
     // Before a release build of minutes: without the binaries, --real cannot run at all.
     if (cli.real || cli.operand || cli.handovers)
         && let Err(error) = bench::real::assets()
@@ -295,6 +311,19 @@ fn main() -> ExitCode {
         println!("{}", ranges(&reports));
     }
     ExitCode::SUCCESS
+}
+
+/// `--proxy-hop`: skipped (success, with the reason) when a binary is missing.
+fn proxy_hop(cli: &Cli) -> ExitCode {
+    if let Err(why) = bench::proxy_hop::binaries() {
+        eprintln!("skipped: {why}");
+        return ExitCode::SUCCESS;
+    }
+    let options = bench::proxy_hop::HopOptions {
+        samples: cli.samples.max(1),
+        proxy_args: cli.proxy_args.clone(),
+    };
+    print_outcome(bench::proxy_hop::run(&options))
 }
 
 /// A headline figure: its name, how to read it from a report (if that run has it), its unit.

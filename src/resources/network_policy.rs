@@ -1,4 +1,9 @@
-//! The NetworkPolicy that admits only the listed clients to an instance's pods.
+//! The NetworkPolicies that admit only the listed clients to an instance's pods: `<name>` for its
+//! servers and, with the proxy on (`spec.proxy`), `<name>-proxy` for the proxy's pods.
+//!
+//! With the proxy on, the listed clients are admitted to the proxy's pods only, and the servers admit on
+//! the memcached port the proxy's pods (and the operator's, as below) instead of the listed clients:
+//! clients that skip the proxy are cut off, which is the point of putting the proxy in front.
 //!
 //! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
 //! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
@@ -18,22 +23,28 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::deployment::METRICS_PORT;
-use super::{Instance, InvalidSpec, labels, spare};
-use crate::api::{AllowedClient, MemcachedSpec};
+use super::{Instance, InvalidSpec, labels, proxy, spare};
+use crate::api::{AllowedClient, MemcachedSpec, NetworkPolicyConfig};
 
 /// The policy for `instance`, or `None` when none is wanted.
 ///
 /// Rule 1 admits the memcached port (`containerPort`: a policy matches the pod's port, not the Service's)
-/// from `allowedClients`, or from every pod of the instance's namespace when the list is empty, and from
+/// from `allowedClients`, or from every pod of the instance's namespace when the list is empty (with the
+/// proxy on: from the instance's proxy pods instead, see [`proxy_network_policy`]), and from
 /// the operator's pods when it connects to the servers (see [`operator_connects`]). Rule 2,
 /// with the exporter on, admits the metrics port from the monitoring namespaces, or from the instance's
 /// namespace when none are selected.
 pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     let config = instance.spec.network_policy()?;
-    let mut clients = if config.allowed_clients.is_empty() {
-        vec![same_namespace()]
-    } else {
-        config.allowed_clients.iter().map(peer).collect()
+    let mut clients = match instance.spec.proxy() {
+        Some(_) => vec![NetworkPolicyPeer {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(labels::proxy_selector_labels(instance.name)),
+                ..LabelSelector::default()
+            }),
+            ..NetworkPolicyPeer::default()
+        }],
+        None => allowed_clients(config),
     };
     if let Some(operator) = instance
         .operator_pods
@@ -66,6 +77,39 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
             egress: None,
         }),
     })
+}
+
+/// The policy `<name>-proxy` for the proxy's pods, with both the policy and the proxy on: the memcached
+/// port from `allowedClients` (from every pod of the namespace when the list is empty), as the servers'
+/// policy admits them without the proxy. Nothing else reaches the proxy over the network: its
+/// configuration writer reads its stats over the pod's loopback, and kubelet probes come from the node.
+pub fn proxy_network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
+    let config = instance.spec.network_policy()?;
+    instance.spec.proxy()?;
+    Some(NetworkPolicy {
+        metadata: proxy::meta(instance),
+        spec: Some(NetworkPolicySpec {
+            pod_selector: Some(LabelSelector {
+                match_labels: Some(labels::proxy_selector_labels(instance.name)),
+                ..LabelSelector::default()
+            }),
+            policy_types: Some(vec!["Ingress".to_owned()]),
+            ingress: Some(vec![rule(
+                instance.spec.container_port,
+                allowed_clients(config),
+            )]),
+            egress: None,
+        }),
+    })
+}
+
+/// The listed clients as peers, or every pod of the namespace when none is listed.
+fn allowed_clients(config: &NetworkPolicyConfig) -> Vec<NetworkPolicyPeer> {
+    if config.allowed_clients.is_empty() {
+        vec![same_namespace()]
+    } else {
+        config.allowed_clients.iter().map(peer).collect()
+    }
 }
 
 /// Whether the operator connects to the instance's servers: it reads their stats (`--stats-interval` not
@@ -389,6 +433,101 @@ mod tests {
         };
         let policy = build(spec(config, false)).unwrap();
         assert_eq!(policy["spec"]["ingress"].as_array().unwrap().len(), 1);
+    }
+
+    /// `spec(config, exporter)` with the proxy on.
+    fn with_proxy(config: NetworkPolicyConfig, exporter: bool) -> MemcachedSpec {
+        MemcachedSpec {
+            proxy: Some(Box::new(crate::api::Proxy {
+                enabled: true,
+                ..crate::api::Proxy::default()
+            })),
+            ..spec(config, exporter)
+        }
+    }
+
+    fn build_proxy(spec: MemcachedSpec) -> Option<serde_json::Value> {
+        let mc = memcached("cache", spec);
+        let defaults = Defaults::default();
+        let policy = proxy_network_policy(&Instance::new(&mc, &defaults).unwrap())?;
+        Some(serde_json::to_value(policy).unwrap())
+    }
+
+    fn web_clients() -> NetworkPolicyConfig {
+        NetworkPolicyConfig {
+            allowed_clients: vec![AllowedClient {
+                pod_selector: Some(selector("app", "web")),
+                ..AllowedClient::default()
+            }],
+            ..enabled()
+        }
+    }
+
+    fn proxy_peer() -> serde_json::Value {
+        json!({"podSelector": {"matchLabels": {
+            "app.kubernetes.io/instance": "cache",
+            "app.kubernetes.io/name": "memcached-proxy"}}})
+    }
+
+    #[test]
+    fn with_the_proxy_the_listed_clients_reach_the_proxy_pods_only() {
+        let policy = build_proxy(with_proxy(web_clients(), true)).unwrap();
+        assert_eq!(policy["metadata"]["name"], "cache-proxy");
+        assert_eq!(
+            policy["spec"],
+            json!({
+                "podSelector": {"matchLabels": {
+                    "app.kubernetes.io/instance": "cache",
+                    "app.kubernetes.io/name": "memcached-proxy"}},
+                "policyTypes": ["Ingress"],
+                "ingress": [{
+                    "from": [{"podSelector": {"matchLabels": {"app": "web"}}}],
+                    "ports": [{"port": 11311, "protocol": "TCP"}]
+                }]
+            })
+        );
+        let namespace = build_proxy(with_proxy(enabled(), false)).unwrap();
+        assert_eq!(
+            namespace["spec"]["ingress"][0]["from"],
+            json!([{"podSelector": {}}]),
+            "no list: the namespace, as for the servers without the proxy"
+        );
+    }
+
+    #[test]
+    fn with_the_proxy_the_servers_admit_the_proxy_the_operator_and_the_scrapers() {
+        assert_eq!(
+            memcached_peers(with_proxy(web_clients(), true), true),
+            json!([proxy_peer(), operator_peer()]),
+            "the proxy's pods instead of the listed clients; the operator for stats and copies"
+        );
+        let mut without_handover = with_proxy(web_clients(), false);
+        without_handover.handover = Some(crate::api::WarmHandover {
+            enabled: Some(false),
+            ..Default::default()
+        });
+        assert_eq!(
+            memcached_peers(without_handover, false),
+            json!([proxy_peer()])
+        );
+        let policy = build(with_proxy(web_clients(), true)).unwrap();
+        assert_eq!(policy["metadata"]["name"], "cache");
+        assert_eq!(
+            policy["spec"]["ingress"][1],
+            json!({"from": [{"podSelector": {}}], "ports": [{"port": 9150, "protocol": "TCP"}]}),
+            "the exporter's port as without the proxy"
+        );
+    }
+
+    #[test]
+    fn no_proxy_policy_unless_both_are_on() {
+        assert!(
+            build_proxy(spec(web_clients(), false)).is_none(),
+            "no proxy"
+        );
+        let mut off = with_proxy(web_clients(), false);
+        off.security = None;
+        assert!(build_proxy(off).is_none(), "no policy");
     }
 
     #[test]

@@ -194,18 +194,24 @@ fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
     }
 }
 
-/// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`.
+/// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`, in [`CONFIG_DIR`].
 pub fn proxy_args(port: i32) -> Vec<String> {
+    proxy_args_in(port, CONFIG_DIR)
+}
+
+/// The proxy's arguments with the configuration and the pid file in `dir` (the pod's is [`CONFIG_DIR`];
+/// the bench of the hop runs the same arguments in a directory of its own).
+pub fn proxy_args_in(port: i32, dir: &str) -> Vec<String> {
     vec![
         "-p".to_owned(),
         port.to_string(),
         "-o".to_owned(),
         format!(
-            "proxy_config=routelib,proxy_arg={CONFIG_DIR}/{}",
+            "proxy_config=routelib,proxy_arg={dir}/{}",
             routes::CONFIG_KEY
         ),
         "-P".to_owned(),
-        format!("{CONFIG_DIR}/{PID_FILE}"),
+        format!("{dir}/{PID_FILE}"),
     ]
 }
 

@@ -200,8 +200,12 @@ child_kinds! {
             (instance.name.to_owned(), pdb::pdb(instance)),
             (proxy_name(instance.name), proxy::pdb(instance)),
         ];
+    /// The servers' NetworkPolicy, and the proxies' (`<name>-proxy`).
     network_policies: NetworkPolicy, optional: true, deletes: true, role: Role::Built,
-        built: |instance| named(instance, network_policy::network_policy(instance));
+        built: |instance| vec![
+            (instance.name.to_owned(), network_policy::network_policy(instance)),
+            (proxy_name(instance.name), network_policy::proxy_network_policy(instance)),
+        ];
     autoscalers: HorizontalPodAutoscaler, optional: true, deletes: true, role: Role::Built,
         built: |instance| named(instance, autoscaler::autoscaler(instance));
     /// The proxy's configuration writer: its ServiceAccount, its Role (read its one ConfigMap) and their

@@ -482,6 +482,18 @@ mod tests {
             ("ns".into(), "read".into()),
             [("read-a".to_owned(), Some(Stats::default()))].into(),
         );
+        let proxy = crate::telemetry::proxy::ProxySample {
+            counters: crate::telemetry::proxy::ProxyCounters::default(),
+            backends: vec![crate::telemetry::proxy::Backend {
+                slot: 0,
+                address: "10.0.0.1:11211".to_owned(),
+                down: false,
+            }],
+        };
+        metrics.operand().set_proxies(
+            ("ns".into(), "read".into()),
+            [("read-proxy-a".to_owned(), Some(proxy))].into(),
+        );
 
         let text = metrics.encode();
         assert_eq!(text.matches("# EOF").count(), 1, "{text}");

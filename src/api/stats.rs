@@ -53,4 +53,41 @@ pub struct CacheStats {
     /// read.
     #[schemars(range(min = 0))]
     pub servers_ready: i32,
+
+    /// What the proxy pods say of themselves (`spec.proxy`); absent when the proxy is off or none of its
+    /// pods is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyStats>,
+}
+
+/// A summary of the proxy pods' own `stats` and `stats proxybe`, from the latest collection. memcached's
+/// proxy reports no latency, so there is none here.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStats {
+    /// Requests the proxy pods received since each started (`proxy_conn_requests`), summed over the pods
+    /// read. Absent when none could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub requests: Option<i64>,
+
+    /// Errors that reset a connection from a proxy pod to a server (`proxy_backend_failed`: a timeout, a
+    /// refused or broken connection) since each started, summed over the pods read. Absent when none
+    /// could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0))]
+    pub backend_errors: Option<i64>,
+
+    /// The slots of the published list whose server some proxy pod read marks down now (it answers
+    /// their keys `SERVER_ERROR backend failure` until the server answers again), in slot order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backends_down: Vec<i32>,
+
+    /// Proxy pods whose stats were read in the latest collection.
+    #[schemars(range(min = 0))]
+    pub proxies_read: i32,
+
+    /// Ready, non-terminating proxy pods with an address in the latest collection.
+    #[schemars(range(min = 0))]
+    pub proxies_ready: i32,
 }

@@ -1,4 +1,5 @@
-//! The pods of each instance, by name: an index beside the pod cache, fed by the same watch.
+//! The pods of each instance (its servers, and its proxy's pods apart), by name: an index beside the pod
+//! cache, fed by the same watch.
 //!
 //! The reconciler and the stats collector each need one instance's pods. Filtering the whole pod cache
 //! for them costs a pass over every pod in scope, once per reconcile and once per instance per
@@ -25,13 +26,20 @@ type Cached = Compact<Pod>;
 
 /// (namespace, instance name).
 type Instance = (String, String);
+
+/// Which pods of an instance: its servers, or its proxy's pods (`spec.proxy`).
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Tier {
+    Servers,
+    Proxy,
+}
 /// (namespace, pod name).
 type PodKey = (String, String);
 
 #[derive(Default)]
 struct Index {
-    by_instance: HashMap<Instance, BTreeSet<String>>,
-    instance_of: HashMap<PodKey, Instance>,
+    by_instance: HashMap<(Tier, Instance), BTreeSet<String>>,
+    instance_of: HashMap<PodKey, (Tier, Instance)>,
 }
 
 impl Index {
@@ -95,10 +103,19 @@ impl PodIndex {
     /// The cached pods of instance `name` in `namespace`, in name order (one that cannot be decoded, which
     /// only text that is not a pod could cause, is left out).
     pub fn pods(&self, store: &Cache<Pod>, namespace: &str, name: &str) -> Vec<Arc<Pod>> {
+        self.tier(Tier::Servers, store, namespace, name)
+    }
+
+    /// The cached pods of the proxy (`spec.proxy`) of instance `name` in `namespace`, in name order.
+    pub fn proxy_pods(&self, store: &Cache<Pod>, namespace: &str, name: &str) -> Vec<Arc<Pod>> {
+        self.tier(Tier::Proxy, store, namespace, name)
+    }
+
+    fn tier(&self, tier: Tier, store: &Cache<Pod>, namespace: &str, name: &str) -> Vec<Arc<Pod>> {
         let index = self.index.read().unwrap_or_else(|e| e.into_inner());
         let Some(names) = index
             .by_instance
-            .get(&(namespace.to_owned(), name.to_owned()))
+            .get(&(tier, (namespace.to_owned(), name.to_owned())))
         else {
             return Vec::new();
         };
@@ -117,13 +134,16 @@ fn pod_key(pod: &Cached) -> Option<PodKey> {
     Some((pod.namespace()?, pod.meta().name.clone()?))
 }
 
-/// The instance a pod belongs to: a memcached pod labelled with its instance.
-fn instance_of(pod: &Cached) -> Option<Instance> {
+/// The instance a pod belongs to, and as what: a memcached server or proxy pod labelled with its instance.
+fn instance_of(pod: &Cached) -> Option<(Tier, Instance)> {
     let labels = pod.labels();
-    if labels.get(labels::NAME_KEY).map(String::as_str) != Some(labels::APP_NAME) {
-        return None;
-    }
-    Some((pod.namespace()?, labels.get(labels::INSTANCE_KEY)?.clone()))
+    let tier = match labels.get(labels::NAME_KEY).map(String::as_str) {
+        Some(labels::APP_NAME) => Tier::Servers,
+        Some(labels::PROXY_APP_NAME) => Tier::Proxy,
+        _ => return None,
+    };
+    let instance = (pod.namespace()?, labels.get(labels::INSTANCE_KEY)?.clone());
+    Some((tier, instance))
 }
 
 /// The check a connection makes before it sends credentials in the clear (see
@@ -219,11 +239,23 @@ mod tests {
             Apply(pod("a-1", "a", "memcached")),
             Apply(pod("b-1", "b", "memcached")),
             Apply(pod("x", "a", "redis")),
+            Apply(pod("a-proxy-1", "a", "memcached-proxy")),
             Delete(pod("a-2", "a", "memcached")),
         ]);
-        assert_eq!(names(&index, &store, "a"), ["a-1"]);
+        assert_eq!(
+            names(&index, &store, "a"),
+            ["a-1"],
+            "a proxy pod is no server"
+        );
         assert_eq!(names(&index, &store, "b"), ["b-1"]);
         assert!(names(&index, &store, "c").is_empty());
+        let proxies: Vec<String> = index
+            .proxy_pods(&store, "ns", "a")
+            .iter()
+            .map(|p| p.name_any())
+            .collect();
+        assert_eq!(proxies, ["a-proxy-1"]);
+        assert!(index.proxy_pods(&store, "ns", "b").is_empty());
     }
 
     #[test]

@@ -21,12 +21,22 @@ pub use crate::connection::{
     LinkError, ServerNames, Target, TlsClient, TlsError, TlsMaterial, matching_pair,
 };
 
+use super::proxy::{self, ProxyCounters};
 use super::stats::{self, MAX_REPLY_BYTES, ParseError, Stats};
 
 /// What one read gave: the stats and, over TLS, what the server presented.
 #[derive(Clone, Debug)]
 pub struct Reading {
     pub stats: Stats,
+    pub certificate: Option<Presented>,
+}
+
+/// What one read of a proxy pod gave: its counters, the backends it marks down (by label, how many of
+/// its worker threads do), and over TLS what it presented.
+#[derive(Clone, Debug)]
+pub struct ProxyReading {
+    pub counters: ProxyCounters,
+    pub down: std::collections::BTreeMap<String, u64>,
     pub certificate: Option<Presented>,
 }
 
@@ -98,6 +108,31 @@ pub async fn read_stats(target: &Target, timeout: Duration) -> Result<Stats, Rea
     read(target, timeout).await.map(|reading| reading.stats)
 }
 
+/// [`read`] of a proxy pod: the same connection and bounds, then `stats` and `stats proxybe`
+/// ([`super::proxy`]). No `refresh_certs`: a proxy's certificate is not the servers'.
+pub async fn read_proxy(target: &Target, timeout: Duration) -> Result<ProxyReading, ReadError> {
+    tokio::time::timeout(timeout, proxy_exchange(target))
+        .await
+        .unwrap_or(Err(ReadError::Timeout(timeout)))
+}
+
+async fn proxy_exchange(target: &Target) -> Result<ProxyReading, ReadError> {
+    let connection::Connection {
+        mut stream,
+        presented,
+    } = connection::open(target).await?;
+    let counters = proxy::parse_counters(&read_reply(&mut stream, b"stats\r\n").await?)?;
+    let down = proxy::parse_down(&read_reply(&mut stream, b"stats proxybe\r\n").await?)?;
+    Ok(ProxyReading {
+        counters,
+        down,
+        certificate: presented.map(|digest| Presented {
+            digest,
+            refresh: None,
+        }),
+    })
+}
+
 async fn exchange(target: &Target) -> Result<Reading, ReadError> {
     let connection::Connection {
         mut stream,
@@ -112,7 +147,7 @@ async fn exchange(target: &Target) -> Result<Reading, ReadError> {
     } else {
         None
     };
-    let stats = read_reply(&mut stream).await?;
+    let stats = stats::parse(&read_reply(&mut stream, b"stats\r\n").await?)?;
     Ok(Reading {
         stats,
         certificate: presented.map(|digest| Presented {
@@ -122,12 +157,12 @@ async fn exchange(target: &Target) -> Result<Reading, ReadError> {
     })
 }
 
-/// Sends `stats` and reads its reply.
-async fn read_reply<S>(stream: &mut BufReader<S>) -> Result<Stats, ReadError>
+/// Sends `command` (a `stats` command) and reads its whole reply, bounded by [`MAX_REPLY_BYTES`].
+async fn read_reply<S>(stream: &mut BufReader<S>, command: &[u8]) -> Result<Vec<u8>, ReadError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
-    connection::send(stream, b"stats\r\n").await?;
+    connection::send(stream, command).await?;
     let mut reply = Vec::with_capacity(4096);
     loop {
         let start = reply.len();
@@ -151,7 +186,7 @@ where
         // something that is not memcached): the parser then says what was wrong, without waiting for more.
         let line = reply.get(start..).unwrap_or_default();
         if stats::ends_reply(line) || !line.starts_with(b"STAT ") {
-            return Ok(stats::parse(&reply)?);
+            return Ok(reply);
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The stats collector: every `--stats-interval`, the `stats` of every ready server of every instance,
-//! into the operand metrics, `status.stats` and eviction events.
+//! into the operand metrics, `status.stats` and eviction events; and, when the proxy is on, its pods'
+//! `stats` and `stats proxybe` into the proxy's metrics and `status.stats.proxy` ([`proxies`]).
 //!
 //! It runs as its own task in the leading replica (it is started by the controller, which only the
 //! leader runs) and shares nothing with the reconciler but the caches it reads: a slow or dead server
@@ -24,6 +25,10 @@
 //! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials) is
 //! logged once when that starts and once when it ends, never per collection.
 
+mod proxies;
+
+use proxies::ProxyReads;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
 use std::net::{IpAddr, SocketAddr};
@@ -42,14 +47,15 @@ use tokio::task::JoinSet;
 use tracing::{debug, info, warn};
 
 use super::client::{
-    CertificateDigest, ExpectedCertificate, Presented, ReadError, Reading, RefreshAnswer,
-    ServerNames, Target,
+    CertificateDigest, ExpectedCertificate, Presented, ProxyReading, ReadError, Reading,
+    RefreshAnswer, ServerNames, Target,
 };
 use super::episodes::{self, Counter, Episode};
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
+use super::proxy::ProxySample;
 use super::reload::{self, Observed, Outcome, Reload};
 use super::stats::Stats;
-use super::summary::{should_write, summarize};
+use super::summary::{should_write, summarize, summarize_proxy};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::servers;
 use crate::store::pod_index::still_at;
@@ -93,6 +99,13 @@ pub trait Reader: Send + Sync + 'static {
         target: Target,
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Reading, ReadError>>;
+
+    /// Reads one proxy pod.
+    fn read_proxy(
+        &self,
+        target: Target,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<ProxyReading, ReadError>>;
 }
 
 /// Reads over the network with [`super::client::read`].
@@ -105,6 +118,14 @@ impl Reader for Network {
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Reading, ReadError>> {
         Box::pin(async move { super::client::read(&target, timeout).await })
+    }
+
+    fn read_proxy(
+        &self,
+        target: Target,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<ProxyReading, ReadError>> {
+        Box::pin(async move { super::client::read_proxy(&target, timeout).await })
     }
 }
 
@@ -261,7 +282,8 @@ impl Collector {
                 state.reload = Reload::default();
             }
         }
-        let reads = self.read_instance(&key, &mc, &servers).await;
+        let proxies = self.proxies(&key, &mc);
+        let (reads, proxy_reads) = self.read_instance(&key, &mc, &servers, &proxies).await;
         for shown in reads.presented.values() {
             match &shown.refresh {
                 Some(RefreshAnswer::Reloaded) => self.metrics.count_refresh("ok"),
@@ -272,7 +294,11 @@ impl Collector {
         self.metrics
             .set_instance(key.clone(), reads.samples.clone());
         let read: Vec<Stats> = reads.samples.values().flatten().cloned().collect();
-        let summary = summarize(servers.len(), &read);
+        let proxy_samples = proxy_reads.samples(&mc);
+        let proxy_read: Vec<ProxySample> = proxy_samples.values().flatten().cloned().collect();
+        self.metrics.set_proxies(key.clone(), proxy_samples);
+        let proxy = summarize_proxy(proxies.len(), &proxy_read);
+        let summary = summarize(servers.len(), &read, proxy);
         let now = Instant::now();
         let next = self.step_state(&key, &mc, &servers, reads, summary.as_ref(), now);
         if next.write
@@ -293,20 +319,22 @@ impl Collector {
         }
     }
 
-    /// Reads every server of the instance with the transport its Secrets give (none to read: nothing;
-    /// Secrets that cannot be used: every server unreadable, and why).
+    /// Reads every server and proxy pod of the instance with the transport its Secrets give (none to
+    /// read: nothing; Secrets that cannot be used: every pod unreadable, and why).
     async fn read_instance(
         &self,
         key: &InstanceKey,
         mc: &Memcached,
         servers: &[(String, SocketAddr)],
-    ) -> Reads {
-        if servers.is_empty() {
-            return Reads {
+        proxies: &[(String, SocketAddr)],
+    ) -> (Reads, ProxyReads) {
+        if servers.is_empty() && proxies.is_empty() {
+            let reads = Reads {
                 samples: PodSamples::new(),
                 presented: BTreeMap::new(),
                 problem: None,
             };
+            return (reads, ProxyReads::default());
         }
         // Told the TLS Secret's certificate and CA, gives the previous CA to trust during a rotation.
         let previous = |certificate: Result<CertificateDigest, String>, ca: Option<&[u8]>| {
@@ -320,17 +348,26 @@ impl Collector {
                 if transport.presents_server_certificate {
                     self.note_shared_identity(key);
                 }
-                self.read_all(key, servers, &transport).await
+                let (mut reads, mut proxy) = tokio::join!(
+                    self.read_all(key, servers, &transport),
+                    self.read_proxies(key, proxies, &transport)
+                );
+                reads.problem = match (reads.problem, proxy.problem.take()) {
+                    (Some(servers), Some(proxies)) => Some(format!("{servers}; {proxies}")),
+                    (servers, proxies) => servers.or(proxies),
+                };
+                (reads, proxy)
             }
             Err(reason) => {
-                for _ in servers {
+                for _ in servers.iter().chain(proxies) {
                     self.metrics.count_read("unreadable");
                 }
-                Reads {
+                let reads = Reads {
                     samples: servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
                     presented: BTreeMap::new(),
                     problem: Some(reason),
-                }
+                };
+                (reads, ProxyReads::unreadable(proxies))
             }
         }
     }

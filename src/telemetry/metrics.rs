@@ -22,6 +22,7 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 
+use super::proxy::ProxySample;
 use super::stats::Stats;
 
 /// (namespace, instance name).
@@ -29,6 +30,9 @@ pub type InstanceKey = (String, String);
 
 /// What one pod gave in the latest collection: its stats, or `None` when it could not be read.
 pub type PodSamples = BTreeMap<String, Option<Stats>>;
+
+/// What one proxy pod gave in the latest collection, or `None` when it could not be read.
+pub type ProxySamples = BTreeMap<String, Option<ProxySample>>;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReadLabels {
@@ -47,6 +51,8 @@ pub struct RefreshLabels {
 #[derive(Debug, Default)]
 pub struct OperandMetrics {
     samples: Mutex<BTreeMap<InstanceKey, PodSamples>>,
+    /// The proxy pods' samples, by instance (only those with the proxy on).
+    proxies: Mutex<BTreeMap<InstanceKey, ProxySamples>>,
     reads: Family<ReadLabels, Counter>,
     refreshes: Family<RefreshLabels, Counter>,
     reloads: Counter,
@@ -97,10 +103,24 @@ impl OperandMetrics {
         }
     }
 
-    /// Removes the samples of every instance for which `keep` says no.
+    /// Replaces the proxy samples of one instance: proxy pods not in `pods` lose their series. An empty
+    /// `pods` (the proxy off, or none of its pods ready) removes the instance's proxy series.
+    pub fn set_proxies(&self, key: InstanceKey, pods: ProxySamples) {
+        let mut proxies = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+        if pods.is_empty() {
+            proxies.remove(&key);
+        } else {
+            proxies.insert(key, pods);
+        }
+    }
+
+    /// Removes the samples (servers' and proxies') of every instance for which `keep` says no.
     pub fn retain_instances(&self, keep: impl Fn(&InstanceKey) -> bool) {
         let mut samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
         samples.retain(|key, _| keep(key));
+        drop(samples);
+        let mut proxies = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+        proxies.retain(|key, _| keep(key));
     }
 
     /// Removes everything (collection stopped: the values would only grow stale).
@@ -109,20 +129,20 @@ impl OperandMetrics {
     }
 }
 
-/// One counter or gauge read from [`Stats`].
-struct Series {
+/// One counter or gauge read from a pod's sample: a server's [`Stats`] or a proxy's [`ProxySample`].
+struct Series<T> {
     /// The exporter's name (without `_total`, which the encoder adds to counters).
     name: &'static str,
     help: &'static str,
     counter: bool,
     /// Extra labels beyond namespace, memcached and pod.
     labels: &'static [(&'static str, &'static str)],
-    value: fn(&Stats) -> u64,
+    value: fn(&T) -> u64,
 }
 
 /// Every series but `memcached_up`, in exposition order. `memcached_commands_total` has one family with
 /// a series per (command, status), as the exporter's, of which memcached's `stats` gives these two.
-const SERIES: &[Series] = &[
+const SERIES: &[Series<Stats>] = &[
     Series {
         name: "memcached_uptime_seconds",
         help: "Seconds since the server started",
@@ -202,17 +222,77 @@ const SERIES: &[Series] = &[
     },
 ];
 
+/// The proxy pods' series but `memcached_proxy_up` and `memcached_proxy_backend_down`, in exposition
+/// order: memcached's own proxy counters (see [`super::proxy`]), since the proxy pod started.
+const PROXY_SERIES: &[Series<ProxySample>] = &[
+    Series {
+        name: "memcached_proxy_requests",
+        help: "Requests the proxy received, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.requests,
+    },
+    Series {
+        name: "memcached_proxy_request_errors",
+        help: "Requests the proxy could not parse, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.request_errors,
+    },
+    Series {
+        name: "memcached_proxy_backend_failures",
+        help: "Errors that reset a connection from the proxy to a server (timeout, refused, broken), since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.backend_failures,
+    },
+    Series {
+        name: "memcached_proxy_backends_marked_down",
+        help: "Times the proxy marked a server down after repeated failures, since it started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.backends_marked_bad,
+    },
+    Series {
+        name: "memcached_proxy_config_reloads",
+        help: "Route configuration loads, the one at start included, since the proxy started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.config_reloads,
+    },
+    Series {
+        name: "memcached_proxy_config_reload_failures",
+        help: "Route configuration reloads that failed (the previous configuration kept serving), since the proxy started",
+        counter: true,
+        labels: &[],
+        value: |s| s.counters.config_reload_failures,
+    },
+];
+
+/// The per-backend gauge of a proxy pod.
+const BACKEND_DOWN: &str = "memcached_proxy_backend_down";
+
 /// The name of every operand sample the operator can expose, as a query names it (`_total` on counters):
 /// `memcached_up` and the names of [`SERIES`], so dashboards and alerts can be checked against what this
 /// module encodes. `crate::metrics` ties the complete list to an actual encoding.
 pub fn series_names() -> Vec<String> {
-    let mut names = vec!["memcached_up".to_owned()];
-    for series in SERIES {
-        let name = if series.counter {
-            format!("{}_total", series.name)
+    let mut names = vec![
+        "memcached_up".to_owned(),
+        "memcached_proxy_up".to_owned(),
+        BACKEND_DOWN.to_owned(),
+    ];
+    let counted = |name: &str, counter: bool| {
+        if counter {
+            format!("{name}_total")
         } else {
-            series.name.to_owned()
-        };
+            name.to_owned()
+        }
+    };
+    let all = SERIES
+        .iter()
+        .map(|s| counted(s.name, s.counter))
+        .chain(PROXY_SERIES.iter().map(|s| counted(s.name, s.counter)));
+    for name in all {
         if !names.contains(&name) {
             names.push(name);
         }
@@ -234,58 +314,111 @@ fn labels<'a>(
     labels
 }
 
-impl Collector for OperandMetrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
-        if samples.is_empty() {
-            return Ok(());
-        }
-        {
-            let mut family = encoder.encode_descriptor(
-                "memcached_up",
-                "1 when the operator read the server's stats in the latest collection, else 0",
-                None,
-                MetricType::Gauge,
-            )?;
-            for (key, pods) in samples.iter() {
-                for (pod, stats) in pods {
-                    let labels = labels(key, pod, &[]);
-                    ConstGauge::new(i64::from(stats.is_some()))
-                        .encode(family.encode_family(&labels)?)?;
-                }
-            }
-        }
-        // Series sharing a name (the command counters) share one descriptor.
-        let mut index = 0;
-        while index < SERIES.len() {
-            let first = &SERIES[index];
-            let group = SERIES[index..]
-                .iter()
-                .take_while(|s| s.name == first.name)
-                .count();
-            let metric_type = if first.counter {
-                MetricType::Counter
-            } else {
-                MetricType::Gauge
-            };
-            let mut family =
-                encoder.encode_descriptor(first.name, first.help, None, metric_type)?;
-            for series in &SERIES[index..index + group] {
-                for (key, pods) in samples.iter() {
-                    for (pod, stats) in pods {
-                        let Some(stats) = stats else { continue };
-                        let labels = labels(key, pod, series.labels);
-                        let value = (series.value)(stats);
-                        let metric = family.encode_family(&labels)?;
-                        if series.counter {
-                            ConstCounter::new(value).encode(metric)?;
-                        } else {
-                            ConstGauge::new(value).encode(metric)?;
-                        }
+/// Encodes `series` (grouped by name: series sharing one share its descriptor) for every read sample.
+fn encode_series<T>(
+    encoder: &mut DescriptorEncoder,
+    series: &[Series<T>],
+    samples: &BTreeMap<InstanceKey, BTreeMap<String, Option<T>>>,
+) -> Result<(), std::fmt::Error> {
+    let mut index = 0;
+    while index < series.len() {
+        let first = &series[index];
+        let group = series[index..]
+            .iter()
+            .take_while(|s| s.name == first.name)
+            .count();
+        let metric_type = if first.counter {
+            MetricType::Counter
+        } else {
+            MetricType::Gauge
+        };
+        let mut family = encoder.encode_descriptor(first.name, first.help, None, metric_type)?;
+        for one in &series[index..index + group] {
+            for (key, pods) in samples {
+                for (pod, sample) in pods {
+                    let Some(sample) = sample else { continue };
+                    let labels = labels(key, pod, one.labels);
+                    let value = (one.value)(sample);
+                    let metric = family.encode_family(&labels)?;
+                    if one.counter {
+                        ConstCounter::new(value).encode(metric)?;
+                    } else {
+                        ConstGauge::new(value).encode(metric)?;
                     }
                 }
             }
-            index += group;
+        }
+        index += group;
+    }
+    Ok(())
+}
+
+/// Encodes the `up` gauge `name`: 1 for each pod read, 0 for each that was not.
+fn encode_up<T>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &BTreeMap<InstanceKey, BTreeMap<String, Option<T>>>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    for (key, pods) in samples {
+        for (pod, sample) in pods {
+            let labels = labels(key, pod, &[]);
+            ConstGauge::new(i64::from(sample.is_some())).encode(family.encode_family(&labels)?)?;
+        }
+    }
+    Ok(())
+}
+
+/// Encodes [`BACKEND_DOWN`]: per proxy pod read, one series per published backend (`slot`, `backend`).
+fn encode_backends(
+    encoder: &mut DescriptorEncoder,
+    proxies: &BTreeMap<InstanceKey, ProxySamples>,
+) -> Result<(), std::fmt::Error> {
+    let mut family = encoder.encode_descriptor(
+        BACKEND_DOWN,
+        "1 when the proxy pod marks the server of the slot down (it fails its keys until the server answers again), else 0",
+        None,
+        MetricType::Gauge,
+    )?;
+    for (key, pods) in proxies {
+        for (pod, sample) in pods {
+            let Some(sample) = sample else { continue };
+            for backend in &sample.backends {
+                let slot = backend.slot.to_string();
+                let mut labels = labels(key, pod, &[]);
+                labels.push(("slot", &slot));
+                labels.push(("backend", &backend.address));
+                ConstGauge::new(i64::from(backend.down)).encode(family.encode_family(&labels)?)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Collector for OperandMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
+        if !samples.is_empty() {
+            encode_up(
+                &mut encoder,
+                "memcached_up",
+                "1 when the operator read the server's stats in the latest collection, else 0",
+                &samples,
+            )?;
+            encode_series(&mut encoder, SERIES, &samples)?;
+        }
+        drop(samples);
+        let proxies = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+        if !proxies.is_empty() {
+            encode_up(
+                &mut encoder,
+                "memcached_proxy_up",
+                "1 when the operator read the proxy pod's stats in the latest collection, else 0",
+                &proxies,
+            )?;
+            encode_series(&mut encoder, PROXY_SERIES, &proxies)?;
+            encode_backends(&mut encoder, &proxies)?;
         }
         Ok(())
     }
@@ -379,6 +512,72 @@ mod tests {
         );
         assert!(text.contains("pod=\"cache-b\"} 0"), "{text}");
         metrics.set_instance(key("ns", "cache"), PodSamples::new());
+        assert_eq!(encode(&metrics), "# EOF\n");
+    }
+
+    #[test]
+    fn encodes_the_proxy_series_per_pod_and_backend_and_removes_what_is_gone() {
+        use crate::telemetry::proxy::{Backend, ProxyCounters};
+        let metrics = Arc::new(OperandMetrics::default());
+        let sample = ProxySample {
+            counters: ProxyCounters {
+                requests: 400,
+                request_errors: 1,
+                backend_failures: 6,
+                backends_marked_bad: 2,
+                config_reloads: 3,
+                config_reload_failures: 4,
+            },
+            backends: vec![
+                Backend {
+                    slot: 0,
+                    address: "10.0.0.1:11211".to_owned(),
+                    down: false,
+                },
+                Backend {
+                    slot: 1,
+                    address: "10.0.0.2:11211".to_owned(),
+                    down: true,
+                },
+            ],
+        };
+        metrics.set_proxies(
+            key("ns", "cache"),
+            [
+                ("cache-proxy-a".to_owned(), Some(sample)),
+                ("cache-proxy-b".to_owned(), None),
+            ]
+            .into(),
+        );
+        let text = encode(&metrics);
+        let a = "namespace=\"ns\",memcached=\"cache\",pod=\"cache-proxy-a\"";
+        for line in [
+            "# TYPE memcached_proxy_up gauge".to_owned(),
+            format!("memcached_proxy_up{{{a}}} 1"),
+            "memcached_proxy_up{namespace=\"ns\",memcached=\"cache\",pod=\"cache-proxy-b\"} 0"
+                .to_owned(),
+            format!("memcached_proxy_requests_total{{{a}}} 400"),
+            format!("memcached_proxy_request_errors_total{{{a}}} 1"),
+            format!("memcached_proxy_backend_failures_total{{{a}}} 6"),
+            format!("memcached_proxy_backends_marked_down_total{{{a}}} 2"),
+            format!("memcached_proxy_config_reloads_total{{{a}}} 3"),
+            format!("memcached_proxy_config_reload_failures_total{{{a}}} 4"),
+            format!("memcached_proxy_backend_down{{{a},slot=\"0\",backend=\"10.0.0.1:11211\"}} 0"),
+            format!("memcached_proxy_backend_down{{{a},slot=\"1\",backend=\"10.0.0.2:11211\"}} 1"),
+        ] {
+            assert!(text.contains(&line), "missing {line:?} in\n{text}");
+        }
+        assert!(!text.contains("memcached_up"), "no server series: {text}");
+        assert_eq!(
+            text.matches("cache-proxy-b").count(),
+            1,
+            "an unread proxy pod has only memcached_proxy_up: {text}"
+        );
+        // The proxy turned off: its series go; the instance deleted: all go.
+        metrics.set_proxies(key("ns", "cache"), ProxySamples::new());
+        assert_eq!(encode(&metrics), "# EOF\n");
+        metrics.set_proxies(key("ns", "cache"), [("p".to_owned(), None)].into());
+        metrics.retain_instances(|k| k != &key("ns", "cache"));
         assert_eq!(encode(&metrics), "# EOF\n");
     }
 }

@@ -1,8 +1,11 @@
 //! Operand telemetry: the operator reads memcached's own `stats` from every ready pod.
 //!
 //! - [`stats`]: the pure parser of a `stats` reply.
+//! - [`proxy`]: what a proxy pod (`spec.proxy`) says of itself: its counters and the servers it marks
+//!   down (pure parsers), matched to the published list.
 //! - [`client`]: one connection to one server (plain TCP or TLS, ASCII auth), bounded by a timeout.
-//! - [`collector`]: the task that reads every ready server every `--stats-interval` and feeds the rest.
+//! - [`collector`]: the task that reads every ready server and proxy pod every `--stats-interval` and
+//!   feeds the rest.
 //! - [`metrics`]: the per-pod series on `/metrics` (the memcached exporter's names).
 //! - [`summary`]: `status.stats` from the servers read, and when to write it (pure).
 //! - [`episodes`]: when evictions start and stop, for one Warning event per episode (pure).
@@ -15,6 +18,7 @@ pub mod client;
 pub mod collector;
 pub mod episodes;
 pub mod metrics;
+pub mod proxy;
 pub mod reload;
 pub mod stats;
 pub mod summary;

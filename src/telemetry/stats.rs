@@ -85,8 +85,9 @@ pub enum ParseError {
     MissingStat(&'static str),
 }
 
-/// A stat the parser reads: its name in the reply, whether it is required, and the field its value goes to.
-type Field = (&'static str, bool, fn(&mut Stats) -> &mut u64);
+/// A stat a parser reads: its name in the reply, whether it is required, and the field of `T` its value
+/// goes to.
+pub(crate) type Field<T> = (&'static str, bool, fn(&mut T) -> &mut u64);
 
 /// How many bytes of the peer's text an error quotes.
 const EXCERPT_BYTES: usize = 64;
@@ -97,7 +98,7 @@ const EXCERPT_BYTES: usize = 64;
 /// All of them exist in every memcached since 1.4 except `rejected_connections`, which older 1.4 releases did
 /// not report: it is optional and reads as 0 when absent, so those versions still give the rest. Any other
 /// stat is ignored, whatever its value, so new or build-specific stats never break the parser.
-const FIELDS: [Field; 11] = [
+const FIELDS: [Field<Stats>; 11] = [
     ("uptime", true, |s| &mut s.uptime_seconds),
     ("get_hits", true, |s| &mut s.get_hits),
     ("get_misses", true, |s| &mut s.get_misses),
@@ -119,13 +120,53 @@ const FIELDS: [Field; 11] = [
 /// as the protocol says. An error line from the server (`ERROR`, `CLIENT_ERROR …`, `SERVER_ERROR …`) is
 /// reported as [`ParseError::ServerError`], wherever it appears.
 pub fn parse(reply: &[u8]) -> Result<Stats, ParseError> {
+    parse_fields(reply, &FIELDS)
+}
+
+/// Parses a whole `stats` reply into the `fields` of a `T`, with [`parse`]'s rules: other stats are
+/// ignored, a field's stat must be an unsigned decimal given at most once, and a required one must be there.
+pub(crate) fn parse_fields<T: Default, const N: usize>(
+    reply: &[u8],
+    fields: &[Field<T>; N],
+) -> Result<T, ParseError> {
+    let mut parsed = T::default();
+    let mut seen = [false; N];
+    entries(reply, |name, value| {
+        let known = fields
+            .iter()
+            .zip(seen.iter_mut())
+            .find(|((field_name, _, _), _)| name == field_name.as_bytes());
+        if let Some((&(field_name, _, field), seen)) = known {
+            if *seen {
+                return Err(ParseError::DuplicateStat(field_name));
+            }
+            *seen = true;
+            *field(&mut parsed) = parse_u64(value).ok_or_else(|| ParseError::BadNumber {
+                name: field_name,
+                value: excerpt(value),
+            })?;
+        }
+        Ok(())
+    })?;
+    for (&(name, required, _), seen) in fields.iter().zip(seen) {
+        if required && !seen {
+            return Err(ParseError::MissingStat(name));
+        }
+    }
+    Ok(parsed)
+}
+
+/// Checks the framing of a whole reply (size, CRLF lines, `STAT <name> <value>` lines, `END` last, no
+/// error line) and hands each stat's name and value to `visit`, in order; the first error stops it.
+pub(crate) fn entries(
+    reply: &[u8],
+    mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), ParseError>,
+) -> Result<(), ParseError> {
     if reply.len() > MAX_REPLY_BYTES {
         return Err(ParseError::TooLong {
             limit: MAX_REPLY_BYTES,
         });
     }
-    let mut stats = Stats::default();
-    let mut seen = [false; FIELDS.len()];
     let mut rest = reply;
     let mut number = 0;
     loop {
@@ -144,7 +185,7 @@ pub fn parse(reply: &[u8]) -> Result<Stats, ParseError> {
             if !rest.is_empty() {
                 return Err(ParseError::TrailingData(rest.len()));
             }
-            break;
+            return Ok(());
         }
         let Some(stat) = line.strip_prefix(b"STAT ") else {
             return Err(malformed(number, line));
@@ -156,27 +197,8 @@ pub fn parse(reply: &[u8]) -> Result<Stats, ParseError> {
         if name.is_empty() {
             return Err(malformed(number, line));
         }
-        let known = FIELDS
-            .iter()
-            .zip(seen.iter_mut())
-            .find(|((field_name, _, _), _)| name == field_name.as_bytes());
-        if let Some((&(field_name, _, field), seen)) = known {
-            if *seen {
-                return Err(ParseError::DuplicateStat(field_name));
-            }
-            *seen = true;
-            *field(&mut stats) = parse_u64(value).ok_or_else(|| ParseError::BadNumber {
-                name: field_name,
-                value: excerpt(value),
-            })?;
-        }
+        visit(name, value)?;
     }
-    for (&(name, required, _), seen) in FIELDS.iter().zip(seen) {
-        if required && !seen {
-            return Err(ParseError::MissingStat(name));
-        }
-    }
-    Ok(stats)
 }
 
 /// Whether `line` (one line with its CRLF) closes a reply to `stats`: `END`, or one of the error lines after
@@ -206,7 +228,7 @@ fn is_server_error(line: &[u8]) -> bool {
 
 /// A decimal, unsigned, 64-bit value: digits only (no sign, no spaces, no leading `+` that `str::parse`
 /// would accept), at least one.
-fn parse_u64(value: &[u8]) -> Option<u64> {
+pub(crate) fn parse_u64(value: &[u8]) -> Option<u64> {
     if value.is_empty() || !value.iter().all(u8::is_ascii_digit) {
         return None;
     }
@@ -224,7 +246,7 @@ fn malformed(line: usize, bytes: &[u8]) -> ParseError {
 
 /// The start of what the peer sent, as text that is safe to log: at most [`EXCERPT_BYTES`] bytes, invalid
 /// UTF-8 replaced.
-fn excerpt(bytes: &[u8]) -> String {
+pub(crate) fn excerpt(bytes: &[u8]) -> String {
     let cut = bytes.get(..EXCERPT_BYTES).unwrap_or(bytes);
     String::from_utf8_lossy(cut).into_owned()
 }

@@ -2,14 +2,16 @@
 
 use std::time::{Duration, Instant};
 
+use super::proxy::ProxySample;
 use super::stats::Stats;
-use crate::api::CacheStats;
+use crate::api::{CacheStats, ProxyStats};
 
 /// Summarises one collection of an instance: `ready` servers were there to read, `read` are the stats of
-/// those that answered. `None` when no server is ready: there is nothing to say (a new instance, or one
-/// scaled to zero), and a summary that says "0 of 0" would only cost a write.
-pub fn summarize(ready: usize, read: &[Stats]) -> Option<CacheStats> {
-    if ready == 0 {
+/// those that answered, `proxy` the proxy's summary ([`summarize_proxy`]). `None` when no server and no
+/// proxy pod is ready: there is nothing to say (a new instance, or one scaled to zero), and a summary that
+/// says "0 of 0" would only cost a write.
+pub fn summarize(ready: usize, read: &[Stats], proxy: Option<ProxyStats>) -> Option<CacheStats> {
+    if ready == 0 && proxy.is_none() {
         return None;
     }
     let sum = |f: fn(&Stats) -> u64| read.iter().map(f).fold(0u64, u64::saturating_add);
@@ -25,6 +27,32 @@ pub fn summarize(ready: usize, read: &[Stats]) -> Option<CacheStats> {
         connections: any.then(|| count(sum(|s| s.curr_connections))),
         servers_read: small(read.len()),
         servers_ready: small(ready),
+        proxy,
+    })
+}
+
+/// Summarises the proxy pods of one collection: `ready` were there to read, `read` are the samples of
+/// those that answered. `None` when no proxy pod is ready (the proxy is off, or starting).
+pub fn summarize_proxy(ready: usize, read: &[ProxySample]) -> Option<ProxyStats> {
+    if ready == 0 {
+        return None;
+    }
+    let sum = |f: fn(&ProxySample) -> u64| read.iter().map(f).fold(0u64, u64::saturating_add);
+    let any = !read.is_empty();
+    let mut backends_down: Vec<i32> = read
+        .iter()
+        .flat_map(|sample| sample.backends.iter())
+        .filter(|backend| backend.down)
+        .map(|backend| backend.slot)
+        .collect();
+    backends_down.sort_unstable();
+    backends_down.dedup();
+    Some(ProxyStats {
+        requests: any.then(|| count(sum(|s| s.counters.requests))),
+        backend_errors: any.then(|| count(sum(|s| s.counters.backend_failures))),
+        backends_down,
+        proxies_read: small(read.len()),
+        proxies_ready: small(ready),
     })
 }
 
@@ -62,6 +90,7 @@ pub fn should_write(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::telemetry::proxy::{Backend, ProxyCounters};
 
     fn server(hits: u64, misses: u64, bytes: u64, limit: u64, items: u64) -> Stats {
         Stats {
@@ -80,7 +109,7 @@ mod tests {
     fn sums_over_the_servers_read_and_rounds_down() {
         let read = [server(2, 1, 100, 1000, 3), server(0, 0, 899, 1000, 4)];
         assert_eq!(
-            summarize(3, &read),
+            summarize(3, &read, None),
             Some(CacheStats {
                 hit_ratio_percent: Some(66),
                 memory_used_percent: Some(49),
@@ -89,25 +118,70 @@ mod tests {
                 connections: Some(4),
                 servers_read: 2,
                 servers_ready: 3,
+                proxy: None,
             })
         );
     }
 
     #[test]
     fn absent_values_when_there_is_nothing_to_divide() {
-        assert_eq!(summarize(0, &[]), None, "no ready server: no summary");
+        assert_eq!(summarize(0, &[], None), None, "no ready server: no summary");
         assert_eq!(
-            summarize(2, &[]),
+            summarize(2, &[], None),
             Some(CacheStats {
                 servers_ready: 2,
                 ..CacheStats::default()
             }),
             "none read: only the counts"
         );
-        let idle = summarize(1, &[server(0, 0, 0, 64, 0)]).unwrap();
+        let idle = summarize(1, &[server(0, 0, 0, 64, 0)], None).unwrap();
         assert_eq!(idle.hit_ratio_percent, None, "no gets yet");
         assert_eq!(idle.memory_used_percent, Some(0));
         assert_eq!(idle.items, Some(0));
+    }
+
+    fn proxy(requests: u64, failures: u64, down: &[i32]) -> ProxySample {
+        ProxySample {
+            counters: ProxyCounters {
+                requests,
+                backend_failures: failures,
+                ..ProxyCounters::default()
+            },
+            backends: (0..3)
+                .map(|slot| Backend {
+                    slot,
+                    address: format!("10.0.0.{slot}:11211"),
+                    down: down.contains(&slot),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_proxy_sums_its_pods_and_joins_the_backends_they_mark_down() {
+        let read = [proxy(200, 6, &[2, 1]), proxy(50, 0, &[1])];
+        let summary = summarize_proxy(3, &read);
+        assert_eq!(
+            summary,
+            Some(ProxyStats {
+                requests: Some(250),
+                backend_errors: Some(6),
+                backends_down: vec![1, 2],
+                proxies_read: 2,
+                proxies_ready: 3,
+            })
+        );
+        assert_eq!(summarize_proxy(0, &[]), None, "no proxy pod ready");
+        assert_eq!(
+            summarize_proxy(1, &[]),
+            Some(ProxyStats {
+                proxies_ready: 1,
+                ..ProxyStats::default()
+            }),
+            "none read: only the counts"
+        );
+        let with_proxy = summarize(0, &[], summary.clone()).expect("a proxy to speak of");
+        assert_eq!((with_proxy.servers_ready, with_proxy.proxy), (0, summary));
     }
 
     #[test]

@@ -553,11 +553,24 @@ async fn the_reconciler_keeps_its_hands_off_status_stats() {
 #[test]
 fn every_operand_metric_is_documented() {
     use memcached_operator::telemetry::metrics::OperandMetrics;
+    use memcached_operator::telemetry::proxy::{Backend, ProxyCounters, ProxySample};
     use memcached_operator::telemetry::stats::Stats;
     let metrics = std::sync::Arc::new(OperandMetrics::default());
     metrics.set_instance(
         ("ns".into(), "cache".into()),
         [("cache-a".to_owned(), Some(Stats::default()))].into(),
+    );
+    let proxy = ProxySample {
+        counters: ProxyCounters::default(),
+        backends: vec![Backend {
+            slot: 0,
+            address: "10.0.0.1:11211".to_owned(),
+            down: false,
+        }],
+    };
+    metrics.set_proxies(
+        ("ns".into(), "cache".into()),
+        [("cache-proxy-a".to_owned(), Some(proxy))].into(),
     );
     let text = exposition(&metrics);
     let guide = common::read("docs/operations.md");
@@ -571,7 +584,7 @@ fn every_operand_metric_is_documented() {
             );
         }
     }
-    assert_eq!(names.len(), 11, "{text}");
+    assert_eq!(names.len(), 19, "{text}");
 }
 
 /// A rotated TLS Secret reaches the running (real) memcached without a restart: the collector sees the

@@ -56,6 +56,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedEvicting",
         "MemcachedHitRatioLow",
         "MemcachedServerUnreadable",
+        "MemcachedProxyBackendDown",
         "MemcachedStatsReadsFailing",
         "MemcachedInstanceDegraded",
         "MemcachedHandoverFailed",

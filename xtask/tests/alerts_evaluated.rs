@@ -202,6 +202,43 @@ fn alerts_at(eval_time: &str, name: &str, severity: Option<&str>) -> Value {
 }
 
 #[test]
+fn a_server_the_proxy_marks_down_for_5_minutes_alerts_with_its_slot() {
+    let down = |pod: &str, slot: u32, values: &str| {
+        json!({"series": format!(
+            "memcached_proxy_backend_down{{namespace=\"ns\",memcached=\"a\",pod=\"{pod}\",slot=\"{slot}\",backend=\"10.0.0.{slot}:11211\"}}"
+        ), "values": values})
+    };
+    let firing_slot = |eval_time: &str| {
+        json!({"expr": "count by (slot, backend) (ALERTS{alertname=\"MemcachedProxyBackendDown\", alertstate=\"firing\"})",
+               "eval_time": eval_time,
+               "exp_samples": [{"labels": "{slot=\"1\",backend=\"10.0.0.1:11211\"}", "value": 1}]})
+    };
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [
+            // Proxy pod p-1 marks slot 1 down from 11 m to 31 m; p-2 marks it down too from 20 m (one
+            // alert per slot, not per proxy pod), and marks slot 0 down for 4 minutes at 41 m (a restart:
+            // no alert).
+            down("p-1", 1, "0x10 1x20 0x30"),
+            down("p-2", 1, "0x19 1x11 0x30"),
+            down("p-2", 0, "0x40 1x3 0x15"),
+            down("p-1", 0, "0x60"),
+        ],
+        "promql_expr_test": [
+            alerts_at("10m", "MemcachedProxyBackendDown", None),
+            alerts_at("15m", "MemcachedProxyBackendDown", None),
+            alerts_at("16m", "MemcachedProxyBackendDown", Some("warning")),
+            firing_slot("16m"),
+            firing_slot("25m"),
+            firing_slot("31m"),
+            alerts_at("32m", "MemcachedProxyBackendDown", None),
+            alerts_at("44m", "MemcachedProxyBackendDown", None),
+            alerts_at("50m", "MemcachedProxyBackendDown", None),
+        ],
+    }));
+}
+
+#[test]
 fn an_operator_not_scraped_yet_warns_and_does_not_page() {
     // No series of the operator at all (no ServiceMonitor, or 403 on every scrape) for an hour.
     test_rules(json!({

@@ -157,6 +157,9 @@ fn dashboard_draws_the_instances_and_the_operator() {
         "memcached_operator_handover_bytes_total",              // handover bytes copied
         "memcached_operator_handover_seconds_total",            // time spent copying
         "memcached_operator_handovers_total",                   // handovers finished
+        "memcached_proxy_requests_total",                       // proxy requests
+        "memcached_proxy_backend_failures_total",               // proxy backend failures
+        "memcached_proxy_backend_down",                         // servers the proxy marks down
         "memcached_operator_handover_failures_total",           // handover failures by reason
     ] {
         assert!(used.contains(metric), "no panel draws {metric}");

@@ -61,6 +61,13 @@ pub fn config(instance: &str, addresses: &[&str]) -> String {
     lua
 }
 
+/// The label routelib gives the backend of a published entry (`host:port`, the host without brackets):
+/// the name `stats proxybe` reports it by.
+pub fn backend_label(address: &str) -> String {
+    let (host, port) = host_port(address);
+    format!("{host}:{port}")
+}
+
 /// The host (without brackets) and port of a published entry. The operator publishes `host:port` only;
 /// anything else would be passed on whole as a host on port 0, a backend nobody answers on.
 fn host_port(address: &str) -> (String, u16) {
@@ -93,6 +100,16 @@ fn lua_string(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn backend_labels_are_routelibs_host_colon_port() {
+        assert_eq!(backend_label("10.0.0.7:11211"), "10.0.0.7:11211");
+        assert_eq!(backend_label("[fd00::1]:11211"), "fd00::1:11211");
+        assert_eq!(
+            backend_label("cache-1.cache-headless.ns.svc:11311"),
+            "cache-1.cache-headless.ns.svc:11311"
+        );
+    }
 
     #[test]
     fn backends_follow_the_list_in_slot_order() {

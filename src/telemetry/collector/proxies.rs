@@ -1,0 +1,153 @@
+//! The collector's reads of the proxy pods (`spec.proxy`): the same transport, timeout and bound on reads
+//! in flight as the servers', `stats` and `stats proxybe` on one connection ([`super::super::proxy`]).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+
+use tokio::task::JoinSet;
+use tracing::debug;
+
+use super::{Collector, READ_TIMEOUT, server};
+use crate::api::Memcached;
+use crate::connection::ServerNames;
+use crate::resources::proxy::proxy_name;
+use crate::store::pod_index::still_at;
+use crate::store::secrets::Transport;
+use crate::telemetry::client::{ProxyReading, Target};
+use crate::telemetry::metrics::{InstanceKey, ProxySamples};
+use crate::telemetry::proxy::{ProxySample, backends};
+
+/// What the reads of one instance's proxy pods gave.
+#[derive(Default)]
+pub(super) struct ProxyReads {
+    /// By pod: what it said, or `None` when it could not be read.
+    pub readings: BTreeMap<String, Option<ProxyReading>>,
+    /// Which could not be read, and why.
+    pub problem: Option<String>,
+}
+
+impl ProxyReads {
+    /// Every pod unreadable (the instance's Secrets do not give what is needed).
+    pub fn unreadable(proxies: &[(String, SocketAddr)]) -> Self {
+        Self {
+            readings: proxies.iter().map(|(pod, _)| (pod.clone(), None)).collect(),
+            problem: None,
+        }
+    }
+
+    /// The samples of the metrics and the summary: each reading's backends matched to the list the
+    /// instance publishes (`status.servers`), which the proxy's route configuration is made of.
+    pub fn samples(self, mc: &Memcached) -> ProxySamples {
+        let published = mc
+            .status
+            .as_ref()
+            .map(|status| status.servers.as_slice())
+            .unwrap_or_default();
+        self.readings
+            .into_iter()
+            .map(|(pod, reading)| {
+                let sample = reading.map(|reading| ProxySample {
+                    backends: backends(published, &reading.down),
+                    counters: reading.counters,
+                });
+                (pod, sample)
+            })
+            .collect()
+    }
+}
+
+impl Collector {
+    /// The instance's ready, non-terminating proxy pods with an address, when its proxy is on.
+    pub(super) fn proxies(
+        &self,
+        (namespace, name): &InstanceKey,
+        mc: &Memcached,
+    ) -> Vec<(String, SocketAddr)> {
+        let Ok(port) = u16::try_from(mc.spec.container_port) else {
+            return Vec::new();
+        };
+        if mc.spec.proxy().is_none() {
+            return Vec::new();
+        }
+        let mut proxies: Vec<(String, SocketAddr)> = self
+            .pods
+            .index
+            .proxy_pods(&self.pods.store, namespace, name)
+            .iter()
+            .filter_map(|pod| server(pod, port))
+            .collect();
+        proxies.sort();
+        proxies
+    }
+
+    /// Reads every proxy pod, each in its own task, with the servers' transport; over TLS the proxy's
+    /// certificate is checked against the proxy Service's names, and never asked to reload.
+    pub(super) async fn read_proxies(
+        &self,
+        (namespace, name): &InstanceKey,
+        proxies: &[(String, SocketAddr)],
+        transport: &Transport,
+    ) -> ProxyReads {
+        let service = proxy_name(name);
+        let domain = &self.settings.cluster_domain;
+        let mut reads = JoinSet::new();
+        for (pod, address) in proxies {
+            let names = match transport.tls {
+                Some(_) => ServerNames::new([
+                    format!("{service}.{namespace}.svc"),
+                    format!("{service}.{namespace}.svc.{domain}"),
+                ]),
+                None => ServerNames::default(),
+            };
+            let target = Target {
+                address: *address,
+                tls: transport.tls.clone(),
+                names,
+                credentials: transport.credentials.clone(),
+                still_the_pod: Some(still_at(&self.pods.store, namespace, pod, address.ip())),
+                certificate: None,
+            };
+            let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());
+            reads.spawn(async move {
+                // The semaphore is never closed; without a permit there is nothing to read with.
+                let Ok(_permit) = permits.acquire_owned().await else {
+                    return (pod, None);
+                };
+                (pod, Some(reader.read_proxy(target, READ_TIMEOUT).await))
+            });
+        }
+        let mut readings = BTreeMap::new();
+        let mut failures = Vec::new();
+        while let Some(joined) = reads.join_next().await {
+            let Ok((pod, result)) = joined else { continue };
+            let reading = match result {
+                Some(Ok(reading)) => {
+                    self.metrics.count_read("ok");
+                    Some(reading)
+                }
+                Some(Err(error)) => {
+                    self.metrics.count_read(error.reason());
+                    debug!(%pod, %error, "cannot read memcached proxy stats");
+                    failures.push(format!("{pod}: {}", error.reason()));
+                    None
+                }
+                None => None,
+            };
+            readings.insert(pod, reading);
+        }
+        // A read task that panicked leaves its pod out: count it as unread.
+        for (pod, _) in proxies {
+            readings.entry(pod.clone()).or_insert(None);
+        }
+        failures.sort();
+        let problem = (!failures.is_empty()).then(|| {
+            format!(
+                "{} of {} proxy pods could not be read ({})",
+                failures.len(),
+                proxies.len(),
+                failures.join(", ")
+            )
+        });
+        ProxyReads { readings, problem }
+    }
+}

@@ -894,6 +894,22 @@ fn cel_rules_agree_with_the_operator_checks() {
         ),
         (
             json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t"}}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t", "clientAuth": false}}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t", "clientAuth": true}}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": false}, "security": {"tls": {"secretName": "t", "clientAuth": true}}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t"}, "auth": {"secretName": "a"}}}),
             false,
         ),
         (

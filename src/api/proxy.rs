@@ -18,13 +18,13 @@ pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
 /// Upper bound for `spec.proxy.replicas`.
 pub const MAX_PROXY_REPLICAS: i32 = 32;
 
-/// CEL rule on `spec`: the proxy cannot authenticate to the servers (memcached's proxy mode has no
-/// authentication, to clients or to backends), so it cannot run in front of servers that require it.
+/// CEL rule on `spec`: memcached's proxy mode has no authentication, to its clients or to the servers, so
+/// it cannot run in front of servers that require it.
 pub const PROXY_AUTH_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
      || !has(self.security) || !has(self.security.auth)";
 /// Message of [`PROXY_AUTH_RULE`].
-pub const PROXY_AUTH_MESSAGE: &str = "spec.proxy cannot run with spec.security.auth: memcached's proxy \
-     mode has no authentication, to its clients or to the servers";
+pub const PROXY_AUTH_MESSAGE: &str = "spec.proxy does not support spec.security.auth: memcached's proxy \
+     mode refuses ASCII authentication (-Y) and SASL for its clients, and sends no credentials to the servers";
 /// CEL rule on `spec`: with the proxy on, the operator chooses the key distribution, and warm handover
 /// follows it; a declared client hashing would be a second one it cannot follow at the same time.
 pub const PROXY_HASHING_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
@@ -32,11 +32,14 @@ pub const PROXY_HASHING_RULE: &str = "!has(self.proxy) || !has(self.proxy.enable
 /// Message of [`PROXY_HASHING_RULE`].
 pub const PROXY_HASHING_MESSAGE: &str = "spec.clients.hashing must be unknown (or left out) with \
      spec.proxy.enabled: the operator chooses the proxy's key distribution, and warm handover follows it";
-/// CEL rule on `spec`: TLS through the proxy (client to proxy, proxy to servers) is not built yet.
+/// CEL rule on `spec`: TLS runs through the proxy (clients to the proxy, the proxy to the servers), but
+/// memcached's proxy presents no client certificate to the servers, so not with `clientAuth`.
 pub const PROXY_TLS_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) || !self.proxy.enabled \
-     || !has(self.security) || !has(self.security.tls)";
+     || !has(self.security) || !has(self.security.tls) || !has(self.security.tls.clientAuth) \
+     || !self.security.tls.clientAuth";
 /// Message of [`PROXY_TLS_RULE`].
-pub const PROXY_TLS_MESSAGE: &str = "spec.proxy cannot run with spec.security.tls yet: the operator does not configure TLS through the proxy";
+pub const PROXY_TLS_MESSAGE: &str = "spec.proxy does not support spec.security.tls.clientAuth: memcached's \
+     proxy presents no client certificate to the servers, which would refuse it";
 
 /// The proxy tier (`spec.proxy`). Off unless `enabled`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -46,8 +49,11 @@ pub struct Proxy {
     /// `<name>-proxy` on the memcached port (the one address clients need), and its route configuration
     /// (the ConfigMap `<name>-proxy`, over the published server list in slot order), reloaded in place
     /// when the list changes. The proxy spreads keys with jump hash over the slots (the operator's choice;
-    /// warm handover on scale follows it). Not with `spec.security.auth` (the proxy has no
-    /// authentication), nor, for now, with `spec.security.tls`. Default false.
+    /// warm handover on scale follows it). With `spec.security.tls`, clients reach the proxy over TLS with
+    /// the same certificate as the servers, and the proxy reaches the servers over TLS (encrypted, but
+    /// memcached's proxy does not verify the servers' certificates); not with `clientAuth` (the proxy
+    /// presents no client certificate) nor with `spec.security.auth` (the proxy has no authentication).
+    /// Default false.
     #[serde(default)]
     pub enabled: bool,
 

@@ -401,8 +401,12 @@ async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<
             }
         }
     }
+    // The proxy's Deployment carries the hash of what the proxy reads of the Secrets.
+    let instance = view
+        .instance
+        .with_proxy_secret_hash(view.proxy_secret_hash.clone());
     let mut collect = Collect {
-        instance: view.instance,
+        instance: &instance,
         children: Vec::new(),
         last: Vec::new(),
     };

@@ -88,11 +88,19 @@ impl SecretHashes {
     }
 }
 
+/// The hashes the pod templates carry of the Secrets' content, keyed with the operator's digest key
+/// (`None` where nothing is hashed).
+pub struct Hashes {
+    /// The servers'.
+    pub servers: Option<String>,
+    /// The proxy's (`resources::secrets::proxy_referenced`).
+    pub proxy: Option<String>,
+}
+
 /// What resolving the Secrets gave.
 pub enum Resolved {
-    /// Every Secret and key is there; the hash of their content, keyed with the operator's digest key
-    /// (`None` when nothing is hashed).
-    Ready(Option<String>),
+    /// Every Secret and key is there, and the hashes of their content.
+    Ready(Hashes),
     /// A Secret or key is missing: report it, apply nothing, and wait for the Secret watch.
     Missing(InvalidSpec),
 }
@@ -112,14 +120,29 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
         .and_then(Option::as_ref)
         .is_some_and(|keys| keys.contains_key("ca.crt"));
     let tls = secrets::tls_reload(instance.spec, instance.stats_collected, has_ca);
-    match secrets::digest(instance.namespace, &refs, &contents, tls) {
-        Ok(Some(digest)) => {
-            let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
-            Ok(Resolved::Ready(Some(secrets::keyed(key, &digest))))
-        }
-        Ok(None) => Ok(Resolved::Ready(None)),
-        Err(missing) => Ok(Resolved::Missing(missing)),
-    }
+    let digests = secrets::digest(instance.namespace, &refs, &contents, tls).and_then(|servers| {
+        Ok((
+            servers,
+            secrets::proxy_digest(instance.namespace, instance.spec, &contents)?,
+        ))
+    });
+    let (servers, proxy) = match digests {
+        Ok(digests) => digests,
+        Err(missing) => return Ok(Resolved::Missing(missing)),
+    };
+    Ok(Resolved::Ready(Hashes {
+        servers: keyed(ctx, servers).await?,
+        proxy: keyed(ctx, proxy).await?,
+    }))
+}
+
+/// `digest` keyed with the operator's digest key.
+async fn keyed(ctx: &Context, digest: Option<String>) -> Result<Option<String>, Error> {
+    let Some(digest) = digest else {
+        return Ok(None);
+    };
+    let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
+    Ok(Some(secrets::keyed(key, &digest)))
 }
 
 async fn key_hashes(

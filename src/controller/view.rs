@@ -55,6 +55,8 @@ pub(super) struct View<'a> {
     pub pods: &'a [Arc<Pod>],
     /// The hash of the referenced Secrets' content, for the pod template (`None`: none referenced).
     pub secret_hash: Option<String>,
+    /// The same for the proxy's pod template (see `Instance::proxy_secret_hash`).
+    pub proxy_secret_hash: Option<String>,
     stores: &'a Stores,
     written: &'a Written,
 }
@@ -72,8 +74,8 @@ impl<'a> View<'a> {
         if let Some(changed) = workload_changed(&ctx.stores, instance, mc) {
             return Err(Stop::Held(changed));
         }
-        let secret_hash = match secrets::resolve(ctx, instance).await {
-            Ok(Resolved::Ready(hash)) => hash,
+        let hashes = match secrets::resolve(ctx, instance).await {
+            Ok(Resolved::Ready(hashes)) => hashes,
             Ok(Resolved::Missing(missing)) => return Err(Stop::Held(missing.into())),
             Err(error) => return Err(Stop::Failed(error)),
         };
@@ -81,7 +83,8 @@ impl<'a> View<'a> {
             instance,
             mc,
             pods: &reads.pods,
-            secret_hash,
+            secret_hash: hashes.servers,
+            proxy_secret_hash: hashes.proxy,
             stores: &ctx.stores,
             written: &ctx.writer.written,
         })

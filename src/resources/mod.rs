@@ -108,6 +108,10 @@ pub struct Instance<'a> {
     pub stats_collected: bool,
     /// See [`Defaults::operator_image`].
     pub operator_image: &'a str,
+    /// The hash the proxy's pod template carries of the Secret keys the proxy reads (see
+    /// [`proxy`]): set by the reconcile once it has read the Secrets ([`Self::with_proxy_secret_hash`]);
+    /// `None` when the proxy reads none.
+    pub proxy_secret_hash: Option<String>,
     owner: OwnerReference,
 }
 
@@ -136,8 +140,17 @@ impl<'a> Instance<'a> {
             operator_pods: defaults.operator_pods.as_ref(),
             stats_collected: defaults.stats_collected,
             operator_image: &defaults.operator_image,
+            proxy_secret_hash: None,
             owner,
         })
+    }
+
+    /// This instance, with `hash` as [`Self::proxy_secret_hash`].
+    pub fn with_proxy_secret_hash(&self, hash: Option<String>) -> Self {
+        Self {
+            proxy_secret_hash: hash,
+            ..self.clone()
+        }
     }
 
     /// Metadata shared by every child: same name and namespace as the instance, common labels, and a

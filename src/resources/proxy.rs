@@ -11,24 +11,35 @@
 //! (the pod shares its process namespace; memcached writes its pid file into the same directory).
 //! memcached reloads the configuration at its next clock tick (within a second). The pod template names
 //! the ConfigMap, not its content, so a change of the list rolls no proxy pod.
+//!
+//! With `spec.security.tls` the proxy serves its clients over TLS with the servers' certificate (the
+//! instance's TLS Secret, its `tls.crt` and `tls.key` only) and reaches the servers over TLS ([`routes`]).
+//! memcached reads the certificate at start, so the template carries the hash of those two keys
+//! ([`SECRET_HASH_ANNOTATION`], `Instance::proxy_secret_hash`): a rotated certificate rolls the proxy
+//! pods, which hold no cache.
 
 pub mod access;
 pub mod routes;
+
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
-    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile, Service,
-    ServicePort, ServiceSpec, TopologySpreadConstraint, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
+    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
+    SeccompProfile, SecretVolumeSource, Service, ServicePort, ServiceSpec,
+    TopologySpreadConstraint, Volume, VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::pod::{PORT_NAME, RUN_AS_USER, requirements, restricted, tcp_probe};
-use super::{Instance, labels};
+use super::pod::{
+    PORT_NAME, RUN_AS_USER, SECRET_HASH_ANNOTATION, mount, requirements, restricted, tcp_probe,
+};
+use super::{Instance, args, labels};
 use crate::api::Proxy;
 
 pub use crate::api::names::{PROXY_SUFFIX, proxy_name};
@@ -44,9 +55,13 @@ pub const CONFIG_DIR: &str = "/etc/memcached-proxy";
 /// The file memcached's pid goes to, in [`CONFIG_DIR`].
 pub const PID_FILE: &str = "memcached.pid";
 const CONFIG_VOLUME: &str = "config";
+const TLS_VOLUME: &str = "tls";
+/// The keys of the TLS Secret the proxy reads: its certificate and key, never the CA.
+pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
 
 /// The proxy Deployment of `instance`, or `None` when the proxy is off. Its template depends on the
-/// spec only, never on the server list: a scale or a server's new address rolls no proxy pod.
+/// spec (and the hash of the TLS Secret's keys it reads) only, never on the server list: a scale or a
+/// server's new address rolls no proxy pod.
 pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
     let proxy = instance.spec.proxy()?;
     Some(Deployment {
@@ -65,6 +80,9 @@ pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels::proxy_labels(instance.name)),
+                    annotations: instance.proxy_secret_hash.as_ref().map(|hash| {
+                        BTreeMap::from([(SECRET_HASH_ANNOTATION.to_owned(), hash.clone())])
+                    }),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod_spec(instance, proxy)),
@@ -128,6 +146,15 @@ fn selector(instance: &Instance<'_>) -> LabelSelector {
 /// API token only in the configuration writer's containers, spread over nodes.
 fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
     let spec = instance.spec;
+    let mut volumes = vec![
+        Volume {
+            name: CONFIG_VOLUME.to_owned(),
+            empty_dir: Some(EmptyDirVolumeSource::default()),
+            ..Volume::default()
+        },
+        access::token_volume(),
+    ];
+    volumes.extend(tls_volume(instance));
     PodSpec {
         init_containers: Some(vec![config_container(instance, true)]),
         containers: vec![
@@ -142,6 +169,8 @@ fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
             run_as_non_root: Some(true),
             run_as_user: Some(RUN_AS_USER),
             run_as_group: Some(RUN_AS_USER),
+            // The TLS Secret's files are group-readable (0440) by this group only.
+            fs_group: spec.tls().is_some().then_some(RUN_AS_USER),
             seccomp_profile: Some(SeccompProfile {
                 type_: "RuntimeDefault".to_owned(),
                 ..SeccompProfile::default()
@@ -158,14 +187,7 @@ fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
         node_selector: spec.node_selector.clone(),
         tolerations: spec.tolerations.clone(),
         priority_class_name: spec.priority_class_name.clone(),
-        volumes: Some(vec![
-            Volume {
-                name: CONFIG_VOLUME.to_owned(),
-                empty_dir: Some(EmptyDirVolumeSource::default()),
-                ..Volume::default()
-            },
-            access::token_volume(),
-        ]),
+        volumes: Some(volumes),
         ..PodSpec::default()
     }
 }
@@ -173,12 +195,16 @@ fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
 /// memcached in proxy mode, with routelib (built into memcached) reading the generated configuration.
 fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
     let port = instance.spec.container_port;
+    let mut mounts = vec![config_mount()];
+    if instance.spec.tls().is_some() {
+        mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
     Container {
         name: PROXY_CONTAINER.to_owned(),
         image: Some(proxy.image().to_owned()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
         command: Some(vec!["memcached".to_owned()]),
-        args: Some(proxy_args(port)),
+        args: Some(proxy_args(port, instance.spec.tls().is_some())),
         ports: Some(vec![ContainerPort {
             name: Some(PORT_NAME.to_owned()),
             container_port: port,
@@ -189,30 +215,67 @@ fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
         liveness_probe: Some(tcp_probe(PORT_NAME, 10, 10, 5)),
         resources: Some(proxy_resources(proxy)),
         security_context: Some(restricted()),
-        volume_mounts: Some(vec![config_mount()]),
+        volume_mounts: Some(mounts),
         ..Container::default()
     }
 }
 
-/// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`, in [`CONFIG_DIR`].
-pub fn proxy_args(port: i32) -> Vec<String> {
-    proxy_args_in(port, CONFIG_DIR)
+/// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`, in [`CONFIG_DIR`]; with
+/// `tls`, the certificate and key the servers serve too (`ssl_chain_cert`, `ssl_key`, in
+/// [`args::TLS_DIR`]) and `-Z`: clients must speak TLS.
+pub fn proxy_args(port: i32, tls: bool) -> Vec<String> {
+    proxy_args_in(port, CONFIG_DIR, tls)
 }
 
 /// The proxy's arguments with the configuration and the pid file in `dir` (the pod's is [`CONFIG_DIR`];
 /// the bench of the hop runs the same arguments in a directory of its own).
-pub fn proxy_args_in(port: i32, dir: &str) -> Vec<String> {
-    vec![
+pub fn proxy_args_in(port: i32, dir: &str, tls: bool) -> Vec<String> {
+    let mut options = format!(
+        "proxy_config=routelib,proxy_arg={dir}/{}",
+        routes::CONFIG_KEY
+    );
+    if tls {
+        let dir = args::TLS_DIR;
+        options.push_str(&format!(
+            ",ssl_chain_cert={dir}/tls.crt,ssl_key={dir}/tls.key"
+        ));
+    }
+    let mut proxy_args = vec![
         "-p".to_owned(),
         port.to_string(),
         "-o".to_owned(),
-        format!(
-            "proxy_config=routelib,proxy_arg={dir}/{}",
-            routes::CONFIG_KEY
-        ),
+        options,
         "-P".to_owned(),
         format!("{dir}/{PID_FILE}"),
-    ]
+    ];
+    if tls {
+        proxy_args.push("-Z".to_owned());
+    }
+    proxy_args
+}
+
+/// The TLS Secret's certificate and key (not its CA), read-only to the pod's group, with TLS on.
+fn tls_volume(instance: &Instance<'_>) -> Option<Volume> {
+    let tls = instance.spec.tls()?;
+    Some(Volume {
+        name: TLS_VOLUME.to_owned(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(tls.secret_name.clone()),
+            default_mode: Some(0o440),
+            items: Some(
+                TLS_KEYS
+                    .iter()
+                    .map(|key| KeyToPath {
+                        key: (*key).to_owned(),
+                        path: (*key).to_owned(),
+                        mode: None,
+                    })
+                    .collect(),
+            ),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    })
 }
 
 /// The configuration writer: `once` as the init container (writes the configuration and exits), else

@@ -119,6 +119,36 @@ pub fn referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
     refs
 }
 
+/// The Secrets the proxy reads (`spec.proxy` with `spec.security.tls`): the TLS Secret's certificate and
+/// key. memcached reads them at start, so they are always hashed ([`proxy_digest`]): a rotated
+/// certificate rolls the proxy pods.
+pub fn proxy_referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
+    let (Some(_), Some(tls)) = (spec.proxy(), spec.tls()) else {
+        return Vec::new();
+    };
+    vec![SecretRef {
+        name: tls.secret_name.clone(),
+        keys: super::proxy::TLS_KEYS.map(str::to_owned).to_vec(),
+        field: "spec.security.tls.secretName",
+        auth_file: false,
+        tls: true,
+    }]
+}
+
+/// [`digest`] of what the proxy reads ([`proxy_referenced`]), the TLS Secret's content included.
+pub fn proxy_digest(
+    namespace: &str,
+    spec: &MemcachedSpec,
+    contents: &BTreeMap<String, Option<BTreeMap<String, KeyDigest>>>,
+) -> Result<Option<String>, InvalidSpec> {
+    digest(
+        namespace,
+        &proxy_referenced(spec),
+        contents,
+        TlsReload::Rollout("memcached's proxy reads its certificate at start"),
+    )
+}
+
 /// The hash a pod template carries for `digest` (what [`digest`] gave): HMAC-SHA256 under the
 /// operator's key (see `crate::store::digest_key`), so that someone who may read pod templates but not
 /// Secrets cannot test a guessed Secret value against it.
@@ -404,6 +434,44 @@ mod tests {
                 TlsReload::Rollout(_)
             ),
             "the exporter without clientAuth verifies the server against its certificate, read at start"
+        );
+    }
+
+    #[test]
+    fn the_proxy_hashes_its_certificate_and_key_always() {
+        let spec = |proxy: bool| -> MemcachedSpec {
+            serde_json::from_value(serde_json::json!({
+                "proxy": {"enabled": proxy}, "security": {"tls": {"secretName": "tls"}}
+            }))
+            .unwrap()
+        };
+        assert!(proxy_referenced(&spec(false)).is_empty());
+        assert!(proxy_referenced(&MemcachedSpec::default()).is_empty());
+        assert_eq!(
+            proxy_referenced(&spec(true))[0].keys,
+            ["tls.crt", "tls.key"]
+        );
+        let with = |crt: &str, ca: &str| {
+            BTreeMap::from([(
+                "tls".to_owned(),
+                keys(&[("tls.crt", crt), ("tls.key", "k"), ("ca.crt", ca)]),
+            )])
+        };
+        let before = proxy_digest("ns", &spec(true), &with("c1", "a")).unwrap();
+        assert!(before.is_some());
+        assert_ne!(
+            proxy_digest("ns", &spec(true), &with("c2", "a")).unwrap(),
+            before,
+            "a rotated certificate rolls the proxy"
+        );
+        assert_eq!(
+            proxy_digest("ns", &spec(true), &with("c1", "b")).unwrap(),
+            before,
+            "the proxy reads no CA"
+        );
+        assert_eq!(
+            proxy_digest("ns", &spec(false), &with("c1", "a")).unwrap(),
+            None
         );
     }
 

@@ -135,7 +135,7 @@ fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     }
     let refused = if spec.auth().is_some() {
         crate::api::PROXY_AUTH_MESSAGE
-    } else if spec.tls().is_some() {
+    } else if spec.tls().is_some_and(|tls| tls.client_auth) {
         crate::api::PROXY_TLS_MESSAGE
     } else if spec.client_hashing() != crate::api::ClientHashing::Unknown {
         crate::api::PROXY_HASHING_MESSAGE

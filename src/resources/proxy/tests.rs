@@ -215,3 +215,124 @@ fn the_writer_may_read_its_configuration_and_nothing_else() {
         ("ServiceAccount", "cache-proxy", Some("default"))
     );
 }
+
+fn tls_spec() -> MemcachedSpec {
+    serde_json::from_value(serde_json::json!({
+        "size": 3, "proxy": on(), "security": {"tls": {"secretName": "cache-tls"}}
+    }))
+    .unwrap()
+}
+
+#[test]
+fn with_tls_clients_must_speak_tls_with_the_servers_certificate() {
+    let deployment = with(tls_spec(), |i| deployment(i).unwrap());
+    let pod = pod_spec_of(&deployment);
+    let proxy = &pod.containers[0];
+    assert_eq!(
+        proxy.args.as_deref().unwrap(),
+        [
+            "-p",
+            "11211",
+            "-o",
+            "proxy_config=routelib,proxy_arg=/etc/memcached-proxy/proxy.lua,\
+             ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key",
+            "-P",
+            "/etc/memcached-proxy/memcached.pid",
+            "-Z"
+        ]
+    );
+    let mount = proxy
+        .volume_mounts
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == "tls")
+        .unwrap();
+    assert_eq!(mount.mount_path, "/etc/memcached/tls");
+    assert_eq!(mount.read_only, Some(true));
+    let writer_mounts = pod.containers[1].volume_mounts.as_ref().unwrap();
+    assert!(
+        writer_mounts.iter().all(|m| m.name != "tls"),
+        "the writer reads no certificate"
+    );
+    let volume = pod
+        .volumes
+        .as_ref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == "tls")
+        .unwrap();
+    let secret = volume.secret.as_ref().unwrap();
+    assert_eq!(secret.secret_name.as_deref(), Some("cache-tls"));
+    assert_eq!(secret.default_mode, Some(0o440));
+    let keys: Vec<&str> = secret
+        .items
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|item| item.key.as_str())
+        .collect();
+    assert_eq!(keys, ["tls.crt", "tls.key"], "never the CA");
+    let security = pod.security_context.as_ref().unwrap();
+    assert_eq!(security.fs_group, Some(RUN_AS_USER));
+}
+
+#[test]
+fn without_tls_nothing_of_it_is_there() {
+    let deployment = with(spec(3, on()), |i| deployment(i).unwrap());
+    let pod = pod_spec_of(&deployment);
+    assert!(
+        !pod.containers[0]
+            .args
+            .as_ref()
+            .unwrap()
+            .contains(&"-Z".to_owned())
+    );
+    assert!(
+        pod.volumes
+            .as_ref()
+            .unwrap()
+            .iter()
+            .all(|v| v.name != "tls")
+    );
+    assert_eq!(pod.security_context.as_ref().unwrap().fs_group, None);
+}
+
+#[test]
+fn with_tls_the_routes_reach_the_servers_over_tls() {
+    let servers = [Server {
+        slot: 0,
+        pod: Some("pod-0".into()),
+        address: Some("10.0.0.9:11211".into()),
+        ready: true,
+    }];
+    let lua = |spec| {
+        with(spec, |i| {
+            routes::config_map(i, &servers).unwrap().data.unwrap()[routes::CONFIG_KEY].clone()
+        })
+    };
+    assert!(lua(tls_spec()).contains("backend_use_tls = true"));
+    assert!(!lua(spec(3, on())).contains("backend_use_tls"));
+}
+
+#[test]
+fn a_rotated_certificate_rolls_the_proxy_pods() {
+    let annotations = |hash: Option<&str>| {
+        with(tls_spec(), |i| {
+            let instance = i.with_proxy_secret_hash(hash.map(str::to_owned));
+            deployment(&instance)
+                .unwrap()
+                .spec
+                .unwrap()
+                .template
+                .metadata
+                .unwrap()
+                .annotations
+        })
+    };
+    assert_eq!(annotations(None), None);
+    assert_eq!(
+        annotations(Some("h1")).unwrap()[SECRET_HASH_ANNOTATION],
+        "h1"
+    );
+}

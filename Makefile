@@ -151,9 +151,11 @@ bench-scale: ## Measure the cost per instance at each of SIZES instances against
 
 # The dashboard's pictures (docs/images/*.svg, shown in docs/operations.md): the bench records the operator's
 # /metrics every second (--record) on a real control plane from $(KUBEBUILDER_ASSETS), first while N instances
-# converge, then (--operand) while one instance of three real memcached servers (Debian's, /usr/bin/memcached)
-# is read by a cache-aside client through a rollout and a scale-down; `cargo xtask dashboard-pictures` then
-# evaluates each pictured panel's own queries from config/grafana over those scrapes. A few minutes. The
+# converge, then (--operand) while two instances of three real memcached servers (Debian's), one with warm
+# handover and one without, are each read by a cache-aside client hashing with ketama over the published list
+# through a rollout, a scale-down and a scale-up; `cargo xtask dashboard-pictures` then evaluates each
+# pictured panel's own queries from config/grafana over those scrapes (and prints the hit ratio's lowest
+# value between the run's moments). A few minutes. The
 # operator is the bench's default (the release build) unless ARGS names another: ARGS="--operator
 # target/debug/memcached-operator". The recordings stay in $(SAMPLES).
 SAMPLES ?= target/dashboard-samples

@@ -38,6 +38,12 @@ struct WatchErrorLabels {
     reason: &'static str,
 }
 
+/// One of the operator's caches, by the resource its watch reads.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CacheLabels {
+    resource: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct RequestLabels {
     verb: &'static str,
@@ -79,6 +85,8 @@ const OPERATOR_SERIES: &[&str] = &[
     "memcached_operator_api_available",
     "memcached_operator_watch_errors_total",
     "memcached_operator_instance_condition",
+    "memcached_operator_cache_objects",
+    "memcached_operator_cache_bytes",
     "memcached_operator_stats_reads_total",
     "memcached_operator_certificate_refreshes_total",
     "memcached_operator_certificate_reloads_total",
@@ -109,6 +117,8 @@ pub struct Metrics {
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
+    cache_objects: Family<CacheLabels, Gauge>,
+    cache_bytes: Family<CacheLabels, Gauge>,
     operand_registry: Registry,
     operand: Arc<OperandMetrics>,
     handovers: Arc<HandoverMetrics>,
@@ -180,6 +190,19 @@ impl Default for Metrics {
             leader last computed it",
             Family::<ConditionLabels, Gauge>::default(),
         );
+        let cache_objects = registered(
+            &mut registry,
+            "cache_objects",
+            "Objects in the operator's packed cache of a resource (the children and pods it watches)",
+            Family::<CacheLabels, Gauge>::default(),
+        );
+        let cache_bytes = registered(
+            &mut registry,
+            "cache_bytes",
+            "Bytes the operator's cache of a resource holds: the objects' packed texts, names and map \
+            entries (the maps' spare capacity, at most as much again, is not counted)",
+            Family::<CacheLabels, Gauge>::default(),
+        );
         let handovers = Arc::new(HandoverMetrics::default());
         handovers.register(&mut registry);
         let operand = Arc::new(OperandMetrics::default());
@@ -199,6 +222,8 @@ impl Default for Metrics {
             api_available,
             watch_errors,
             conditions,
+            cache_objects,
+            cache_bytes,
         }
     }
 }
@@ -296,6 +321,15 @@ impl Metrics {
     }
 
     /// Counts a watch that failed (`reason` "failed") or expired and is re-listed ("expired").
+    /// The gauges of the cache of `resource` (its objects, its bytes), for its writer to keep up to date.
+    pub fn cache_gauges(&self, resource: &'static str) -> (Gauge, Gauge) {
+        let labels = CacheLabels { resource };
+        (
+            self.cache_objects.get_or_create(&labels).clone(),
+            self.cache_bytes.get_or_create(&labels).clone(),
+        )
+    }
+
     pub fn watch_error(&self, resource: &'static str, reason: &'static str) {
         self.watch_errors
             .get_or_create(&WatchErrorLabels { resource, reason })
@@ -465,6 +499,9 @@ mod tests {
         metrics.set_api_available(true);
         metrics.set_conditions("ns", "cache", &[]);
         metrics.watch_error("pods", "expired");
+        let (objects, bytes) = metrics.cache_gauges("pods");
+        objects.set(3);
+        bytes.set(700);
         drop(metrics.reconcile_timer());
         metrics.operand().count_read("timeout");
         let stopped = crate::handover::Failure {
@@ -515,6 +552,8 @@ mod tests {
             "memcached_operator_api_available 1",
             "memcached_operator_watch_errors_total{resource=\"pods\",reason=\"expired\"} 1",
             "memcached_operator_reconcile_duration_seconds_count 1",
+            "memcached_operator_cache_objects{resource=\"pods\"} 3",
+            "memcached_operator_cache_bytes{resource=\"pods\"} 700",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

@@ -16,8 +16,10 @@
 //! over its RSS before the change (`VmHWM` reset through `/proc/<pid>/clear_refs`).
 //!
 //! The client speaks the text protocol itself and places keys as the operator's `hashing` module does for
-//! `jump` (MD5 of the key, its low 64 bits, Lamping and Veach's jump hash over the slots): the bench runs the
-//! operator binary and does not link its library.
+//! `jump` (MD5 of the key, its low 64 bits, Lamping and Veach's jump hash over the slots), written out
+//! here and checked against the PyPI package's placements, so that this table does not rest on the
+//! operator's own code. (The operand run's client, [`crate::cache_client`], places keys with the operator's
+//! `hashing` module, which tests/hashing.rs holds to the client libraries.)
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -51,7 +53,7 @@ const BATCH_BYTES: usize = 1 << 20;
 /// The copies' time bound in the refusing rollout (`spec.handover.timeoutSeconds`).
 const REFUSED_TIMEOUT_SECONDS: u64 = 60;
 /// The instance of each operation.
-const INSTANCE: &str = "cache";
+pub const INSTANCE: &str = "cache";
 const FIELD_MANAGER: &str = "bench-handovers";
 /// Verbs that change something, as the audit log names them.
 const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
@@ -285,10 +287,11 @@ async fn operate(
     Ok(HandoversReport { server, rows })
 }
 
-/// An operation's namespace, holding its instance.
-struct Namespace {
-    client: Client,
-    name: String,
+/// A namespace holding one instance named [`INSTANCE`] (an operation's here; each instance of the operand
+/// run's, [`crate::operand`]).
+pub(crate) struct Namespace {
+    pub(crate) client: Client,
+    pub(crate) name: String,
 }
 
 impl Namespace {
@@ -296,7 +299,8 @@ impl Namespace {
         Api::namespaced_with(self.client.clone(), &self.name, &memcached_resource())
     }
 
-    async fn apply(&self, spec: &Value) -> Result<(), String> {
+    /// Server-side applies the instance with `spec`.
+    pub(crate) async fn apply(&self, spec: &Value) -> Result<(), String> {
         let object = json!({
             "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
             "metadata": {"name": INSTANCE, "namespace": self.name},
@@ -313,7 +317,8 @@ impl Namespace {
             .map_err(|e| format!("cannot apply Memcached {}/{INSTANCE}: {e}", self.name))
     }
 
-    async fn generation(&self) -> Result<i64, String> {
+    /// The instance's generation.
+    pub(crate) async fn generation(&self) -> Result<i64, String> {
         let mc = self
             .instances()
             .get(INSTANCE)
@@ -325,7 +330,7 @@ impl Namespace {
     /// Waits until the instance, of a generation past `changed_from`, is settled (status of its
     /// generation, `Available=True`, `Progressing=False`, `Degraded=False`) with every slot's pod ready;
     /// returns the pods' addresses in slot order.
-    async fn settled(
+    pub(crate) async fn settled(
         &self,
         changed_from: i64,
         operator: &mut Operator,

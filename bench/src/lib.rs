@@ -155,9 +155,20 @@ pub struct Report {
     /// `memcached_operator_kube_responses_total` at the end of the settled window.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub responses_by_protocol: Option<BTreeMap<String, u64>>,
+    /// On a real server: what the operator's caches hold at the end of the settled window, by resource
+    /// (`memcached_operator_cache_objects` and `memcached_operator_cache_bytes`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub caches: BTreeMap<String, CacheFootprint>,
     /// `--restart-settled`: what a new operator did with the settled instances.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub restart: Option<Restart>,
+}
+
+/// One of the operator's caches: its objects and the bytes they take (as the operator counts them).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct CacheFootprint {
+    pub objects: u64,
+    pub bytes: u64,
 }
 
 /// A per-instance delay over all instances: median and maximum, in seconds.
@@ -349,6 +360,7 @@ pub async fn run(options: &Options) -> Result<Report, String> {
         settle_seconds: options.settle.as_secs(),
         connections: Some(connections),
         responses_by_protocol: None,
+        caches: BTreeMap::new(),
         restart: None,
     })
 }
@@ -474,6 +486,9 @@ impl Report {
             )),
             (None, None) => rows.push(("API server connections", "not counted".to_owned())),
         }
+        if !self.caches.is_empty() {
+            rows.push(("operator's caches", describe_caches(&self.caches, n)));
+        }
         for (name, value) in rows {
             out.push_str(&format!("{name:<28} {value}\n"));
         }
@@ -508,6 +523,29 @@ impl Report {
         }
         out
     }
+}
+
+/// The operator's caches in one line: in all, then each resource's bytes per instance (the empty ones left
+/// out).
+fn describe_caches(caches: &BTreeMap<String, CacheFootprint>, instances: f64) -> String {
+    let total: u64 = caches.values().map(|c| c.bytes).sum();
+    let each: Vec<String> = caches
+        .iter()
+        .filter(|(_, c)| c.objects > 0)
+        .map(|(resource, c)| {
+            format!(
+                "{resource} {} objects {:.2} kB/instance",
+                c.objects,
+                c.bytes as f64 / 1000.0 / instances
+            )
+        })
+        .collect();
+    format!(
+        "{:.1} MiB, {:.2} kB/instance ({})",
+        total as f64 / 1024.0 / 1024.0,
+        total as f64 / 1000.0 / instances,
+        each.join("; ")
+    )
 }
 
 impl Restart {

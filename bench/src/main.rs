@@ -103,10 +103,11 @@ struct Cli {
     /// --operand, and the run's moments in *.marks.json), for `cargo xtask dashboard-pictures`.
     #[arg(long, value_name = "DIR")]
     record: Option<PathBuf>,
-    /// Instead of the convergence of --instances: one instance of 3 real memcached servers (Debian's, run
-    /// by the stand-in kubelet on a control plane from $KUBEBUILDER_ASSETS), read by a cache-aside client
-    /// through a rollout and a scale-down, the operator reading their statistics every second. Needs
-    /// --record.
+    /// Instead of the convergence of --instances: two instances of 3 real memcached servers (Debian's, run
+    /// by the stand-in kubelet on a control plane from $KUBEBUILDER_ASSETS), one with warm handover and
+    /// one without, each read by a cache-aside client hashing with ketama over its published list,
+    /// through a rollout, a scale-down and a scale-up, the operator reading their statistics every
+    /// second. Needs --record.
     #[arg(long, requires = "record", conflicts_with_all = ["real", "plain_http", "runs", "restart_settled"])]
     operand: bool,
     /// Instead of the convergence of --instances: warm handovers on a control plane from
@@ -260,7 +261,7 @@ fn main() -> ExitCode {
             phase: Duration::from_secs(cli.phase_seconds),
         };
         eprintln!(
-            "operand run: {} real memcached servers against {}",
+            "operand run: two instances of {} real memcached servers, handover on and off, against {}",
             operand.size,
             options.operator.display()
         );

@@ -1,16 +1,24 @@
-//! `--operand`: a run for the operand panels of the dashboard (hit ratio, items, memory), recorded with
-//! `--record DIR`. On a real control plane from `$KUBEBUILDER_ASSETS` whose stand-in kubelet runs Debian's
-//! memcached for each pod, the operator (statistics read every second) runs one instance of
-//! [`OperandOptions::size`] servers, and a cache-aside reader ([`crate::cache_client`]) reads a fixed set
-//! of keys through it the whole time. The phases, each marked in `DIR/operand.marks.json`:
+//! `--operand`: a run for the operand panels of the dashboard (hit ratio, items, memory, warm handovers),
+//! recorded with `--record DIR`. On a real control plane from `$KUBEBUILDER_ASSETS` whose stand-in kubelet
+//! runs Debian's memcached for each pod, the operator (statistics read every second) runs two instances
+//! side by side, alike but for `spec.handover.enabled`: `handover-on/cache` and `handover-off/cache`
+//! ([`SIDES`]). Both declare `spec.clients.hashing: ketama`, and each is read the whole time by a
+//! cache-aside client of its own ([`crate::cache_client`]) that follows the instance's published list
+//! (re-read every [`LIST_INTERVAL`]) and places keys as libmemcached's ketama does, with the same load.
+//! The phases, each applied to both instances at once and marked in `DIR/operand.marks.json`:
 //!
-//! 1. the instance is created and the reader fills it (every first read of a key misses and sets it);
-//! 2. a rollout (a changed memory limit) replaces the servers one at a time, each new one empty: its keys
-//!    miss again until the reader has set them anew;
-//! 3. a scale-down by one server: its keys move to the others, and miss there once.
+//! 1. the instances are created and the readers fill them (every first read of a key misses and sets it);
+//! 2. a rollout (a changed memory limit) replaces the servers one at a time, each new one empty: with a
+//!    handover the operator copies to it the items clients will look for there before it is published;
+//! 3. a scale-down by one server: its keys move to the others;
+//! 4. a scale-up by one server, a new one: under ketama its share of the keys moves to it.
 //!
-//! Each phase lasts until the operator has done its part (the Deployment rolled out or scaled) and then
-//! [`OperandOptions::phase`] more, so that the curves settle before the next change.
+//! The scale-down comes first: after a scale-up, a scale-down publishes the list from before it again,
+//! and every key it moves goes back to a server that still holds the copy it had then (memcached does
+//! not drop items that clients stopped reading), so both instances would hit alike there.
+//!
+//! Each phase lasts until both instances have settled (`Available`, not `Progressing`, every server
+//! published) and then [`OperandOptions::phase`] more, so that the curves settle before the next change.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,31 +26,37 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use envtest::Env;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::{Api, Client};
+use memcached_operator::api::names::CONFIG_MAP_SUFFIX;
+use memcached_operator::hashing::Scheme;
+use memcached_operator::resources::servers::SERVERS_KEY;
 use serde_json::{Value, json};
+use tokio::sync::watch;
 
 use crate::Options;
-use crate::cache_client::{Counts, Reader, Server};
+use crate::cache_client::{Counts, Reader};
+use crate::handovers::{INSTANCE, Namespace};
 use crate::process::Operator;
-use crate::real::{memcached_resource, start_with_memcached};
+use crate::real::start_with_memcached;
 use crate::record::{Mark, Recorder, write_marks};
 
-/// The namespace and name of the instance.
-pub const NAMESPACE: &str = "operand";
-pub const INSTANCE: &str = "cache";
+/// The namespaces of the two instances, each named [`INSTANCE`], and whether it hands over.
+pub const SIDES: [(&str, bool); 2] = [("handover-on", true), ("handover-off", false)];
 
 /// The name the recording is written under: `DIR/operand.jsonl` and `DIR/operand.marks.json`.
 pub const RECORDING: &str = "operand";
 
-/// The field manager of the run's writes to the instance.
-const FIELD_MANAGER: &str = "bench-operand";
+/// The hashing both instances declare and their clients place keys with.
+pub const HASHING: (&str, Scheme) = ("ketama", Scheme::Ketama);
 
-/// How often the reader looks up the ready servers again (as a client's discovery of a Service's
-/// endpoints would).
-const DISCOVERY_INTERVAL: Duration = Duration::from_secs(1);
+/// How often a reader reads the published list again (as a client watching the ConfigMap, or re-reading
+/// a mounted copy, would).
+pub const LIST_INTERVAL: Duration = Duration::from_secs(1);
+
+/// `spec.scaling.drainSeconds` of both instances: how long a scale-down's drained servers stay after the
+/// shorter list is published.
+const DRAIN_SECONDS: u32 = 10;
 
 /// What `--operand` adds to [`Options`].
 #[derive(Clone, Debug)]
@@ -51,20 +65,28 @@ pub struct OperandOptions {
     pub config_dir: PathBuf,
     /// Where the recording goes.
     pub record_dir: PathBuf,
-    /// Servers of the instance before the scale-down.
+    /// Servers of each instance at creation; the scale-down removes one, the scale-up adds one again.
     pub size: i32,
-    /// Keys the reader reads in turn.
+    /// Keys each reader reads in turn.
     pub keys: usize,
     /// Bytes of each value.
     pub value_bytes: usize,
     /// Each server's memory for items (`memcached.maxMemoryMB`); the rollout adds one.
     pub memory_mb: u32,
-    /// Reads per second.
+    /// Reads per second, of each reader.
     pub reads_per_second: u32,
-    /// The instance's `rollout.warmupSeconds`.
+    /// The instances' `rollout.warmupSeconds`.
     pub warmup_seconds: u32,
     /// How long each phase goes on once the operator is done with it.
     pub phase: Duration,
+}
+
+/// What one reader did during one step (from its change to the next one's).
+#[derive(Clone, Debug)]
+pub struct Step {
+    pub step: String,
+    /// The reads of each instance, in the order of [`SIDES`].
+    pub reads: Vec<Counts>,
 }
 
 /// What the run did: for the docs' captions and the terminal.
@@ -73,26 +95,35 @@ pub struct OperandReport {
     pub server: String,
     pub recording: PathBuf,
     pub scrapes: usize,
-    pub reads: Counts,
+    pub steps: Vec<Step>,
     pub seconds: f64,
 }
 
 impl std::fmt::Display for OperandReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let Counts {
-            hits,
-            misses,
-            errors,
-        } = self.reads;
-        write!(
+        writeln!(
             f,
-            "operand run on {} in {:.0} s: {hits} hits, {misses} misses, {errors} failed reads; {} \
-             scrapes in {}",
+            "operand run on {} in {:.0} s, {} scrapes in {}; the clients' reads ({} hashing over the \
+             published list):",
             self.server,
             self.seconds,
             self.scrapes,
-            self.recording.display()
-        )
+            self.recording.display(),
+            HASHING.0
+        )?;
+        for step in &self.steps {
+            for ((namespace, _), reads) in SIDES.iter().zip(&step.reads) {
+                let ratio = reads
+                    .hit_ratio()
+                    .map_or("-".to_owned(), |r| format!("{:.1} %", r * 100.0));
+                writeln!(
+                    f,
+                    "  {:<24} {namespace}/{INSTANCE}: {} hits, {} misses ({ratio} hit), {} failed",
+                    step.step, reads.hits, reads.misses, reads.errors
+                )?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -102,6 +133,48 @@ pub async fn run(options: &Options, operand: &OperandOptions) -> Result<OperandR
     let report = phases(&env, options, operand).await;
     env.stop().await;
     report
+}
+
+/// The spec of an instance of `size` servers of `memory_mb` each, handing over or not.
+fn spec(operand: &OperandOptions, handover: bool, size: i32, memory_mb: u32) -> Value {
+    json!({
+        "size": size,
+        "memcached": {"maxMemoryMB": memory_mb},
+        "rollout": {"warmupSeconds": operand.warmup_seconds},
+        "clients": {"hashing": HASHING.0},
+        "handover": {"enabled": handover},
+        "scaling": {"drainSeconds": DRAIN_SECONDS},
+        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5}
+    })
+}
+
+/// The two instances, their readers' counts, and the operator that runs them.
+struct Sides<'a> {
+    namespaces: Vec<(Namespace, bool)>,
+    counts: Vec<watch::Receiver<Counts>>,
+    operator: &'a mut Operator,
+    operand: &'a OperandOptions,
+}
+
+impl Sides<'_> {
+    /// Applies the spec of `size` servers of `memory_mb` to both instances and waits until both settled.
+    async fn change(&mut self, size: i32, memory_mb: u32) -> Result<(), String> {
+        let mut before = Vec::new();
+        for (namespace, handover) in &self.namespaces {
+            before.push(namespace.generation().await.unwrap_or(0));
+            namespace
+                .apply(&spec(self.operand, *handover, size, memory_mb))
+                .await?;
+        }
+        for ((namespace, _), generation) in self.namespaces.iter().zip(before) {
+            namespace.settled(generation, self.operator).await?;
+        }
+        Ok(())
+    }
+
+    fn counts(&self) -> Vec<Counts> {
+        self.counts.iter().map(|c| *c.borrow()).collect()
+    }
 }
 
 async fn phases(
@@ -119,9 +192,11 @@ async fn phases(
         .install_operator_rbac(&operand.config_dir)
         .await
         .map_err(|e| format!("cannot install the operator's CRD and RBAC: {e:#}"))?;
-    envtest::create_namespace(&client, NAMESPACE, &[])
-        .await
-        .map_err(|e| format!("{e:#}"))?;
+    for (namespace, _) in SIDES {
+        envtest::create_namespace(&client, namespace, &[])
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+    }
 
     // The collector reads every server each second, and the status summary follows every few seconds.
     let mut with_stats = options.clone();
@@ -132,285 +207,170 @@ async fn phases(
     operator.wait_ready(Duration::from_secs(60)).await?;
     let recorder = Recorder::start(operator.metrics_address()?, &operand.record_dir, RECORDING)?;
     let started = Instant::now();
-    let mut marks = Vec::new();
-
-    let spec = |size: i32, memory_mb: u32| {
-        json!({
-            "size": size,
-            "memcached": {"maxMemoryMB": memory_mb},
-            "rollout": {"warmupSeconds": operand.warmup_seconds},
-            "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5}
-        })
-    };
-    marks.push(Mark::now(format!("{} servers created", operand.size)));
-    apply(&client, spec(operand.size, operand.memory_mb)).await?;
     let stop = Arc::new(AtomicBool::new(false));
-    let reader = tokio::spawn(read_all_along(
-        client.clone(),
-        operand.clone(),
-        stop.clone(),
-    ));
-
-    let deadline = |phase: &str| {
-        let limit =
-            Duration::from_secs(u64::from(operand.warmup_seconds + 20) * operand.size as u64 + 60);
-        (phase.to_owned(), Instant::now() + limit)
+    let mut readers = Vec::new();
+    let mut counts = Vec::new();
+    for (namespace, _) in SIDES {
+        let (sender, receiver) = watch::channel(Counts::default());
+        readers.push(tokio::spawn(read_all_along(
+            client.clone(),
+            namespace,
+            operand.clone(),
+            sender,
+            stop.clone(),
+        )));
+        counts.push(receiver);
+    }
+    let mut sides = Sides {
+        namespaces: SIDES
+            .iter()
+            .map(|(name, handover)| {
+                let namespace = Namespace {
+                    client: client.clone(),
+                    name: (*name).to_owned(),
+                };
+                (namespace, *handover)
+            })
+            .collect(),
+        counts,
+        operator: &mut operator,
+        operand,
     };
-    wait_deployment(
-        &client,
-        &mut operator,
-        operand.size,
-        0,
-        deadline("creation"),
-    )
-    .await?;
-    tokio::time::sleep(operand.phase).await;
-
-    marks.push(Mark::now("rollout starts"));
-    let before = generation(&client).await?;
-    apply(&client, spec(operand.size, operand.memory_mb + 1)).await?;
-    wait_deployment(
-        &client,
-        &mut operator,
-        operand.size,
-        before,
-        deadline("rollout"),
-    )
-    .await?;
-    marks.push(Mark::now("rollout done"));
-    tokio::time::sleep(operand.phase).await;
-
-    marks.push(Mark::now(format!("scale-down to {}", operand.size - 1)));
-    let before = generation(&client).await?;
-    apply(&client, spec(operand.size - 1, operand.memory_mb + 1)).await?;
-    wait_deployment(
-        &client,
-        &mut operator,
-        operand.size - 1,
-        before,
-        deadline("scale-down"),
-    )
-    .await?;
-    marks.push(Mark::now("scale-down done"));
-    tokio::time::sleep(operand.phase).await;
+    let (size, memory) = (operand.size, operand.memory_mb);
+    let changes = [
+        (format!("{size} servers created"), None, size, memory),
+        ("rollout".to_owned(), Some("rollout done"), size, memory + 1),
+        (
+            format!("scale-down to {}", size - 1),
+            Some("scale-down done"),
+            size - 1,
+            memory + 1,
+        ),
+        (
+            format!("scale-up to {size}"),
+            Some("scale-up done"),
+            size,
+            memory + 1,
+        ),
+    ];
+    let mut marks = Vec::new();
+    let mut steps = Vec::new();
+    for (label, done, size, memory_mb) in changes {
+        let at_start = sides.counts();
+        marks.push(Mark::now(label.clone()));
+        eprintln!("operand run: {label}");
+        sides.change(size, memory_mb).await?;
+        if let Some(done) = done {
+            marks.push(Mark::now(done));
+        }
+        tokio::time::sleep(operand.phase).await;
+        let reads = sides
+            .counts()
+            .into_iter()
+            .zip(at_start)
+            .map(|(now, then)| now.since(then))
+            .collect();
+        steps.push(Step { step: label, reads });
+    }
 
     stop.store(true, Ordering::Relaxed);
-    let reads = reader
-        .await
-        .map_err(|e| format!("the reader failed: {e}"))?;
-    let (recording, counts) = recorder.finish().await?;
+    for reader in readers {
+        reader.await.map_err(|e| format!("a reader failed: {e}"))?;
+    }
+    let (recording, recorded) = recorder.finish().await?;
     operator.stop();
     write_marks(&operand.record_dir, RECORDING, &marks)?;
     Ok(OperandReport {
         server,
         recording,
-        scrapes: counts.written,
-        reads,
+        scrapes: recorded.written,
+        steps,
         seconds: started.elapsed().as_secs_f64(),
     })
 }
 
-/// Server-side applies the instance's spec.
-async fn apply(client: &Client, spec: Value) -> Result<(), String> {
-    let api: Api<DynamicObject> =
-        Api::namespaced_with(client.clone(), NAMESPACE, &memcached_resource());
-    let object = json!({
-        "apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
-        "metadata": {"name": INSTANCE, "namespace": NAMESPACE},
-        "spec": spec
-    });
-    api.patch(
-        INSTANCE,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(object),
-    )
-    .await
-    .map(|_| ())
-    .map_err(|e| format!("cannot apply Memcached {NAMESPACE}/{INSTANCE}: {e}"))
-}
-
-/// The generation of the instance's Deployment (0 while it has none).
-async fn generation(client: &Client) -> Result<i64, String> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let selector = format!("app.kubernetes.io/instance={INSTANCE}");
-    let list = api
-        .list(&ListParams::default().labels(&selector))
-        .await
-        .map_err(|e| format!("cannot list the Deployments of {NAMESPACE}/{INSTANCE}: {e}"))?;
-    Ok(list
-        .items
-        .iter()
-        .filter_map(|d| d.metadata.generation)
-        .max()
-        .unwrap_or(0))
-}
-
-/// Waits until the instance's Deployment has been changed by the operator (its generation is past
-/// `changed_from`: until then the old, finished rollout would pass for the new one), has seen that
-/// change, and has `replicas` updated, available servers and no others.
-async fn wait_deployment(
-    client: &Client,
-    operator: &mut Operator,
-    replicas: i32,
-    changed_from: i64,
-    (phase, deadline): (String, Instant),
-) -> Result<(), String> {
-    let api: Api<Deployment> = Api::namespaced(client.clone(), NAMESPACE);
-    let selector = format!("app.kubernetes.io/instance={INSTANCE}");
-    loop {
-        operator.check_running()?;
-        // A failed list (a busy API server) says nothing: ask again.
-        if let Ok(list) = api.list(&ListParams::default().labels(&selector)).await
-            && list.items.iter().any(|d| {
-                d.metadata.generation.unwrap_or(0) > changed_from && rolled_out(d, replicas)
-            })
-        {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "the {phase} did not finish: the Deployment of {NAMESPACE}/{INSTANCE} has not \
-                 {replicas} updated, available servers; the operator's log: {}",
-                operator.log_path().display()
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Whether `deployment` has `replicas` servers, all of its latest template and available.
-fn rolled_out(deployment: &Deployment, replicas: i32) -> bool {
-    let (Some(spec), Some(status)) = (&deployment.spec, &deployment.status) else {
-        return false;
-    };
-    spec.replicas == Some(replicas)
-        && status.observed_generation == deployment.metadata.generation
-        && status.replicas == Some(replicas)
-        && status.updated_replicas == Some(replicas)
-        && status.available_replicas == Some(replicas)
-}
-
-/// The reader's loop until `stop`: `reads_per_second` reads of the keys in turn, the ready servers looked
-/// up every [`DISCOVERY_INTERVAL`].
-async fn read_all_along(client: Client, operand: OperandOptions, stop: Arc<AtomicBool>) -> Counts {
-    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
-    let selector = format!("app.kubernetes.io/instance={INSTANCE}");
-    let mut reader = Reader::default();
-    let mut servers: Vec<Server> = Vec::new();
-    let mut discovered: Option<Instant> = None;
+/// One reader's loop until `stop`: `reads_per_second` reads of the keys in turn over the instance's
+/// published list, read again every [`LIST_INTERVAL`]; its counts sent after each read.
+async fn read_all_along(
+    client: Client,
+    namespace: &'static str,
+    operand: OperandOptions,
+    counts: watch::Sender<Counts>,
+    stop: Arc<AtomicBool>,
+) {
+    let lists: Api<ConfigMap> = Api::namespaced(client, namespace);
+    let list_name = format!("{INSTANCE}{CONFIG_MAP_SUFFIX}");
+    let mut reader = Reader::new(HASHING.1);
+    let mut listed: Option<Instant> = None;
     let mut ticks = tokio::time::interval(Duration::from_secs(1) / operand.reads_per_second.max(1));
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut key = 0;
     while !stop.load(Ordering::Relaxed) {
         ticks.tick().await;
-        if discovered.is_none_or(|at| at.elapsed() >= DISCOVERY_INTERVAL) {
-            discovered = Some(Instant::now());
-            // Keep the servers known when the list fails.
-            if let Ok(list) = pods.list(&ListParams::default().labels(&selector)).await {
-                servers = list.items.iter().filter_map(ready_server).collect();
-                reader.forget_others(&servers);
+        if listed.is_none_or(|at| at.elapsed() >= LIST_INTERVAL) {
+            listed = Some(Instant::now());
+            // Until the ConfigMap exists, or when reading it fails, the list known stays.
+            if let Ok(Some(list)) = lists.get_opt(&list_name).await {
+                reader.follow(&published(&list));
             }
         }
-        if servers.is_empty() {
+        if reader.servers().is_empty() {
             continue;
         }
         reader
-            .read_through(&format!("key-{key:06}"), &servers, operand.value_bytes)
+            .read_through(&format!("key-{key:06}"), operand.value_bytes)
             .await;
+        counts.send_replace(reader.counts);
         key = (key + 1) % operand.keys.max(1);
     }
-    reader.counts
 }
 
-/// A pod that serves: Ready, not being deleted, with an IP; memcached on its `containerPort`.
-fn ready_server(pod: &Pod) -> Option<Server> {
-    if pod.metadata.deletion_timestamp.is_some() {
-        return None;
-    }
-    let status = pod.status.as_ref()?;
-    let ready = status
-        .conditions
-        .as_ref()?
-        .iter()
-        .any(|c| c.type_ == "Ready" && c.status == "True");
-    if !ready {
-        return None;
-    }
-    let port = pod
-        .spec
-        .as_ref()?
-        .containers
-        .iter()
-        .find(|c| c.name == "memcached")?
-        .ports
-        .as_ref()?
-        .iter()
-        .find_map(|p| u16::try_from(p.container_port).ok())?;
-    let ip = status.pod_ip.as_ref()?.parse().ok()?;
-    Some(Server {
-        pod: pod.metadata.name.clone()?,
-        addr: std::net::SocketAddr::new(ip, port),
-    })
+/// The `host:port` entries of a published list, in slot order.
+fn published(list: &ConfigMap) -> Vec<String> {
+    list.data
+        .as_ref()
+        .and_then(|data| data.get(SERVERS_KEY))
+        .map(|servers| servers.lines().map(str::to_owned).collect())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn deployment(generation: i64, observed: i64, replicas: i32, updated: i32) -> Deployment {
-        serde_json::from_value(json!({
-            "metadata": {"name": "cache", "generation": generation},
-            "spec": {"replicas": replicas, "selector": {}, "template": {}},
-            "status": {
-                "observedGeneration": observed, "replicas": replicas,
-                "updatedReplicas": updated, "availableReplicas": replicas
-            }
+    #[test]
+    fn the_published_list_is_read_in_slot_order() {
+        let list: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "cache-servers"},
+            "data": {SERVERS_KEY: "10.0.0.2:11211\n10.0.0.1:11211\n"}
         }))
-        .unwrap()
+        .unwrap();
+        assert_eq!(published(&list), ["10.0.0.2:11211", "10.0.0.1:11211"]);
+        assert!(published(&ConfigMap::default()).is_empty());
     }
 
     #[test]
-    fn a_rollout_is_done_when_every_server_is_updated_and_the_change_seen() {
-        assert!(rolled_out(&deployment(2, 2, 3, 3), 3));
-        assert!(
-            !rolled_out(&deployment(3, 2, 3, 3), 3),
-            "change not seen yet"
-        );
-        assert!(
-            !rolled_out(&deployment(2, 2, 3, 2), 3),
-            "an old server left"
-        );
-        assert!(
-            !rolled_out(&deployment(2, 2, 3, 3), 2),
-            "not scaled down yet"
-        );
-    }
-
-    fn pod(ready: &str, deleting: bool) -> Pod {
-        let mut pod = json!({
-            "metadata": {"name": "cache-a"},
-            "spec": {"containers": [
-                {"name": "exporter", "ports": [{"containerPort": 9150}]},
-                {"name": "memcached", "ports": [{"containerPort": 11211}]}
-            ]},
-            "status": {"podIP": "127.0.1.2", "conditions": [{"type": "Ready", "status": ready}]}
-        });
-        if deleting {
-            pod["metadata"]["deletionTimestamp"] = json!("2025-01-01T00:00:00Z");
-        }
-        serde_json::from_value(pod).unwrap()
-    }
-
-    #[test]
-    fn only_ready_pods_that_stay_serve_on_memcacheds_port() {
+    fn the_two_instances_differ_only_in_their_handover() {
+        let operand = OperandOptions {
+            config_dir: PathBuf::new(),
+            record_dir: PathBuf::new(),
+            size: 3,
+            keys: 1,
+            value_bytes: 1,
+            memory_mb: 16,
+            reads_per_second: 1,
+            warmup_seconds: 10,
+            phase: Duration::ZERO,
+        };
+        let mut on = spec(&operand, true, 3, 16);
+        let mut off = spec(&operand, false, 3, 16);
+        assert_eq!(on["clients"]["hashing"], "ketama");
         assert_eq!(
-            ready_server(&pod("True", false)),
-            Some(Server {
-                pod: "cache-a".to_owned(),
-                addr: "127.0.1.2:11211".parse().unwrap()
-            })
+            (&on["handover"]["enabled"], &off["handover"]["enabled"]),
+            (&json!(true), &json!(false))
         );
-        assert_eq!(ready_server(&pod("False", false)), None);
-        assert_eq!(ready_server(&pod("True", true)), None);
+        on["handover"] = Value::Null;
+        off["handover"] = Value::Null;
+        assert_eq!(on, off);
     }
 }

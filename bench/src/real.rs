@@ -42,7 +42,7 @@ use tokio::task::JoinHandle;
 
 use crate::process::{self, Operator};
 use crate::record;
-use crate::{Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
+use crate::{CacheFootprint, Delays, GRACE, Options, Report, Restart, WATCHES_OPEN};
 
 pub mod floor;
 pub mod scale;
@@ -246,7 +246,8 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         &process::children_cpu_seconds(&CONTROL_PLANE),
     );
     let peak_rss_mib = operator.peak_rss_kib()? as f64 / 1024.0;
-    let responses = responses_by_protocol(&operator.metrics().await?);
+    let metrics = operator.metrics().await?;
+    let (responses, caches) = (responses_by_protocol(&metrics), caches(&metrics));
 
     let restart = if real.restart_settled {
         operator.terminate(Duration::from_secs(10)).await;
@@ -316,6 +317,7 @@ async fn measure(env: &Env, options: &Options, real: &RealOptions) -> Result<Rep
         settle_seconds: options.settle.as_secs(),
         connections: None,
         responses_by_protocol: Some(responses),
+        caches,
         restart,
     })
 }
@@ -793,26 +795,51 @@ async fn events_by_reason(client: &Client) -> Result<BTreeMap<String, usize>, St
 
 /// `memcached_operator_kube_responses_total` by protocol, from the operator's metrics text.
 pub fn responses_by_protocol(metrics: &str) -> BTreeMap<String, u64> {
+    by_label(
+        metrics,
+        "memcached_operator_kube_responses_total",
+        "protocol",
+    )
+}
+
+/// What the operator's caches hold, by resource, from its metrics text.
+pub fn caches(metrics: &str) -> BTreeMap<String, CacheFootprint> {
+    let mut out: BTreeMap<String, CacheFootprint> = BTreeMap::new();
+    for (resource, objects) in by_label(metrics, "memcached_operator_cache_objects", "resource") {
+        out.entry(resource).or_default().objects = objects;
+    }
+    for (resource, bytes) in by_label(metrics, "memcached_operator_cache_bytes", "resource") {
+        out.entry(resource).or_default().bytes = bytes;
+    }
+    out
+}
+
+/// The samples of `family` summed by the value of `label`, from a metrics text.
+fn by_label(metrics: &str, family: &str, label: &str) -> BTreeMap<String, u64> {
     let mut out = BTreeMap::new();
+    let label = format!("{label}=");
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("memcached_operator_kube_responses_total{") else {
+        let Some(rest) = line
+            .strip_prefix(family)
+            .and_then(|rest| rest.strip_prefix('{'))
+        else {
             continue;
         };
         let Some((labels, value)) = rest.split_once('}') else {
             continue;
         };
-        let protocol = labels
+        let key = labels
             .split(',')
-            .find_map(|l| l.strip_prefix("protocol="))
+            .find_map(|l| l.strip_prefix(label.as_str()))
             .map(|p| p.trim_matches('"').to_owned());
-        // An integer for a counter of whole answers, but the text format allows a float.
+        // An integer for a count, but the text format allows a float.
         let value = value
             .split_whitespace()
             .next()
             .and_then(|v| v.parse::<f64>().ok())
             .map(|v| v as u64);
-        if let (Some(protocol), Some(value)) = (protocol, value) {
-            *out.entry(protocol).or_insert(0) += value;
+        if let (Some(key), Some(value)) = (key, value) {
+            *out.entry(key).or_insert(0) += value;
         }
     }
     out
@@ -846,6 +873,25 @@ mod tests {
         assert_eq!(counts["HTTP/2"], 1234);
         assert_eq!(counts["HTTP/1.1"], 0);
         assert_eq!(counts.len(), 2);
+    }
+
+    #[test]
+    fn the_caches_are_read_by_resource_from_the_metrics_text() {
+        let text = "memcached_operator_cache_objects{resource=\"pods\"} 3000\n\
+                    memcached_operator_cache_bytes{resource=\"pods\"} 1200000\n\
+                    memcached_operator_cache_bytes_other{resource=\"pods\"} 7\n\
+                    memcached_operator_cache_objects{resource=\"services\"} 6000\n\
+                    memcached_operator_cache_bytes{resource=\"services\"} 900000\n";
+        let caches = caches(text);
+        assert_eq!(
+            caches["pods"],
+            CacheFootprint {
+                objects: 3000,
+                bytes: 1_200_000
+            }
+        );
+        assert_eq!(caches["services"].bytes, 900_000);
+        assert_eq!(caches.len(), 2);
     }
 
     /// An answered request: `what` is `verb resource[/subresource] name`, answered `at` with `code`.

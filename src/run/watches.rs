@@ -511,9 +511,15 @@ where
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
     let (cache, mut writer) = cache::<K>();
+    let (objects, bytes) = metrics.cache_gauges(resource);
     let stream = retrying(metrics, resource, watcher(api, config))
         .inspect_ok(observe)
-        .inspect_ok(move |event| writer.apply_watcher_event(event))
+        .inspect_ok(move |event| {
+            writer.apply_watcher_event(event);
+            let footprint = writer.footprint();
+            objects.set(i64::try_from(footprint.objects).unwrap_or(i64::MAX));
+            bytes.set(i64::try_from(footprint.bytes).unwrap_or(i64::MAX));
+        })
         .inspect_ok(settled)
         .touched_objects();
     (cache, stream)

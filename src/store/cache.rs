@@ -77,6 +77,7 @@ pub fn cache<K: Compactable>() -> (Cache<K>, CacheWriter<K>) {
         objects,
         buffer: None,
         ready: ready_tx,
+        footprint: Footprint::default(),
         kind: PhantomData,
     };
     (cache, writer)
@@ -127,6 +128,47 @@ impl<K> Cache<K> {
     }
 }
 
+/// What a cache holds: its objects, and the bytes they take (see [`CacheWriter::footprint`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Footprint {
+    pub objects: usize,
+    pub bytes: usize,
+}
+
+impl Footprint {
+    fn add(&mut self, bytes: usize) {
+        self.objects += 1;
+        self.bytes += bytes;
+    }
+
+    fn remove(&mut self, bytes: usize) {
+        self.objects = self.objects.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(bytes);
+    }
+
+    fn of(objects: &Objects) -> Self {
+        let mut footprint = Self::default();
+        for (namespace, names) in objects {
+            footprint.bytes += namespace_bytes(namespace);
+            for (name, stored) in names {
+                footprint.add(entry_bytes(name.len(), stored));
+            }
+        }
+        footprint
+    }
+}
+
+/// The bytes one object takes in a cache: its packed texts, its name and its map entry. Spare capacity
+/// of the maps is not counted (at most as much again as the entries, by the maps' growth rule).
+fn entry_bytes(name_len: usize, stored: &Stored) -> usize {
+    name_len + std::mem::size_of::<(Box<str>, Stored)>() + stored.heap_bytes()
+}
+
+/// The bytes a namespace's own entry takes (its name and its empty map).
+fn namespace_bytes(namespace: &str) -> usize {
+    namespace.len() + std::mem::size_of::<(Box<str>, HashMap<Box<str>, Stored>)>()
+}
+
 /// Feeds a [`Cache`] the events of a watch, as a reflector feeds its store: changes one by one, and a
 /// (re)list as a whole, swapped in when complete.
 pub struct CacheWriter<K> {
@@ -134,6 +176,8 @@ pub struct CacheWriter<K> {
     /// The objects of a list in progress.
     buffer: Option<Objects>,
     ready: watch::Sender<bool>,
+    /// What `objects` holds, kept up to date with each event (only the writer changes `objects`).
+    footprint: Footprint,
     kind: PhantomData<fn() -> K>,
 }
 
@@ -142,34 +186,44 @@ impl<K: Compactable> CacheWriter<K> {
         match event {
             watcher::Event::Apply(object) => {
                 if let Some((namespace, name, stored)) = entry(object) {
-                    insert(&mut self.write(), namespace, name, stored);
+                    let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
+                    insert(&mut objects, &mut self.footprint, namespace, name, stored);
                 }
             }
             watcher::Event::Delete(object) => {
-                let mut objects = self.write();
+                let mut objects = self.objects.write().unwrap_or_else(|e| e.into_inner());
                 let namespace = object.namespace().unwrap_or_default();
                 if let Some(names) = objects.get_mut(namespace.as_str()) {
-                    names.remove(object.name_any().as_str());
+                    let name = object.name_any();
+                    if let Some(stored) = names.remove(name.as_str()) {
+                        self.footprint.remove(entry_bytes(name.len(), &stored));
+                    }
                     if names.is_empty() {
                         objects.remove(namespace.as_str());
+                        self.footprint.bytes -= namespace_bytes(&namespace);
                     }
                 }
             }
             watcher::Event::Init => self.buffer = Some(Objects::new()),
             watcher::Event::InitApply(object) => {
                 if let Some((namespace, name, stored)) = entry(object) {
-                    insert(self.buffer.get_or_insert_default(), namespace, name, stored);
+                    let buffer = self.buffer.get_or_insert_default();
+                    insert(buffer, &mut Footprint::default(), namespace, name, stored);
                 }
             }
             watcher::Event::InitDone => {
-                *self.write() = self.buffer.take().unwrap_or_default();
+                let listed = self.buffer.take().unwrap_or_default();
+                self.footprint = Footprint::of(&listed);
+                *self.objects.write().unwrap_or_else(|e| e.into_inner()) = listed;
                 self.ready.send_replace(true);
             }
         }
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Objects> {
-        self.objects.write().unwrap_or_else(|e| e.into_inner())
+    /// What the cache holds now: its objects and their bytes (packed texts, names, map entries), counted
+    /// as events change it, so that reading it costs nothing.
+    pub fn footprint(&self) -> Footprint {
+        self.footprint
     }
 }
 
@@ -189,11 +243,24 @@ fn entry<K: Compactable>(object: &Compact<K>) -> Option<(String, String, Stored)
     }
 }
 
-fn insert(objects: &mut Objects, namespace: String, name: String, stored: Stored) {
-    objects
+fn insert(
+    objects: &mut Objects,
+    footprint: &mut Footprint,
+    namespace: String,
+    name: String,
+    stored: Stored,
+) {
+    let names = objects
         .entry(namespace.into_boxed_str())
-        .or_default()
-        .insert(name.into_boxed_str(), stored);
+        .or_insert_with_key(|namespace| {
+            footprint.bytes += namespace_bytes(namespace);
+            HashMap::new()
+        });
+    let name_len = name.len();
+    footprint.add(entry_bytes(name_len, &stored));
+    if let Some(replaced) = names.insert(name.into_boxed_str(), stored) {
+        footprint.remove(entry_bytes(name_len, &replaced));
+    }
 }
 
 #[cfg(test)]
@@ -275,6 +342,40 @@ mod tests {
             "an object the list did not bring is gone"
         );
         assert!(waiting.await.unwrap(), "ready with the first complete list");
+    }
+
+    #[test]
+    fn the_footprint_follows_the_objects_through_changes_deletions_and_lists() {
+        let (_cache, mut writer) = cache::<Deployment>();
+        assert_eq!(writer.footprint(), Footprint::default());
+        writer.apply_watcher_event(&watcher::Event::Apply(deployment("a", "3", 2)));
+        let one = writer.footprint();
+        assert_eq!(one.objects, 1);
+        assert!(one.bytes > 0);
+        writer.apply_watcher_event(&watcher::Event::Apply(deployment("a", "4", 2)));
+        assert_eq!(
+            writer.footprint(),
+            one,
+            "a change replaces, it does not add"
+        );
+        writer.apply_watcher_event(&watcher::Event::Apply(deployment("b", "5", 1)));
+        let two = writer.footprint();
+        assert_eq!(two.objects, 2);
+        writer.apply_watcher_event(&watcher::Event::Delete(deployment("a", "6", 2)));
+        writer.apply_watcher_event(&watcher::Event::Delete(deployment("b", "7", 1)));
+        assert_eq!(writer.footprint(), Footprint::default(), "nothing left");
+
+        // A list counts what it swaps in, the same as the events would have.
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitApply(deployment("a", "8", 2)));
+        writer.apply_watcher_event(&watcher::Event::InitApply(deployment("b", "9", 1)));
+        assert_eq!(
+            writer.footprint(),
+            Footprint::default(),
+            "not until it is done"
+        );
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        assert_eq!(writer.footprint(), two);
     }
 
     #[tokio::test]

@@ -330,6 +330,11 @@ impl Stored {
     pub(super) fn decode<K: Compactable>(&self) -> Result<K, serde_json::Error> {
         decode(unpacked(&self.metadata)?, &self.body)
     }
+
+    /// Bytes this object holds on the heap: its two packed texts (the dictionaries are shared per kind).
+    pub(super) fn heap_bytes(&self) -> usize {
+        self.metadata.bytes.len() + self.body.bytes.len()
+    }
 }
 
 /// Keeps of an instance everything but its annotations, which the operator never reads, and which

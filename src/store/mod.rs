@@ -29,7 +29,7 @@ use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::{DynamicObject, PartialObjectMeta};
 use kube::runtime::reflector::Store;
 
-pub use cache::{Cache, CacheWriter, cache};
+pub use cache::{Cache, CacheWriter, Footprint, cache};
 pub use compact::{Compact, Compactable};
 pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;

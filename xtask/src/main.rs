@@ -51,7 +51,7 @@ struct PicturesArgs {
     /// Where the SVG files go.
     #[arg(long, default_value = "docs/images")]
     out: PathBuf,
-    /// What $__rate_interval stands for.
+    /// What $__rate_interval and $__interval stand for.
     #[arg(long, default_value = pictures::RATE_INTERVAL)]
     rate_interval: String,
 }
@@ -130,7 +130,7 @@ fn main() -> ExitCode {
             &repo_root().join(&args.out),
             &args.rate_interval,
         )
-        .map(report_written)
+        .map(report_drawn)
         .map_err(error),
     };
     match result {
@@ -154,6 +154,21 @@ fn error(error: impl std::fmt::Display) -> String {
 fn report_written(paths: Vec<PathBuf>) {
     for path in paths {
         eprintln!("wrote {}", path.display());
+    }
+}
+
+/// The pictures written, and under each ratio its lines' lowest values between the run's moments.
+fn report_drawn(drawn: Vec<pictures::Drawn>) {
+    for picture in drawn {
+        eprintln!("wrote {}", picture.path.display());
+        for lowest in picture.lowest {
+            eprintln!(
+                "  lowest {:<28} from {:<24} {:.1} %",
+                lowest.legend,
+                lowest.from,
+                lowest.value * 100.0
+            );
+        }
     }
 }
 

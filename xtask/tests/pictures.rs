@@ -86,7 +86,7 @@ fn the_docs_show_every_picture() {
 }
 
 #[test]
-fn variables_stand_at_all_and_the_rate_interval_at_its_setting() {
+fn variables_stand_at_all_and_the_intervals_at_their_setting() {
     let dashboard = dashboard();
     for picture in PICTURES {
         for expr in exprs_in_json(&dashboard, picture.panel) {
@@ -94,6 +94,7 @@ fn variables_stand_at_all_and_the_rate_interval_at_its_setting() {
             assert!(!query.contains('$'), "{query}");
             let back = query
                 .replace(&format!("[{RATE_INTERVAL}]"), "[$__rate_interval]")
+                .replace(&format!("offset {RATE_INTERVAL}"), "offset $__interval")
                 .replace("namespace=~\".*\"", "namespace=~\"$namespace\"")
                 .replace("memcached=~\".*\"", "memcached=~\"$memcached\"");
             assert_eq!(back, expr, "only the variables were replaced");

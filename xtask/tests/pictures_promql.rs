@@ -199,7 +199,8 @@ fn what_the_evaluator_does_not_know_is_refused_by_name() {
     let r = recording(3, |i| format!("h_bucket{{le=\"1\"}} {i}\n"));
     for query in [
         "histogram_quantile(0.5, sum by (le) (rate(h_bucket[5s])))",
-        "h_bucket offset 1m",
+        "h_bucket @ 1000",
+        "h_bucket and h_bucket",
         "topk(1, h_bucket)",
         "h_bucket > 1",
     ] {
@@ -216,4 +217,81 @@ fn what_the_evaluator_does_not_know_is_refused_by_name() {
         Query::parse("sum(").unwrap_err(),
         EvalError::Parse(_)
     ));
+}
+
+#[test]
+fn offset_reads_the_scrape_that_long_before() {
+    let r = recording(30, |i| format!("copied_total {}\n", 10 * i));
+    assert_eq!(single(&r, "copied_total offset 5s"), 240.0);
+    assert_eq!(single(&r, "copied_total - copied_total offset 5s"), 50.0);
+    // Before the first scrape there is nothing to read.
+    let at_start = Query::parse("copied_total offset 5s")
+        .unwrap()
+        .at(&r, 1_002_000)
+        .unwrap();
+    assert_eq!(at_start, Value::Vector(Default::default()));
+}
+
+#[test]
+fn or_adds_the_right_hand_elements_whose_labels_the_left_lacks() {
+    let r = recording(3, |_| {
+        "x{pod=\"a\"} 1\nx{pod=\"b\"} 2\ny{pod=\"b\"} 20\ny{pod=\"c\"} 30\n".to_owned()
+    });
+    let Value::Vector(union) = Query::parse("sum by (pod) (x) or sum by (pod) (y)")
+        .unwrap()
+        .at(&r, last_scrape(&r))
+        .unwrap()
+    else {
+        panic!("a vector")
+    };
+    let values: Vec<(String, f64)> = union
+        .iter()
+        .map(|(labels, value)| (labels["pod"].clone(), *value))
+        .collect();
+    assert_eq!(
+        values,
+        [("a".into(), 1.0), ("b".into(), 2.0), ("c".into(), 30.0)]
+    );
+}
+
+#[test]
+fn clamp_min_raises_and_clamp_max_lowers_to_the_bound() {
+    let r = recording(3, |_| "d{pod=\"a\"} -3\nd{pod=\"b\"} 5\n".to_owned());
+    let query = |q: &str| match Query::parse(q).unwrap().at(&r, last_scrape(&r)).unwrap() {
+        Value::Vector(v) => v.into_values().collect::<Vec<f64>>(),
+        Value::Scalar(s) => vec![s],
+    };
+    assert_eq!(query("clamp_min(d, 0)"), [0.0, 5.0]);
+    assert_eq!(query("clamp_max(d, 0)"), [-3.0, 0.0]);
+}
+
+/// The handover panels count what a counter added over the interval before each point, a new series'
+/// first copy included, as `xtask/tests/alerts_evaluated.rs` has Prometheus's promtool check of the same
+/// query.
+#[test]
+fn a_new_counters_first_increase_counts_in_the_interval_after_it_appears() {
+    let query =
+        "sum by (outcome) (clamp_min(items_total - (items_total offset 5s or items_total * 0), 0))";
+    // Absent for 10 s, then 5000 copied, 2000 more at 20 s.
+    let r = recording(30, |i| match i {
+        0..10 => "other 1\n".to_owned(),
+        10..20 => "other 1\nitems_total{outcome=\"copied\"} 5000\n".to_owned(),
+        _ => "other 1\nitems_total{outcome=\"copied\"} 7000\n".to_owned(),
+    });
+    let series = Query::parse(query).unwrap().over(&r).unwrap();
+    assert_eq!(series.len(), 1, "{series:?}");
+    let (labels, points) = series.into_iter().next().unwrap();
+    assert_eq!(labels["outcome"], "copied");
+    let at = |second: i64| {
+        points
+            .iter()
+            .find(|p| p.at_ms == 1_000_000 + 1_000 * second)
+            .map(|p| p.value)
+    };
+    assert_eq!(at(9), None, "no series yet");
+    assert_eq!(at(10), Some(5000.0));
+    assert_eq!(at(14), Some(5000.0), "within the interval after it");
+    assert_eq!(at(15), Some(0.0));
+    assert_eq!(at(20), Some(2000.0));
+    assert_eq!(at(25), Some(0.0));
 }

@@ -74,6 +74,8 @@ pub struct Figures {
     /// `cpu_per_instance_ms` over that of the smallest size.
     pub cpu_per_instance_vs_smallest: f64,
     pub peak_rss_mib: f64,
+    /// What the operator's caches hold at the end, per instance, in kB (all resources).
+    pub caches_kb_per_instance: f64,
     /// The reconciler's `patch memcacheds/status`, per instance.
     pub status_writes_per_instance: f64,
     /// The stats collector's writes of `status.stats`, per instance.
@@ -113,6 +115,9 @@ impl Figures {
             cpu_per_instance_ms: operator.cpu_converge_seconds * 1000.0 / n,
             cpu_per_instance_vs_smallest: 1.0,
             peak_rss_mib: operator.peak_rss_mib,
+            caches_kb_per_instance: operator.caches.values().map(|c| c.bytes).sum::<u64>() as f64
+                / 1000.0
+                / n,
             status_writes_per_instance: count(STATUS_WRITES) as f64 / n,
             stats_writes_per_instance: stats_writes as f64 / n,
             requests_per_instance: others as f64 / n,
@@ -192,7 +197,7 @@ fn floor_options(options: &Options, real: &RealOptions) -> FloorOptions {
 /// The table's columns: header, and the cell of a row.
 type Column = (&'static str, fn(&Figures) -> String);
 
-const COLUMNS: [Column; 13] = [
+const COLUMNS: [Column; 14] = [
     ("instances", |f| f.instances.to_string()),
     ("operator CPU converging (s)", |f| {
         format!("{:.2}", f.cpu_converge_seconds)
@@ -204,6 +209,9 @@ const COLUMNS: [Column; 13] = [
         format!("{:.2}x", f.cpu_per_instance_vs_smallest)
     }),
     ("peak RSS (MiB)", |f| format!("{:.1}", f.peak_rss_mib)),
+    ("caches (kB / instance)", |f| {
+        format!("{:.2}", f.caches_kb_per_instance)
+    }),
     ("status writes / instance", |f| {
         format!("{:.2}", f.status_writes_per_instance)
     }),
@@ -239,6 +247,8 @@ first create to the settled window, as every request here.
 - requests: all the operator's requests but watch re-opens and stats writes, per instance. Watch re-opens \
 are counted apart, in all: every watch is open before the first create, so each one after it re-opens one \
 the API server closed (a re-list that follows one stays among the requests).
+- caches: what the operator's packed caches of children and pods hold at the end of the settled window \
+(its `memcached_operator_cache_bytes`), per instance; the report of each run splits it by resource.
 - settled writes: the operator's writes in the settled window, which starts 2 s after all Available.
 - fair floor: `--floor` on a control plane of its own: no operator, a stand-in creates each instance's \
 four children (Deployment, Service, headless Service, server list) and writes its first status; seconds from the first create until every pod was Ready, the floor's \
@@ -341,6 +351,7 @@ mod tests {
             settle_seconds: 60,
             connections: None,
             responses_by_protocol: None,
+            caches: BTreeMap::new(),
             restart: None,
         }
     }

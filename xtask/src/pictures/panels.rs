@@ -17,9 +17,10 @@ pub struct Picture {
     pub file: &'static str,
 }
 
-/// The dashboard's main panels: the operand's through a rollout and a scale-down, the operator's while
-/// 300 instances converge.
-pub const PICTURES: [Picture; 5] = [
+/// The dashboard's main panels: the operand's (two instances, warm handover on and off, through a
+/// rollout, a scale-down and a scale-up), the warm handovers' items in that run, the operator's while 300
+/// instances converge.
+pub const PICTURES: [Picture; 6] = [
     Picture {
         panel: "Hit ratio",
         recording: "operand",
@@ -34,6 +35,11 @@ pub const PICTURES: [Picture; 5] = [
         panel: "Memory used against the limit",
         recording: "operand",
         file: "memory.svg",
+    },
+    Picture {
+        panel: "Handover items by outcome",
+        recording: "operand",
+        file: "handover-items.svg",
     },
     Picture {
         panel: "Reconciles by result",
@@ -142,9 +148,11 @@ fn all_panels(dashboard: &Value) -> Vec<&Value> {
 }
 
 /// `expr` as Grafana sends it with every variable at "All": each `$variable` of the dashboard's
-/// templating replaced by its `allValue`, and `$__rate_interval` by `rate_interval`.
-pub fn instantiate(dashboard: &Value, expr: &str, rate_interval: &str) -> String {
-    let mut out = expr.replace("$__rate_interval", rate_interval);
+/// templating replaced by its `allValue`, and `$__rate_interval` and `$__interval` by `interval`.
+pub fn instantiate(dashboard: &Value, expr: &str, interval: &str) -> String {
+    let mut out = expr
+        .replace("$__rate_interval", interval)
+        .replace("$__interval", interval);
     for variable in dashboard["templating"]["list"]
         .as_array()
         .map(Vec::as_slice)

@@ -3,18 +3,19 @@
 //!
 //! The queries are parsed by `promql-parser` (Prometheus' grammar, maintained by GreptimeDB). It only
 //! parses; no crate on crates.io evaluates PromQL without a storage engine and server of its own, so the
-//! subset the pictured panels use is evaluated here: vector selectors with their matchers (a series
-//! missing from the latest scrape is stale, as with Prometheus' staleness markers), `rate` and `increase`
-//! with Prometheus' extrapolation and counter resets, `sum`/`count`/`min`/`max`/`avg` by or without
-//! labels, and arithmetic between scalars and vectors with one-to-one matching (`on`, `ignoring`). Any
-//! other construct is refused by name ([`EvalError::Unsupported`]) rather than guessed.
+//! subset the pictured panels use is evaluated here: vector selectors with their matchers and `offset` (a
+//! series missing from the latest scrape is stale, as with Prometheus' staleness markers), `rate` and
+//! `increase` with Prometheus' extrapolation and counter resets, `clamp_min` and `clamp_max`,
+//! `sum`/`count`/`min`/`max`/`avg` by or without labels, arithmetic between scalars and vectors with
+//! one-to-one matching (`on`, `ignoring`), and `or`. Any other construct is refused by name
+//! ([`EvalError::Unsupported`]) rather than guessed.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use promql_parser::label::Matchers;
 use promql_parser::parser::{
-    self, AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, VectorMatchCardinality,
+    self, AggregateExpr, BinaryExpr, Call, Expr, LabelModifier, Offset, VectorMatchCardinality,
     VectorSelector,
 };
 
@@ -101,10 +102,7 @@ fn matching<'a>(
     selector: &VectorSelector,
     recording: &'a Recording,
 ) -> Result<impl Iterator<Item = (&'a Labels, &'a [Point])>, EvalError> {
-    if selector.offset.is_some()
-        || selector.at.is_some()
-        || !selector.matchers.or_matchers.is_empty()
-    {
+    if selector.at.is_some() || !selector.matchers.or_matchers.is_empty() {
         return Err(unsupported(selector));
     }
     let name = selector.name.clone();
@@ -117,12 +115,23 @@ fn matching<'a>(
     }))
 }
 
-/// An instant vector: each selected series' latest sample, if the latest scrape had it.
+/// The time `selector` reads at when a query is evaluated at `at_ms`: earlier by its `offset`.
+fn shifted(selector: &VectorSelector, at_ms: i64) -> i64 {
+    match &selector.offset {
+        Some(Offset::Pos(offset)) => at_ms - duration_ms(*offset),
+        Some(Offset::Neg(offset)) => at_ms + duration_ms(*offset),
+        None => at_ms,
+    }
+}
+
+/// An instant vector: each selected series' latest sample, if the latest scrape had it (at the time the
+/// selector's `offset` names).
 fn instant(
     selector: &VectorSelector,
     recording: &Recording,
     at_ms: i64,
 ) -> Result<BTreeMap<Labels, f64>, EvalError> {
+    let at_ms = shifted(selector, at_ms);
     let Some(scrape) = recording.scrape_at(at_ms) else {
         return Ok(BTreeMap::new());
     };
@@ -134,7 +143,7 @@ fn instant(
         .collect())
 }
 
-/// `rate(selector[range])` or `increase(…)`.
+/// `rate(selector[range])`, `increase(…)`, `clamp_min(vector, scalar)` or `clamp_max(…)`.
 fn function(
     call: &Call,
     recording: &Recording,
@@ -143,6 +152,7 @@ fn function(
     let per_second = match call.func.name {
         "rate" => true,
         "increase" => false,
+        "clamp_min" | "clamp_max" => return clamp(call, recording, at_ms),
         _ => return Err(unsupported(call)),
     };
     let [argument] = call.args.args.as_slice() else {
@@ -151,6 +161,7 @@ fn function(
     let Expr::MatrixSelector(matrix) = argument.as_ref() else {
         return Err(unsupported(call));
     };
+    let at_ms = shifted(&matrix.vs, at_ms);
     let start = at_ms - duration_ms(matrix.range);
     Ok(matching(&matrix.vs, recording)?
         .filter_map(|(labels, points)| {
@@ -160,6 +171,37 @@ fn function(
             let mut labels = labels.clone();
             labels.remove(NAME_LABEL);
             Some((labels, value))
+        })
+        .collect())
+}
+
+/// `clamp_min(v, bound)`: each element of `v` raised to `bound` (`clamp_max`: lowered to it), without its
+/// metric name, as Prometheus does.
+fn clamp(
+    call: &Call,
+    recording: &Recording,
+    at_ms: i64,
+) -> Result<BTreeMap<Labels, f64>, EvalError> {
+    let [vector, bound] = call.args.args.as_slice() else {
+        return Err(unsupported(call));
+    };
+    let (Value::Vector(elements), Value::Scalar(bound)) = (
+        eval(vector, recording, at_ms)?,
+        eval(bound, recording, at_ms)?,
+    ) else {
+        return Err(unsupported(call));
+    };
+    let min = call.func.name == "clamp_min";
+    Ok(elements
+        .into_iter()
+        .map(|(mut labels, value)| {
+            labels.remove(NAME_LABEL);
+            let value = if min {
+                value.max(bound)
+            } else {
+                value.min(bound)
+            };
+            (labels, value)
         })
         .collect())
 }
@@ -262,6 +304,9 @@ fn arithmetic(binary: &BinaryExpr, recording: &Recording, at_ms: i64) -> Result<
     };
     let lhs = eval(&binary.lhs, recording, at_ms)?;
     let rhs = eval(&binary.rhs, recording, at_ms)?;
+    if op == "or" {
+        return union(binary, lhs, rhs);
+    }
     let without_name = |labels: &Labels| -> Labels {
         let mut labels = labels.clone();
         labels.remove(NAME_LABEL);
@@ -287,19 +332,7 @@ fn arithmetic(binary: &BinaryExpr, recording: &Recording, at_ms: i64) -> Result<
                 return Err(unsupported(binary));
             }
             let matching = modifier.and_then(|m| m.matching.as_ref());
-            let signature = |labels: &Labels| -> Labels {
-                labels
-                    .iter()
-                    .filter(|(name, _)| match matching {
-                        Some(LabelModifier::Include(on)) => on.labels.contains(name),
-                        Some(LabelModifier::Exclude(ignoring)) => {
-                            *name != NAME_LABEL && !ignoring.labels.contains(name)
-                        }
-                        None => *name != NAME_LABEL,
-                    })
-                    .map(|(name, value)| (name.clone(), value.clone()))
-                    .collect()
-            };
+            let signature = |labels: &Labels| signature(labels, matching);
             let mut right: BTreeMap<Labels, f64> = BTreeMap::new();
             for (labels, value) in &rhs {
                 if right.insert(signature(labels), *value).is_some() {
@@ -319,4 +352,40 @@ fn arithmetic(binary: &BinaryExpr, recording: &Recording, at_ms: i64) -> Result<
             Ok(Value::Vector(out))
         }
     }
+}
+
+/// The labels a vector operation matches `labels` on: those of `on (…)`, all but those of
+/// `ignoring (…)`, or all; never the metric name.
+fn signature(labels: &Labels, matching: Option<&LabelModifier>) -> Labels {
+    labels
+        .iter()
+        .filter(|(name, _)| match matching {
+            Some(LabelModifier::Include(on)) => on.labels.contains(name),
+            Some(LabelModifier::Exclude(ignoring)) => {
+                *name != NAME_LABEL && !ignoring.labels.contains(name)
+            }
+            None => *name != NAME_LABEL,
+        })
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect()
+}
+
+/// `lhs or rhs`: every element of `lhs`, and those of `rhs` whose labels (as matched) no element of
+/// `lhs` has. Both keep their labels, the metric name included, as in Prometheus.
+fn union(binary: &BinaryExpr, lhs: Value, rhs: Value) -> Result<Value, EvalError> {
+    let (Value::Vector(lhs), Value::Vector(rhs)) = (lhs, rhs) else {
+        return Err(unsupported(binary));
+    };
+    let matching = binary.modifier.as_ref().and_then(|m| m.matching.as_ref());
+    let taken: std::collections::BTreeSet<Labels> = lhs
+        .keys()
+        .map(|labels| signature(labels, matching))
+        .collect();
+    let mut out = lhs;
+    for (labels, value) in rhs {
+        if !taken.contains(&signature(&labels, matching)) {
+            out.insert(labels, value);
+        }
+    }
+    Ok(Value::Vector(out))
 }

@@ -220,6 +220,9 @@ fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
     }
 }
 
+/// With TLS on, the proxy's plain-text listener on the pod's loopback, for `stats` only.
+pub const LOOPBACK_STATS_PORT: i32 = 11299;
+
 /// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`, in [`CONFIG_DIR`]; with
 /// `tls`, the certificate and key the servers serve too (`ssl_chain_cert`, `ssl_key`, in
 /// [`args::TLS_DIR`]) and `-Z`: clients must speak TLS.
@@ -249,9 +252,33 @@ pub fn proxy_args_in(port: i32, dir: &str, tls: bool) -> Vec<String> {
         format!("{dir}/{PID_FILE}"),
     ];
     if tls {
-        proxy_args.push("-Z".to_owned());
+        // Every address as without `-l` (`*`), over TLS; and the loopback in the clear on a port of its
+        // own, for the configuration writer's `stats` (it confirms reloads there and holds no certificate).
+        let loopback = loopback_stats_port(port);
+        proxy_args.extend([
+            "-Z".to_owned(),
+            "-l".to_owned(),
+            format!("*,notls:127.0.0.1:{loopback}"),
+        ]);
     }
     proxy_args
+}
+
+/// The port of the proxy's plain-text loopback listener with TLS on: [`LOOPBACK_STATS_PORT`], or the
+/// next one when the instance's port is that one.
+pub fn loopback_stats_port(port: i32) -> i32 {
+    if port == LOOPBACK_STATS_PORT {
+        LOOPBACK_STATS_PORT + 1
+    } else {
+        LOOPBACK_STATS_PORT
+    }
+}
+
+/// The address where the configuration writer reads memcached's `stats`: the proxy's port, or with TLS
+/// on its plain-text loopback listener (a TLS port resets a plain connection).
+fn stats_address(port: i32, tls: bool) -> String {
+    let port = if tls { loopback_stats_port(port) } else { port };
+    format!("127.0.0.1:{port}")
 }
 
 /// The TLS Secret's certificate and key (not its CA), read-only to the pod's group, with TLS on.
@@ -314,7 +341,10 @@ fn config_container(instance: &Instance<'_>, once: bool) -> Container {
             },
             EnvVar {
                 name: "PROXY_STATS_ADDRESS".to_owned(),
-                value: Some(format!("127.0.0.1:{}", instance.spec.container_port)),
+                value: Some(stats_address(
+                    instance.spec.container_port,
+                    instance.spec.tls().is_some(),
+                )),
                 ..EnvVar::default()
             },
         ]),

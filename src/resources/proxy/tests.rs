@@ -238,8 +238,20 @@ fn with_tls_clients_must_speak_tls_with_the_servers_certificate() {
              ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key",
             "-P",
             "/etc/memcached-proxy/memcached.pid",
-            "-Z"
+            "-Z",
+            "-l",
+            "*,notls:127.0.0.1:11299"
         ]
+    );
+    let writer_env = pod.containers[1].env.as_ref().unwrap();
+    let stats = writer_env
+        .iter()
+        .find(|e| e.name == "PROXY_STATS_ADDRESS")
+        .unwrap();
+    assert_eq!(
+        stats.value.as_deref(),
+        Some("127.0.0.1:11299"),
+        "the writer reads stats in the clear on the loopback listener"
     );
     let mount = proxy
         .volume_mounts
@@ -296,6 +308,21 @@ fn without_tls_nothing_of_it_is_there() {
             .all(|v| v.name != "tls")
     );
     assert_eq!(pod.security_context.as_ref().unwrap().fs_group, None);
+    let writer_env = pod.containers[1].env.as_ref().unwrap();
+    let stats = writer_env
+        .iter()
+        .find(|e| e.name == "PROXY_STATS_ADDRESS")
+        .unwrap();
+    assert_eq!(stats.value.as_deref(), Some("127.0.0.1:11211"));
+}
+
+#[test]
+fn the_loopback_stats_port_never_is_the_instances_port() {
+    assert_eq!(loopback_stats_port(11211), LOOPBACK_STATS_PORT);
+    assert_eq!(
+        loopback_stats_port(LOOPBACK_STATS_PORT),
+        LOOPBACK_STATS_PORT + 1
+    );
 }
 
 #[test]

@@ -117,8 +117,7 @@ pub struct Metrics {
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
-    cache_objects: Family<CacheLabels, Gauge>,
-    cache_bytes: Family<CacheLabels, Gauge>,
+    caches: CacheMetrics,
     operand_registry: Registry,
     operand: Arc<OperandMetrics>,
     handovers: Arc<HandoverMetrics>,
@@ -190,19 +189,7 @@ impl Default for Metrics {
             leader last computed it",
             Family::<ConditionLabels, Gauge>::default(),
         );
-        let cache_objects = registered(
-            &mut registry,
-            "cache_objects",
-            "Objects in the operator's packed cache of a resource (the children and pods it watches)",
-            Family::<CacheLabels, Gauge>::default(),
-        );
-        let cache_bytes = registered(
-            &mut registry,
-            "cache_bytes",
-            "Bytes the operator's cache of a resource holds: the objects' packed texts, names and map \
-            entries (the maps' spare capacity, at most as much again, is not counted)",
-            Family::<CacheLabels, Gauge>::default(),
-        );
+        let caches = CacheMetrics::registered(&mut registry);
         let handovers = Arc::new(HandoverMetrics::default());
         handovers.register(&mut registry);
         let operand = Arc::new(OperandMetrics::default());
@@ -222,9 +209,33 @@ impl Default for Metrics {
             api_available,
             watch_errors,
             conditions,
-            cache_objects,
-            cache_bytes,
+            caches,
         }
+    }
+}
+
+/// What the operator's packed caches hold, by resource (their writers keep the gauges up to date).
+struct CacheMetrics {
+    objects: Family<CacheLabels, Gauge>,
+    bytes: Family<CacheLabels, Gauge>,
+}
+
+impl CacheMetrics {
+    fn registered(registry: &mut Registry) -> Self {
+        let objects = registered(
+            registry,
+            "cache_objects",
+            "Objects in the operator's packed cache of a resource (the children and pods it watches)",
+            Family::<CacheLabels, Gauge>::default(),
+        );
+        let bytes = registered(
+            registry,
+            "cache_bytes",
+            "Bytes the operator's cache of a resource holds: the objects' packed texts, names and map \
+            entries (the maps' spare capacity, at most as much again, is not counted)",
+            Family::<CacheLabels, Gauge>::default(),
+        );
+        Self { objects, bytes }
     }
 }
 
@@ -325,8 +336,8 @@ impl Metrics {
     pub fn cache_gauges(&self, resource: &'static str) -> (Gauge, Gauge) {
         let labels = CacheLabels { resource };
         (
-            self.cache_objects.get_or_create(&labels).clone(),
-            self.cache_bytes.get_or_create(&labels).clone(),
+            self.caches.objects.get_or_create(&labels).clone(),
+            self.caches.bytes.get_or_create(&labels).clone(),
         )
     }
 

@@ -200,7 +200,10 @@ impl<K: Compactable> CacheWriter<K> {
                     }
                     if names.is_empty() {
                         objects.remove(namespace.as_str());
-                        self.footprint.bytes -= namespace_bytes(&namespace);
+                        self.footprint.bytes = self
+                            .footprint
+                            .bytes
+                            .saturating_sub(namespace_bytes(&namespace));
                     }
                 }
             }

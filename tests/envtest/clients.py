@@ -19,6 +19,16 @@ One JSON request on stdin, one JSON answer on stdout:
    "hosts": {"name": "ip", ...}}
       -> {"library": "...", "keys": N, "hits": n, "seconds": s}   (fill: hits = keys stored)
 
+  {"op": "held", "servers": [...], "keys": N, "value_len": L}
+      -> {"held": [[i, ...], ...]}   (per server, asked alone: the indexes of the keys it holds)
+  {"op": "watch", "hashing": "plain", "servers": [proxy], "keys": N, "value_len": L, "seconds": S}
+      -> {"started": t, "rounds": r, "missed": {i: [first, last]}, "errors": {i: [first, last]},
+          "batch_errors": b}
+      reads every key again and again for S seconds; for each key that missed (or whose read failed) at
+      least once, the first and last time it did (seconds since `started`, a Unix time). A batch whose
+      multi-get fails is read again key by key, each on a new client, so that each failure is put on its
+      own key.
+
 `servers` is the published list as a client reads it (the ConfigMap's `servers`, slot order). `hosts` maps
 the published names that only the cluster's DNS resolves (a StatefulSet's `<pod>.<name>-headless.<ns>.svc`)
 to their pods' addresses: the process then runs in a mount namespace of its own whose /etc/hosts holds
@@ -187,9 +197,73 @@ def client(hashing, servers):
 BATCH = 1000
 
 
+def held(request):
+    """The indexes of the keys each server holds, each server asked alone."""
+    n, length = request["keys"], request["value_len"]
+    answer = []
+    for server in request["servers"]:
+        c = Plain([server])
+        found = {}
+        for first in range(0, n, BATCH):
+            found.update(c.get_many([key(i) for i in range(first, min(first + BATCH, n))]))
+        answer.append([i for i in range(n) if found.get(key(i)) == value(i, length)])
+    return {"held": answer}
+
+
+def watch(request):
+    """Every key read through the one address again and again: when each key missed or failed."""
+    import pymemcache.exceptions
+
+    n, length, seconds = request["keys"], request["value_len"], request["seconds"]
+    failures = (pymemcache.exceptions.MemcacheError, OSError)
+    started, wall = time.monotonic(), time.time()
+    missed, errors, rounds, batch_errors = {}, {}, 0, 0
+    c = client("plain", request["servers"])
+
+    def note(table, i):
+        at = round(time.monotonic() - started, 3)
+        table.setdefault(i, [at, at])[1] = at
+
+    while time.monotonic() - started < seconds:
+        for first in range(0, n, BATCH):
+            indexes = range(first, min(first + BATCH, n))
+            failed = set()
+            try:
+                found = c.get_many([key(i) for i in indexes])
+            except failures:
+                batch_errors += 1
+                found = {}
+                for i in indexes:
+                    c = client("plain", request["servers"])
+                    try:
+                        got = c.client.get(key(i))
+                    except failures:
+                        note(errors, i)
+                        failed.add(i)
+                        continue
+                    if got is not None:
+                        found[key(i)] = got.decode()
+                c = client("plain", request["servers"])
+            for i in indexes:
+                if found.get(key(i)) != value(i, length) and i not in failed:
+                    note(missed, i)
+        rounds += 1
+    return {
+        "started": wall,
+        "rounds": rounds,
+        "missed": missed,
+        "errors": errors,
+        "batch_errors": batch_errors,
+    }
+
+
 def run(request):
     if request.get("hosts"):
         stand_in_dns(request["hosts"])
+    if request["op"] == "held":
+        return held(request)
+    if request["op"] == "watch":
+        return watch(request)
     if request["op"] == "probe":
         # A list the libraries accept (nothing is connected): the library is importable and configurable.
         return {"library": client(request["hashing"], ["127.0.0.1:11211"]).library}

@@ -1,17 +1,22 @@
 //! The memcached proxy in front of a pool (`spec.proxy`), on real servers and a real proxy: a plain
 //! pymemcache `Client` that knows only the proxy (no list, no hashing: `clients.py`'s `plain`) fills
-//! 20 000 keys and reads every one back after a scale 3 -> 5, a scale 5 -> 4 and a rollout of the pool,
-//! with no proxy pod replaced or restarted.
+//! 20 000 keys and reads every one back after a scale 3 -> 5, a scale 5 -> 4 and a rollout of the pool
+//! (here), and after a StatefulSet rollout ([`statefulset`]), with no proxy pod replaced or restarted;
+//! and when one server pod is killed, the proxy's clients miss that slot's keys only ([`server_loss`]).
 //!
 //! The client connects to the Service `<name>-proxy` as an application would, except that envtest has no
 //! kube-proxy (and no endpoint controllers, see the stand-in kubelet): the Service is resolved here to
 //! its one endpoint, the ready proxy pod's IP and port (the pod the Service's selector picks).
 //!
 //! The proxy pods run for real only when `$MEMCACHED_PROXY_BINARY` names a proxy-capable memcached
-//! (1.6.23 or later, built with `--enable-proxy`); without it the scenario prints
-//! `envtest: skipped proxy: ...` and passes. After each change the scenario waits for the pool to settle
+//! (1.6.23 or later, built with `--enable-proxy`); without it the scenarios print
+//! `envtest: skipped proxy...: ...` and pass. After each change a scenario waits for the pool to settle
 //! (the published list of `status.servers`), for the route ConfigMap `<name>-proxy` to list it, and for
 //! the proxy to have reloaded it (its `proxy_config_reloads` counting the change and then staying still).
+//! Meanwhile a [`RouteWatch`] times each change of the route ConfigMap to the proxy's reload of it.
+
+mod server_loss;
+mod statefulset;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -32,6 +37,12 @@ const KEYS: usize = 20_000;
 const VALUE_LEN: usize = 100;
 const PORT: u16 = 11211;
 const PROXY_PODS: &str = "app.kubernetes.io/name=memcached-proxy,app.kubernetes.io/instance=cache";
+/// The longest a route change may take to reach the proxy (issue 38).
+const RELOAD_BOUND: Duration = Duration::from_secs(2);
+/// The operator's flags: the stats summary written once (its first), so that the stats' own changes
+/// write nothing in a window that counts a settled operator's writes. (A write loop needs no periodic
+/// requeue to show: each write is an event that reconciles again.)
+const OPERATOR_ARGS: &[&str] = &["--stats-status-interval", "1h"];
 
 fn spec(size: usize, memory: i64) -> Value {
     json!({
@@ -107,9 +118,9 @@ async fn stat(address: &str, name: &str) -> Result<u64, String> {
 }
 
 /// Waits until the route ConfigMap lists `list`'s servers and the proxy has loaded it: its reload count
-/// past `reloads_before` (when the route changed) and still for two seconds (a reload lands within a
-/// second of the writer's signal). Returns the reload count.
-async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, reloads_before: u64) -> u64 {
+/// at least `at_least` (one past the last count when the route changed) and still for two seconds (a
+/// reload lands within a second of the writer's signal). Returns the reload count.
+async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, at_least: u64) -> u64 {
     let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.namespace);
     wait_for(
         "the route ConfigMap to list the servers",
@@ -144,7 +155,7 @@ async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, reloads_befo
                 *last = (now, Instant::now());
             }
             let still = last.1.elapsed() >= Duration::from_secs(2);
-            (now > reloads_before && still)
+            (now >= at_least && still)
                 .then_some(now)
                 .ok_or(format!("{now} reloads"))
         },
@@ -164,25 +175,101 @@ async fn through_proxy(op: &str, proxy: &str) -> usize {
         .unwrap_or_else(|| panic!("{answer}")) as usize
 }
 
-#[tokio::test]
-async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollout() {
-    let name = "proxy";
+/// Times each change of the route ConfigMap `cache-proxy` to the proxy's reload of it, polling both every
+/// 50 ms from its start until [`RouteWatch::stop`]: a change seen at `t` is loaded when the proxy's
+/// `proxy_config_reloads` passes the count it had at `t`. Changes that follow each other before a reload
+/// are loaded by that one reload (timed from the last of them). The error is the polling's, under 0.1 s.
+struct RouteWatch {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Vec<Duration>>,
+}
+
+impl RouteWatch {
+    fn start(s: &Scenario, proxy: &str) -> Self {
+        let maps: Api<ConfigMap> = Api::namespaced(s.client.clone(), &s.namespace);
+        let proxy = proxy.to_owned();
+        let (stop, mut stopped) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move {
+            let route = |map: Option<ConfigMap>| map.and_then(|m| m.data).unwrap_or_default();
+            let mut seen = route(maps.get_opt("cache-proxy").await.ok().flatten());
+            let (mut pending, mut delays) = (None::<(Instant, u64)>, Vec::new());
+            loop {
+                let count = stat(&proxy, "proxy_config_reloads").await.ok();
+                let now = route(maps.get_opt("cache-proxy").await.ok().flatten());
+                if let (Some((at, before)), Some(count)) = (pending, count)
+                    && count > before
+                {
+                    delays.push(at.elapsed());
+                    pending = None;
+                }
+                if now != seen
+                    && let Some(count) = count
+                {
+                    seen = now;
+                    pending = Some((Instant::now(), count));
+                }
+                tokio::select! {
+                    _ = &mut stopped => return delays,
+                    () = tokio::time::sleep(Duration::from_millis(50)) => {}
+                }
+            }
+        });
+        Self { stop, task }
+    }
+
+    /// The delays of the changes the proxy loaded.
+    async fn stop(self) -> Vec<Duration> {
+        let _ = self.stop.send(());
+        self.task.await.expect("the route watch")
+    }
+}
+
+/// Checks the route changes of a step reached the proxy within [`RELOAD_BOUND`]; `expected` says whether
+/// the step changed the route at all.
+fn reloads_in_time(s: &Scenario, step: &str, delays: &[Duration], expected: bool) {
+    s.step(&format!(
+        "{step}: route changes loaded by the proxy after {:?} (ConfigMap seen changed -> reload counted)",
+        delays.iter().map(|d| format!("{:.2} s", d.as_secs_f64())).collect::<Vec<_>>()
+    ));
+    assert_eq!(
+        !delays.is_empty(),
+        expected,
+        "{step}: the route changed and reached the proxy {} times",
+        delays.len()
+    );
+    if let Some(slowest) = delays.iter().max() {
+        assert!(
+            *slowest <= RELOAD_BOUND,
+            "{step}: the proxy loaded a route change {slowest:?} after it (bound {RELOAD_BOUND:?})"
+        );
+    }
+}
+
+/// The scenario `name`'s control plane with real servers, or why it cannot run.
+async fn start(name: &str) -> Option<Scenario> {
     if envtest::assets().is_none() {
-        return envtest::skip(name);
+        envtest::skip(name);
+        return None;
     }
     if proxy_memcached().is_none() {
         let reason = format!(
             "no proxy-capable memcached (set {PROXY_BINARY_VAR} to a memcached 1.6.23+ built with --enable-proxy)"
         );
-        return envtest::skip_because(name, &reason);
+        envtest::skip_because(name, &reason);
+        return None;
     }
-    let Some(s) = Scenario::start_with_memcached(name, &[]).await else {
+    Scenario::start_with_memcached(name, OPERATOR_ARGS).await
+}
+
+#[tokio::test]
+async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollout() {
+    let Some(s) = start("proxy").await else {
         return;
     };
     apply(&s, "cache", spec(3, 64)).await;
     let mut list = published(&s, 3, &BTreeSet::new(), Duration::from_secs(120)).await;
     let (proxy, uid, restarts) = proxy_pod(&s).await;
-    let mut reloads = proxy_follows(&s, &proxy, &list, 0).await;
+    let mut reloads = proxy_follows(&s, &proxy, &list, 1).await;
     let stored = through_proxy("fill", &proxy).await;
     s.step(&format!(
         "{stored} of {KEYS} keys stored through the proxy {proxy} over {:?}",
@@ -195,6 +282,7 @@ async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollou
         ("rollout (-m 64 -> 65)", 4, 65, true),
     ];
     for (step, size, memory, rolls) in steps {
+        let watch = RouteWatch::start(&s, &proxy);
         apply(&s, "cache", spec(size, memory)).await;
         let replaced = if rolls {
             list.uids.clone()
@@ -202,7 +290,8 @@ async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollou
             BTreeSet::new()
         };
         list = published(&s, size, &replaced, Duration::from_secs(300)).await;
-        reloads = proxy_follows(&s, &proxy, &list, reloads).await;
+        reloads = proxy_follows(&s, &proxy, &list, reloads + 1).await;
+        reloads_in_time(&s, step, &watch.stop().await, true);
         let hits = through_proxy("count", &proxy).await;
         s.step(&format!(
             "after the {step}: {hits} of {KEYS} keys hit through the proxy ({:.2} %), servers {:?}",
@@ -213,11 +302,17 @@ async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollou
             hits, KEYS,
             "every key hits through the proxy after the {step}"
         );
-        let (now, now_uid, now_restarts) = proxy_pod(&s).await;
-        assert_eq!(
-            (now.as_str(), now_uid.as_str(), now_restarts),
-            (proxy.as_str(), uid.as_str(), restarts),
-            "the proxy pod is the same, not restarted, after the {step}"
-        );
+        same_proxy(&s, &(proxy.clone(), uid.clone(), restarts), step).await;
     }
+    let proxy_pod = (proxy, uid, restarts);
+    server_loss::one_server_killed(&s, &proxy_pod, &list, reloads).await;
+}
+
+/// Checks the ready proxy pod is still `was` (address, uid, restarts) after `step`.
+async fn same_proxy(s: &Scenario, was: &(String, String, i32), step: &str) {
+    let now = proxy_pod(s).await;
+    assert_eq!(
+        &now, was,
+        "the proxy pod is the same, not restarted, after the {step}"
+    );
 }

@@ -21,7 +21,7 @@
 //!   the operator binary as a process, the pod `Succeeded` or `Failed` by its exit code ([`oneshot`]);
 //! - the operator's proxy pods (`spec.proxy`): a proxy-capable memcached and the configuration writer
 //!   (init container and sidecar) as operator processes, their `emptyDir` a directory of the pod's own
-//!   ([`proxy`]).
+//!   ([`proxy`]); the proxies resolve the per-pod names of ready StatefulSet pods ([`dns`]).
 //!
 //! Not done: probes, restarts, resource limits, volumes other than the Secret volumes of memcached,
 //! pulling images, init containers' work (but the proxy pods'), node heartbeats (the node lifecycle controller is off
@@ -32,6 +32,7 @@
 //! Its Nodes carry the label [`node::STAND_IN_LABEL`], so that a client can tell it is talking to a
 //! cluster of stand-ins.
 
+pub mod dns;
 pub mod image;
 pub mod ip;
 pub mod memcached;
@@ -118,6 +119,8 @@ pub struct Context {
     pub client: Client,
     pub options: KubeletOptions,
     pub ips: ip::IpPool,
+    /// The per-pod names of ready StatefulSet pods, for the proxies ([`dns`]).
+    pub dns: dns::Hosts,
 }
 
 struct PodHandle {
@@ -168,10 +171,12 @@ impl Kubelet {
                 .map(|n| node::register(&client, n, &options.capacity)),
         )
         .await?;
+        let dns = dns::Hosts::new(options.log_dir.join("hosts"));
         let ctx = Arc::new(Context {
             client,
             options,
             ips: ip::IpPool::default(),
+            dns,
         });
         let pods = Pods::default();
         let watch = tokio::spawn(watch_pods(ctx, pods.clone(), nodes.clone()));
@@ -244,6 +249,7 @@ async fn watch_pods(ctx: Arc<Context>, pods: Pods, nodes: Vec<String>) {
                     keep
                 });
                 binder.forget_except(&listed);
+                ctx.dns.retain(|uid| listed.contains(uid));
             }
             Ok(Event::Apply(pod)) => on_pod(&ctx, &pods, &nodes, &binder, pod),
             Ok(Event::Delete(pod)) => {
@@ -252,6 +258,7 @@ async fn watch_pods(ctx: Arc<Context>, pods: Pods, nodes: Vec<String>) {
                     handle.task.abort();
                 }
                 binder.forget(&uid);
+                ctx.dns.retain(|other| other != uid);
             }
             Err(e) => warn!("pod watch: {e}"),
         }
@@ -260,6 +267,7 @@ async fn watch_pods(ctx: Arc<Context>, pods: Pods, nodes: Vec<String>) {
 
 fn on_pod(ctx: &Arc<Context>, pods: &Pods, nodes: &HashSet<String>, binder: &Binder, pod: Pod) {
     let Some(uid) = pod.uid() else { return };
+    ctx.dns.observe(&pod);
     let node = pod.spec.as_ref().and_then(|s| s.node_name.clone());
     let Some(node) = node else {
         if ctx.options.bind_pods && pod.metadata.deletion_timestamp.is_none() {

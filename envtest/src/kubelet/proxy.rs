@@ -13,7 +13,8 @@
 //!   ServiceAccount), each to completion (one that fails runs again after two seconds, as a kubelet
 //!   restarts it), before anything else starts;
 //! - then the `proxy` container: the proxy-capable memcached on the pod's IP and container port, with
-//!   the container's other arguments (paths mapped), `-U 0` always;
+//!   the container's other arguments (paths mapped), `-U 0` always, with the kubelet's hosts file as its
+//!   `/etc/hosts` ([`super::dns`]);
 //! - then the other containers of the operator's image, as long-running processes.
 //!
 //! The pod is Running and Ready once memcached listens; memcached's exit makes it not ready, the other
@@ -23,7 +24,6 @@
 
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -350,12 +350,12 @@ async fn start(
     }
     let binary = ctx.options.proxy_memcached.as_ref()?;
     let map = map_for(container);
-    let mut cmd = Command::new(binary);
-    cmd.args(command_line(container, lease.ip(), &|v| map.map(v)));
+    let mut args = command_line(container, lease.ip(), &|v| map.map(v));
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
-        cmd.args(["-u", "root"]);
+        args.extend(["-u".to_owned(), "root".to_owned()]);
     }
+    let cmd = ctx.dns.wrap(binary, &args);
     let port = port(container);
     let memcached = match Process::start(
         &format!("proxy {}:{port}", lease.ip()),

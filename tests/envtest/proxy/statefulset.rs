@@ -1,0 +1,117 @@
+//! A StatefulSet rollout under the proxy: the published list (and so the proxy's route) holds the pods'
+//! DNS names, `cache-<i>.cache-headless.<namespace>.svc`, which stay while each pod is replaced; the
+//! proxy resolves a name each time it connects, so it reaches each slot's new pod once the pod is ready
+//! (the stand-in kubelet's hosts file plays the cluster's DNS, see its `dns` module). Warm handover
+//! copies each server through the spare to its replacement, so the plain client of the proxy reads every
+//! key after the rollout, the route never changed, and the proxy pod is the same.
+
+use std::collections::BTreeSet;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::{
+    KEYS, RouteWatch, proxy_follows, proxy_pod, reloads_in_time, same_proxy, start, through_proxy,
+};
+use crate::instances::apply;
+use crate::real_clients::published;
+use crate::wait_for;
+
+const SIZE: usize = 3;
+
+fn spec(memory: i64) -> Value {
+    json!({
+        "size": SIZE, "workload": "StatefulSet",
+        "memcached": {"maxMemoryMB": memory},
+        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+        "proxy": {"enabled": true, "replicas": 1},
+    })
+}
+
+/// The backends the proxy marks down now (`stats proxybe`: `STAT bad_<host:port> <n>`).
+async fn down(address: &str) -> Result<Vec<String>, String> {
+    let mut stream = TcpStream::connect(address)
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(b"stats proxybe\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut lines = BufReader::new(stream).lines();
+    let mut down = Vec::new();
+    while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
+        if line == "END" {
+            return Ok(down);
+        }
+        if let Some(bad) = line.strip_prefix("STAT bad_") {
+            down.push(bad.to_owned());
+        }
+    }
+    Err("no END".into())
+}
+
+/// Waits until the proxy marks no backend down, for longer than its retry interval (3 s by default).
+async fn backends_up(proxy: &str) {
+    let since = Mutex::new(None::<Instant>);
+    wait_for(
+        "the proxy to mark no backend down for 4 s",
+        Duration::from_secs(60),
+        || async {
+            let bad = down(proxy).await?;
+            let mut since = since.lock().unwrap_or_else(|e| e.into_inner());
+            if !bad.is_empty() {
+                *since = None;
+                return Err(format!("down: {bad:?}"));
+            }
+            let up = *since.get_or_insert_with(Instant::now);
+            (up.elapsed() >= Duration::from_secs(4))
+                .then_some(())
+                .ok_or_else(|| "all up, not for 4 s yet".to_owned())
+        },
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn a_plain_client_of_the_proxy_keeps_every_key_through_a_statefulset_rollout() {
+    let Some(s) = start("proxy-statefulset").await else {
+        return;
+    };
+    apply(&s, "cache", spec(64)).await;
+    let list = published(&s, SIZE, &BTreeSet::new(), Duration::from_secs(120)).await;
+    let (proxy, uid, restarts) = proxy_pod(&s).await;
+    let reloads = proxy_follows(&s, &proxy, &list, 1).await;
+    backends_up(&proxy).await;
+    let stored = through_proxy("fill", &proxy).await;
+    s.step(&format!(
+        "{stored} of {KEYS} keys stored through the proxy {proxy} over {:?}",
+        list.servers
+    ));
+    assert_eq!(stored, KEYS);
+    let step = "StatefulSet rollout (-m 64 -> 65)";
+    let watch = RouteWatch::start(&s, &proxy);
+    let started = Instant::now();
+    apply(&s, "cache", spec(65)).await;
+    let rolled = published(&s, SIZE, &list.uids, Duration::from_secs(300)).await;
+    assert_eq!(rolled.servers, list.servers, "the pods' names stay");
+    proxy_follows(&s, &proxy, &rolled, reloads).await;
+    reloads_in_time(&s, step, &watch.stop().await, false);
+    backends_up(&proxy).await;
+    let hits = through_proxy("count", &proxy).await;
+    s.step(&format!(
+        "after the {step} ({:.1} s): {hits} of {KEYS} keys hit through the proxy ({:.2} %), \
+         every server replaced ({:?} -> {:?})",
+        started.elapsed().as_secs_f64(),
+        hits as f64 * 100.0 / KEYS as f64,
+        list.uids,
+        rolled.uids
+    ));
+    assert_eq!(
+        hits, KEYS,
+        "every key hits through the proxy after the {step}"
+    );
+    same_proxy(&s, &(proxy, uid, restarts), step).await;
+}

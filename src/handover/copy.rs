@@ -1,6 +1,7 @@
 //! The copy itself: the dump (`lru_crawler metadump all`) read from one source connection, each batch of keys fetched on a second
 //! (`mg`) and stored on the target (`ms` in add mode), a batch at a time. The same engine runs the sweep
-//! that follows ([`Pass::Sweep`]): each batch first looked up on the target, only what it lacks fetched.
+//! that follows ([`Pass::Sweep`], in [`sweep`]): the hash table's dump, each batch first looked up on the
+//! target, only what it lacks fetched once the dump ended.
 //!
 //! Each batch is written whole, then its answers are read in order (memcached answers pipelined requests
 //! in order), so a copy costs two round trips per batch, not per item. What is held at any time is one
@@ -20,6 +21,8 @@ use super::progress::Progress;
 use super::rate::TokenBucket;
 use super::{KeyFilter, MAX_VALUE_BYTES, Settings};
 use crate::connection::{self, LINE_REPLY_LIMIT, Stream, Target, classify};
+
+mod sweep;
 
 /// memcached reads an expiry time above 30 days as a unix time rather than a number of seconds.
 const RELATIVE_TTL_LIMIT: i64 = 60 * 60 * 24 * 30;
@@ -73,6 +76,8 @@ pub(super) struct Copy<'a> {
     bucket: TokenBucket,
     batch_bytes: u64,
     keys: Vec<WireKey>,
+    /// The listed size of each of `keys`.
+    sizes: Vec<u64>,
     key_bytes: u64,
     values: Vec<u8>,
     fetched: Vec<Fetched>,
@@ -86,9 +91,20 @@ pub(super) enum Pass {
     /// The copy proper: every listed item the filter selects is fetched and stored.
     Walk,
     /// A second walk after the first, for the items the first did not list (written to the source after
-    /// the walk passed them, or moved between LRUs as it passed): each batch's keys are first looked up
-    /// on the target (`mg <key> u`, no value), and only those it does not hold are fetched and stored.
+    /// the walk passed them, or moved between LRUs as it passed): a walk of the hash table, whose keys are
+    /// looked up on the target (`mg <key> u`, no value); those it does not hold are fetched and stored
+    /// once the dump ended ([`sweep`]).
     Sweep,
+}
+
+/// How a walk ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Walked {
+    /// Every item the dump listed was seen to.
+    Whole,
+    /// A sweep found more missing keys than it holds at once: it copied those, another sweep finds the
+    /// rest.
+    Capped,
 }
 
 /// Runs `future` within the request timeout, as a stall of `side` when it does not finish.
@@ -233,13 +249,19 @@ impl<'a> Copy<'a> {
         let mut dump = open(settings, Side::Source, source).await?;
         let source_time = bounded(settings, Side::Source, async {
             let time = server_time(&mut dump, Side::Source, &mut line).await?;
-            // The LRU walk, not `metadump hash`: the hash walk holds item locks that the copy's own
-            // fetches wait for while it waits for the copy to read the dump (a copy of 102 400 items
-            // against 1.6.18 stalled after 3 840). The LRU walk may miss items the server moves
-            // between LRUs while it walks (7 of 102 400 in the same copy): the sweep
-            // (`Pass::Sweep`) finds those. Sent alone: memcached refuses a metadump pipelined behind
-            // other commands.
-            send(&mut dump, Side::Source, b"lru_crawler metadump all\r\n").await?;
+            // The first walk goes through the LRUs, fetching as it goes: before 1.6.19 the hash walk
+            // holds an item lock while it waits for the dump to be read, which the copy's own fetches
+            // wait for (a copy of 102 400 items against 1.6.18 stalled after 3 840). The LRU walk
+            // misses items the server moves between LRUs as it walks: 7 of 102 400 in that copy, but
+            // right after a burst of reads 60 % of a server's items, dump after dump (1.6.18, 2 658 of
+            // 6 648 listed). The sweep walks the hash table (1.6.9+), which lists every item, and
+            // fetches only after its dump ended ([`sweep`]). Sent alone: memcached refuses a metadump
+            // pipelined behind other commands.
+            let command: &[u8] = match pass {
+                Pass::Walk => b"lru_crawler metadump all\r\n",
+                Pass::Sweep => b"lru_crawler metadump hash\r\n",
+            };
+            send(&mut dump, Side::Source, command).await?;
             Ok(time)
         })
         .await?;
@@ -256,6 +278,7 @@ impl<'a> Copy<'a> {
             bucket: TokenBucket::new(settings.max_bytes_per_second),
             batch_bytes: batch_bytes(settings),
             keys: Vec::with_capacity(settings.batch_items),
+            sizes: Vec::with_capacity(settings.batch_items),
             key_bytes: 0,
             values: Vec::new(),
             fetched: Vec::with_capacity(settings.batch_items),
@@ -264,13 +287,18 @@ impl<'a> Copy<'a> {
         })
     }
 
+    /// Walks the source: the copy proper, or the sweep.
+    pub(super) async fn run(self) -> Result<Walked, CopyError> {
+        match self.pass {
+            Pass::Walk => self.stream().await.map(|()| Walked::Whole),
+            Pass::Sweep => self.sweep().await,
+        }
+    }
+
     /// Copies batch after batch until the dump's end.
-    pub(super) async fn run(mut self) -> Result<(), CopyError> {
+    async fn stream(mut self) -> Result<(), CopyError> {
         loop {
             let more = self.fill().await?;
-            if self.pass == Pass::Sweep && !self.keys.is_empty() {
-                self.keep_missing().await?;
-            }
             if !self.keys.is_empty() {
                 self.fetch_batch().await?;
                 self.store_batch().await?;
@@ -284,6 +312,7 @@ impl<'a> Copy<'a> {
     /// Reads dump lines into the batch until it is full (by items or by bytes); `false` at the dump's end.
     async fn fill(&mut self) -> Result<bool, CopyError> {
         self.keys.clear();
+        self.sizes.clear();
         self.key_bytes = 0;
         while self.keys.len() < self.settings.batch_items && self.key_bytes < self.batch_bytes {
             bounded(
@@ -314,6 +343,7 @@ impl<'a> Copy<'a> {
                 // MAX_VALUE_BYTES may list a little more, and is checked again when fetched.
                 Some(key) if item.size <= (MAX_VALUE_BYTES + LISTED_OVERHEAD) as u64 => {
                     self.keys.push(key);
+                    self.sizes.push(item.size);
                     self.key_bytes += item.size;
                 }
                 _ => self.progress.skipped(),
@@ -352,8 +382,10 @@ impl<'a> Copy<'a> {
             Ok(())
         })
         .await?;
-        let mut missing = missing.into_iter();
-        self.keys.retain(|_| missing.next().unwrap_or(false));
+        let mut keep = missing.iter();
+        self.keys.retain(|_| keep.next().copied().unwrap_or(false));
+        let mut keep = missing.iter();
+        self.sizes.retain(|_| keep.next().copied().unwrap_or(false));
         Ok(())
     }
 

@@ -59,6 +59,9 @@ use crate::connection::Target;
 const BUSY_PAUSE: Duration = Duration::from_millis(250);
 /// ... at most this many times in a row (10 s).
 const BUSY_RETRIES: usize = 40;
+/// The most sweeps after a copy: one, and more only while each found more missing keys than it holds at
+/// once (see `copy::Walked::Capped`).
+const MAX_SWEEPS: usize = 16;
 
 /// The largest value a copy takes (memcached's `-I` allows up to 1 GiB): larger items are skipped, so
 /// what the operator holds stays within one batch plus this, whatever the servers' settings.
@@ -157,9 +160,9 @@ impl Copier {
     /// Copies, within the time bound: the final counts, or why it stopped and how far it got.
     ///
     /// Two walks of the source: the copy proper, then a sweep ([`copy::Pass::Sweep`]) that stores what
-    /// the first walk did not list and the target does not hold, within the time the first left. The
-    /// sweep only adds: when it fails or runs out of time, the first walk's copy stands and the reason is
-    /// logged.
+    /// the first walk did not list and the target does not hold, within the time the first left (more
+    /// sweeps while one finds more than it holds at once). The sweep only adds: when it fails or runs out
+    /// of time, the first walk's copy stands and the reason is logged.
     pub async fn run(self) -> Result<Snapshot, Failure> {
         self.progress.start();
         let started = tokio::time::Instant::now();
@@ -167,7 +170,7 @@ impl Copier {
             if self.empty_target {
                 copy::flush(&self.settings, &self.target).await?;
             }
-            self.walk(&self.progress, copy::Pass::Walk).await
+            self.walk(&self.progress, copy::Pass::Walk).await.map(drop)
         };
         let result = tokio::time::timeout(self.settings.timeout, walk)
             .await
@@ -176,14 +179,18 @@ impl Copier {
             let progress = self.progress.snapshot();
             return Err(Failure { error, progress });
         }
-        let left = self.settings.timeout.saturating_sub(started.elapsed());
-        self.sweep(left).await;
+        for _ in 0..MAX_SWEEPS {
+            let left = self.settings.timeout.saturating_sub(started.elapsed());
+            if self.sweep(left).await != Some(copy::Walked::Capped) {
+                break;
+            }
+        }
         Ok(self.progress.snapshot())
     }
 
     /// One walk of the source, started again while the source answers `BUSY` (memcached runs one
     /// `lru_crawler` crawl at a time: another copy's dump of the same server is ending).
-    async fn walk(&self, progress: &Progress, pass: copy::Pass) -> Result<(), CopyError> {
+    async fn walk(&self, progress: &Progress, pass: copy::Pass) -> Result<copy::Walked, CopyError> {
         let mut refused = 0;
         loop {
             let started = copy::Copy::start(
@@ -209,28 +216,38 @@ impl Copier {
         }
     }
 
-    /// The second walk, within `left`: its items count as copied; its own counts of what it skipped
-    /// (items the first walk counted already) are dropped.
-    async fn sweep(&self, left: Duration) {
+    /// A sweep, within `left`: its items count as copied; its own counts of what it skipped (items the
+    /// first walk counted already) are dropped. How it ended, when it did.
+    async fn sweep(&self, left: Duration) -> Option<copy::Walked> {
         let found = Progress::default();
         let result = tokio::time::timeout(left, self.walk(&found, copy::Pass::Sweep)).await;
         let swept = found.snapshot();
         self.progress.add_copied(swept.copied, swept.bytes);
         let target = self.target.address;
         match result {
-            Ok(Ok(())) if swept.copied > 0 => tracing::info!(
-                %target, items = swept.copied,
-                "the sweep copied items the first walk of the source did not list"
-            ),
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => tracing::warn!(
-                %target, items = swept.copied, %error,
-                "the sweep after the copy stopped; the copy stands"
-            ),
-            Err(_) => tracing::warn!(
-                %target, items = swept.copied,
-                "the sweep after the copy ran out of the copy's time; the copy stands"
-            ),
+            Ok(Ok(walked)) => {
+                if swept.copied > 0 {
+                    tracing::info!(
+                        %target, items = swept.copied,
+                        "the sweep copied items the first walk of the source did not list"
+                    );
+                }
+                Some(walked)
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(
+                    %target, items = swept.copied, %error,
+                    "the sweep after the copy stopped; the copy stands"
+                );
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    %target, items = swept.copied,
+                    "the sweep after the copy ran out of the copy's time; the copy stands"
+                );
+                None
+            }
         }
     }
 }

@@ -5,14 +5,16 @@
 //! the operator's binary ([`super::oneshot::OperatorImage`]), it runs such a pod for real:
 //!
 //! - each `emptyDir` volume is a directory of the pod's own under the kubelet's directory, and paths
-//!   under its mount path in arguments and environment values are mapped there;
+//!   under its mount path in arguments and environment values are mapped there; the proxy container's
+//!   Secret volumes are written as for memcached pods ([`super::volumes`]);
 //! - the pod's loopback (`127.0.0.1:` in a value) is the pod's IP: the stand-in's pods share the
 //!   machine's network, each on an address of its own;
 //! - init containers of the operator's image run in order as operator processes
 //!   ([`super::oneshot::start_container`]: its arguments, environment and a kubeconfig of the pod's
 //!   ServiceAccount), each to completion (one that fails runs again after two seconds, as a kubelet
 //!   restarts it), before anything else starts;
-//! - then the `proxy` container: the proxy-capable memcached on the pod's IP and container port, with
+//! - then the `proxy` container: the proxy-capable memcached on the pod's IP and container port (its
+//!   `-l` addresses, a plain loopback listener beside a TLS port included, moved to the pod's IP), with
 //!   the container's other arguments (paths mapped), `-U 0` always, with the kubelet's hosts file as its
 //!   `/etc/hosts` ([`super::dns`]);
 //! - then the other containers of the operator's image, as long-running processes.
@@ -39,6 +41,7 @@ use super::ip::IpLease;
 use super::oneshot::{repository, start_container};
 use super::pod::{deleting, newest, port_free, terminate, until_deleting};
 use super::status::{self, Running};
+use super::volumes;
 use crate::net::wait_for_listener;
 use crate::process::Process;
 
@@ -83,24 +86,22 @@ pub fn port(container: &Container) -> u16 {
     declared.or(flag).unwrap_or(11211)
 }
 
-/// memcached's command line for the container on `ip`: `-U 0 -l <ip> -p <port>`, then the container's
-/// arguments without its own `-l`, `-p` and `-U`, each through `map`.
+/// memcached's command line for the container on `ip`: `-U 0 -l <listen> -p <port>`, then the container's
+/// arguments without its own `-l`, `-p` and `-U`, each through `map`. `<listen>` is the container's `-l`
+/// on the pod's IP ([`listen_on`]), or the pod's IP.
 pub fn command_line(
     container: &Container,
     ip: Ipv4Addr,
     map: &dyn Fn(&str) -> String,
 ) -> Vec<String> {
-    let mut line: Vec<String> = [
-        "-U",
-        "0",
-        "-l",
-        &ip.to_string(),
-        "-p",
-        &port(container).to_string(),
-    ]
-    .map(str::to_owned)
-    .to_vec();
     let words = words(container);
+    let listen = words
+        .windows(2)
+        .find(|w| w[0] == "-l")
+        .map_or_else(|| ip.to_string(), |w| listen_on(&w[1], ip));
+    let mut line: Vec<String> = ["-U", "0", "-l", &listen, "-p", &port(container).to_string()]
+        .map(str::to_owned)
+        .to_vec();
     let mut rest = words.iter();
     while let Some(word) = rest.next() {
         if matches!(word.as_str(), "-l" | "-p" | "-U") {
@@ -110,6 +111,32 @@ pub fn command_line(
         line.push(map(word));
     }
     line
+}
+
+/// A `-l` value (`[notls:]<address>[:<port>]`, comma-separated) on the pod's IP: every address (`*`) and
+/// the pod's loopback (`127.0.0.1`) become the pod's IP, which the stand-in's pods listen on instead
+/// (they share the machine's network); `notls:` and ports stay.
+pub fn listen_on(value: &str, ip: Ipv4Addr) -> String {
+    value
+        .split(',')
+        .map(|entry| {
+            let (prefix, rest) = match entry.strip_prefix("notls:") {
+                Some(rest) => ("notls:", rest),
+                None => ("", entry),
+            };
+            let (host, port) = match rest.rsplit_once(':') {
+                Some((host, port)) if !host.contains(':') => (host, Some(port)),
+                _ => (rest, None),
+            };
+            let host = match host {
+                "*" | "127.0.0.1" => ip.to_string(),
+                other => other.to_owned(),
+            };
+            let port = port.map(|p| format!(":{p}")).unwrap_or_default();
+            format!("{prefix}{host}{port}")
+        })
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// Rewrites a pod's paths and loopback to the stand-in's: each (mount path, local directory) of the
@@ -350,7 +377,15 @@ async fn start(
     }
     let binary = ctx.options.proxy_memcached.as_ref()?;
     let map = map_for(container);
-    let mut args = command_line(container, lease.ip(), &|v| map.map(v));
+    // Its Secret volumes (the instance's certificate, with TLS), as a kubelet mounts them.
+    let secrets = match volumes::mount(&ctx.client, pod, container, &dir.join("secrets")).await {
+        Ok(mounts) => mounts,
+        Err(e) => {
+            warn!(pod = %name, %namespace, "the proxy's volumes do not mount: {e:#}");
+            return None;
+        }
+    };
+    let mut args = command_line(container, lease.ip(), &|v| secrets.map(&map.map(v)));
     // SAFETY: geteuid has no preconditions and cannot fail.
     if unsafe { libc::geteuid() } == 0 {
         args.extend(["-u".to_owned(), "root".to_owned()]);
@@ -455,6 +490,26 @@ mod tests {
         assert_eq!(map.map("--dir=/etc/memcached-proxy"), "--dir=/k/uid/config");
         assert_eq!(map.map("/etc/memcached-proxyx"), "/etc/memcached-proxyx");
         assert_eq!(map.map("127.0.0.1:11211"), "127.1.0.7:11211");
+    }
+
+    #[test]
+    fn a_tls_proxy_keeps_its_plain_loopback_listener_on_the_pod_ip() {
+        let mut pod = pod();
+        let container = &mut pod.spec.as_mut().unwrap().containers[0];
+        let args = container.args.as_mut().unwrap();
+        args.extend(["-Z", "-l", "*,notls:127.0.0.1:11299"].map(str::to_owned));
+        let ip = Ipv4Addr::new(127, 1, 0, 7);
+        let line = command_line(&pod.spec.unwrap().containers[0], ip, &|v| v.to_owned());
+        assert_eq!(
+            line[..6].join(" "),
+            "-U 0 -l 127.1.0.7,notls:127.1.0.7:11299 -p 11211"
+        );
+        assert!(line.contains(&"-Z".to_owned()));
+        assert_eq!(line.iter().filter(|w| *w == "-l").count(), 1);
+        assert_eq!(
+            listen_on("[::1]:5,notls:10.0.0.1", ip),
+            "[::1]:5,notls:10.0.0.1"
+        );
     }
 
     #[test]

@@ -101,6 +101,7 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     {"rule": WORKLOAD_RULE, "message": WORKLOAD_RULE_MESSAGE},
     {"rule": PROXY_AUTH_RULE, "message": PROXY_AUTH_MESSAGE},
     {"rule": PROXY_TLS_RULE, "message": PROXY_TLS_MESSAGE},
+    {"rule": PROXY_TLS_IMAGE_RULE, "message": PROXY_TLS_IMAGE_MESSAGE},
     {"rule": PROXY_HASHING_RULE, "message": PROXY_HASHING_MESSAGE}
 ]))]
 // The sections most instances leave out are boxed: the operator's cache holds every instance's spec, and an

@@ -88,6 +88,24 @@ pub struct Proxy {
     pub resources: Option<Box<ResourceRequirements>>,
 }
 
+/// The proxy as last seen (`status.proxy`), while `spec.proxy.enabled`: its pods' counts and the address
+/// its clients use. The `ProxyAvailable` condition says whether it serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Number of proxy pods that exist (ready or not), as reported by the Deployment `<name>-proxy`.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Number of proxy pods that are ready: the endpoints of the Service `service`.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// The Service clients connect to, `<name>-proxy`, on the memcached port (`spec.containerPort`).
+    #[serde(default)]
+    pub service: String,
+}
+
 impl Proxy {
     /// `replicas`, or its default.
     pub fn replicas(&self) -> i32 {

@@ -52,8 +52,23 @@ fn operations_guide_covers_metrics_flags_conditions_and_the_legacy_finalizer() {
         flags >= 10 && vars >= 10,
         "read {flags} flags and {vars} variables from `run --help`"
     );
-    for condition in [status::AVAILABLE, status::PROGRESSING, status::DEGRADED] {
+    let conditions = [
+        status::AVAILABLE,
+        status::PROGRESSING,
+        status::DEGRADED,
+        status::PROXY_AVAILABLE,
+    ];
+    for condition in conditions {
         assert!(guide.contains(&format!("`{condition}`")), "{condition}");
+    }
+    let proxy_reasons = [
+        status::ALL_PROXIES_READY,
+        status::SOME_PROXIES_READY,
+        status::NO_PROXY_READY,
+        status::PROXY_CREATING,
+    ];
+    for reason in proxy_reasons {
+        assert!(guide.contains(&format!("`{reason}`")), "{reason}");
     }
     assert!(guide.contains(api::FINALIZER));
 }

@@ -893,12 +893,24 @@ fn cel_rules_agree_with_the_operator_checks() {
             false,
         ),
         (
+            json!({"proxy": {"enabled": true, "image": "i"}, "security": {"tls": {"secretName": "t"}}}),
+            true,
+        ),
+        (
             json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t"}}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": false}, "security": {"tls": {"secretName": "t"}}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true, "image": "i"}, "security": {"tls": {"secretName": "t", "clientAuth": false}}}),
             true,
         ),
         (
             json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t", "clientAuth": false}}}),
-            true,
+            false,
         ),
         (
             json!({"proxy": {"enabled": true}, "security": {"tls": {"secretName": "t", "clientAuth": true}}}),

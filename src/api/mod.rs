@@ -101,6 +101,7 @@ pub const DEFAULT_CONTAINER_PORT: i32 = 11211;
     {"rule": WORKLOAD_RULE, "message": WORKLOAD_RULE_MESSAGE},
     {"rule": PROXY_AUTH_RULE, "message": PROXY_AUTH_MESSAGE},
     {"rule": PROXY_TLS_RULE, "message": PROXY_TLS_MESSAGE},
+    {"rule": PROXY_TLS_IMAGE_RULE, "message": PROXY_TLS_IMAGE_MESSAGE},
     {"rule": PROXY_HASHING_RULE, "message": PROXY_HASHING_MESSAGE}
 ]))]
 // The sections most instances leave out are boxed: the operator's cache holds every instance's spec, and an
@@ -243,7 +244,8 @@ impl Default for MemcachedSpec {
 #[serde(rename_all = "camelCase")]
 pub struct MemcachedStatus {
     /// Latest observations: `Available` (all desired pods ready), `Progressing` (a rollout or scale is under
-    /// way) and `Degraded` (pods cannot start or the spec cannot be realised).
+    /// way) and `Degraded` (pods cannot start or the spec cannot be realised); with `spec.proxy.enabled`,
+    /// `ProxyAvailable` too (at least one proxy pod ready).
     #[serde(default)]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
@@ -281,6 +283,10 @@ pub struct MemcachedStatus {
     /// The scale-down being drained, while one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
+
+    /// The proxy's pods and the Service its clients use, while `spec.proxy.enabled`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proxy: Option<ProxyStatus>,
 
     /// What the servers themselves report (hit ratio, memory, items, evictions, connections), read by
     /// the operator every `--stats-interval` and written at most every `--stats-status-interval`, only

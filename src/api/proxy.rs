@@ -11,7 +11,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// The image of the proxy when `spec.proxy.image` leaves it out: the official memcached image of the 1.6
-/// series (the servers' default too), whose builds have the proxy (`--enable-proxy`) since 1.6.23.
+/// series (the servers' default too), built with the proxy (`--enable-proxy`) since 1.6.38 but without
+/// `--enable-proxy-tls`, so not usable with `spec.security.tls` ([`PROXY_TLS_IMAGE_RULE`]).
 pub const DEFAULT_PROXY_IMAGE: &str = "memcached:1.6-alpine";
 /// Default for `spec.proxy.replicas`.
 pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
@@ -40,6 +41,16 @@ pub const PROXY_TLS_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) |
 /// Message of [`PROXY_TLS_RULE`].
 pub const PROXY_TLS_MESSAGE: &str = "spec.proxy does not support spec.security.tls.clientAuth: memcached's \
      proxy presents no client certificate to the servers, which would refuse it";
+/// CEL rule on `spec`: with TLS the proxy reaches the servers over TLS, which takes a memcached built with
+/// `--enable-proxy-tls`; the official images (the default) are not, so the image must be given.
+pub const PROXY_TLS_IMAGE_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) \
+     || !self.proxy.enabled || !has(self.security) || !has(self.security.tls) || has(self.proxy.image)";
+/// Message of [`PROXY_TLS_IMAGE_RULE`].
+pub const PROXY_TLS_IMAGE_MESSAGE: &str = "spec.proxy.image is required with spec.security.tls: the \
+     official memcached images are built with --enable-proxy (since 1.6.38) but not with \
+     --enable-proxy-tls, which the proxy needs to reach the servers over TLS (memcached refuses the route \
+     configuration with \"cannot set mcp.backend_use_tls: TLS support not compiled\"); give an image built \
+     with --enable-proxy-tls";
 
 /// The proxy tier (`spec.proxy`). Off unless `enabled`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -53,7 +64,8 @@ pub struct Proxy {
     /// the same certificate as the servers, and the proxy reaches the servers over TLS (encrypted, but
     /// memcached's proxy does not verify the servers' certificates); not with `clientAuth` (the proxy
     /// presents no client certificate) nor with `spec.security.auth` (the proxy has no authentication).
-    /// Default false.
+    /// With TLS, `image` is required: the proxy must be built with `--enable-proxy-tls`, which the
+    /// official images are not. Default false.
     #[serde(default)]
     pub enabled: bool,
 
@@ -62,8 +74,10 @@ pub struct Proxy {
     #[schemars(range(min = 1, max = 32))]
     pub replicas: Option<i32>,
 
-    /// Image of the proxy: a memcached 1.6.23 or later built with the proxy (the official images are).
-    /// Default `memcached:1.6-alpine`.
+    /// Image of the proxy: a memcached 1.6.23 or later built with the proxy (`--enable-proxy`; the
+    /// official images are since 1.6.38). Default `memcached:1.6-alpine`. Required with
+    /// `spec.security.tls`: give an image built with `--enable-proxy-tls` too (the official images are
+    /// not), or memcached refuses the route configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 512))]
     pub image: Option<String>,
@@ -72,6 +86,24 @@ pub struct Proxy {
     /// limit of 256Mi; keys given here replace those defaults one by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Box<ResourceRequirements>>,
+}
+
+/// The proxy as last seen (`status.proxy`), while `spec.proxy.enabled`: its pods' counts and the address
+/// its clients use. The `ProxyAvailable` condition says whether it serves.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyStatus {
+    /// Number of proxy pods that exist (ready or not), as reported by the Deployment `<name>-proxy`.
+    #[serde(default)]
+    pub replicas: i32,
+
+    /// Number of proxy pods that are ready: the endpoints of the Service `service`.
+    #[serde(default)]
+    pub ready_replicas: i32,
+
+    /// The Service clients connect to, `<name>-proxy`, on the memcached port (`spec.containerPort`).
+    #[serde(default)]
+    pub service: String,
 }
 
 impl Proxy {

@@ -14,11 +14,14 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, warn};
 
-use super::view::{Reads, latest};
+use super::view::{Reads, latest, proxy_workload};
 use super::{Context, Error};
+use crate::api::names::proxy_name;
 use crate::api::{Drain, Memcached, MemcachedStatus, Server};
 use crate::resources::{Instance, labels};
-use crate::status::{self, DEGRADED, HandoverProgress, Observed, Problem, WorkloadStatus};
+use crate::status::{
+    self, DEGRADED, HandoverProgress, Observed, ObservedProxy, Problem, WorkloadStatus,
+};
 use crate::store::compact::Compact;
 use crate::store::events::warning;
 
@@ -227,6 +230,7 @@ pub(super) async fn report(
         drain,
         problem,
         handovers,
+        proxy: observed_proxy(mc, ctx),
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
     let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
@@ -251,6 +255,17 @@ pub(super) async fn report(
         ctx.writer.events.send(&mc.object_ref(&()), event).await;
     }
     Ok(None)
+}
+
+/// The proxy for the status, while `spec.proxy.enabled`: its Deployment as this operator last saw it.
+fn observed_proxy(mc: &Memcached, ctx: &Context) -> Option<ObservedProxy> {
+    let proxy = mc.spec.proxy()?;
+    Some(ObservedProxy {
+        desired: proxy.replicas(),
+        service: proxy_name(&mc.name_any()),
+        port: mc.spec.container_port,
+        deployment: proxy_workload(ctx, mc),
+    })
 }
 
 /// Server-side applies the whole status through the status subresource. Fields the operator no longer

@@ -15,6 +15,7 @@ use kube::{Resource, ResourceExt};
 use super::children::Source;
 use super::secrets::{self, Resolved};
 use super::{Context, Error};
+use crate::api::names::proxy_name;
 use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
 use crate::status::{Problem, WorkloadStatus};
@@ -157,6 +158,21 @@ fn cached_workload(stores: &Stores, mc: &Memcached) -> Option<WorkloadStatus> {
         Workload::Deployment => deployment().or_else(statefulset),
         Workload::StatefulSet => statefulset().or_else(deployment),
     }
+}
+
+/// The instance's proxy Deployment (`<name>-proxy`): the newer of its cached copy and the answer to this
+/// operator's last write of it; none when there is none, or it cannot be read.
+pub(super) fn proxy_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
+    let namespace = mc.namespace().unwrap_or_default();
+    let name = proxy_name(&mc.name_any());
+    let cached = (ctx.stores.children.deployments)
+        .get(&namespace, &name)
+        .ok()
+        .flatten();
+    let fresher = ctx.writer.written.fresher(&namespace, &name, &(), cached);
+    fresher
+        .object
+        .map(|d: Arc<Deployment>| WorkloadStatus::from(d.as_ref()))
 }
 
 /// A workload of the other kind that this instance controls: `spec.workload` was changed on a live

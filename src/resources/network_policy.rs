@@ -3,7 +3,8 @@
 //!
 //! With the proxy on, the listed clients are admitted to the proxy's pods only, and the servers admit on
 //! the memcached port the proxy's pods (and the operator's, as below) instead of the listed clients:
-//! clients that skip the proxy are cut off, which is the point of putting the proxy in front.
+//! clients that skip the proxy are cut off, which is the point of putting the proxy in front. The proxy's
+//! pods admit the operator's too while it reads their stats.
 //!
 //! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
 //! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
@@ -46,17 +47,7 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
         }],
         None => allowed_clients(config),
     };
-    if let Some(operator) = instance
-        .operator_pods
-        .filter(|_| operator_connects(instance))
-    {
-        let (key, value) = labels::OPERATOR_POD_LABEL;
-        clients.push(NetworkPolicyPeer {
-            pod_selector: Some(match_labels(key, value)),
-            namespace_selector: Some(match_labels(NAMESPACE_NAME_LABEL, &operator.namespace)),
-            ip_block: None,
-        });
-    }
+    clients.extend(operator(instance, operator_connects(instance)));
     let mut ingress = vec![rule(instance.spec.container_port, clients)];
     if instance.spec.exporter().is_some() {
         let scrapers = match &config.monitoring_namespace_selector {
@@ -81,11 +72,15 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
 
 /// The policy `<name>-proxy` for the proxy's pods, with both the policy and the proxy on: the memcached
 /// port from `allowedClients` (from every pod of the namespace when the list is empty), as the servers'
-/// policy admits them without the proxy. Nothing else reaches the proxy over the network: its
-/// configuration writer reads its stats over the pod's loopback, and kubelet probes come from the node.
+/// policy admits them without the proxy, and from the operator's pods while it reads the proxies' stats
+/// (operand telemetry, `--stats-interval` not 0: on that port, over TLS with TLS on). Nothing else
+/// reaches the proxy over the network: its configuration writer reads its stats over the pod's loopback,
+/// and kubelet probes come from the node.
 pub fn proxy_network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     let config = instance.spec.network_policy()?;
     instance.spec.proxy()?;
+    let mut clients = allowed_clients(config);
+    clients.extend(operator(instance, instance.stats_collected));
     Some(NetworkPolicy {
         metadata: proxy::meta(instance),
         spec: Some(NetworkPolicySpec {
@@ -94,10 +89,7 @@ pub fn proxy_network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
                 ..LabelSelector::default()
             }),
             policy_types: Some(vec!["Ingress".to_owned()]),
-            ingress: Some(vec![rule(
-                instance.spec.container_port,
-                allowed_clients(config),
-            )]),
+            ingress: Some(vec![rule(instance.spec.container_port, clients)]),
             egress: None,
         }),
     })
@@ -110,6 +102,17 @@ fn allowed_clients(config: &NetworkPolicyConfig) -> Vec<NetworkPolicyPeer> {
     } else {
         config.allowed_clients.iter().map(peer).collect()
     }
+}
+
+/// The operator's pods as a peer, when it runs in a pod and `connects`.
+fn operator(instance: &Instance<'_>, connects: bool) -> Option<NetworkPolicyPeer> {
+    let operator = instance.operator_pods.filter(|_| connects)?;
+    let (key, value) = labels::OPERATOR_POD_LABEL;
+    Some(NetworkPolicyPeer {
+        pod_selector: Some(match_labels(key, value)),
+        namespace_selector: Some(match_labels(NAMESPACE_NAME_LABEL, &operator.namespace)),
+        ip_block: None,
+    })
 }
 
 /// Whether the operator connects to the instance's servers: it reads their stats (`--stats-interval` not
@@ -491,6 +494,41 @@ mod tests {
             namespace["spec"]["ingress"][0]["from"],
             json!([{"podSelector": {}}]),
             "no list: the namespace, as for the servers without the proxy"
+        );
+    }
+
+    /// The proxy policy's peers for `spec`, with the operator running in a pod of
+    /// `memcached-operator-system`, and collecting stats or not.
+    fn proxy_peers(spec: MemcachedSpec, stats_collected: bool) -> serde_json::Value {
+        let mc = memcached("cache", spec);
+        let defaults = Defaults {
+            operator_pods: Some(crate::resources::OperatorPods {
+                namespace: "memcached-operator-system".into(),
+            }),
+            stats_collected,
+            ..Defaults::default()
+        };
+        let policy = proxy_network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
+        serde_json::to_value(policy).unwrap()["spec"]["ingress"][0]["from"].clone()
+    }
+
+    #[test]
+    fn the_operator_is_admitted_to_the_proxy_when_it_reads_stats() {
+        // The collector reads every proxy pod's `stats` on the memcached port (over TLS with TLS on):
+        // without this peer, a namespace's default-deny would time every read out.
+        assert_eq!(
+            proxy_peers(with_proxy(web_clients(), false), true),
+            json!([{"podSelector": {"matchLabels": {"app": "web"}}}, operator_peer()])
+        );
+        assert_eq!(
+            proxy_peers(with_proxy(enabled(), false), true),
+            json!([{"podSelector": {}}, operator_peer()])
+        );
+        // `--stats-interval=0`: the operator never connects to a proxy (handover copies go server to
+        // server), so the proxy admits the listed clients only.
+        assert_eq!(
+            proxy_peers(with_proxy(web_clients(), false), false),
+            json!([{"podSelector": {"matchLabels": {"app": "web"}}}])
         );
     }
 

@@ -441,7 +441,7 @@ mod tests {
     fn the_proxy_hashes_its_certificate_and_key_always() {
         let spec = |proxy: bool| -> MemcachedSpec {
             serde_json::from_value(serde_json::json!({
-                "proxy": {"enabled": proxy}, "security": {"tls": {"secretName": "tls"}}
+                "proxy": {"enabled": proxy, "image": "proxy-tls"}, "security": {"tls": {"secretName": "tls"}}
             }))
             .unwrap()
         };

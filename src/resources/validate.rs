@@ -130,13 +130,15 @@ fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 
 /// The proxy's limits, as the CEL rules on `spec` state them (`api::proxy`).
 fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
-    if spec.proxy().is_none() {
+    let Some(proxy) = spec.proxy() else {
         return Ok(());
-    }
+    };
     let refused = if spec.auth().is_some() {
         crate::api::PROXY_AUTH_MESSAGE
     } else if spec.tls().is_some_and(|tls| tls.client_auth) {
         crate::api::PROXY_TLS_MESSAGE
+    } else if spec.tls().is_some() && proxy.image.is_none() {
+        crate::api::PROXY_TLS_IMAGE_MESSAGE
     } else if spec.client_hashing() != crate::api::ClientHashing::Unknown {
         crate::api::PROXY_HASHING_MESSAGE
     } else {
@@ -383,5 +385,23 @@ mod tests {
             ..ExporterConfig::default()
         });
         validate(&spec).unwrap();
+    }
+
+    #[test]
+    fn the_proxy_with_tls_needs_an_image_of_its_own() {
+        let spec = |proxy: serde_json::Value| -> MemcachedSpec {
+            serde_json::from_value(serde_json::json!({
+                "proxy": proxy, "security": {"tls": {"secretName": "tls"}}
+            }))
+            .unwrap()
+        };
+        let refused = message(&spec(serde_json::json!({"enabled": true})));
+        assert!(refused.contains("spec.proxy.image is required with spec.security.tls"));
+        assert!(refused.contains("--enable-proxy-tls"));
+        validate(&spec(
+            serde_json::json!({"enabled": true, "image": "proxy-tls"}),
+        ))
+        .unwrap();
+        validate(&spec(serde_json::json!({"enabled": false}))).unwrap();
     }
 }

@@ -5,11 +5,15 @@
 //! condition's `status` really changes, and messages leave out volatile details.
 
 mod health;
+mod proxy;
 mod workload;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+pub use proxy::{
+    ALL_PROXIES_READY, NO_PROXY_READY, ObservedProxy, PROXY_CREATING, SOME_PROXIES_READY,
+};
 pub use workload::WorkloadStatus;
 
 use crate::api::{Drain, MemcachedStatus, Server};
@@ -18,6 +22,8 @@ use crate::resources::servers;
 
 /// Condition type: every desired pod is ready.
 pub const AVAILABLE: &str = "Available";
+/// Condition type, only while `spec.proxy.enabled`: at least one proxy pod is ready (see `proxy`).
+pub const PROXY_AVAILABLE: &str = "ProxyAvailable";
 /// Condition type: a rollout or scale is under way.
 pub const PROGRESSING: &str = "Progressing";
 /// Condition type: pods cannot start or the spec cannot be realised.
@@ -67,6 +73,8 @@ pub struct Observed<'a> {
     pub problem: Option<Problem>,
     /// The warm-handover copies running, by slot.
     pub handovers: Vec<HandoverProgress>,
+    /// The proxy, while `spec.proxy.enabled`.
+    pub proxy: Option<ObservedProxy>,
 }
 
 /// How far one running warm-handover copy is: what `Progressing` says while it runs.
@@ -134,7 +142,7 @@ pub fn compute(
             now,
         )
     };
-    let conditions = vec![
+    let mut conditions = vec![
         make(AVAILABLE, available(&counts)),
         make(
             PROGRESSING,
@@ -148,6 +156,9 @@ pub fn compute(
             },
         ),
     ];
+    if let Some(proxy) = &observed.proxy {
+        conditions.push(make(PROXY_AVAILABLE, proxy::available(proxy)));
+    }
 
     MemcachedStatus {
         conditions,
@@ -162,6 +173,7 @@ pub fn compute(
         server_list: servers::ready_addresses(&observed.servers),
         servers: observed.servers.clone(),
         drain: observed.drain.clone(),
+        proxy: observed.proxy.as_ref().map(proxy::status),
         // The stats collector's, not computed here: carried over so an unchanged status stays equal.
         stats: previous.and_then(|p| p.stats.clone()),
     }

@@ -46,6 +46,7 @@ fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod
         drain: None,
         problem: None,
         handovers: vec![],
+        proxy: None,
     }
 }
 

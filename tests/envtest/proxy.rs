@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
-use crate::instances::{apply, pods};
+use crate::instances::{apply, condition, conditions, memcacheds, pods};
 use crate::real_clients::{Published, drive, published};
 use crate::{PROXY_BINARY_VAR, Scenario, proxy_memcached, wait_for};
 
@@ -86,6 +86,31 @@ async fn proxy_pod(s: &Scenario) -> (String, String, i32) {
         ))
     })
     .await
+}
+
+/// Waits for the instance's status to say that its one proxy pod serves: `ProxyAvailable=True`
+/// (`AllProxiesReady`), and `status.proxy` with the pod ready and the Service to connect to. The proxy
+/// Deployment's own status change brings the instance back (its owner reference).
+async fn proxy_available(s: &Scenario) {
+    let api = memcacheds(s);
+    let said = wait_for(
+        "ProxyAvailable=True in the status",
+        Duration::from_secs(60),
+        || async {
+            let mc = api.get("cache").await.map_err(|e| e.to_string())?;
+            let status = mc.status.clone().unwrap_or_default();
+            let proxy = status.proxy.clone().ok_or("no status.proxy")?;
+            let available = condition(&mc, "ProxyAvailable")
+                .filter(|c| c.status == "True" && c.reason == "AllProxiesReady")
+                .ok_or_else(|| conditions(&mc))?;
+            let counts = (proxy.replicas, proxy.ready_replicas, proxy.service.as_str());
+            (counts == (1, 1, "cache-proxy"))
+                .then(|| available.message.clone())
+                .ok_or(format!("{proxy:?}"))
+        },
+    )
+    .await;
+    s.step(&format!("ProxyAvailable: {said}"));
 }
 
 fn is_ready(pod: &Pod) -> bool {
@@ -269,6 +294,7 @@ async fn a_plain_client_of_the_proxy_keeps_every_key_through_scales_and_a_rollou
     apply(&s, "cache", spec(3, 64)).await;
     let mut list = published(&s, 3, &BTreeSet::new(), Duration::from_secs(120)).await;
     let (proxy, uid, restarts) = proxy_pod(&s).await;
+    proxy_available(&s).await;
     let mut reloads = proxy_follows(&s, &proxy, &list, 1).await;
     let stored = through_proxy("fill", &proxy).await;
     s.step(&format!(

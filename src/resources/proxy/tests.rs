@@ -218,7 +218,9 @@ fn the_writer_may_read_its_configuration_and_nothing_else() {
 
 fn tls_spec() -> MemcachedSpec {
     serde_json::from_value(serde_json::json!({
-        "size": 3, "proxy": on(), "security": {"tls": {"secretName": "cache-tls"}}
+        "size": 3,
+        "proxy": {"enabled": true, "image": "registry.example.com/memcached-proxy-tls:1.6.45"},
+        "security": {"tls": {"secretName": "cache-tls"}}
     }))
     .unwrap()
 }

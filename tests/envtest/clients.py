@@ -9,7 +9,9 @@ tells users to:
   rendezvous  pymemcache HashClient built from the published (host, port) entries, str keys
   jump        jump.hash(int(hashlib.md5(key).hexdigest(), 16), len(servers)) picking one plain
               pymemcache Client per published server, in list order
-  plain       one plain pymemcache Client of the one address given (the proxy's, tests/envtest/proxy.rs)
+  plain       one plain pymemcache Client of the one address given (the proxy's, tests/envtest/proxy.rs);
+              over TLS when the request has `tls_ca` (a PEM CA: the server's certificate is verified
+              against it and the host name given)
 
 One JSON request on stdin, one JSON answer on stdout:
 
@@ -121,7 +123,9 @@ class Rendezvous:
         self.client = HashClient(read_servers(servers), use_pooling=True)
 
     def set_many(self, items):
-        return len(items) - len(self.client.set_many(items))
+        # noreply=False: pymemcache's default sends sets without waiting for answers and reports none
+        # failed, whatever happened to them (a proxy drops those still queued when the client leaves).
+        return len(items) - len(self.client.set_many(items, noreply=False))
 
     def get_many(self, keys):
         return {k: v.decode() for k, v in self.client.get_many(keys).items()}
@@ -151,7 +155,7 @@ class Jump:
     def set_many(self, items):
         stored = 0
         for bucket, keys in self.by_server(items).items():
-            failed = self.clients[bucket].set_many({k: items[k] for k in keys})
+            failed = self.clients[bucket].set_many({k: items[k] for k in keys}, noreply=False)
             stored += len(keys) - len(failed)
         return stored
 
@@ -165,24 +169,29 @@ class Jump:
 class Plain:
     """One plain pymemcache Client of the one address given (the proxy's): no hashing, no list."""
 
-    def __init__(self, servers):
+    def __init__(self, servers, tls_ca=None):
+        import ssl
+
         import pymemcache
         from pymemcache.client.base import Client
 
         self.library = f"pymemcache {pymemcache.__version__} Client"
         (server,) = read_servers(servers)
-        self.client = Client(server)
+        context = ssl.create_default_context(cadata=tls_ca) if tls_ca else None
+        self.client = Client(server, tls_context=context)
 
     def set_many(self, items):
-        return len(items) - len(self.client.set_many(items))
+        # noreply=False: pymemcache's default sends sets without waiting for answers and reports none
+        # failed, whatever happened to them (a proxy drops those still queued when the client leaves).
+        return len(items) - len(self.client.set_many(items, noreply=False))
 
     def get_many(self, keys):
         return {k: v.decode() for k, v in self.client.get_many(keys).items()}
 
 
-def client(hashing, servers):
+def client(hashing, servers, tls_ca=None):
     if hashing == "plain":
-        return Plain(servers)
+        return Plain(servers, tls_ca)
     if hashing == "ketama":
         return Libmemcached(servers, {"ketama_weighted": True})
     if hashing == "modula":
@@ -268,7 +277,7 @@ def run(request):
         # A list the libraries accept (nothing is connected): the library is importable and configurable.
         return {"library": client(request["hashing"], ["127.0.0.1:11211"]).library}
     started = time.monotonic()
-    c = client(request["hashing"], request["servers"])
+    c = client(request["hashing"], request["servers"], request.get("tls_ca"))
     n, length = request["keys"], request["value_len"]
     done = 0
     for first in range(0, n, BATCH):

@@ -2,7 +2,8 @@
 //! pymemcache `Client` that knows only the proxy (no list, no hashing: `clients.py`'s `plain`) fills
 //! 20 000 keys and reads every one back after a scale 3 -> 5, a scale 5 -> 4 and a rollout of the pool
 //! (here), and after a StatefulSet rollout ([`statefulset`]), with no proxy pod replaced or restarted;
-//! and when one server pod is killed, the proxy's clients miss that slot's keys only ([`server_loss`]).
+//! and when one server pod is killed, the proxy's clients miss that slot's keys only ([`server_loss`]);
+//! with TLS from the client to the proxy and from the proxy to the servers ([`tls`]).
 //!
 //! The client connects to the Service `<name>-proxy` as an application would, except that envtest has no
 //! kube-proxy (and no endpoint controllers, see the stand-in kubelet): the Service is resolved here to
@@ -17,6 +18,7 @@
 
 mod server_loss;
 mod statefulset;
+mod tls;
 
 use std::collections::BTreeSet;
 use std::sync::Mutex;
@@ -272,6 +274,11 @@ fn reloads_in_time(s: &Scenario, step: &str, delays: &[Duration], expected: bool
 
 /// The scenario `name`'s control plane with real servers, or why it cannot run.
 async fn start(name: &str) -> Option<Scenario> {
+    start_with(name, OPERATOR_ARGS).await
+}
+
+/// [`start`], the operator run with `args`.
+async fn start_with(name: &str, args: &[&str]) -> Option<Scenario> {
     if envtest::assets().is_none() {
         envtest::skip(name);
         return None;
@@ -283,7 +290,7 @@ async fn start(name: &str) -> Option<Scenario> {
         envtest::skip_because(name, &reason);
         return None;
     }
-    Scenario::start_with_memcached(name, OPERATOR_ARGS).await
+    Scenario::start_with_memcached(name, args).await
 }
 
 #[tokio::test]

@@ -7,6 +7,7 @@
 //! - [`connectivity`]: whether the API server answers, from what the requests saw.
 
 pub mod connectivity;
+mod permissions;
 mod watch_retry;
 pub mod watches;
 

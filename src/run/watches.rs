@@ -20,6 +20,7 @@
 //! [`super::watch_retry`]); when the API server answers again after an outage, every instance is
 //! reconciled at once (see [`super::connectivity`]).
 
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -39,6 +40,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use super::connectivity::Connectivity;
+use super::permissions;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use crate::api::Memcached;
 use crate::controller::{
@@ -123,11 +125,19 @@ struct ChildWatches<'a> {
     metrics: &'a Arc<Metrics>,
     config: &'a watcher::Config,
     written: &'a Arc<Written>,
+    /// Kinds the operator may not list (see `permissions`): not watched, their caches empty and complete.
+    forbidden: &'a BTreeSet<&'static str>,
     triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
 }
 
 impl MakeCache for ChildWatches<'_> {
     fn make<K: ChildKind>(&mut self) -> Cache<K> {
+        if self.forbidden.contains(K::URL_PATH_SEGMENT) {
+            let (cache, mut writer) = cache::<K>();
+            writer.apply_watcher_event(&watcher::Event::Init);
+            writer.apply_watcher_event(&watcher::Event::InitDone);
+            return cache;
+        }
         let (cache, stream) = cached(
             self.metrics,
             K::URL_PATH_SEGMENT,
@@ -159,6 +169,7 @@ struct ForeignWatches<'a> {
     namespace: Option<&'a str>,
     metrics: &'a Arc<Metrics>,
     config: &'a watcher::Config,
+    forbidden: &'a BTreeSet<&'static str>,
     builder: &'a mut foreign::Builder,
     instances: &'a reflector::Store<Memcached>,
     triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
@@ -166,6 +177,9 @@ struct ForeignWatches<'a> {
 
 impl EachKind for ForeignWatches<'_> {
     fn kind<K: ChildKind>(&mut self) {
+        if self.forbidden.contains(K::URL_PATH_SEGMENT) {
+            return;
+        }
         // Named apart from the managed watch of the kind in the watch-error metric and logs; made once per
         // kind when the operator starts.
         let resource = Box::leak(format!("unmanaged {}", K::URL_PATH_SEGMENT).into_boxed_str());
@@ -223,12 +237,14 @@ pub async fn watch(
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
     let mc_api = api::<Memcached>(client, ns);
 
+    let forbidden = permissions::forbidden_kinds(client, ns).await;
     let mut child_watches = ChildWatches {
         client,
         namespace: ns,
         metrics: &metrics,
         config: &children,
         written: &written,
+        forbidden: &forbidden,
         triggers: Vec::new(),
     };
     let child_caches = ChildCaches::build(&mut child_watches);
@@ -256,7 +272,7 @@ pub async fn watch(
         // hashes of their values, which end with them.
         secret_hashes.observer(),
     );
-    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds);
+    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &forbidden);
     let (service_monitors, service_monitor_stream) =
         watch_service_monitors(client, ns, &metrics, children, &written, shutdown.clone()).await;
 
@@ -296,6 +312,7 @@ fn watch_foreign(
     ns: Option<&str>,
     metrics: &Arc<Metrics>,
     memcacheds: &reflector::Store<Memcached>,
+    forbidden: &BTreeSet<&'static str>,
 ) -> (Foreign, BoxStream<'static, ObjectRef<Memcached>>) {
     let mut foreign = foreign::Builder::default();
     let unmanaged = from_cache(watcher::Config::default());
@@ -304,6 +321,7 @@ fn watch_foreign(
         namespace: ns,
         metrics,
         config: &unmanaged,
+        forbidden,
         builder: &mut foreign,
         instances: memcacheds,
         triggers: Vec::new(),

@@ -87,7 +87,10 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
         let before = all.len();
         all.retain(|r| !(r.param("limit") == Some("1") && r.param("labelSelector").is_none()));
         let probes = before - all.len();
-        assert!(probes <= 1, "at most one permission probe of {path}; got {probes}");
+        assert!(
+            probes <= 1,
+            "at most one permission probe of {path}; got {probes}"
+        );
         for req in &all {
             assert!(
                 selectors.contains(&req.param("labelSelector")),

@@ -6,7 +6,7 @@ mod common;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -312,23 +312,36 @@ async fn only_the_keys_the_filter_selects_are_copied() {
     }
 }
 
-/// A relay to `upstream` that drops the first dump line of `key` it passes (as a walk of the LRUs misses
-/// an item the server moves as the walk passes it), and counts the value fetches (`mg … v …`) it relays.
-async fn relay_missing_once(
-    upstream: SocketAddr,
-    key: &'static str,
-) -> (SocketAddr, Arc<AtomicUsize>) {
+/// What a test relay leaves out of a server's dump lines.
+#[derive(Clone, Copy)]
+enum Hide {
+    /// The first dump line of this key, once (as a walk of the LRUs misses an item the server moves as the
+    /// walk passes it).
+    FirstListingOf(&'static str),
+    /// The keys this selects, from every walk of the LRUs (`lru_crawler metadump all`), walk after walk (as
+    /// 1.6.18's listed 2 658 of a server's 6 648 items, twice in a row, seconds after a burst of reads);
+    /// walks of the hash table (`metadump hash`) list everything.
+    FromLruWalks(fn(&[u8]) -> bool),
+}
+
+/// A relay to `upstream` that leaves out the dump lines `hide` names, and counts the value fetches
+/// (`mg … v …`) it relays.
+async fn relay(upstream: SocketAddr, hide: Hide) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let address = listener.local_addr().expect("address");
     let fetches = Arc::new(AtomicUsize::new(0));
-    let dropped = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let hidden_once = Arc::new(AtomicBool::new(false));
     let counted = fetches.clone();
     tokio::spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
             let server = TcpStream::connect(upstream).await.expect("upstream");
+            // Answers relayed line by line: without this, Nagle's algorithm holds each batch's last
+            // answers for the peer's delayed acknowledgement (40 ms a batch).
+            let _ = (client.set_nodelay(true), server.set_nodelay(true));
             let (client_read, mut client_write) = client.into_split();
             let (server_read, mut server_write) = server.into_split();
-            let (fetches, dropped) = (counted.clone(), dropped.clone());
+            let lru_walk = Arc::new(AtomicBool::new(false));
+            let (fetches, walking) = (counted.clone(), lru_walk.clone());
             tokio::spawn(async move {
                 let mut lines = BufReader::new(client_read);
                 let mut line = Vec::new();
@@ -336,19 +349,32 @@ async fn relay_missing_once(
                     if line.starts_with(b"mg ") && line.windows(3).any(|w| w == b" v ") {
                         fetches.fetch_add(1, Ordering::Relaxed);
                     }
+                    if line.starts_with(b"lru_crawler metadump all") {
+                        walking.store(true, Ordering::Relaxed);
+                    }
                     if server_write.write_all(&line).await.is_err() {
                         return;
                     }
                     line.clear();
                 }
             });
+            let hidden_once = hidden_once.clone();
             tokio::spawn(async move {
                 let mut lines = BufReader::new(server_read);
                 let mut line = Vec::new();
-                let listed = format!("key={key} ");
                 while lines.read_until(b'\n', &mut line).await.unwrap_or(0) > 0 {
-                    let skip = line.starts_with(listed.as_bytes())
-                        && !dropped.swap(true, Ordering::Relaxed);
+                    let key = line
+                        .strip_prefix(b"key=")
+                        .and_then(|rest| rest.split(|&b| b == b' ').next());
+                    let skip = match hide {
+                        Hide::FirstListingOf(once) => {
+                            key == Some(once.as_bytes())
+                                && !hidden_once.swap(true, Ordering::Relaxed)
+                        }
+                        Hide::FromLruWalks(hidden) => {
+                            lru_walk.load(Ordering::Relaxed) && key.is_some_and(hidden)
+                        }
+                    };
                     if !skip && client_write.write_all(&line).await.is_err() {
                         return;
                     }
@@ -377,7 +403,7 @@ async fn the_sweep_copies_what_the_first_walk_missed_and_fetches_nothing_twice()
             .await;
     }
     client.set(b"missed", b"late", 3, None).await;
-    let (relay, fetches) = relay_missing_once(source.address, "missed").await;
+    let (relay, fetches) = relay(source.address, Hide::FirstListingOf("missed")).await;
     let summary = copy(&plain(relay), &plain(target.address), settings()).await;
     assert_eq!(summary.copied, 201, "{summary:?}");
     assert_eq!(
@@ -438,57 +464,6 @@ async fn a_copy_right_after_a_burst_of_writes_and_reads_copies_every_item() {
     );
 }
 
-/// A relay to `upstream` whose walks of the LRUs (`lru_crawler metadump all`) never list the keys that
-/// `hidden` selects, walk after walk (as 1.6.18's listed 2 658 of a server's 6 648 items, twice in a row,
-/// seconds after a burst of reads); its walks of the hash table (`metadump hash`) list everything.
-async fn relay_hiding_from_lru_walks(
-    upstream: SocketAddr,
-    hidden: fn(&[u8]) -> bool,
-) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let address = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((client, _)) = listener.accept().await {
-            let server = TcpStream::connect(upstream).await.expect("upstream");
-            // Answers relayed line by line: without this, Nagle's algorithm holds each batch's last
-            // answers for the peer's delayed acknowledgement (40 ms a batch).
-            let _ = (client.set_nodelay(true), server.set_nodelay(true));
-            let (client_read, mut client_write) = client.into_split();
-            let (server_read, mut server_write) = server.into_split();
-            let lru_walk = Arc::new(std::sync::atomic::AtomicBool::new(false));
-            let walking = lru_walk.clone();
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(client_read);
-                let mut line = Vec::new();
-                while lines.read_until(b'\n', &mut line).await.unwrap_or(0) > 0 {
-                    if line.starts_with(b"lru_crawler metadump all") {
-                        walking.store(true, Ordering::Relaxed);
-                    }
-                    if server_write.write_all(&line).await.is_err() {
-                        return;
-                    }
-                    line.clear();
-                }
-            });
-            tokio::spawn(async move {
-                let mut lines = BufReader::new(server_read);
-                let mut line = Vec::new();
-                while lines.read_until(b'\n', &mut line).await.unwrap_or(0) > 0 {
-                    let key = line
-                        .strip_prefix(b"key=")
-                        .and_then(|rest| rest.split(|&b| b == b' ').next());
-                    let skip = lru_walk.load(Ordering::Relaxed) && key.is_some_and(hidden);
-                    if !skip && client_write.write_all(&line).await.is_err() {
-                        return;
-                    }
-                    line.clear();
-                }
-            });
-        }
-    });
-    address
-}
-
 /// Items every walk of the LRUs misses are copied all the same: the sweep walks the hash table.
 #[tokio::test]
 async fn items_that_every_walk_of_the_lrus_misses_are_copied_by_the_sweep() {
@@ -504,7 +479,7 @@ async fn items_that_every_walk_of_the_lrus_misses_are_copied_by_the_sweep() {
             .await;
     }
     let hidden = |key: &[u8]| key.ends_with(b"3") || key.ends_with(b"8");
-    let relay = relay_hiding_from_lru_walks(source.address, hidden).await;
+    let (relay, _) = relay(source.address, Hide::FromLruWalks(hidden)).await;
     let summary = copy(&plain(relay), &plain(target.address), settings()).await;
     assert_eq!(summary.copied, 1000, "{summary:?}");
     let mut target = Client::connect(target.address, None).await;
@@ -530,7 +505,7 @@ async fn a_sweep_that_finds_more_than_it_keeps_is_followed_by_another() {
         let key = format!("{i:0>240}");
         client.set(key.as_bytes(), b"v", 0, None).await;
     }
-    let relay = relay_hiding_from_lru_walks(source.address, |_| true).await;
+    let (relay, _) = relay(source.address, Hide::FromLruWalks(|_| true)).await;
     let summary = copy(&plain(relay), &plain(target.address), settings()).await;
     assert_eq!(summary.copied, ITEMS as u64, "{summary:?}");
 }

@@ -254,9 +254,13 @@ mod tests {
         }
     }
 
-    /// The policy's first rule's peers for `spec`, with the operator running in a pod of
-    /// `memcached-operator-system`, and collecting stats or not.
-    fn memcached_peers(spec: MemcachedSpec, stats_collected: bool) -> serde_json::Value {
+    /// The first rule's peers of the policy `build` makes for `spec` (the servers' or the proxy's),
+    /// with the operator running in a pod of `memcached-operator-system`, and collecting stats or not.
+    fn peers(
+        build: fn(&Instance<'_>) -> Option<NetworkPolicy>,
+        spec: MemcachedSpec,
+        stats_collected: bool,
+    ) -> serde_json::Value {
         let mc = memcached("cache", spec);
         let defaults = Defaults {
             operator_pods: Some(crate::resources::OperatorPods {
@@ -265,7 +269,7 @@ mod tests {
             stats_collected,
             ..Defaults::default()
         };
-        let policy = network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
+        let policy = build(&Instance::new(&mc, &defaults).unwrap()).unwrap();
         serde_json::to_value(policy).unwrap()["spec"]["ingress"][0]["from"].clone()
     }
 
@@ -304,7 +308,7 @@ mod tests {
         // `--stats-interval=0`: the operator still copies items between servers in warm handovers
         // (on by default), and a policy without it would time every copy out.
         assert_eq!(
-            memcached_peers(spec(enabled(), false), false),
+            peers(network_policy, spec(enabled(), false), false),
             json!([{"podSelector": {}}, operator_peer()])
         );
         let mut without_handover = spec(enabled(), false);
@@ -313,7 +317,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            memcached_peers(without_handover, false),
+            peers(network_policy, without_handover, false),
             json!([{"podSelector": {}}]),
             "no stats read, no handover: the operator never connects"
         );
@@ -497,37 +501,26 @@ mod tests {
         );
     }
 
-    /// The proxy policy's peers for `spec`, with the operator running in a pod of
-    /// `memcached-operator-system`, and collecting stats or not.
-    fn proxy_peers(spec: MemcachedSpec, stats_collected: bool) -> serde_json::Value {
-        let mc = memcached("cache", spec);
-        let defaults = Defaults {
-            operator_pods: Some(crate::resources::OperatorPods {
-                namespace: "memcached-operator-system".into(),
-            }),
-            stats_collected,
-            ..Defaults::default()
-        };
-        let policy = proxy_network_policy(&Instance::new(&mc, &defaults).unwrap()).unwrap();
-        serde_json::to_value(policy).unwrap()["spec"]["ingress"][0]["from"].clone()
-    }
-
     #[test]
     fn the_operator_is_admitted_to_the_proxy_when_it_reads_stats() {
         // The collector reads every proxy pod's `stats` on the memcached port (over TLS with TLS on):
         // without this peer, a namespace's default-deny would time every read out.
         assert_eq!(
-            proxy_peers(with_proxy(web_clients(), false), true),
+            peers(proxy_network_policy, with_proxy(web_clients(), false), true),
             json!([{"podSelector": {"matchLabels": {"app": "web"}}}, operator_peer()])
         );
         assert_eq!(
-            proxy_peers(with_proxy(enabled(), false), true),
+            peers(proxy_network_policy, with_proxy(enabled(), false), true),
             json!([{"podSelector": {}}, operator_peer()])
         );
         // `--stats-interval=0`: the operator never connects to a proxy (handover copies go server to
         // server), so the proxy admits the listed clients only.
         assert_eq!(
-            proxy_peers(with_proxy(web_clients(), false), false),
+            peers(
+                proxy_network_policy,
+                with_proxy(web_clients(), false),
+                false
+            ),
             json!([{"podSelector": {"matchLabels": {"app": "web"}}}])
         );
     }
@@ -535,7 +528,7 @@ mod tests {
     #[test]
     fn with_the_proxy_the_servers_admit_the_proxy_the_operator_and_the_scrapers() {
         assert_eq!(
-            memcached_peers(with_proxy(web_clients(), true), true),
+            peers(network_policy, with_proxy(web_clients(), true), true),
             json!([proxy_peer(), operator_peer()]),
             "the proxy's pods instead of the listed clients; the operator for stats and copies"
         );
@@ -545,7 +538,7 @@ mod tests {
             ..Default::default()
         });
         assert_eq!(
-            memcached_peers(without_handover, false),
+            peers(network_policy, without_handover, false),
             json!([proxy_peer()])
         );
         let policy = build(with_proxy(web_clients(), true)).unwrap();

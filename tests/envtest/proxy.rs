@@ -122,26 +122,39 @@ fn is_ready(pod: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// A counter of the proxy's `stats`.
-async fn stat(address: &str, name: &str) -> Result<u64, String> {
+/// The proxy's `stats <group>` (`stats` when `group` is empty): every `STAT <name> <value>` line it
+/// answers, in order.
+async fn stats(address: &str, group: &str) -> Result<Vec<(String, String)>, String> {
     let mut stream = TcpStream::connect(address)
         .await
         .map_err(|e| e.to_string())?;
+    let command = format!("stats {group}").trim_end().to_owned() + "\r\n";
     stream
-        .write_all(b"stats\r\n")
+        .write_all(command.as_bytes())
         .await
         .map_err(|e| e.to_string())?;
     let mut lines = BufReader::new(stream).lines();
+    let mut stats = Vec::new();
     while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
         if line == "END" {
-            break;
+            return Ok(stats);
         }
-        let mut words = line.split_ascii_whitespace().skip(1);
-        if words.next() == Some(name) {
-            return words.next().and_then(|v| v.parse().ok()).ok_or(line);
+        let mut words = line.splitn(3, ' ').skip(1);
+        if let (Some(name), Some(value)) = (words.next(), words.next()) {
+            stats.push((name.to_owned(), value.to_owned()));
         }
     }
-    Err(format!("no {name} in stats"))
+    Err(format!("no END after {}", command.trim_end()))
+}
+
+/// A counter of the proxy's `stats`.
+async fn stat(address: &str, name: &str) -> Result<u64, String> {
+    let stats = stats(address, "").await?;
+    let (_, value) = stats
+        .iter()
+        .find(|(stat, _)| stat == name)
+        .ok_or(format!("no {name} in stats"))?;
+    value.parse().map_err(|_| format!("{name} {value}"))
 }
 
 /// Waits until the route ConfigMap lists `list`'s servers and the proxy has loaded it: its reload count

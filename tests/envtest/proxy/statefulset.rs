@@ -9,16 +9,14 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
-
 use super::{
-    KEYS, RouteWatch, proxy_follows, proxy_pod, reloads_in_time, same_proxy, start, through_proxy,
+    KEYS, RouteWatch, proxy_follows, proxy_pod, reloads_in_time, same_proxy, start, stats,
+    through_proxy,
 };
 use crate::instances::apply;
 use crate::real_clients::published;
 use crate::wait_for;
+use serde_json::{Value, json};
 
 const SIZE: usize = 3;
 
@@ -33,24 +31,11 @@ fn spec(memory: i64) -> Value {
 
 /// The backends the proxy marks down now (`stats proxybe`: `STAT bad_<host:port> <n>`).
 async fn down(address: &str) -> Result<Vec<String>, String> {
-    let mut stream = TcpStream::connect(address)
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(b"stats proxybe\r\n")
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut lines = BufReader::new(stream).lines();
-    let mut down = Vec::new();
-    while let Some(line) = lines.next_line().await.map_err(|e| e.to_string())? {
-        if line == "END" {
-            return Ok(down);
-        }
-        if let Some(bad) = line.strip_prefix("STAT bad_") {
-            down.push(bad.to_owned());
-        }
-    }
-    Err("no END".into())
+    let backends = stats(address, "proxybe").await?;
+    let bad = backends
+        .into_iter()
+        .filter_map(|(name, _)| name.strip_prefix("bad_").map(str::to_owned));
+    Ok(bad.collect())
 }
 
 /// Waits until the proxy marks no backend down, for longer than its retry interval (3 s by default).

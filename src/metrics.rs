@@ -185,7 +185,7 @@ impl Default for Metrics {
         let conditions = registered(
             &mut registry,
             "instance_condition",
-            "1 while the instance's condition (Available, Progressing, Degraded) is True, else 0; as the \
+            "1 while the instance's condition (Available, Progressing, Degraded; ProxyAvailable with the proxy on) is True, else 0; as the \
             leader last computed it",
             Family::<ConditionLabels, Gauge>::default(),
         );
@@ -349,25 +349,39 @@ impl Metrics {
 
     /// Sets the conditions of one instance from its computed status: 1 for a condition that is True, 0
     /// otherwise (False, Unknown or absent). Alerts read `Degraded` here, without listing the objects.
+    /// `ProxyAvailable` is exported while the status has it (the proxy is on), and removed when it has not.
     pub fn set_conditions(&self, namespace: &str, name: &str, conditions: &[Condition]) {
+        let labels = |condition| ConditionLabels {
+            namespace: namespace.to_owned(),
+            memcached: name.to_owned(),
+            condition,
+        };
+        let status = |condition| conditions.iter().find(|c| c.type_ == condition);
         for condition in CONDITION_TYPES {
-            let on = conditions
-                .iter()
-                .any(|c| c.type_ == condition && c.status == "True");
+            let on = status(condition).is_some_and(|c| c.status == "True");
             self.conditions
-                .get_or_create(&ConditionLabels {
-                    namespace: namespace.to_owned(),
-                    memcached: name.to_owned(),
-                    condition,
-                })
+                .get_or_create(&labels(condition))
                 .set(i64::from(on));
+        }
+        match status(crate::status::PROXY_AVAILABLE) {
+            Some(proxy) => {
+                let on = proxy.status == "True";
+                self.conditions
+                    .get_or_create(&labels(crate::status::PROXY_AVAILABLE))
+                    .set(i64::from(on));
+            }
+            None => {
+                self.conditions
+                    .remove(&labels(crate::status::PROXY_AVAILABLE));
+            }
         }
     }
 
     /// Removes the condition and handover series of an instance that is gone.
     pub fn forget_instance(&self, namespace: &str, name: &str) {
         self.handovers.forget_instance(namespace, name);
-        for condition in CONDITION_TYPES {
+        let proxy = crate::status::PROXY_AVAILABLE;
+        for condition in CONDITION_TYPES.into_iter().chain([proxy]) {
             self.conditions.remove(&ConditionLabels {
                 namespace: namespace.to_owned(),
                 memcached: name.to_owned(),
@@ -474,6 +488,29 @@ mod tests {
         for line in [series("Available", 1), series("Degraded", 0)] {
             assert!(text.contains(&line), "missing {line:?} in\n{text}");
         }
+        assert!(
+            !text.contains("condition=\"ProxyAvailable\""),
+            "no proxy, no series:\n{text}"
+        );
+        let with_proxy = [
+            condition("Available", "True"),
+            condition("ProxyAvailable", "False"),
+        ];
+        metrics.set_conditions("ns", "cache", &with_proxy);
+        assert!(metrics.encode().contains(&series("ProxyAvailable", 0)));
+        let with_proxy = [
+            condition("Available", "True"),
+            condition("ProxyAvailable", "True"),
+        ];
+        metrics.set_conditions("ns", "cache", &with_proxy);
+        assert!(metrics.encode().contains(&series("ProxyAvailable", 1)));
+        metrics.set_conditions("ns", "cache", &[condition("Available", "True")]);
+        let text = metrics.encode();
+        assert!(
+            !text.contains("condition=\"ProxyAvailable\""),
+            "proxy turned off:\n{text}"
+        );
+        metrics.set_conditions("ns", "cache", &with_proxy);
         metrics.set_conditions("ns", "other", &[]);
         metrics.forget_instance("ns", "cache");
         let text = metrics.encode();

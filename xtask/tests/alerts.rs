@@ -57,6 +57,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedHitRatioLow",
         "MemcachedServerUnreadable",
         "MemcachedProxyBackendDown",
+        "MemcachedProxyUnavailable",
         "MemcachedStatsReadsFailing",
         "MemcachedInstanceDegraded",
         "MemcachedHandoverFailed",

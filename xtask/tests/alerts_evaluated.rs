@@ -239,6 +239,42 @@ fn a_server_the_proxy_marks_down_for_5_minutes_alerts_with_its_slot() {
 }
 
 #[test]
+fn a_proxy_with_no_ready_pod_for_5_minutes_pages_from_the_leaders_series_only() {
+    let condition = |pod: &str, memcached: &str, values: &str| {
+        json!({"series": format!(
+            "memcached_operator_instance_condition{{instance=\"{pod}\",pod=\"{pod}\",namespace=\"ns\",memcached=\"{memcached}\",condition=\"ProxyAvailable\"}}"
+        ), "values": values})
+    };
+    let leader = |pod: &str, values: &str| json!({"series": format!("memcached_operator_leader{{instance=\"{pod}\",pod=\"{pod}\"}}"), "values": values});
+    let firing = |eval_time: &str, memcached: &str| {
+        json!({"expr": "count by (memcached) (ALERTS{alertname=\"MemcachedProxyUnavailable\", alertstate=\"firing\"})",
+               "eval_time": eval_time,
+               "exp_samples": [{"labels": format!("{{memcached=\"{memcached}\"}}"), "value": 1}]})
+    };
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [
+            // op-1 leads. Instance `a`'s proxy has no ready pod from 10 m to 30 m; `b`'s loses its pods
+            // for 3 minutes (a rollout of a single replica: no page). op-2, not leading, keeps stale
+            // zeros for `c` (no page: only the leader's values count).
+            leader("op-1", "1x60"),
+            leader("op-2", "0x60"),
+            condition("op-1", "a", "1x9 0x20 1x30"),
+            condition("op-1", "b", "1x19 0x3 1x37"),
+            condition("op-2", "c", "0x60"),
+        ],
+        "promql_expr_test": [
+            alerts_at("14m", "MemcachedProxyUnavailable", None),
+            alerts_at("16m", "MemcachedProxyUnavailable", Some("critical")),
+            firing("16m", "a"),
+            firing("29m", "a"),
+            alerts_at("31m", "MemcachedProxyUnavailable", None),
+            alerts_at("45m", "MemcachedProxyUnavailable", None),
+        ],
+    }));
+}
+
+#[test]
 fn an_operator_not_scraped_yet_warns_and_does_not_page() {
     // No series of the operator at all (no ServiceMonitor, or 403 on every scrape) for an hour.
     test_rules(json!({

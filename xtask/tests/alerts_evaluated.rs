@@ -306,6 +306,17 @@ fn scraped_replicas_without_a_leader_page() {
     }));
 }
 
+#[test]
+fn a_hit_ratio_threshold_is_stated_as_a_percentage() {
+    let Some(rules) = chart_rules(json!({"MemcachedHitRatioLow": {"threshold": 0.7}})) else {
+        return;
+    };
+    let text = rules.to_string();
+    assert!(text.contains("less than 70% of gets"), "{text}");
+    assert!(text.contains("threshold 70%"), "{text}");
+    assert!(text.contains("< 0.7"), "{text}");
+}
+
 /// The rule groups of the chart's PrometheusRule rendered with `alerts` as prometheusRule.alerts.
 fn chart_rules(alerts: Value) -> Option<Value> {
     let rendering = helm::render(json!({"prometheusRule": {"enabled": true, "alerts": alerts}}))?;
@@ -352,6 +363,17 @@ fn the_charts_alert_settings_change_what_fires() {
             .iter()
             .all(|r| r["alert"] != "MemcachedOperatorMetricsAbsent")
     );
+    let hit_ratio = rules
+        .iter()
+        .find(|r| r["alert"] == "MemcachedHitRatioLow")
+        .unwrap();
+    for text in ["summary", "description"] {
+        let said = hit_ratio["annotations"][text].as_str().unwrap();
+        assert!(
+            said.contains("50%") && !said.contains("80%"),
+            "{text}: {said}"
+        );
+    }
     test_spec(
         &adjusted,
         json!({"interval": "1m", "input_series": [

@@ -7,69 +7,18 @@
 //! the backends, as plain servers.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use memcached_operator::hashing::{Placement, Scheme};
 use memcached_operator::resources::proxy::routes;
 
+mod common;
+use common::proxy::{Process, free_port, proxy_binary, start};
+
 const KEYS: usize = 400;
-
-fn proxy_binary() -> Option<PathBuf> {
-    let path = PathBuf::from(std::env::var_os("MEMCACHED_PROXY_BINARY")?);
-    path.is_file().then_some(path)
-}
-
-/// A child process killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(binary: &Path, port: u16, extra: &[String]) -> Process {
-    let child = Command::new(binary)
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-t",
-            "2",
-        ])
-        // Refused as root without a user to run as (ignored otherwise).
-        .args(["-u", "nobody"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let process = Process(child);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "memcached on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    process
-}
 
 /// Sends `command` and reads the reply up to a line in `ends`.
 fn ask(port: u16, command: &str, ends: &[&str]) -> Vec<String> {

@@ -8,9 +8,7 @@
 //! the servers.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use memcached_operator::api::Server;
@@ -18,59 +16,8 @@ use memcached_operator::resources::proxy::routes;
 use memcached_operator::telemetry::client::{ProxyReading, Target, read_proxy};
 use memcached_operator::telemetry::proxy::backends;
 
-fn proxy_binary() -> Option<PathBuf> {
-    let path = PathBuf::from(std::env::var_os("MEMCACHED_PROXY_BINARY")?);
-    path.is_file().then_some(path)
-}
-
-/// A child process killed when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn start(binary: &Path, port: u16, extra: &[String]) -> Process {
-    let child = Command::new(binary)
-        .args([
-            "-l",
-            "127.0.0.1",
-            "-p",
-            &port.to_string(),
-            "-U",
-            "0",
-            "-t",
-            "2",
-        ])
-        // Refused as root without a user to run as (ignored otherwise).
-        .args(["-u", "nobody"])
-        .args(extra)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let process = Process(child);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(
-            Instant::now() < deadline,
-            "memcached on {port} did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    process
-}
+mod common;
+use common::proxy::{Process, free_port, proxy_binary, start};
 
 /// Sets and gets `count` keys through the proxy, on one connection; how many answers were errors.
 fn traffic(port: u16, count: usize) -> usize {

@@ -1,8 +1,8 @@
 //! Helpers shared by the integration tests: the repository's files and binaries ([`files`], which
 //! xtask's tests share), the one scripted API server ([`scripted`]: a script in order, or standing rules),
 //! the reconciler's world around it ([`mock`]), the table of child kinds as the fakes need it
-//! ([`kinds`]), and memcached, real and fake, for the telemetry tests
-//! ([`memcached`]).
+//! ([`kinds`]), memcached, real and fake, for the telemetry tests ([`memcached`]), and a proxy-capable
+//! memcached run as a child process ([`proxy`]).
 #![allow(dead_code, unused_imports)] // each test crate uses its own subset
 
 mod files;
@@ -12,4 +12,5 @@ pub mod kinds;
 pub mod memcached;
 pub mod mock;
 pub mod pki;
+pub mod proxy;
 pub mod scripted;

@@ -34,7 +34,7 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use super::Context;
-use super::pod::{deleting, newest, terminate, until_deleting};
+use super::pod::{after_start_delay, deleting, newest, terminate, until_deleting};
 use super::status::{self, Running};
 use crate::process::Process;
 
@@ -107,13 +107,7 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
         local.uid().unwrap_or_default(),
     );
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if !deleting(&local) {
-        tokio::select! {
-            () = tokio::time::sleep(ctx.options.pod_start_delay) => {}
-            () = until_deleting(&mut pods) => {}
-        }
-        local = newest(local, pods.borrow_and_update().clone());
-    }
+    local = after_start_delay(&ctx, local, &mut pods).await;
     let Some(ip) = ctx.ips.lease() else {
         warn!(pod = %name, %namespace, "no loopback address left for the pod");
         return;

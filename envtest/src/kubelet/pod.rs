@@ -39,13 +39,7 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
     let mut local = first;
 
-    if !deleting(&local) {
-        tokio::select! {
-            () = tokio::time::sleep(ctx.options.pod_start_delay) => {}
-            () = until_deleting(&mut pods) => {}
-        }
-        local = newest(local, pods.borrow_and_update().clone());
-    }
+    local = after_start_delay(&ctx, local, &mut pods).await;
     // What cannot be pulled is known before anything starts: the pod gets its sandbox (an IP) all the
     // same, and the containers whose images were pulled run.
     let pulls = Pulls::of(&local);
@@ -90,21 +84,10 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
             sync_volumes(&ctx, &local, &volumes_dir).await;
         }
         let next_pull_change = pulls.update(&mut run);
-        if !status::up_to_date(&local, &run) {
-            let patch = status::patch(&local, &run, Timestamp::now());
-            let params = PatchParams {
-                field_manager: Some(super::FIELD_MANAGER.to_owned()),
-                ..PatchParams::default()
-            };
-            match api
-                .patch_status(&name, &params, &Patch::Strategic(&patch))
-                .await
-            {
-                Ok(pod) => local = newest(local, pod),
-                Err(kube::Error::Api(s)) if s.code == 404 => return,
-                // An outage or a conflict: the next tick tries again.
-                Err(e) => debug!(pod = %name, %namespace, "status patch failed: {e}"),
-            }
+        match report(&api, &local, &run).await {
+            Ok(Some(pod)) => local = newest(local, pod),
+            Ok(None) => {}
+            Err(Gone) => return,
         }
         tokio::select! {
             changed = pods.changed() => {
@@ -326,6 +309,56 @@ fn running(ip: Ipv4Addr) -> Running {
 /// left in TIME_WAIT do not count).
 pub(super) fn port_free(ip: Ipv4Addr, port: u16) -> bool {
     std::net::TcpListener::bind((ip, port)).is_ok()
+}
+
+/// Waits the kubelet's start delay (cut short by a deletion) unless the pod is being deleted already, and
+/// returns the newest version of the pod.
+pub(super) async fn after_start_delay(
+    ctx: &Context,
+    local: Pod,
+    pods: &mut watch::Receiver<Pod>,
+) -> Pod {
+    if deleting(&local) {
+        return local;
+    }
+    tokio::select! {
+        () = tokio::time::sleep(ctx.options.pod_start_delay) => {}
+        () = until_deleting(pods) => {}
+    }
+    newest(local, pods.borrow_and_update().clone())
+}
+
+/// The pod is gone from the API server: nothing is left to report.
+pub(super) struct Gone;
+
+/// Patches the pod's status to what `run` says when it says otherwise; the pod as patched, `None` when
+/// nothing was to be said or the patch failed (an outage or a conflict: the next tick tries again).
+pub(super) async fn report(
+    api: &Api<Pod>,
+    local: &Pod,
+    run: &Running,
+) -> Result<Option<Pod>, Gone> {
+    if status::up_to_date(local, run) {
+        return Ok(None);
+    }
+    let patch = status::patch(local, run, Timestamp::now());
+    let params = PatchParams {
+        field_manager: Some(super::FIELD_MANAGER.to_owned()),
+        ..PatchParams::default()
+    };
+    let name = local.name_any();
+    match api
+        .patch_status(&name, &params, &Patch::Strategic(&patch))
+        .await
+    {
+        Ok(pod) => Ok(Some(pod)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Err(Gone),
+        Err(e) => {
+            let namespace = local.namespace().unwrap_or_default();
+            debug!(pod = %name, %namespace, "status patch failed: {e}");
+            Ok(None)
+        }
+    }
 }
 
 pub(super) fn deleting(pod: &Pod) -> bool {

@@ -31,16 +31,17 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::Context;
 use super::ip::IpLease;
 use super::oneshot::{repository, start_container};
-use super::pod::{deleting, newest, port_free, terminate, until_deleting};
-use super::status::{self, Running};
+use super::pod::{
+    Gone, after_start_delay, deleting, newest, port_free, report, terminate, until_deleting,
+};
+use super::status::Running;
 use super::volumes;
 use crate::net::wait_for_listener;
 use crate::process::Process;
@@ -217,13 +218,7 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
         local.uid().unwrap_or_default(),
     );
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), &namespace);
-    if !deleting(&local) {
-        tokio::select! {
-            () = tokio::time::sleep(ctx.options.pod_start_delay) => {}
-            () = until_deleting(&mut pods) => {}
-        }
-        local = newest(local, pods.borrow_and_update().clone());
-    }
+    local = after_start_delay(&ctx, local, &mut pods).await;
     let dir = ctx.options.log_dir.join("volumes").join(&uid);
     let Some(container) = proxy_container(&local).cloned() else {
         return;
@@ -274,20 +269,10 @@ pub async fn run(ctx: Arc<Context>, mut pods: watch::Receiver<Pod>) {
             run.exited = Some(exit.code().unwrap_or(-1));
             run.finished = Some(Timestamp::now());
         }
-        if !status::up_to_date(&local, &run) {
-            let patch = status::patch(&local, &run, Timestamp::now());
-            let params = PatchParams {
-                field_manager: Some(super::FIELD_MANAGER.to_owned()),
-                ..PatchParams::default()
-            };
-            match api
-                .patch_status(&name, &params, &Patch::Strategic(&patch))
-                .await
-            {
-                Ok(pod) => local = newest(local, pod),
-                Err(kube::Error::Api(s)) if s.code == 404 => return,
-                Err(e) => debug!(pod = %name, %namespace, "status patch failed: {e}"),
-            }
+        match report(&api, &local, &run).await {
+            Ok(Some(pod)) => local = newest(local, pod),
+            Ok(None) => {}
+            Err(Gone) => return,
         }
         tokio::select! {
             changed = pods.changed() => {

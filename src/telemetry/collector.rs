@@ -25,8 +25,10 @@
 //! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials) is
 //! logged once when that starts and once when it ends, never per collection.
 
+mod each;
 mod proxies;
 
+use each::{Gathered, Subject};
 use proxies::ProxyReads;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -44,7 +46,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::client::{
     CertificateDigest, ExpectedCertificate, Presented, ProxyReading, ReadError, Reading,
@@ -478,7 +480,7 @@ impl Collector {
                 .map(|(pod, _)| reload.is_none_or(|reload| reload.may_refresh(pod)))
                 .collect()
         };
-        let mut reads = JoinSet::new();
+        let mut reads = Vec::new();
         for ((pod, address), refresh) in servers.iter().zip(may_refresh) {
             let names = match transport.tls {
                 Some(_) => {
@@ -499,53 +501,24 @@ impl Collector {
                     .filter(|_| transport.tls.is_some())
                     .map(|digest| ExpectedCertificate { digest, refresh }),
             };
-            let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());
-            reads.spawn(async move {
-                // The semaphore is never closed; without a permit there is nothing to read with.
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return (pod, None);
-                };
-                let result = reader.read(target, READ_TIMEOUT).await;
-                (pod, Some(result))
-            });
+            reads.push((pod.clone(), self.reader.read(target, READ_TIMEOUT)));
         }
+        let subject = Subject {
+            stats: "memcached stats",
+            pods: "servers",
+        };
+        let Gathered { readings, problem } = self.read_each(reads, subject).await;
         let mut samples = PodSamples::new();
         let mut presented = BTreeMap::new();
-        let mut failures = Vec::new();
-        while let Some(joined) = reads.join_next().await {
-            let Ok((pod, result)) = joined else { continue };
-            match result {
-                Some(Ok(reading)) => {
-                    self.metrics.count_read("ok");
-                    if let Some(shown) = reading.certificate {
-                        presented.insert(pod.clone(), shown);
-                    }
-                    samples.insert(pod, Some(reading.stats));
+        for (pod, reading) in readings {
+            let stats = reading.map(|reading| {
+                if let Some(shown) = reading.certificate {
+                    presented.insert(pod.clone(), shown);
                 }
-                Some(Err(error)) => {
-                    self.metrics.count_read(error.reason());
-                    debug!(%pod, %error, "cannot read memcached stats");
-                    failures.push(format!("{pod}: {}", error.reason()));
-                    samples.insert(pod, None);
-                }
-                None => {
-                    samples.insert(pod, None);
-                }
-            }
+                reading.stats
+            });
+            samples.insert(pod, stats);
         }
-        // A read task that panicked leaves its pod out of the samples: count it as unread.
-        for (pod, _) in servers {
-            samples.entry(pod.clone()).or_insert(None);
-        }
-        failures.sort();
-        let problem = (!failures.is_empty()).then(|| {
-            format!(
-                "{} of {} servers could not be read ({})",
-                failures.len(),
-                servers.len(),
-                failures.join(", ")
-            )
-        });
         Reads {
             samples,
             presented,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use axum::http::Method;
 
-use crate::checks::{lines, of, writes};
+use crate::checks::{bodies, lines, of, writes};
 use crate::cluster::paths::{
     CHILDREN, CONFIGMAPS, DEPLOYMENT, DEPLOYMENTS, EVENTS, MEMCACHEDS, PDBS, PODS, SECRETS,
     SERVER_LIST, SERVICES, STATUS,
@@ -74,7 +74,8 @@ async fn caches_may_sync_in_any_order() {
             format!("{}/{name}-servers", *CONFIGMAPS),
         ] {
             let patches = of(&requests, &Method::PATCH, &path);
-            assert_eq!(patches.len(), 1, "{path}:\n{}", lines(&requests));
+            let (all, written) = (lines(&requests), bodies(&patches));
+            assert_eq!(patches.len(), 1, "{path}:\n{all}\nwritten:\n{written}");
             assert!(
                 patches[0].at >= synced,
                 "{path} was written before the caches were filled:\n{}",

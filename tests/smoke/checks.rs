@@ -118,6 +118,15 @@ pub fn lines(requests: &[Req]) -> String {
         .join("\n")
 }
 
+/// The bodies of `requests`, one per line, to tell repeated writes apart in a failure's message.
+pub fn bodies(requests: &[&Req]) -> String {
+    requests
+        .iter()
+        .map(|r| format!("{} {}: {}", r.method, r.path, r.body))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Writes other than to the Lease.
 pub fn writes(requests: &[Req]) -> Vec<&Req> {
     requests

@@ -4,9 +4,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use tokio::task::JoinSet;
-use tracing::debug;
-
+use super::each::{Gathered, Subject};
 use super::{Collector, READ_TIMEOUT, server};
 use crate::api::Memcached;
 use crate::connection::ServerNames;
@@ -90,7 +88,7 @@ impl Collector {
     ) -> ProxyReads {
         let service = proxy_name(name);
         let domain = &self.settings.cluster_domain;
-        let mut reads = JoinSet::new();
+        let mut reads = Vec::new();
         for (pod, address) in proxies {
             let names = match transport.tls {
                 Some(_) => ServerNames::new([
@@ -107,47 +105,13 @@ impl Collector {
                 still_the_pod: Some(still_at(&self.pods.store, namespace, pod, address.ip())),
                 certificate: None,
             };
-            let (pod, reader, permits) = (pod.clone(), self.reader.clone(), self.permits.clone());
-            reads.spawn(async move {
-                // The semaphore is never closed; without a permit there is nothing to read with.
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return (pod, None);
-                };
-                (pod, Some(reader.read_proxy(target, READ_TIMEOUT).await))
-            });
+            reads.push((pod.clone(), self.reader.read_proxy(target, READ_TIMEOUT)));
         }
-        let mut readings = BTreeMap::new();
-        let mut failures = Vec::new();
-        while let Some(joined) = reads.join_next().await {
-            let Ok((pod, result)) = joined else { continue };
-            let reading = match result {
-                Some(Ok(reading)) => {
-                    self.metrics.count_read("ok");
-                    Some(reading)
-                }
-                Some(Err(error)) => {
-                    self.metrics.count_read(error.reason());
-                    debug!(%pod, %error, "cannot read memcached proxy stats");
-                    failures.push(format!("{pod}: {}", error.reason()));
-                    None
-                }
-                None => None,
-            };
-            readings.insert(pod, reading);
-        }
-        // A read task that panicked leaves its pod out: count it as unread.
-        for (pod, _) in proxies {
-            readings.entry(pod.clone()).or_insert(None);
-        }
-        failures.sort();
-        let problem = (!failures.is_empty()).then(|| {
-            format!(
-                "{} of {} proxy pods could not be read ({})",
-                failures.len(),
-                proxies.len(),
-                failures.join(", ")
-            )
-        });
+        let subject = Subject {
+            stats: "memcached proxy stats",
+            pods: "proxy pods",
+        };
+        let Gathered { readings, problem } = self.read_each(reads, subject).await;
         ProxyReads { readings, problem }
     }
 }

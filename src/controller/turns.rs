@@ -39,10 +39,11 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, SemaphorePermit, mpsc};
 use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::changes::Changes;
 use crate::api::Memcached;
@@ -279,11 +280,7 @@ impl Turns {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        futures::stream::unfold(receiver, |receiver| async move {
-            let mut receiver = receiver?;
-            let next = receiver.recv().await?;
-            Some((next, Some(receiver)))
-        })
+        futures::stream::iter(receiver).flat_map(UnboundedReceiverStream::new)
     }
 
     fn lock_queue(&self) -> MutexGuard<'_, Queue> {

@@ -18,11 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::AbortHandle;
+use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::plan::scale::{Change, Copies, past};
 use super::{Copier, CopyError, Failure, Progress, Snapshot};
@@ -240,11 +241,7 @@ impl Tasks {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take();
-        futures::stream::unfold(receiver, |receiver| async move {
-            let mut receiver = receiver?;
-            let next = receiver.recv().await?;
-            Some((next, Some(receiver)))
-        })
+        futures::stream::iter(receiver).flat_map(UnboundedReceiverStream::new)
     }
 
     /// Cancels the copies of an instance that is gone.

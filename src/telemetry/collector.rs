@@ -453,15 +453,8 @@ impl Collector {
         let Ok(port) = u16::try_from(mc.spec.container_port) else {
             return Vec::new();
         };
-        let mut servers: Vec<(String, SocketAddr)> = self
-            .pods
-            .index
-            .pods(&self.pods.store, namespace, name)
-            .iter()
-            .filter_map(|pod| server(pod, port))
-            .collect();
-        servers.sort();
-        servers
+        let pods = self.pods.index.pods(&self.pods.store, namespace, name);
+        addresses(&pods, port)
     }
 
     /// Reads every server, each in its own task; the samples by pod, and what failed, if anything.
@@ -600,8 +593,15 @@ impl Collector {
     }
 }
 
+/// Of `pods`, the ready, non-terminating ones with an address: (pod name, podIP:port), by name.
+fn addresses(pods: &[Arc<Pod>], port: u16) -> Vec<(String, SocketAddr)> {
+    let mut addresses: Vec<_> = pods.iter().filter_map(|pod| address(pod, port)).collect();
+    addresses.sort();
+    addresses
+}
+
 /// `podIP:port` of a ready, non-terminating pod with an address.
-fn server(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
+fn address(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
     if pod.metadata.deletion_timestamp.is_some() || !servers::is_ready(pod) {
         return None;
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
 use super::each::{Gathered, Subject};
-use super::{Collector, READ_TIMEOUT, server};
+use super::{Collector, READ_TIMEOUT, addresses};
 use crate::api::Memcached;
 use crate::connection::ServerNames;
 use crate::resources::proxy::proxy_name;
@@ -67,15 +67,11 @@ impl Collector {
         if mc.spec.proxy().is_none() {
             return Vec::new();
         }
-        let mut proxies: Vec<(String, SocketAddr)> = self
+        let pods = self
             .pods
             .index
-            .proxy_pods(&self.pods.store, namespace, name)
-            .iter()
-            .filter_map(|pod| server(pod, port))
-            .collect();
-        proxies.sort();
-        proxies
+            .proxy_pods(&self.pods.store, namespace, name);
+        addresses(&pods, port)
     }
 
     /// Reads every proxy pod, each in its own task, with the servers' transport; over TLS the proxy's

@@ -158,16 +158,7 @@ fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
         if spec.exporter().is_some() {
             let mut only = secret(EXPORTER_TLS_VOLUME, &tls.secret_name);
             if let Some(source) = only.secret.as_mut() {
-                source.items = Some(
-                    exporter_tls_keys(tls.client_auth)
-                        .iter()
-                        .map(|key| KeyToPath {
-                            key: (*key).to_owned(),
-                            path: (*key).to_owned(),
-                            mode: None,
-                        })
-                        .collect(),
-                );
+                source.items = Some(files(exporter_tls_keys(tls.client_auth)));
             }
             volumes.push(only);
         }
@@ -176,6 +167,16 @@ fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
         volumes.push(secret(AUTH_VOLUME, &auth.secret_name));
     }
     volumes
+}
+
+/// The volume items that project each of `keys` to a file of the same name.
+pub(super) fn files(keys: &[&str]) -> Vec<KeyToPath> {
+    let file = |key: &&str| KeyToPath {
+        key: (*key).to_owned(),
+        path: (*key).to_owned(),
+        mode: None,
+    };
+    keys.iter().map(file).collect()
 }
 
 pub(super) fn mount(name: &str, path: &str) -> VolumeMount {

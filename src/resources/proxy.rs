@@ -27,17 +27,18 @@ use k8s_openapi::api::apps::v1::{
     Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment,
 };
 use k8s_openapi::api::core::v1::{
-    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, KeyToPath,
-    ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements,
-    SeccompProfile, SecretVolumeSource, Service, ServicePort, ServiceSpec,
-    TopologySpreadConstraint, Volume, VolumeMount,
+    Container, ContainerPort, EmptyDirVolumeSource, EnvVar, EnvVarSource, ObjectFieldSelector,
+    PodSecurityContext, PodSpec, PodTemplateSpec, ResourceRequirements, SeccompProfile,
+    SecretVolumeSource, Service, ServicePort, ServiceSpec, TopologySpreadConstraint, Volume,
+    VolumeMount,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::pod::{
-    PORT_NAME, RUN_AS_USER, SECRET_HASH_ANNOTATION, mount, requirements, restricted, tcp_probe,
+    PORT_NAME, RUN_AS_USER, SECRET_HASH_ANNOTATION, files, mount, requirements, restricted,
+    tcp_probe,
 };
 use super::{Instance, args, labels};
 use crate::api::Proxy;
@@ -289,16 +290,7 @@ fn tls_volume(instance: &Instance<'_>) -> Option<Volume> {
         secret: Some(SecretVolumeSource {
             secret_name: Some(tls.secret_name.clone()),
             default_mode: Some(0o440),
-            items: Some(
-                TLS_KEYS
-                    .iter()
-                    .map(|key| KeyToPath {
-                        key: (*key).to_owned(),
-                        path: (*key).to_owned(),
-                        mode: None,
-                    })
-                    .collect(),
-            ),
+            items: Some(files(&TLS_KEYS)),
             ..SecretVolumeSource::default()
         }),
         ..Volume::default()

@@ -7,13 +7,14 @@
 //! containers only (the pod does not automount it): memcached never gets it.
 
 use k8s_openapi::api::core::v1::{
-    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, KeyToPath,
-    ObjectFieldSelector, ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection,
-    Volume, VolumeMount, VolumeProjection,
+    ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
+    ProjectedVolumeSource, ServiceAccount, ServiceAccountTokenProjection, Volume, VolumeMount,
+    VolumeProjection,
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 
 use super::super::Instance;
+use super::super::pod::files;
 use super::{meta, proxy_name};
 
 /// Where the writer's containers find their token, the cluster's CA and their namespace: where every
@@ -71,11 +72,6 @@ pub fn role_binding(instance: &Instance<'_>) -> Option<RoleBinding> {
 /// The projected volume of the ServiceAccount's token, the cluster's CA and the namespace, as the
 /// kubelet's automount builds it.
 pub(super) fn token_volume() -> Volume {
-    let file = |key: &str| KeyToPath {
-        key: key.to_owned(),
-        path: key.to_owned(),
-        mode: None,
-    };
     Volume {
         name: TOKEN_VOLUME.to_owned(),
         projected: Some(ProjectedVolumeSource {
@@ -91,7 +87,7 @@ pub(super) fn token_volume() -> Volume {
                 VolumeProjection {
                     config_map: Some(ConfigMapProjection {
                         name: "kube-root-ca.crt".to_owned(),
-                        items: Some(vec![file("ca.crt")]),
+                        items: Some(files(&["ca.crt"])),
                         ..ConfigMapProjection::default()
                     }),
                     ..VolumeProjection::default()

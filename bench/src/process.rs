@@ -168,20 +168,24 @@ impl Operator {
 
     /// Stops the operator and removes its scratch directory.
     pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// Kills the process `--operator` named and every process under it (a wrapper script's operator
+    /// outlives the script's SIGKILL), and reaps it.
+    fn kill(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            signal_tree(self.child.id(), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
     }
 
     /// Stops the operator as a kubelet does: SIGTERM, then SIGKILL after `grace`; removes its scratch
     /// directory. Whether it exited by itself.
     pub async fn terminate(&mut self, grace: Duration) -> bool {
-        if let Ok(pid) = libc::pid_t::try_from(self.child.id()) {
-            // SAFETY: kill(2) on our own child, which is not reaped yet (so the pid is still its own).
-            unsafe {
-                libc::kill(pid, libc::SIGTERM);
-            }
-        }
+        // The child is not reaped yet, so its pid (and its descendants') are still theirs.
+        signal_tree(self.child.id(), libc::SIGTERM);
         let deadline = Instant::now() + grace;
         let exited = loop {
             if matches!(self.child.try_wait(), Ok(Some(_))) {
@@ -231,11 +235,48 @@ fn stats_off(operator_args: &[String]) -> Option<&'static str> {
 
 impl Drop for Operator {
     fn drop(&mut self) {
-        if self.child.try_wait().ok().flatten().is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        self.kill();
+    }
+}
+
+/// Sends `signal` to `pid` and to every process descended from it (parents first, all found before
+/// the first signal, so that none is missed by being reparented when its parent dies).
+fn signal_tree(pid: u32, signal: libc::c_int) {
+    let parents = parents();
+    let mut tree = vec![pid];
+    let mut next = 0;
+    while let Some(&parent) = tree.get(next) {
+        tree.extend(
+            parents
+                .iter()
+                .filter(|(_, p)| **p == parent)
+                .map(|(c, _)| *c),
+        );
+        next += 1;
+    }
+    for pid in tree {
+        if let Ok(pid) = libc::pid_t::try_from(pid) {
+            // SAFETY: kill(2) with a pid read from /proc just now: our own child, or a process under it.
+            unsafe {
+                libc::kill(pid, signal);
+            }
         }
     }
+}
+
+/// Every process's parent, by pid, from `/proc/<pid>/stat`.
+fn parents() -> BTreeMap<u32, u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return BTreeMap::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            Some((pid, parent_pid(&stat)?))
+        })
+        .collect()
 }
 
 /// utime + stime, fields 14 and 15 of `/proc/<pid>/stat`, counted after the command name (which may hold
@@ -341,6 +382,62 @@ mod tests {
         assert_eq!(cpu_ticks(stat), Some(300));
         assert_eq!(command_name(stat), Some("memcached op"));
         assert_eq!(parent_pid(stat), Some(1));
+    }
+
+    /// A wrapper script as `--operator` (as `perf record` or an `env` shim would be): stopping it stops
+    /// the process it started too. Failed before: only the script was killed, its child ran on.
+    #[tokio::test]
+    async fn stopping_a_wrapper_stops_what_it_started() {
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::new().unwrap();
+        let pid_file = scratch.path().join("inner.pid");
+        let wrapper = scratch.path().join("wrapper.sh");
+        let script = format!(
+            "#!/bin/sh\n/bin/sleep 300 &\necho $! > {}\nwait\n",
+            pid_file.display()
+        );
+        std::fs::write(&wrapper, script).unwrap();
+        std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let options = Options {
+            operator: wrapper,
+            operator_args: Vec::new(),
+            operator_env: Vec::new(),
+            instances: 0,
+            latency: Duration::ZERO,
+            pod_start: Duration::ZERO,
+            settle: Duration::ZERO,
+            timeout: Duration::ZERO,
+            tls: false,
+            record: None,
+        };
+        let mut operator = Operator::start(&options, Path::new("/dev/null"), false).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let inner: u32 = loop {
+            let written = std::fs::read_to_string(&pid_file).unwrap_or_default();
+            if let Ok(pid) = written.trim().parse() {
+                break pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the wrapper did not start its child"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        operator.stop();
+        // Gone, or a zombie waiting for init to reap it.
+        let running = || {
+            let stat = std::fs::read_to_string(format!("/proc/{inner}/stat")).unwrap_or_default();
+            stat.rfind(')')
+                .is_some_and(|end| !stat[end + 1..].trim_start().starts_with('Z'))
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while running() {
+            assert!(
+                Instant::now() < deadline,
+                "the wrapper's child {inner} outlived the stop"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[test]

@@ -9,6 +9,8 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use serde_json::{Value, json};
+
 use super::{
     KEYS, RouteWatch, proxy_follows, proxy_pod, reloads_in_time, same_proxy, start, stats,
     through_proxy,
@@ -16,7 +18,6 @@ use super::{
 use crate::instances::apply;
 use crate::real_clients::published;
 use crate::wait_for;
-use serde_json::{Value, json};
 
 const SIZE: usize = 3;
 

@@ -65,6 +65,9 @@ const CONDITION_TYPES: [&str; 3] = [
     crate::status::DEGRADED,
 ];
 
+/// The condition types exported only while the status has them (a feature's, while it is on).
+const OPTIONAL_CONDITION_TYPES: [&str; 1] = [crate::status::PROXY_AVAILABLE];
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabels {
     protocol: &'static str,
@@ -349,7 +352,7 @@ impl Metrics {
 
     /// Sets the conditions of one instance from its computed status: 1 for a condition that is True, 0
     /// otherwise (False, Unknown or absent). Alerts read `Degraded` here, without listing the objects.
-    /// `ProxyAvailable` is exported while the status has it (the proxy is on), and removed when it has not.
+    /// The optional ones (`ProxyAvailable`) are exported while the status has them, removed when it has not.
     pub fn set_conditions(&self, namespace: &str, name: &str, conditions: &[Condition]) {
         let labels = |condition| ConditionLabels {
             namespace: namespace.to_owned(),
@@ -363,16 +366,17 @@ impl Metrics {
                 .get_or_create(&labels(condition))
                 .set(i64::from(on));
         }
-        match status(crate::status::PROXY_AVAILABLE) {
-            Some(proxy) => {
-                let on = proxy.status == "True";
-                self.conditions
-                    .get_or_create(&labels(crate::status::PROXY_AVAILABLE))
-                    .set(i64::from(on));
-            }
-            None => {
-                self.conditions
-                    .remove(&labels(crate::status::PROXY_AVAILABLE));
+        for condition in OPTIONAL_CONDITION_TYPES {
+            match status(condition) {
+                Some(c) => {
+                    let on = c.status == "True";
+                    self.conditions
+                        .get_or_create(&labels(condition))
+                        .set(i64::from(on));
+                }
+                None => {
+                    self.conditions.remove(&labels(condition));
+                }
             }
         }
     }
@@ -380,8 +384,7 @@ impl Metrics {
     /// Removes the condition and handover series of an instance that is gone.
     pub fn forget_instance(&self, namespace: &str, name: &str) {
         self.handovers.forget_instance(namespace, name);
-        let proxy = crate::status::PROXY_AVAILABLE;
-        for condition in CONDITION_TYPES.into_iter().chain([proxy]) {
+        for condition in CONDITION_TYPES.into_iter().chain(OPTIONAL_CONDITION_TYPES) {
             self.conditions.remove(&ConditionLabels {
                 namespace: namespace.to_owned(),
                 memcached: name.to_owned(),

@@ -223,12 +223,12 @@ uninstall: ## Remove the Memcached CRD (and with it every Memcached instance) fr
 	$(KUBECTL) delete --ignore-not-found -k config/crd
 
 # config/manager/kustomization.yaml maps the image name "controller" to controller:latest;
-# the rendered image reference is replaced by IMG here, so that `make deploy` leaves the
-# committed files alone.
+# the rendered image reference, and the operator's OPERATOR_IMAGE that follows it (the proxy pods run that
+# image), are replaced by IMG here, so that `make deploy` leaves the committed files alone.
 .PHONY: deploy
 deploy: ## Deploy the operator (CRD, RBAC, Deployment) with image IMG to the cluster of the current kube context.
 	$(KUBECTL) kustomize config/default \
-		| sed -e 's|image: controller:latest$$|image: $(IMG)|' \
+		| sed -e 's|: controller:latest$$|: $(IMG)|' \
 		| $(KUBECTL) apply --server-side -f -
 
 # Deleting the CRD deletes every Memcached instance, and garbage collection their children: instances

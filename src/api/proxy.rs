@@ -10,10 +10,6 @@ use k8s_openapi::api::core::v1::ResourceRequirements;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The image of the proxy when `spec.proxy.image` leaves it out: the official memcached image of the 1.6
-/// series (the servers' default too), built with the proxy (`--enable-proxy`) since 1.6.38 but without
-/// `--enable-proxy-tls`, so not usable with `spec.security.tls` ([`PROXY_TLS_IMAGE_RULE`]).
-pub const DEFAULT_PROXY_IMAGE: &str = "memcached:1.6-alpine";
 /// Default for `spec.proxy.replicas`.
 pub const DEFAULT_PROXY_REPLICAS: i32 = 2;
 /// Upper bound for `spec.proxy.replicas`.
@@ -75,7 +71,8 @@ pub struct Proxy {
     pub replicas: Option<i32>,
 
     /// Image of the proxy: a memcached 1.6.23 or later built with the proxy (`--enable-proxy`; the
-    /// official images are since 1.6.38). Default `memcached:1.6-alpine`. Required with
+    /// official images are since 1.6.38). Default: the operator's default memcached image
+    /// (`MEMCACHED_IMAGE`, itself `memcached:1.6-alpine` unless the install sets it). Required with
     /// `spec.security.tls`: give an image built with `--enable-proxy-tls` too (the official images are
     /// not), or memcached refuses the route configuration.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -112,9 +109,13 @@ impl Proxy {
         self.replicas.unwrap_or(DEFAULT_PROXY_REPLICAS)
     }
 
-    /// `image`, or the default proxy image.
-    pub fn image(&self) -> &str {
-        self.image.as_deref().unwrap_or(DEFAULT_PROXY_IMAGE)
+    /// `image`, or `default`: the operator's default memcached image (`MEMCACHED_IMAGE`, the servers'
+    /// default too), so that a mirror or registry set for the operator's images applies to the proxy.
+    /// The built-in default, the official memcached image of the 1.6 series, has the proxy
+    /// (`--enable-proxy`) since 1.6.38 but not `--enable-proxy-tls`, so it cannot serve
+    /// `spec.security.tls` ([`PROXY_TLS_IMAGE_RULE`]).
+    pub fn image_or<'a>(&'a self, default: &'a str) -> &'a str {
+        self.image.as_deref().unwrap_or(default)
     }
 }
 
@@ -135,13 +136,19 @@ mod tests {
         let spec: MemcachedSpec = serde_json::from_str(r#"{"proxy": {"enabled": true}}"#).unwrap();
         let proxy = spec.proxy().unwrap();
         assert_eq!(proxy.replicas(), 2);
-        assert_eq!(proxy.image(), "memcached:1.6-alpine");
+        assert_eq!(
+            proxy.image_or("mirror.example/memcached:1.6-alpine"),
+            "mirror.example/memcached:1.6-alpine"
+        );
         let spec: MemcachedSpec = serde_json::from_value(serde_json::json!({"proxy": {
             "enabled": true, "replicas": 1, "image": "registry.example.com/memcached:1.6.45"
         }}))
         .unwrap();
         let proxy = spec.proxy().unwrap();
         assert_eq!(proxy.replicas(), 1);
-        assert_eq!(proxy.image(), "registry.example.com/memcached:1.6.45");
+        assert_eq!(
+            proxy.image_or("memcached:1.6-alpine"),
+            "registry.example.com/memcached:1.6.45"
+        );
     }
 }

@@ -102,6 +102,9 @@ pub struct Instance<'a> {
     pub namespace: &'a str,
     pub spec: &'a MemcachedSpec,
     pub image: &'a str,
+    /// The operator's default memcached image ([`Defaults::image`]), which the proxy runs unless
+    /// `spec.proxy.image` says otherwise.
+    pub default_image: &'a str,
     /// The operator's pods, when it runs in a pod (see [`Defaults::operator_pods`]).
     pub operator_pods: Option<&'a OperatorPods>,
     /// See [`Defaults::stats_collected`].
@@ -137,6 +140,7 @@ impl<'a> Instance<'a> {
             namespace,
             spec: &mc.spec,
             image: mc.image_or(&defaults.image),
+            default_image: &defaults.image,
             operator_pods: defaults.operator_pods.as_ref(),
             stats_collected: defaults.stats_collected,
             operator_image: &defaults.operator_image,

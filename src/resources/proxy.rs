@@ -202,7 +202,7 @@ fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
     }
     Container {
         name: PROXY_CONTAINER.to_owned(),
-        image: Some(proxy.image().to_owned()),
+        image: Some(proxy.image_or(instance.default_image).to_owned()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
         command: Some(vec!["memcached".to_owned()]),
         args: Some(proxy_args(port, instance.spec.tls().is_some())),

@@ -17,6 +17,8 @@ use crate::kubectl;
 pub const INSTALL_PATH: &str = "dist/install.yaml";
 /// The kustomization the install is rendered from.
 pub const DEFAULT_KUSTOMIZATION: &str = "config/default";
+/// The kustomization of the operator's Deployment, which sets its image.
+pub const MANAGER_KUSTOMIZATION: &str = "config/manager";
 /// The kustomization listing the sample `Memcached` objects.
 pub const SAMPLES_KUSTOMIZATION: &str = "config/samples";
 /// Repository of the operator image (the Makefile's `IMAGE_TAG_BASE`).
@@ -78,7 +80,7 @@ pub fn install_with_component(component: &str) -> Result<Vec<Value>, Error> {
 /// Every object of the install, in `kubectl kustomize` order, with the operator running `image`.
 pub fn install(image: &str) -> Result<Vec<Value>, Error> {
     let scratch = Scratch::new()?;
-    let overlay = scratch.image_overlay(DEFAULT_KUSTOMIZATION, image)?;
+    let overlay = scratch.with_operator_image(DEFAULT_KUSTOMIZATION, image)?;
     let mut objects = kubectl::kustomize(&overlay)?;
     use_generated_crd(&mut objects)?;
     let deployment = operator_deployment(&objects)?;
@@ -87,6 +89,13 @@ pub fn install(image: &str) -> Result<Vec<Value>, Error> {
         return Err(Error::Invalid(format!(
             "the operator container runs {running:?}, not {image:?}: config/ no longer names the \
              operator image {OPERATOR_IMAGE_NAME:?} (see config/manager/kustomization.yaml)"
+        )));
+    }
+    let passed = manager_env(deployment, "OPERATOR_IMAGE");
+    if passed != Some(image) {
+        return Err(Error::Invalid(format!(
+            "the operator is told its image is {passed:?}, not {image:?}: the proxy pods would run \
+             another image (OPERATOR_IMAGE, see config/manager/kustomization.yaml)"
         )));
     }
     Ok(objects)
@@ -131,6 +140,15 @@ pub fn operator_deployment(objects: &[Value]) -> Result<&Value, Error> {
 pub fn manager_container(deployment: &Value) -> Option<&Value> {
     manager_container_index(deployment)
         .map(|i| &deployment["spec"]["template"]["spec"]["containers"][i])
+}
+
+/// The value of the environment variable `name` of the [`manager_container`], when it has one.
+pub fn manager_env<'a>(deployment: &'a Value, name: &str) -> Option<&'a str> {
+    manager_container(deployment)?["env"]
+        .as_array()?
+        .iter()
+        .find(|e| e["name"] == name)?["value"]
+        .as_str()
 }
 
 /// Index of [`manager_container`] in the pod's containers.
@@ -250,20 +268,25 @@ impl Scratch {
         self.dir.join(path)
     }
 
-    /// A kustomization rendering `path` with the operator image set to `image`, as `kustomize edit set
-    /// image controller=IMAGE` would, without touching the copied files.
-    fn image_overlay(&self, path: &str, image: &str) -> Result<PathBuf, Error> {
-        let overlay = self.dir.join("image-overlay");
-        std::fs::create_dir_all(&overlay).map_err(io(&overlay))?;
-        let kustomization = json!({
-            "apiVersion": "kustomize.config.k8s.io/v1beta1",
-            "kind": "Kustomization",
-            "resources": [format!("../{path}")],
-            "images": [image_entry(OPERATOR_IMAGE_NAME, image)],
-        });
-        let file = overlay.join("kustomization.yaml");
+    /// The kustomization `path` rendering the operator image `image`, as `kustomize edit set image
+    /// controller=IMAGE` in `config/manager` would, in the scratch copy (the committed files are left
+    /// alone). The image is set where `config/manager` sets it, not in an overlay above `path`: the
+    /// `replacements:` there copy it into the container's `OPERATOR_IMAGE`, and an overlay's `images:`
+    /// would run after them.
+    fn with_operator_image(&self, path: &str, image: &str) -> Result<PathBuf, Error> {
+        let file = self
+            .config(MANAGER_KUSTOMIZATION)
+            .join("kustomization.yaml");
+        let text = std::fs::read_to_string(&file).map_err(io(&file))?;
+        let mut kustomization: Value = serde_saphyr::from_str(&text)
+            .map_err(|e| Error::Invalid(format!("{}: {e}", file.display())))?;
+        let images = kustomization["images"]
+            .as_array_mut()
+            .ok_or_else(|| Error::Invalid(format!("{}: no `images:` list", file.display())))?;
+        images.retain(|entry| entry["name"] != OPERATOR_IMAGE_NAME);
+        images.push(image_entry(OPERATOR_IMAGE_NAME, image));
         std::fs::write(&file, serde_saphyr::to_string(&kustomization)?).map_err(io(&file))?;
-        Ok(overlay)
+        Ok(self.config(path))
     }
 }
 

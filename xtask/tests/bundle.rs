@@ -185,6 +185,11 @@ fn csv_install_strategy_deploys_the_install_deployment() {
     let objects = install::install(&default_operator_image()).unwrap();
     let deployment = install::operator_deployment(&objects).unwrap();
     assert_eq!(deployments[0]["name"], deployment["metadata"]["name"]);
+    // The proxy pods run the operator's image: OLM's operator is told which one it runs.
+    assert_eq!(
+        install::manager_env(&deployments[0], "OPERATOR_IMAGE"),
+        Some(default_operator_image().as_str())
+    );
     let spec = &deployments[0]["spec"];
     let labels = &spec["template"]["metadata"]["labels"];
     for (key, value) in spec["selector"]["matchLabels"].as_object().unwrap() {

@@ -9,7 +9,7 @@ use common::helm::{self, find, refusal};
 use serde_json::{Value, json};
 use xtask::chart::CHART_DIR;
 use xtask::helm::Error;
-use xtask::install::{manager_container, operator_deployment};
+use xtask::install::{self, manager_container, operator_deployment};
 
 /// The objects of the chart rendered as `release` in `namespace`; `None` when skipped.
 fn render_as(values: Value, release: &str, namespace: &str) -> Option<Vec<Value>> {
@@ -246,6 +246,11 @@ fn values_platform_teams_set_reach_the_objects() {
     assert_eq!(
         memcached_image["value"],
         "mirror.test:5000/memcached:1.6-alpine"
+    );
+    assert_eq!(
+        install::manager_env(deployment, "OPERATOR_IMAGE"),
+        manager["image"].as_str(),
+        "the operator is told its own image, under global.imageRegistry too"
     );
     assert_eq!(pod["serviceAccountName"], "ops-sa");
     assert_eq!(pod["automountServiceAccountToken"], false);

@@ -5,7 +5,7 @@ mod common;
 
 use common::helm::{self, NAMESPACE, find, refusal};
 use serde_json::{Value, json};
-use xtask::install::{manager_container, operator_deployment};
+use xtask::install::{self, manager_container, operator_deployment};
 
 const MANAGER_ROLE: &str = "memcached-operator-manager-role";
 const LEADER_ROLE: &str = "memcached-operator-leader-election-role";
@@ -235,6 +235,11 @@ fn install_options_reach_the_operator_pod() {
         .iter()
         .find(|e| e["name"] == "MEMCACHED_IMAGE");
     assert_eq!(memcached_image.unwrap()["value"], "memcached:1.6.38");
+    // The proxy pods run the operator's own image: the operator is told which one it is.
+    assert_eq!(
+        install::manager_env(deployment, "OPERATOR_IMAGE"),
+        Some("registry.test/op:v9")
+    );
     assert_eq!(pod["nodeSelector"]["kubernetes.io/os"], "linux");
     assert_eq!(pod["tolerations"][0]["key"], "dedicated");
     assert!(pod["affinity"]["nodeAffinity"].is_object());

@@ -85,6 +85,11 @@ fn image_flag_changes_only_the_operator_image() {
         install::manager_container(deployment).unwrap()["image"],
         "registry.test/op@sha256:feed"
     );
+    assert_eq!(
+        install::manager_env(deployment, "OPERATOR_IMAGE"),
+        Some("registry.test/op@sha256:feed"),
+        "the proxy pods run the operator's image: the operator must be told which one it is"
+    );
     let out = Command::new(XTASK)
         .args(["install", "--image", ""])
         .output()
@@ -128,6 +133,10 @@ fn install_runs_a_production_ready_operator() {
     );
     let manager = install::manager_container(deployment).unwrap();
     assert_eq!(manager["image"], default_operator_image());
+    assert_eq!(
+        install::manager_env(deployment, "OPERATOR_IMAGE"),
+        Some(default_operator_image().as_str())
+    );
     let args: Vec<&str> = manager["args"]
         .as_array()
         .unwrap()

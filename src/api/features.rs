@@ -167,8 +167,10 @@ impl HighAvailability {
     "message": "set maxUnavailable or minAvailable, not both"
 }]))]
 pub struct PodDisruptionBudgetConfig {
-    /// Whether to keep a PodDisruptionBudget. Default: only while spec.size is above 1 (a budget for a
-    /// single pod would block node drains). When false, or when size drops to 1, it is removed.
+    /// Whether to keep a PodDisruptionBudget. Left out: only while spec.size is above 1 (a budget for a
+    /// single pod would block node drains), removed when size drops to 1. `true` keeps it at every
+    /// size (at size 1, `maxUnavailable: 1` still lets a drain evict the pod; `minAvailable: 1` blocks
+    /// drains). `false` removes it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
 

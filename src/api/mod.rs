@@ -198,7 +198,7 @@ pub struct MemcachedSpec {
     pub handover: Option<WarmHandover>,
 
     /// A memcached proxy in front of the servers: one address, `<name>-proxy`, for any client (see
-    /// docs/clients.md, "The proxy"). Off by default.
+    /// docs/clients.md, "Through the proxy"). Off by default.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proxy: Option<Box<Proxy>>,
 }

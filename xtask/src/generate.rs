@@ -8,7 +8,7 @@ use memcached_operator::manifests;
 
 use crate::bundle::{self, Options};
 use crate::install::{self, io};
-use crate::{api_docs, chart, repo_root};
+use crate::{api_docs, chart, readme, repo_root};
 
 /// Why the generated files cannot be produced or written.
 #[derive(Debug, thiserror::Error)]
@@ -19,6 +19,8 @@ pub enum Error {
     Bundle(#[from] bundle::Error),
     #[error("cannot write YAML: {0}")]
     Yaml(#[from] serde_saphyr::ser_error::Error),
+    #[error(transparent)]
+    Readme(#[from] readme::Error),
 }
 
 /// One generated file: its path relative to the repository root, and what it must hold.
@@ -47,6 +49,7 @@ pub fn files() -> Result<Vec<File>, Error> {
             install::install_yaml(&install::default_operator_image())?,
         ),
         file(api_docs::API_DOCS_PATH, api_docs::api_markdown()),
+        file(readme::README_PATH, readme_with_spec_table()?),
     ];
     let rendered = bundle::render(&Options::default(), bundle::BUNDLE_DIR)?;
     files.extend(rendered.files.into_iter().map(|(path, content)| File {
@@ -60,6 +63,13 @@ pub fn files() -> Result<Vec<File>, Error> {
             .map(|(path, content)| File { path, content }),
     );
     Ok(files)
+}
+
+/// The README as committed, with its spec table generated anew (the rest of it is written by hand).
+fn readme_with_spec_table() -> Result<String, Error> {
+    let path = repo_root().join(readme::README_PATH);
+    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
+    Ok(readme::with_spec_table(&text)?)
 }
 
 /// Writes every generated file under the repository root, and removes the files of the bundle's

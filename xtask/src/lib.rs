@@ -1,8 +1,8 @@
 //! Release tooling of memcached-operator, run as `cargo xtask <command>` (`cargo xtask --help`).
 //!
 //! The operator binary runs the operator; everything built for a release lives here: the one-file install
-//! ([`install`]), the OLM bundle ([`bundle`]) and the API reference ([`api_docs`]), the last two by walking
-//! the CRD schema ([`schema`]). Kustomizations are rendered by `kubectl kustomize` ([`kubectl`]), not by a
+//! ([`install`]), the OLM bundle ([`bundle`]), the API reference ([`api_docs`]) and the README's spec
+//! table ([`readme`]), the last three by walking the CRD schema ([`schema`]). Kustomizations are rendered by `kubectl kustomize` ([`kubectl`]), not by a
 //! renderer of our own. [`pictures`] draws the dashboard's main panels from the bench's recordings
 //! for the docs. [`generate`] lists every generated file, writes them (`cargo xtask manifests`) and
 //! finds committed copies that drifted (`cargo xtask check`), the Helm chart's copies ([`chart`])
@@ -19,6 +19,7 @@ pub mod helm;
 pub mod install;
 pub mod kubectl;
 pub mod pictures;
+pub mod readme;
 pub mod schema;
 
 /// The repository root: generated files are written, and `config/` read, relative to it, wherever

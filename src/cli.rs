@@ -14,7 +14,8 @@ pub use crate::controller::DEFAULT_CONCURRENCY;
 #[command(
     name = "memcached-operator",
     version,
-    args_conflicts_with_subcommands = true
+    args_conflicts_with_subcommands = true,
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -30,6 +31,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run the operator against the current kube context or in-cluster config (the default).
+    #[command(args_override_self = true)]
     Run(RunArgs),
     /// Write a proxy pod's route configuration from its ConfigMap and have memcached reload it (the
     /// proxy pods of `spec.proxy` run it; see `resources::proxy`).
@@ -317,6 +319,34 @@ mod tests {
         assert_eq!(run.stats_status_interval, Duration::from_secs(300));
 
         assert!(Cli::try_parse_from(["memcached-operator", "run", "--concurrency", "0"]).is_err());
+    }
+
+    /// The chart and the kustomize install pass some flags themselves; one given again (the chart's
+    /// `extraArgs`, a patched Deployment) takes the last value, as Kubebuilder operators' flags do,
+    /// instead of stopping the operator at start.
+    #[test]
+    fn a_flag_given_twice_takes_its_last_value() {
+        for args in [
+            &["memcached-operator", "run"][..],
+            &["memcached-operator"][..],
+        ] {
+            let args = args.iter().chain(&[
+                "--leader-elect",
+                "--log-format=json",
+                "--health-probe-bind-address=:8081",
+                "--leader-elect",
+                "--log-format=text",
+                "--health-probe-bind-address=:9091",
+            ]);
+            let cli = Cli::try_parse_from(args).unwrap();
+            let run = match cli.command {
+                Some(Command::Run(run)) => run,
+                _ => cli.run,
+            };
+            assert!(run.leader_elect);
+            assert_eq!(run.log_format, LogFormat::Text);
+            assert_eq!(run.health_probe_bind_address, ":9091");
+        }
     }
 
     #[test]

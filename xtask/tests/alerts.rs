@@ -150,3 +150,54 @@ fn chart_and_kustomize_component_install_the_same_rules() {
         "the chart's rules are the component's"
     );
 }
+
+/// kustomize's runbook links have one base URL, as the chart's `prometheusRule.runbookBaseUrl`: the
+/// local-config ConfigMap of `config/prometheus/runbooks.yaml`, which sets every alert's link and is not
+/// installed itself.
+#[test]
+fn the_kustomize_component_takes_one_runbook_base_url() {
+    let dir = std::env::temp_dir().join(format!("runbooks-{}", std::process::id()));
+    let component = dir.join("prometheus");
+    std::fs::create_dir_all(&component).unwrap();
+    // The rules keep their links as committed: only the setting changes.
+    for file in ["kustomization.yaml", "prometheus_rule.yaml"] {
+        let text = read(&format!("config/prometheus/{file}"));
+        std::fs::write(component.join(file), text).unwrap();
+    }
+    let setting = read("config/prometheus/runbooks.yaml");
+    let base = setting
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("baseUrl: "))
+        .unwrap();
+    std::fs::write(
+        component.join("runbooks.yaml"),
+        setting.replace(base, "https://docs.test/ops.md"),
+    )
+    .unwrap();
+    let top = dir.join("top");
+    std::fs::create_dir_all(&top).unwrap();
+    std::fs::write(
+        top.join("kustomization.yaml"),
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\ncomponents:\n- ../prometheus\n",
+    )
+    .unwrap();
+    let objects = xtask::kubectl::kustomize(&top).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert!(
+        objects.iter().all(|o| o["kind"] != "ConfigMap"),
+        "the runbooks setting must not be installed"
+    );
+    let rule = objects
+        .iter()
+        .find(|o| o["kind"] == "PrometheusRule")
+        .unwrap();
+    let mut links = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for alert in group["rules"].as_array().unwrap() {
+            let url = alert["annotations"]["runbook_url"].as_str().unwrap();
+            assert!(url.starts_with("https://docs.test/ops.md#"), "{url}");
+            links += 1;
+        }
+    }
+    assert!(links >= 10, "{links} runbook links");
+}

@@ -369,8 +369,10 @@ fn values_the_operator_refuses_make_memcached_exit_and_those_it_admits_start() {
         (&["-f", ".5"], None, false),
     ];
     // A 32 GiB table: memcached cannot allocate it where memory and swap are smaller ("Failed to init
-    // hashtable."). The operator refuses it anywhere (it exceeds the container's limit).
-    if host_memory_bytes().is_some_and(|bytes| bytes < 32 << 30) {
+    // hashtable."), unless the kernel overcommits whatever is asked (vm.overcommit_memory=1: the table's
+    // pages are only reserved, and a container is killed for memory as they fill). The operator refuses
+    // it anywhere (it exceeds the container's limit).
+    if host_memory_bytes().is_some_and(|bytes| bytes < 32 << 30) && !always_overcommits() {
         refused.push((&["-o", "hashpower=32"], None, false));
     }
     for (extra, threads, auth) in &refused {
@@ -469,6 +471,12 @@ fn values_the_operator_refuses_make_memcached_exit_and_those_it_admits_start() {
 }
 
 /// Memory and swap of this host (`/proc/meminfo`), where it can be read.
+/// Whether the kernel grants every allocation (`vm.overcommit_memory` = 1), so that a table larger
+/// than memory allocates.
+fn always_overcommits() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|mode| mode.trim() == "1")
+}
+
 fn host_memory_bytes() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = |key: &str| {

@@ -27,6 +27,7 @@ fn settings() -> Settings {
         request_timeout: Duration::from_secs(10),
         batch_items: 64,
         batch_bytes: 1 << 20,
+        ..Settings::default()
     }
 }
 

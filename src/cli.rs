@@ -139,6 +139,12 @@ pub struct RunArgs {
     #[arg(long, env = "CLUSTER_DOMAIN", default_value = crate::telemetry::client::DEFAULT_CLUSTER_DOMAIN)]
     pub cluster_domain: String,
 
+    /// The longest a warm-handover copy may take, in seconds, whatever its instance's
+    /// `spec.handover.timeoutSeconds` says (up to 3600): a tenant's copies give the operator's copy slots
+    /// back within it.
+    #[arg(long, env = "HANDOVER_MAX_TIMEOUT_SECONDS", default_value_t = crate::handover::DEFAULT_MAX_TIMEOUT_SECONDS, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub handover_max_timeout_seconds: u64,
+
     /// Image for instances whose spec sets none.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
     pub memcached_image: String,
@@ -347,6 +353,27 @@ mod tests {
             assert_eq!(run.log_format, LogFormat::Text);
             assert_eq!(run.health_probe_bind_address, ":9091");
         }
+    }
+
+    #[test]
+    fn the_handover_maximum_defaults_to_ten_minutes_within_the_specs_range() {
+        let cli = Cli::try_parse_from(["memcached-operator", "run"]).unwrap();
+        let Some(Command::Run(run)) = cli.command else {
+            panic!("expected run")
+        };
+        assert_eq!(run.handover_max_timeout_seconds, 600);
+        let flag = |value: &str| {
+            Cli::try_parse_from([
+                "memcached-operator",
+                "--handover-max-timeout-seconds",
+                value,
+            ])
+            .map(|cli| cli.run.handover_max_timeout_seconds)
+        };
+        assert_eq!(flag("60").unwrap(), 60);
+        assert_eq!(flag("3600").unwrap(), 3600);
+        assert!(flag("0").is_err());
+        assert!(flag("3601").is_err());
     }
 
     #[test]

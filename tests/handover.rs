@@ -27,6 +27,7 @@ fn settings() -> Settings {
         request_timeout: Duration::from_secs(10),
         batch_items: 64,
         batch_bytes: 1 << 20,
+        ..Settings::default()
     }
 }
 
@@ -489,8 +490,8 @@ async fn items_that_every_walk_of_the_lrus_misses_are_copied_by_the_sweep() {
     }
 }
 
-/// More keys missing after the first walk than a sweep keeps at once (8 MiB of keys): the sweep copies
-/// those, and another sweep the rest.
+/// More keys missing after the first walk than a sweep keeps at once (4 MiB of keys): the sweep copies
+/// those, and other sweeps the rest.
 #[tokio::test]
 async fn a_sweep_that_finds_more_than_it_keeps_is_followed_by_another() {
     let (Some(source), Some(target)) =

@@ -37,7 +37,9 @@ pub struct WarmHandover {
     pub max_bytes_per_second: Option<i64>,
 
     /// The most seconds one copy may take. A copy that is not done by then stops where it is (the items
-    /// copied stay) and the change it was for proceeds with the rest cold. Default 120.
+    /// copied stay) and the change it was for proceeds with the rest cold. Default 120; the operator
+    /// caps it (`--handover-max-timeout-seconds`, default 600), as it ends a copy whose source sends
+    /// under 64 KiB in 30 s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 3600))]
     pub timeout_seconds: Option<i32>,

@@ -69,6 +69,9 @@ pub struct Settings {
     pub cluster_domain: String,
     /// Where the key of the Secrets' hash lives (`--digest-key-secret` in the operator's namespace).
     pub digest_key: KeyLocation,
+    /// The longest a warm-handover copy may take, whatever its instance's `timeoutSeconds`
+    /// (`--handover-max-timeout-seconds`).
+    pub handover_max_timeout_seconds: u64,
 }
 
 /// Default of [`Settings::concurrency`] (`--concurrency`).
@@ -89,6 +92,7 @@ impl Default for Settings {
                 namespace: "default".to_owned(),
                 name: digest_key::DEFAULT_SECRET.to_owned(),
             },
+            handover_max_timeout_seconds: handover::DEFAULT_MAX_TIMEOUT_SECONDS,
         }
     }
 }
@@ -151,6 +155,7 @@ impl Context {
             pods: stores.pods.clone(),
             cluster_domain: settings.cluster_domain.clone(),
             clock: clock.clone(),
+            max_timeout_seconds: settings.handover_max_timeout_seconds,
         });
         let digest_key = DigestKey::new(settings.digest_key.clone());
         let writer = Writer {

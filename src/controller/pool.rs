@@ -88,7 +88,8 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         let copies = ctx
             .handover
             .scale_copies(instance.namespace, instance.name, change);
-        scale_handover::holds(change, &copies, &now, handover.timeout_seconds())
+        let timeout = ctx.handover.timeout_seconds(&handover);
+        scale_handover::holds(change, &copies, &now, timeout)
     });
     let direction = scale.as_ref().map(|c| c.direction);
     if holds && direction == Some(Direction::Up) {

@@ -4,9 +4,22 @@
 //! target, only what it lacks fetched once the dump ended.
 //!
 //! Each batch is written whole, then its answers are read in order (memcached answers pipelined requests
-//! in order), so a copy costs two round trips per batch, not per item. What is held at any time is one
-//! dump line, one batch's keys and one batch's values ([`Settings::batch_bytes`], plus one item when a
-//! single item is larger, at most [`MAX_VALUE_BYTES`]), and a 64 KiB output buffer.
+//! in order), so a copy costs two round trips per batch, not per item.
+//!
+//! What the source answers is the tenant's (its own image): nothing it sends makes the copy hold more than
+//! [`COPY_MEMORY_BOUND`](super::COPY_MEMORY_BOUND). A copy holds at any time:
+//! - one line, at most [`MAX_LINE_BYTES`] (a dump's) or [`LINE_REPLY_LIMIT`] (an answer's);
+//! - one batch's keys (at most [`Settings::batch_items`] of at most [`MAX_KEY_BYTES`]) and values: a value
+//!   is read into memory only when it is no larger than the size the dump listed for it (a larger answer
+//!   is read past in small pieces and counted skipped), and a batch lists at most
+//!   [`Settings::batch_bytes`] (1 MiB) plus one item of at most [`MAX_VALUE_BYTES`] and its
+//!   `LISTED_OVERHEAD`: 9 MiB;
+//! - a sweep's kept keys, at most `sweep::MAX_KEPT_KEY_BYTES` and `sweep::MAX_KEPT_KEYS` entries: 5 MiB
+//!   (`sweep::MAX_KEPT_BYTES`);
+//! - its output buffers (the batch's requests, [`WRITE_CHUNK`] of stores) and three connections' read
+//!   buffers (with TLS, theirs): under 1 MiB.
+//!
+//! That is under 15 MiB; `tests/handover_hostile.rs` measures it against a hostile server.
 
 use std::future::Future;
 use std::time::Instant;
@@ -321,6 +334,7 @@ impl<'a> Copy<'a> {
                 read_line(&mut self.dump, Side::Source, &mut self.line, MAX_LINE_BYTES),
             )
             .await?;
+            self.progress.read(self.line.len() as u64);
             let item = match dump::parse_line(&self.line)? {
                 DumpLine::End => return Ok(false),
                 DumpLine::Item(item) => item,
@@ -405,14 +419,19 @@ impl<'a> Copy<'a> {
         }
         self.values.clear();
         self.fetched.clear();
+        // Every value read is at most its listed size (with its CRLF): the batch's listed bytes are room
+        // enough, reserved at once so the buffer never grows past them.
+        let listed: u64 = self.sizes.iter().sum();
+        self.values
+            .reserve_exact(usize::try_from(listed).unwrap_or(usize::MAX));
         let settings = self.settings;
-        let (conn, out, line) = (&mut self.fetch, &self.out, &mut self.line);
+        let (conn, out, line, sizes) = (&mut self.fetch, &self.out, &mut self.line, &self.sizes);
         let (values, fetched, progress) = (&mut self.values, &mut self.fetched, self.progress);
-        let count = self.keys.len();
         bounded(settings, Side::Source, async move {
             send(conn, Side::Source, out).await?;
-            for key in 0..count {
+            for (key, &listed) in sizes.iter().enumerate() {
                 read_line(conn, Side::Source, line, LINE_REPLY_LIMIT).await?;
+                progress.read(line.len() as u64);
                 if line == b"EN\r\n" {
                     progress.vanished();
                     continue;
@@ -421,13 +440,16 @@ impl<'a> Copy<'a> {
                     side: Side::Source,
                     answer: connection::shown(line),
                 })?;
-                if header.length > MAX_VALUE_BYTES {
-                    // Read past it in small pieces: never held whole.
-                    let value = (header.length + 2) as u64;
+                let value = header.length as u64 + 2;
+                if header.length > MAX_VALUE_BYTES || value > listed {
+                    // Larger than the copy takes, or than the dump listed (memcached's listed size
+                    // counts the value, its CRLF and the item's header: an item rewritten larger since,
+                    // or a server that is not memcached): read past in small pieces, never held.
                     let drained =
                         tokio::io::copy(&mut (&mut *conn).take(value), &mut tokio::io::sink())
                             .await
                             .map_err(link(Side::Source))?;
+                    progress.read(drained);
                     if drained < value {
                         return Err(CopyError::Link {
                             side: Side::Source,
@@ -443,6 +465,7 @@ impl<'a> Copy<'a> {
                 conn.read_exact(&mut values[start..])
                     .await
                     .map_err(link(Side::Source))?;
+                progress.read(value);
                 if !values.ends_with(b"\r\n") {
                     return Err(CopyError::Protocol {
                         side: Side::Source,
@@ -471,7 +494,13 @@ impl<'a> Copy<'a> {
         if self.fetched.is_empty() {
             return Ok(());
         }
-        self.bucket.take(self.values.len() as u64).await;
+        let wait = self
+            .bucket
+            .take_at(self.values.len() as u64, tokio::time::Instant::now());
+        if !wait.is_zero() {
+            self.progress.paced(wait);
+            tokio::time::sleep(wait).await;
+        }
         let target_now = self.target_time.0 + elapsed_secs(self.target_time.1);
         let settings = self.settings;
         let (conn, out, line) = (&mut self.store, &mut self.out, &mut self.line);
@@ -604,6 +633,19 @@ fn parse_value_header(line: &[u8]) -> Option<ValueHeader> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::handover::COPY_MEMORY_BOUND;
+
+    #[test]
+    fn what_a_copy_holds_adds_up_under_its_bound() {
+        let settings = Settings::default();
+        let values = settings.batch_bytes as usize + MAX_VALUE_BYTES + LISTED_OVERHEAD;
+        let keys = settings.batch_items * (MAX_KEY_BYTES + std::mem::size_of::<WireKey>() + 8);
+        // The stores' buffer (a chunk, one small value more, grown by doubling), the fetches' requests,
+        // two lines, and three connections' buffers (TLS's included), generously.
+        let buffers = 4 * WRITE_CHUNK + keys + 2 * MAX_LINE_BYTES as usize + 3 * 64 * 1024;
+        let total = values + keys + sweep::MAX_KEPT_BYTES + buffers;
+        assert!(total <= COPY_MEMORY_BOUND - (1 << 20), "{total}");
+    }
 
     #[test]
     fn batches_shrink_at_low_rates_so_the_dump_is_read_every_quarter_second() {

@@ -37,7 +37,7 @@ use super::plan::rollout::GATE;
 use super::plan::scale::{Change, Copies};
 use super::tasks::{Prepared, Subject, Tasks};
 use super::{Copier, Error, Settings};
-use crate::api::{Memcached, Server};
+use crate::api::{Memcached, Server, WarmHandover};
 use crate::connection::{ServerNames, Target};
 use crate::resources::Instance;
 use crate::resources::rollout::Pace;
@@ -64,6 +64,8 @@ pub struct Deps {
     /// The cluster's DNS domain: the names a server's certificate may be valid for.
     pub cluster_domain: String,
     pub clock: Clock,
+    /// The longest any copy may take (`--handover-max-timeout-seconds`), whatever the spec says.
+    pub max_timeout_seconds: u64,
 }
 
 /// Warm handover, shared by every reconcile (the controller's context holds one).
@@ -77,6 +79,7 @@ pub struct Handover {
     cluster_domain: String,
     pub(super) clock: Clock,
     pub(super) tasks: Tasks,
+    max_timeout_seconds: u64,
 }
 
 /// What one reconcile hands the step: the instance, its server pods, the slots as this reconcile
@@ -136,7 +139,13 @@ impl Handover {
             cluster_domain: deps.cluster_domain,
             clock: deps.clock,
             tasks: Tasks::default(),
+            max_timeout_seconds: deps.max_timeout_seconds,
         }
+    }
+
+    /// A copy's (or a job's) time bound: `spec.handover.timeoutSeconds`, at most the operator's maximum.
+    pub fn timeout_seconds(&self, spec: &WarmHandover) -> u64 {
+        spec.timeout_seconds().min(self.max_timeout_seconds)
     }
 
     /// The instances to reconcile because one of their copies ended; taken once, by the controller.
@@ -276,7 +285,7 @@ impl Handover {
                 still_the_pod: Some(still_at(&self.pods, instance.namespace, pod, ip)),
             })
         };
-        let settings = Settings::from_spec(&instance.spec.handover());
+        let settings = Settings::from_spec(&instance.spec.handover(), self.max_timeout_seconds);
         Ok(Copier::new(server(source)?, server(target)?, settings))
     }
 

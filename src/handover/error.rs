@@ -48,6 +48,14 @@ pub enum CopyError {
     /// accepts and stops answering.
     #[error("{side} server did not answer within {after:?}")]
     Stalled { side: Side, after: Duration },
+    /// The source sent less than the minimum within a window ([`super::Settings::min_bytes_per_window`]):
+    /// a server that drips its answers holds a copy slot no longer.
+    #[error("source server sent {read} bytes in {window:?}, under the minimum of {min}")]
+    Slow {
+        read: u64,
+        min: u64,
+        window: Duration,
+    },
     /// The source refused the dump or sent something that is not one.
     #[error("source server's item dump: {0}")]
     Dump(#[from] DumpError),
@@ -64,20 +72,22 @@ impl CopyError {
     }
 
     /// A short stable label for metrics: `connect`, `tls`, `auth`, `closed`, `io`, `timeout`, `stalled`,
-    /// `refused` (the dump) or `protocol`.
+    /// `slow`, `refused` (the dump) or `protocol`.
     pub fn reason(&self) -> &'static str {
         match self {
             Self::Link { error, .. } => error.reason(),
             Self::Timeout(_) => "timeout",
             Self::Stalled { .. } => "stalled",
+            Self::Slow { .. } => "slow",
             Self::Dump(DumpError::Refused(_)) => "refused",
             Self::Dump(DumpError::Malformed(_)) | Self::Protocol { .. } => "protocol",
         }
     }
 
     /// Every label [`CopyError::reason`] gives, so the metrics can drop an instance's series.
-    pub const REASONS: [&'static str; 9] = [
-        "connect", "tls", "auth", "closed", "io", "timeout", "stalled", "refused", "protocol",
+    pub const REASONS: [&'static str; 10] = [
+        "connect", "tls", "auth", "closed", "io", "timeout", "stalled", "slow", "refused",
+        "protocol",
     ];
 }
 
@@ -105,6 +115,11 @@ mod tests {
             CopyError::Stalled {
                 side: Side::Source,
                 after: Duration::from_secs(1),
+            },
+            CopyError::Slow {
+                read: 10,
+                min: 100,
+                window: Duration::from_secs(1),
             },
             CopyError::Dump(DumpError::Refused("BUSY".into())),
             CopyError::Protocol {

@@ -67,7 +67,7 @@ impl HandoverMetrics {
             "handover_items",
             "Items listed by warm-handover copies by outcome: copied, existing (kept: the target had \
              a newer value), expired, vanished (gone from the source before fetched), filtered (not \
-             moving), skipped (a binary key over 186 bytes, or a value over 8 MiB)",
+             moving), skipped (a binary key over 186 bytes, a value over 8 MiB or over its listed size)",
             self.items.clone(),
         );
         registry.register(

@@ -16,6 +16,20 @@ pub struct Progress {
     filtered: AtomicU64,
     skipped: AtomicU64,
     bytes: AtomicU64,
+    /// Bytes the source sent (dump lines, fetch answers and values, those read past included): what the
+    /// minimum rate is judged on.
+    read: AtomicU64,
+    /// Microseconds the copy chose to wait for its own byte rate.
+    paced: AtomicU64,
+}
+
+/// What the minimum rate is judged on ([`Progress::activity`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Activity {
+    /// Bytes the source sent.
+    pub read: u64,
+    /// Time the copy waited for its own byte rate.
+    pub paced: Duration,
 }
 
 /// What a copy has done, at one moment or in the end.
@@ -32,7 +46,8 @@ pub struct Snapshot {
     /// Items whose key the copy's filter did not select (keys that stay where they are).
     pub filtered: u64,
     /// Items the copy cannot take: a key no text command can name (a binary key of more than 186
-    /// bytes, stored through the binary protocol), or a value larger than [`super::MAX_VALUE_BYTES`].
+    /// bytes, stored through the binary protocol), a value larger than [`super::MAX_VALUE_BYTES`], or
+    /// one larger than the size the dump listed for it (rewritten larger since, or not memcached's).
     pub skipped: u64,
     /// Value bytes stored on the target.
     pub bytes: u64,
@@ -81,6 +96,24 @@ impl Progress {
 
     pub(super) fn skipped(&self) {
         self.skipped.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn read(&self, bytes: u64) {
+        self.read.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    /// Counts a wait for the copy's byte rate, as it starts.
+    pub(super) fn paced(&self, wait: Duration) {
+        let micros = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+        self.paced.fetch_add(micros, Ordering::Relaxed);
+    }
+
+    /// What the source sent so far, and how long the copy waited for its own rate.
+    pub fn activity(&self) -> Activity {
+        Activity {
+            read: self.read.load(Ordering::Relaxed),
+            paced: Duration::from_micros(self.paced.load(Ordering::Relaxed)),
+        }
     }
 
     /// The counters now. Each is read on its own, so a snapshot taken while the copy runs may be one item

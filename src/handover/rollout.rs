@@ -42,7 +42,7 @@ impl Handover {
         for takeover in takeovers(view.servers, &members, &running) {
             self.take_over(view, &members, takeover).await?;
         }
-        let timeout = view.instance.spec.handover().timeout_seconds();
+        let timeout = self.timeout_seconds(&view.instance.spec.handover());
         self.tasks.time_out(namespace, name, &self.now(), timeout);
         Ok(())
     }

@@ -135,7 +135,7 @@ impl Handover {
             return Ok(());
         };
         let now = self.now();
-        let timeout = instance.spec.handover().timeout_seconds();
+        let timeout = self.timeout_seconds(&instance.spec.handover());
         if !known {
             let started = change.started.as_ref().unwrap_or(&now);
             if past(started, &now, timeout) {

@@ -286,7 +286,7 @@ impl Handover {
         ordinal: i32,
     ) -> Result<Started, Error> {
         let instance = r.view.instance;
-        let timeout = instance.spec.handover().timeout_seconds();
+        let timeout = self.timeout_seconds(&instance.spec.handover());
         let source_name = format!("{}-{ordinal}", instance.name);
         let Some(spare) = r.spare.as_ref().filter(|s| !s.terminating) else {
             if r.spare.is_none()

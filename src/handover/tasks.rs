@@ -6,7 +6,7 @@
 //! gated new server, or the spare), or the instance's scale. A reconcile never starts a second job for
 //! the same key. A job's copies from one source run one after the other (memcached runs one item dump
 //! at a time: a second one answers `BUSY`, which a copy waits out), each in its turn among the
-//! operator's copies ([`MOST_COPIES`] at once). A copy's end brings its instance back to reconcile
+//! operator's copies ([`MOST_COPIES`] at once, shared fairly among namespaces: [`slots`]). A copy's end brings its instance back to reconcile
 //! ([`Tasks::triggers`]), which reports it: every write stays on the reconcile's path.
 //!
 //! Dropping a job (its pod or instance gone, another change planned, the operator stopping) aborts its
@@ -21,7 +21,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::runtime::reflector::ObjectRef;
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
@@ -30,6 +30,9 @@ use super::{Copier, CopyError, Failure, Progress, Snapshot};
 use crate::api::Memcached;
 use crate::resources::servers::Member;
 use crate::status::HandoverProgress;
+
+mod slots;
+use slots::Slots;
 
 /// Copies running at once per operator: each is one stream from one server to another, rate-limited on
 /// its own, so a few at once keep the operator's share of the network (and its memory) small.
@@ -203,7 +206,7 @@ pub struct Meta {
 /// The operator's copies, shared by every reconcile.
 pub struct Tasks {
     jobs: Arc<Mutex<HashMap<Key, Job>>>,
-    permits: Arc<Semaphore>,
+    slots: Arc<Slots>,
     triggers: mpsc::UnboundedSender<ObjectRef<Memcached>>,
     receiver: Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<Memcached>>>>,
     ids: AtomicU64,
@@ -221,7 +224,7 @@ impl Default for Tasks {
         let (triggers, receiver) = mpsc::unbounded_channel();
         Self {
             jobs: Arc::default(),
-            permits: Arc::new(Semaphore::new(MOST_COPIES)),
+            slots: Slots::new(MOST_COPIES),
             triggers,
             receiver: Mutex::new(Some(receiver)),
             ids: AtomicU64::new(1),
@@ -445,16 +448,12 @@ impl Tasks {
         queue: Vec<(usize, Copier)>,
         trigger: ObjectRef<Memcached>,
     ) -> impl Future<Output = ()> + Send + 'static {
-        let (shared, permits, triggers) = (
-            self.jobs.clone(),
-            self.permits.clone(),
-            self.triggers.clone(),
-        );
+        let (shared, slots, triggers) =
+            (self.jobs.clone(), self.slots.clone(), self.triggers.clone());
         async move {
             for (index, copier) in queue {
                 let result = {
-                    // The semaphore is never closed.
-                    let _permit = permits.acquire().await;
+                    let _slot = slots.acquire(&key.0).await;
                     copier.run().await
                 };
                 let mut jobs = shared.lock().unwrap_or_else(|e| e.into_inner());

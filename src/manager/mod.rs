@@ -290,6 +290,7 @@ fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings 
         requeue_after: args.requeue_interval,
         concurrency: args.concurrency,
         cluster_domain: args.cluster_domain.clone(),
+        handover_max_timeout_seconds: args.handover_max_timeout_seconds,
         digest_key: KeyLocation {
             namespace: own_namespace(args).unwrap_or_else(|| config.default_namespace.clone()),
             name: args.digest_key_secret.clone(),
@@ -458,6 +459,20 @@ async fn shutdown_signal() {
 mod tests {
     use super::*;
     use std::time::Instant;
+
+    #[test]
+    fn the_handover_maximum_reaches_the_reconciler() {
+        use clap::Parser;
+        let cli = crate::cli::Cli::try_parse_from([
+            "memcached-operator",
+            "--handover-max-timeout-seconds",
+            "90",
+        ])
+        .unwrap();
+        let config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let settings = settings(&cli.run, &config, true);
+        assert_eq!(settings.handover_max_timeout_seconds, 90);
+    }
 
     #[tokio::test]
     async fn a_stop_ends_the_wait_when_the_controller_ends_or_after_the_grace() {

@@ -193,3 +193,64 @@ async fn stopping_the_operator_closes_the_copies_connections() {
         .expect("the copy's connection closes when the operator's tasks are dropped");
     assert!(read.is_ok());
 }
+
+/// Whether `future` is done within a moment.
+async fn soon<T>(future: impl Future<Output = T>) -> Option<T> {
+    tokio::time::timeout(Duration::from_millis(300), future)
+        .await
+        .ok()
+}
+
+#[tokio::test]
+async fn a_namespace_queueing_many_copies_leaves_the_next_free_slot_to_another() {
+    let tasks = Tasks::default();
+    // Namespace a queues two copies more than there are slots, then namespace b one. A copy that has a
+    // slot connects to its target first: to its own listener here, which never answers.
+    let mut queued = Vec::new();
+    for i in 0..MOST_COPIES + 2 {
+        let (listener, target) = silent().await;
+        let pod = format!("a-{i}");
+        let key = (
+            "a".to_owned(),
+            "cache".to_owned(),
+            Subject::Pod(pod.clone()),
+        );
+        let slot = i32::try_from(i).unwrap();
+        let source = format!("a-old-{i}");
+        tasks.start(
+            key,
+            meta(slot, &source),
+            one(&source, &pod, slot, copier(&target)),
+        );
+        queued.push(listener);
+    }
+    let (other, target) = silent().await;
+    let key = (
+        "b".to_owned(),
+        "cache".to_owned(),
+        Subject::Pod("b-0".to_owned()),
+    );
+    tasks.start(
+        key,
+        meta(0, "b-old"),
+        one("b-old", "b-0", 0, copier(&target)),
+    );
+    let mut running = Vec::new();
+    for listener in &queued[..MOST_COPIES] {
+        let (stream, _) = soon(listener.accept())
+            .await
+            .expect("a's first copies take every slot")
+            .unwrap();
+        running.push(stream);
+    }
+    assert!(soon(other.accept()).await.is_none(), "b's copy waits");
+    // a's first copy ends (its target closes the connection): its slot frees.
+    drop(running.remove(0));
+    let _b_running = soon(other.accept())
+        .await
+        .expect("b's copy takes the freed slot, ahead of a's queue");
+    assert!(
+        soon(queued[MOST_COPIES].accept()).await.is_none(),
+        "a's next copy waits for the next free slot"
+    );
+}

@@ -258,25 +258,11 @@ pub async fn serve_auth_file(
     }
     let file = match &user_file.read {
         Some(file) => file.clone(),
-        None => {
-            let read =
-                api.get_opt(&auth.secret_name)
-                    .await
-                    .map_err(|source| Error::SecretRead {
-                        namespace: namespace.to_owned(),
-                        name: auth.secret_name.clone(),
-                        source,
-                    })?;
+        None => match read_user_file(&api, namespace, auth).await? {
+            Some(file) => file,
             // Gone meanwhile: the Secret watch brings the instance back.
-            let Some(file) = read
-                .and_then(|s| s.data)
-                .and_then(|mut data| data.remove(auth.key()))
-                .map(|value| Zeroizing::new(value.0))
-            else {
-                return Ok(());
-            };
-            file
-        }
+            None => return Ok(()),
+        },
     };
     let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
     let owner = secrets::Owner {
@@ -306,6 +292,26 @@ pub async fn serve_auth_file(
             .put_served(namespace, &name, version, hash);
     }
     Ok(())
+}
+
+/// The user's auth file, read from its Secret (`None`: the Secret or the key is gone).
+async fn read_user_file(
+    api: &Api<Secret>,
+    namespace: &str,
+    auth: &crate::api::AuthConfig,
+) -> Result<Option<Zeroizing<Vec<u8>>>, Error> {
+    let read = api
+        .get_opt(&auth.secret_name)
+        .await
+        .map_err(|source| Error::SecretRead {
+            namespace: namespace.to_owned(),
+            name: auth.secret_name.clone(),
+            source,
+        })?;
+    Ok(read
+        .and_then(|s| s.data)
+        .and_then(|mut data| data.remove(auth.key()))
+        .map(|value| Zeroizing::new(value.0)))
 }
 
 /// The per-key hashes of Secret `namespace/name` at its current version (read when not known yet); with

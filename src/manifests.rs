@@ -149,7 +149,13 @@ pub fn manager_role() -> ClusterRole {
                     &["get", "list", "watch", "create", "patch", "delete"],
                 ),
                 rule("", &["pods/status"], &["patch"]),
-                rule("", &["secrets"], &["get", "list", "watch"]),
+                // create, patch, delete: the auth file the servers load (`<name>-auth-file`), which
+                // holds the operator's own entry beside the user's.
+                rule(
+                    "",
+                    &["secrets"],
+                    &["get", "list", "watch", "create", "patch", "delete"],
+                ),
                 rule(
                     "monitoring.coreos.com",
                     &["servicemonitors"],

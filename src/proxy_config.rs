@@ -9,6 +9,18 @@
 //! `proxy_config_reload_fails` counts the reload, and logs the outcome and how long it took. memcached
 //! applies a reload at its next clock tick (within a second); a configuration it refuses leaves the last
 //! one serving.
+//!
+//! The ConfigMap carries data, not code: the route's server list and settings
+//! (`resources::proxy::routes::Route`, key `route.json`), which the writer checks strictly (each server
+//! an IP address or a DNS name and a port; a bounded count and size) and renders into the Lua memcached
+//! loads. Whatever else the ConfigMap holds is never read. Data that fails the checks is refused with a
+//! warning naming the problem, and the last good configuration stays. Its confirming `stats` read is
+//! bounded too (64 KiB, one second): the writer shares its pod with the tenant's proxy image.
+//!
+//! During an upgrade from an operator whose ConfigMap carried the Lua itself (`proxy.lua`): the proxy
+//! pods' template names the operator's image, so the upgrade rolls them, and each new pod's writer
+//! renders from the data. Until its pod is replaced, an older writer finds no `proxy.lua` any more,
+//! says so, and keeps serving the route it last wrote.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -20,16 +32,20 @@ use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
-use crate::resources::proxy::routes::CONFIG_KEY;
+use crate::resources::proxy::routes::{CONFIG_KEY, DATA_KEY, Route, RouteError, render};
 
 /// How long the sidecar waits for memcached to count a reload (it applies one within a second).
 const RELOAD_WAIT: Duration = Duration::from_secs(3);
 /// How often it reads `stats` meanwhile.
 const POLL: Duration = Duration::from_millis(20);
+/// The most bytes of one `stats` answer read (memcached's, a proxy's included, is under 8 KiB).
+const STATS_LIMIT: u64 = 64 * 1024;
+/// How long one `stats` read may take, connecting included.
+const STATS_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Flags of `proxy-config`.
 #[derive(Debug, Clone, Args)]
@@ -80,9 +96,13 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let Some(text) = config_map.data.and_then(|mut d| d.remove(CONFIG_KEY)) else {
-            warn!(config_map = %args.config_map, "no {CONFIG_KEY} key; waiting for one");
-            continue;
+        let text = match configuration(&config_map, &args.config_map) {
+            Ok(text) => text,
+            Err(refusal) => {
+                warn!(config_map = %args.config_map, %refusal,
+                    "not writing a route configuration; the last good one stays");
+                continue;
+            }
         };
         if written.as_deref() == Some(text.as_str()) {
             continue;
@@ -97,6 +117,30 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<()> {
             reload(pid_file, &args.stats_address).await;
         }
     }
+}
+
+/// Why a ConfigMap gives no configuration to write.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    #[error(
+        "the ConfigMap has no {DATA_KEY} key (an operator older than this writer publishes none)"
+    )]
+    Missing,
+    #[error(transparent)]
+    Invalid(#[from] RouteError),
+}
+
+/// The configuration to write for the route ConfigMap `config_map` (named `name`): rendered here from
+/// its route data ([`DATA_KEY`]), checked first; nothing else of the ConfigMap is read, so no code in it
+/// reaches memcached.
+pub fn configuration(config_map: &ConfigMap, name: &str) -> Result<String, Refusal> {
+    let data = config_map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(DATA_KEY))
+        .ok_or(Refusal::Missing)?;
+    let route = Route::parse(data)?;
+    Ok(render(name, &route))
 }
 
 /// Writes `text` to a temporary file beside `path` and renames it over `path`: memcached never reads a
@@ -162,22 +206,40 @@ pub struct ReloadCounts {
     pub fails: u64,
 }
 
-/// Reads `proxy_config_reloads` and `proxy_config_reload_fails` from `stats` at `address`.
+/// Reads `proxy_config_reloads` and `proxy_config_reload_fails` from `stats` at `address`, within
+/// [`STATS_TIMEOUT`] in all (connecting included).
 async fn reload_counts(address: &str) -> anyhow::Result<ReloadCounts> {
-    let mut stream = TcpStream::connect(address).await?;
-    stream.write_all(b"stats\r\n").await?;
-    let mut lines = BufReader::new(stream).lines();
-    let mut counts = ReloadCounts::default();
+    let connect = tokio::time::timeout(STATS_TIMEOUT, TcpStream::connect(address));
+    let stream = connect.await.context("connecting timed out")??;
+    read_counts(stream).await
+}
+
+/// Asks `stream` for `stats` and reads the reload counters from the answer: at most
+/// [`STATS_LIMIT`] bytes, within [`STATS_TIMEOUT`].
+async fn read_counts<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
+) -> anyhow::Result<ReloadCounts> {
     let read = async {
-        while let Some(line) = lines.next_line().await? {
+        stream.write_all(b"stats\r\n").await?;
+        let mut answer = BufReader::new((&mut stream).take(STATS_LIMIT));
+        let mut counts = ReloadCounts::default();
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            if answer.read_until(b'\n', &mut line).await? == 0 || !line.ends_with(b"\n") {
+                anyhow::bail!("stats ended early or ran past {STATS_LIMIT} bytes");
+            }
+            let line = String::from_utf8_lossy(&line);
+            let line = line.trim_end();
             if line == "END" {
                 return Ok(counts);
             }
-            parse_stat(&line, &mut counts);
+            parse_stat(line, &mut counts);
         }
-        anyhow::bail!("stats ended early")
     };
-    tokio::time::timeout(Duration::from_secs(1), read).await?
+    tokio::time::timeout(STATS_TIMEOUT, read)
+        .await
+        .context("stats timed out")?
 }
 
 /// Takes the reload counters from one `STAT name value` line.
@@ -199,6 +261,9 @@ pub fn parse_stat(line: &str, counts: &mut ReloadCounts) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::resources::proxy::routes::{MAX_ROUTE_BYTES, MAX_SERVERS};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     #[test]
     fn the_reload_counters_are_read_from_stats_lines() {
@@ -219,6 +284,156 @@ mod tests {
                 fails: 1
             }
         );
+    }
+
+    fn route_map(data: &[(&str, String)]) -> ConfigMap {
+        ConfigMap {
+            data: Some(
+                data.iter()
+                    .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        }
+    }
+
+    fn route(servers: &[&str]) -> String {
+        Route {
+            servers: servers.iter().map(|s| (*s).to_owned()).collect(),
+            backend_tls: false,
+        }
+        .to_data()
+    }
+
+    #[test]
+    fn lua_in_the_config_map_never_reaches_the_rendered_file() {
+        let evil = "os.execute('id')\nroutes{ default = route_null{} }\n".to_owned();
+        let both = route_map(&[
+            (CONFIG_KEY, evil.clone()),
+            (DATA_KEY, route(&["10.0.0.7:11211"])),
+        ]);
+        let text = configuration(&both, "cache-proxy").expect("rendered from the data");
+        assert!(!text.contains("os.execute"), "{text}");
+        assert_eq!(
+            text,
+            render(
+                "cache-proxy",
+                &Route::parse(&route(&["10.0.0.7:11211"])).unwrap()
+            )
+        );
+        let lua_only = route_map(&[(CONFIG_KEY, evil)]);
+        assert!(
+            configuration(&lua_only, "cache-proxy").is_err(),
+            "no data: nothing written"
+        );
+    }
+
+    #[test]
+    fn an_address_that_could_break_out_of_its_string_is_refused() {
+        for address in [
+            "x\" }, os.execute(\"id\") --:11211",
+            "x\nos.execute('id'):11211",
+            "x]]os.execute('id')--[[:11211",
+            "[::1]]:11211",
+        ] {
+            // With the Lua an older operator rendered of it beside: never taken either.
+            let lua =
+                crate::resources::proxy::routes::config("cache", &["10.0.0.7:11211", address]);
+            let map = route_map(&[
+                (CONFIG_KEY, lua),
+                (DATA_KEY, route(&["10.0.0.7:11211", address])),
+            ]);
+            let refused = configuration(&map, "cache-proxy");
+            assert!(refused.is_err(), "{address:?}: {refused:?}");
+        }
+    }
+
+    #[test]
+    fn an_oversize_route_is_refused() {
+        let many: Vec<String> = (0..=MAX_SERVERS)
+            .map(|i| format!("10.0.{}.{}:11211", i / 256, i % 256))
+            .collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        let lua = crate::resources::proxy::routes::config("cache", &many);
+        let map = route_map(&[(CONFIG_KEY, lua), (DATA_KEY, route(&many))]);
+        assert!(configuration(&map, "cache-proxy").is_err());
+        let padded = format!(
+            "{}{}",
+            route(&["10.0.0.7:11211"]),
+            " ".repeat(MAX_ROUTE_BYTES)
+        );
+        let lua = format!(
+            "{}--{}",
+            crate::resources::proxy::routes::config("cache", &[]),
+            " ".repeat(MAX_ROUTE_BYTES)
+        );
+        let map = route_map(&[(CONFIG_KEY, lua), (DATA_KEY, padded)]);
+        assert!(configuration(&map, "cache-proxy").is_err());
+    }
+
+    /// A stream that answers with `total` bytes of `x` (no line end), counting what was read.
+    struct Endless {
+        total: usize,
+        served: Arc<AtomicUsize>,
+    }
+
+    impl AsyncRead for Endless {
+        fn poll_read(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let served = self.served.load(Ordering::Relaxed);
+            let n = buf.remaining().min(self.total - served);
+            buf.put_slice(&vec![b'x'; n]);
+            self.served.fetch_add(n, Ordering::Relaxed);
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    impl AsyncWrite for Endless {
+        fn poll_write(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+            buf: &[u8],
+        ) -> std::task::Poll<std::io::Result<usize>> {
+            std::task::Poll::Ready(Ok(buf.len()))
+        }
+        fn poll_flush(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+        fn poll_shutdown(
+            self: std::pin::Pin<&mut Self>,
+            _: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    #[tokio::test]
+    async fn the_stats_read_is_bounded_in_bytes() {
+        let served = Arc::new(AtomicUsize::new(0));
+        let stream = Endless {
+            total: 64 << 20,
+            served: served.clone(),
+        };
+        assert!(read_counts(stream).await.is_err());
+        let served = served.load(Ordering::Relaxed);
+        assert!(
+            served <= 72 * 1024,
+            "read {served} bytes of an endless answer"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_stats_read_is_bounded_in_time() {
+        let (client, _server) = tokio::io::duplex(1024);
+        let started = tokio::time::Instant::now();
+        assert!(read_counts(client).await.is_err(), "a silent server");
+        assert!(started.elapsed() <= Duration::from_secs(1));
     }
 
     #[test]

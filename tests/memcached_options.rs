@@ -235,6 +235,7 @@ fn spec(
                 auth: Some(AuthConfig {
                     secret_name: "auth".into(),
                     key: None,
+                    allow_plaintext_stats: false,
                 }),
                 ..Security::default()
             })

@@ -755,6 +755,15 @@ fn memcached_test_object_is_namespaced() {
 
 const TLS_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-tls";
 const AUTH_SECRET: &str = "/api/v1/namespaces/default/secrets/cache-auth";
+const SERVED_AUTH: &str = "/api/v1/namespaces/default/secrets/cache-auth-file";
+
+/// The apply of the auth file the servers load, answered at `version`.
+fn served_auth(version: &str) -> Exchange {
+    expect(Method::PATCH, SERVED_AUTH).reply(
+        StatusCode::OK,
+        secret("cache-auth-file", version, json!({"auth-file": "eA=="})),
+    )
+}
 
 /// Every optional feature on.
 fn full(size: i32) -> Memcached {
@@ -810,6 +819,8 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     let mut script = vec![
         expect(Method::GET, TLS_SECRET).reply(StatusCode::OK, tls_secret("1")),
         expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", "dTpwCg==")),
+        // The auth file the servers load, before the workload whose pods load it.
+        served_auth("s1"),
     ];
     // The optional children follow the ones every instance has, before the one event naming them all.
     let mut children = created_children(*DEPLOYMENTS, size);
@@ -828,7 +839,15 @@ async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, full(size), script).await;
     run.result.unwrap();
-    let seen = &run.seen[2..];
+    cluster.served_auth("s1");
+    let served = &run.seen[2];
+    assert_eq!(served.path, SERVED_AUTH);
+    let file = served.body["data"]["auth-file"].as_str().unwrap();
+    assert!(
+        !file.is_empty() && served.body["metadata"]["ownerReferences"][0]["uid"] == "uid-1",
+        "{served:?}"
+    );
+    let seen = &run.seen[3..];
     cluster.child::<Deployment>(settled(&seen[0].body));
     cluster.child::<Service>(serde_json::from_value(as_stored(&seen[1].body)).unwrap());
     cluster.child::<Service>(serde_json::from_value(as_stored(&seen[2].body)).unwrap());
@@ -967,6 +986,8 @@ async fn a_changed_secret_rolls_the_pods() {
         mc,
         vec![
             expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("3", "dTpxCg==")),
+            // The new file goes to the Secret the new pods load, before they are made.
+            served_auth("s2"),
             expect(Method::PATCH, *DEPLOYMENTS).apply(),
             event(),
             expect(Method::PATCH, STATUS).apply(),
@@ -974,10 +995,10 @@ async fn a_changed_secret_rolls_the_pods() {
     )
     .await;
     rotated.result.unwrap();
-    assert_ne!(secret_hash(&rotated.seen[1].body), secret_hash(&before));
-    assert_eq!(rotated.seen[2].body["reason"], "Updated");
+    assert_ne!(secret_hash(&rotated.seen[2].body), secret_hash(&before));
+    assert_eq!(rotated.seen[3].body["reason"], "Updated");
     assert_eq!(
-        rotated.seen[2].body["note"],
+        rotated.seen[3].body["note"],
         "Updated Deployment cache to match the spec"
     );
     let logged = format!("{:?}", rotated.seen);
@@ -1006,12 +1027,14 @@ async fn create_auth_only(
     let mut script =
         vec![expect(Method::GET, AUTH_SECRET).reply(StatusCode::OK, auth_secret("1", content_b64))];
     script.extend(key);
+    script.push(served_auth("s1"));
     script.extend(created_children(*DEPLOYMENTS, 1));
     // Auth without TLS: a warning that credentials travel in the clear.
     script.push(event());
     script.push(expect(Method::PATCH, STATUS).apply());
     let run = run(cluster, auth_only(), script).await;
     run.result.unwrap();
+    cluster.served_auth("s1");
     let warned = run.seen.iter().rev().nth(1).unwrap();
     assert_eq!(warned.body["reason"], "CredentialsInClear");
     assert_eq!(warned.body["type"], "Warning");
@@ -1024,11 +1047,17 @@ async fn create_auth_only(
 /// could be guessed. None matches, the right password included.
 #[tokio::test]
 async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
-    use memcached_operator::resources::secrets::{KeyDigest, TlsReload, digest, keyed, referenced};
+    use memcached_operator::resources::secrets::{
+        KeyDigest, Owner, TlsReload, digest, keyed, referenced,
+    };
+    let owner = Owner {
+        namespace: NS,
+        uid: "uid-1",
+    };
     let mut cluster = Cluster::new();
     // base64 of "app:pw42\n"
     let seen = create_auth_only(&mut cluster, "YXBwOnB3NDIK", vec![]).await;
-    let annotation = secret_hash(&seen[1].body);
+    let annotation = secret_hash(&seen[2].body);
     let spec = auth_only().spec;
     let refs = referenced(&spec);
     let mut words: Vec<String> = (0..1000).map(|n| format!("app:pw{n}\n")).collect();
@@ -1048,7 +1077,7 @@ async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
         for key in guessed_keys {
             assert_ne!(
                 annotation,
-                keyed(key, &unkeyed),
+                keyed(key, &owner, &unkeyed),
                 "{word:?} found under a guessed key"
             );
         }
@@ -1064,7 +1093,7 @@ async fn a_dictionary_finds_nothing_in_the_pod_templates_secret_hash() {
     let unkeyed = digest(NS, &refs, &contents, TlsReload::Rollout("test"))
         .unwrap()
         .unwrap();
-    assert_eq!(annotation, keyed(TEST_DIGEST_KEY, &unkeyed));
+    assert_eq!(annotation, keyed(TEST_DIGEST_KEY, &owner, &unkeyed));
 }
 
 /// The digest key is read or made once per process: the first operator makes it (a GET that finds
@@ -1088,20 +1117,20 @@ async fn the_digest_key_is_made_once_and_a_restart_keeps_the_hash() {
     assert_eq!(key_secret["metadata"]["namespace"], "ops");
     let key_b64 = key_secret["data"]["key"].as_str().expect("the key");
     assert!(key_b64.len() >= 44, "32 bytes or more: {key_b64}");
-    let hash = secret_hash(&first[3].body);
+    let hash = secret_hash(&first[4].body);
 
     // The same process: nothing more to read.
     let mut again = Cluster::new();
     again.digest_key = cluster.digest_key.clone();
     let second = create_auth_only(&mut again, "YXBwOnB3NDIK", vec![]).await;
-    assert_eq!(secret_hash(&second[1].body), hash);
+    assert_eq!(secret_hash(&second[2].body), hash);
 
     // A restarted process reads the key the first one made: the same hash.
     let mut restarted = Cluster::new();
     restarted.digest_key = DigestKey::new(location);
     let read = vec![expect(Method::GET, KEY).reply(StatusCode::OK, key_secret)];
     let third = create_auth_only(&mut restarted, "YXBwOnB3NDIK", read).await;
-    assert_eq!(secret_hash(&third[2].body), hash);
+    assert_eq!(secret_hash(&third[3].body), hash);
 }
 
 /// Without the right to create the key, an instance using Secrets says so and names the RBAC it lacks;
@@ -1465,5 +1494,53 @@ async fn a_request_without_answer_is_retried_quietly() {
             .contains("memcached_operator_reconcile_errors_total{kind=\"apply\"} 1"),
         "still counted: {}",
         run.metrics.encode()
+    );
+}
+
+/// The auth file the servers load is the operator's: one of that name it does not own is left alone and
+/// nothing is applied; turning auth off deletes the operator's.
+#[tokio::test]
+async fn the_served_auth_file_is_the_operators_own() {
+    let mut cluster = Cluster::new();
+    create_auth_only(&mut cluster, "YXBwOnB3NDIK", vec![]).await;
+
+    // Auth turned off: the operator's copy goes, before the pods that no longer load it.
+    let mut off = auth_only();
+    off.spec.security = None;
+    let mut script = vec![expect(Method::DELETE, SERVED_AUTH).reply(StatusCode::OK, json!({}))];
+    script.extend(created_children(*DEPLOYMENTS, 1));
+    script.push(expect(Method::PATCH, STATUS).apply());
+    let removed = run(&mut cluster, off, script).await;
+    removed.result.unwrap();
+
+    // Someone else's Secret of that name: not written over, and the instance is not applied.
+    let mut foreign = Cluster::new();
+    foreign.secret("cache-auth-file", "9");
+    foreign.secret("cache-auth", "1");
+    let refused = run(
+        &mut foreign,
+        auth_only(),
+        vec![
+            expect(Method::GET, AUTH_SECRET)
+                .reply(StatusCode::OK, auth_secret("1", "YXBwOnB3NDIK")),
+            expect(Method::PATCH, STATUS).apply(),
+            event(),
+            event(),
+        ],
+    )
+    .await;
+    assert!(refused.result.is_err());
+    assert!(
+        refused.seen.iter().all(|s| s.path != SERVED_AUTH),
+        "{:?}",
+        refused.seen
+    );
+    let degraded = condition(&refused.seen[1].body, "Degraded");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("cache-auth-file"),
+        "{degraded}"
     );
 }

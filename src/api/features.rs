@@ -271,11 +271,12 @@ pub struct TlsConfig {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct AuthConfig {
-    /// Secret in the instance's namespace holding the credentials file: up to 8 lines of
+    /// Secret in the instance's namespace holding the credentials file: up to 7 lines of
     /// `user:password`, each ending with a newline, the last one too (e.g. `kubectl create secret generic
     /// NAME --from-literal=auth-file=$'app:s3cret\n'`). A file memcached would misread (no final
     /// newline, CRLF, blank lines) sets `Degraded` (`SecretInvalid`) and is not rolled out. A change of
-    /// its content rolls the pods.
+    /// its content rolls the pods. The pods load the operator's copy, `<name>-auth-file`, with one more
+    /// line: the operator's own credential (memcached reads 8 lines); this Secret is never changed.
     #[schemars(length(min = 1, max = 253))]
     pub secret_name: String,
 
@@ -283,6 +284,15 @@ pub struct AuthConfig {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub key: Option<String>,
+
+    /// Without spec.security.tls: let the operator read the servers' stats over plain TCP, sending its
+    /// own credential (a line it adds to the file the pods load, never one of this Secret's) in the
+    /// clear on the pod network at every stats interval. Off by default: the operator then reads no stats
+    /// of the instance (status.stats.serversRead stays 0, the log and the
+    /// memcached_operator_stats_reads_total{result="not_in_clear"} metric say why). Ignored with TLS,
+    /// which the operator always reads over.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_plaintext_stats: bool,
 }
 
 impl AuthConfig {

@@ -18,6 +18,15 @@ pub fn config_map_name(instance: &str) -> String {
     format!("{instance}{CONFIG_MAP_SUFFIX}")
 }
 
+/// Suffix of the Secret holding the auth file the servers load (`spec.security.auth`): the user's
+/// entries and the operator's own.
+pub const SERVED_AUTH_SUFFIX: &str = "-auth-file";
+
+/// Name of the Secret holding the auth file the servers of `instance` load.
+pub fn served_auth_name(instance: &str) -> String {
+    format!("{instance}{SERVED_AUTH_SUFFIX}")
+}
+
 /// Suffix of the proxy's children: its Deployment, Service, route configuration (ConfigMap),
 /// PodDisruptionBudget and the ServiceAccount, Role and RoleBinding of its configuration reloader.
 pub const PROXY_SUFFIX: &str = "-proxy";

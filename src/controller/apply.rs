@@ -1,4 +1,5 @@
-//! Applying an instance's children, in a fixed order: the drain marks, the server list ConfigMap, the
+//! Applying an instance's children, in a fixed order: the auth file the servers load (with
+//! `spec.security.auth`, see [`super::secrets::serve_auth_file`]), the drain marks, the server list ConfigMap, the
 //! workload, then every kind the table builds ([`crate::store::kinds`], in its order: Services,
 //! PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler) and the ServiceMonitor. Only what differs
 //! is sent, optional children no longer wanted are removed, and what changed is recorded.
@@ -61,6 +62,8 @@ pub(super) async fn children(
     let (mc, instance) = (view.mc, view.instance);
     let plan = pool::plan(ctx, mc, instance, view.pods);
     unclaimed_names(view)?;
+    // Before the workload: its pods load that file.
+    super::secrets::serve_auth_file(ctx, instance, view.auth_file.as_ref()).await?;
     drain_events(ctx, view, &plan, |step| {
         matches!(step, Step::Cancelled { .. })
     })

@@ -85,9 +85,10 @@ impl Changes {
         }
         if let Some(name) = &self.in_clear {
             let note = format!(
-                "Memcached {name} requires authentication without TLS: its clients, and the operator's stats \
-                 reads and warm handovers, send the credentials in the clear on the pod network. Set \
-                 spec.security.tls to encrypt them (see docs/operations.md, Security)"
+                "Memcached {name} requires authentication without TLS: its clients, and the operator's warm \
+                 handovers (and stats reads, with spec.security.auth.allowPlaintextStats), send credentials \
+                 in the clear on the pod network. Set spec.security.tls to encrypt them (see \
+                 docs/operations.md, Security)"
             );
             events.push(warning(CREDENTIALS_IN_CLEAR, "Warn", note));
         }

@@ -147,6 +147,7 @@ impl Context {
         let backoff = Backoff::new(settings.backoff_base, settings.backoff_max);
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
+        let digest_key = DigestKey::new(settings.digest_key.clone());
         let handover = Handover::new(handover::Deps {
             client: client.clone(),
             events: events.clone(),
@@ -156,8 +157,8 @@ impl Context {
             cluster_domain: settings.cluster_domain.clone(),
             clock: clock.clone(),
             max_timeout_seconds: settings.handover_max_timeout_seconds,
+            digest_key: digest_key.clone(),
         });
-        let digest_key = DigestKey::new(settings.digest_key.clone());
         let writer = Writer {
             client,
             written: Arc::default(),

@@ -1,4 +1,5 @@
-//! Resolving the Secrets an instance references into a content hash.
+//! Resolving the Secrets an instance references into a content hash, and keeping the auth file the
+//! servers load ([`serve_auth_file`]).
 //!
 //! Secrets are watched metadata-only (their existence and resourceVersion, never their data), so the
 //! operator neither caches every Secret's content nor needs a read per reconcile: a Secret is read once per
@@ -9,14 +10,21 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::PartialObjectMeta;
+use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
+use zeroize::{Zeroize, Zeroizing};
 
 use super::{Context, Error};
+use crate::api::names::served_auth_name;
 use crate::resources::secrets::{self, KeyDigest, SecretRef};
-use crate::resources::{Instance, InvalidSpec};
+use crate::resources::{Instance, InvalidSpec, auth_file, labels};
+use crate::store::WriteError;
+
+/// What [`SecretHashes`] keeps of a served auth file: under this (no Secret key: it has a `/`), the hash
+/// of the user's file it holds.
+const SERVED_KEY: &str = "/served";
 
 /// Value digests per key of one Secret version.
 type KeyHashes = BTreeMap<String, KeyDigest>;
@@ -41,6 +49,22 @@ impl SecretHashes {
     fn put(&self, namespace: &str, name: &str, version: String, hashes: KeyHashes) {
         self.lock()
             .insert((namespace.to_owned(), name.to_owned()), (version, hashes));
+    }
+
+    /// The hash of the user's file in the served auth file `namespace/name` at `version`, as this
+    /// process wrote it ([`serve_auth_file`]).
+    fn served(&self, namespace: &str, name: &str, version: &str) -> Option<String> {
+        let hashes = self.get(namespace, name, version)?;
+        hashes.get(SERVED_KEY).map(|digest| digest.hash.clone())
+    }
+
+    fn put_served(&self, namespace: &str, name: &str, version: String, hash: String) {
+        let digest = KeyDigest {
+            hash,
+            auth_file: Ok(()),
+        };
+        let hashes = KeyHashes::from([(SERVED_KEY.to_owned(), digest)]);
+        self.put(namespace, name, version, hashes);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
@@ -95,6 +119,15 @@ pub struct Hashes {
     pub servers: Option<String>,
     /// The proxy's (`resources::secrets::proxy_referenced`).
     pub proxy: Option<String>,
+    /// With `spec.security.auth`: the user's auth file, for [`serve_auth_file`].
+    pub auth_file: Option<UserFile>,
+}
+
+/// The user's auth file as the reconcile knows it: the hash of its value and, when its Secret was read
+/// by this reconcile, the value itself (else [`serve_auth_file`] reads it when it needs it).
+pub struct UserFile {
+    pub hash: String,
+    pub read: Option<Zeroizing<Vec<u8>>>,
 }
 
 /// What resolving the Secrets gave.
@@ -109,8 +142,18 @@ pub enum Resolved {
 pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved, Error> {
     let refs = secrets::referenced(instance.spec);
     let mut contents = BTreeMap::new();
-    for SecretRef { name, .. } in &refs {
-        let hashes = key_hashes(ctx, instance.namespace, name).await?;
+    let mut read = None;
+    for SecretRef {
+        name, auth_file, ..
+    } in &refs
+    {
+        // The auth file's value is kept for this reconcile when its Secret is read now.
+        let keep = instance
+            .spec
+            .auth()
+            .filter(|_| *auth_file)
+            .map(|auth| (auth.key(), &mut read));
+        let hashes = key_hashes(ctx, instance.namespace, name, keep).await?;
         contents.insert(name.clone(), hashes);
     }
     let has_ca = instance
@@ -130,25 +173,154 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
         Ok(digests) => digests,
         Err(missing) => return Ok(Resolved::Missing(missing)),
     };
+    let auth_file = instance.spec.auth().and_then(|auth| {
+        let keys = contents.get(&auth.secret_name)?.as_ref()?;
+        let hash = keys.get(auth.key())?.hash.clone();
+        Some(UserFile { hash, read })
+    });
     Ok(Resolved::Ready(Hashes {
-        servers: keyed(ctx, servers).await?,
-        proxy: keyed(ctx, proxy).await?,
+        servers: keyed(ctx, instance, servers).await?,
+        proxy: keyed(ctx, instance, proxy).await?,
+        auth_file,
     }))
 }
 
-/// `digest` keyed with the operator's digest key.
-async fn keyed(ctx: &Context, digest: Option<String>) -> Result<Option<String>, Error> {
+/// `digest` keyed with the operator's digest key, for `instance` (its namespace and UID).
+async fn keyed(
+    ctx: &Context,
+    instance: &Instance<'_>,
+    digest: Option<String>,
+) -> Result<Option<String>, Error> {
     let Some(digest) = digest else {
         return Ok(None);
     };
     let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
-    Ok(Some(secrets::keyed(key, &digest)))
+    let owner = secrets::Owner {
+        namespace: instance.namespace,
+        uid: instance.uid(),
+    };
+    Ok(Some(secrets::keyed(key, &owner, &digest)))
 }
 
+/// Keeps the Secret `<name>-auth-file` the servers load (`auth_file::served`): the user's file, whose
+/// hash is `user_file` (`None`: auth is off), and the operator's own entry. Written when the Secret is
+/// missing, changed by someone, or its user part is not `user_file`'s (known from what this process
+/// wrote at its current version: after a restart, one apply per instance, which changes nothing when
+/// the content is the same); deleted when auth is off. A Secret of that name that is not the
+/// instance's is left alone, and the instance is not applied.
+pub async fn serve_auth_file(
+    ctx: &Context,
+    instance: &Instance<'_>,
+    user_file: Option<&UserFile>,
+) -> Result<(), Error> {
+    let namespace = instance.namespace;
+    let name = served_auth_name(instance.name);
+    let live = ctx
+        .stores
+        .secrets
+        .get(&ObjectRef::new(&name).within(namespace));
+    if let Some(live) = &live
+        && !live
+            .owner_references()
+            .iter()
+            .any(|o| o.controller == Some(true) && o.uid == instance.uid())
+    {
+        return Err(Error::NotManaged {
+            kind: "Secret".to_owned(),
+            name,
+        });
+    }
+    let api: Api<Secret> = ctx.writer.api(namespace);
+    let (Some(auth), Some(user_file)) = (instance.spec.auth(), user_file) else {
+        if live.is_some_and(|l| l.metadata.deletion_timestamp.is_none()) {
+            match api.delete(&name, &DeleteParams::background()).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(source) => {
+                    let kind = "Secret".to_owned();
+                    return Err(WriteError::Delete { kind, name, source }.into());
+                }
+            }
+        }
+        return Ok(());
+    };
+    let version = live
+        .as_ref()
+        .and_then(|l| l.metadata.resource_version.clone());
+    if let Some(version) = &version
+        && ctx
+            .secret_hashes
+            .served(namespace, &name, version)
+            .as_deref()
+            == Some(user_file.hash.as_str())
+    {
+        return Ok(());
+    }
+    let file = match &user_file.read {
+        Some(file) => file.clone(),
+        None => match read_user_file(&api, namespace, auth).await? {
+            Some(file) => file,
+            // Gone meanwhile: the Secret watch brings the instance back.
+            None => return Ok(()),
+        },
+    };
+    let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
+    let owner = secrets::Owner {
+        namespace,
+        uid: instance.uid(),
+    };
+    let password = secrets::operator_password(key, &owner);
+    let served = auth_file::served(&file, &password);
+    let desired = auth_file::served_secret(instance, auth.key(), &served);
+    // Forced over the instance's own Secret only (see `children::ensure`).
+    let mut params = PatchParams::apply(labels::MANAGER_NAME);
+    if live.is_some() {
+        params = params.force();
+    }
+    let applied = api
+        .patch(&name, &params, &Patch::Apply(&desired))
+        .await
+        .map_err(|source| WriteError::Apply {
+            kind: "Secret".to_owned(),
+            name: name.clone(),
+            source,
+        })?;
+    drop(desired);
+    if let Some(version) = applied.metadata.resource_version {
+        let hash = secrets::hash_value(&file);
+        ctx.secret_hashes
+            .put_served(namespace, &name, version, hash);
+    }
+    Ok(())
+}
+
+/// The user's auth file, read from its Secret (`None`: the Secret or the key is gone).
+async fn read_user_file(
+    api: &Api<Secret>,
+    namespace: &str,
+    auth: &crate::api::AuthConfig,
+) -> Result<Option<Zeroizing<Vec<u8>>>, Error> {
+    let read = api
+        .get_opt(&auth.secret_name)
+        .await
+        .map_err(|source| Error::SecretRead {
+            namespace: namespace.to_owned(),
+            name: auth.secret_name.clone(),
+            source,
+        })?;
+    Ok(read
+        .and_then(|s| s.data)
+        .and_then(|mut data| data.remove(auth.key()))
+        .map(|value| Zeroizing::new(value.0)))
+}
+
+/// The per-key hashes of Secret `namespace/name` at its current version (read when not known yet); with
+/// `keep`, the value of that key goes to its slot when the Secret is read now.
 async fn key_hashes(
     ctx: &Context,
     namespace: &str,
     name: &str,
+    keep: Option<(&str, &mut Option<Zeroizing<Vec<u8>>>)>,
 ) -> Result<Option<KeyHashes>, Error> {
     let Some(meta) = ctx
         .stores
@@ -173,12 +345,17 @@ async fn key_hashes(
     let Some(secret) = secret else {
         return Ok(None);
     };
-    let hashes: KeyHashes = secret
-        .data
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(key, value)| (key, KeyDigest::of(&value.0)))
+    let mut data = secret.data.unwrap_or_default();
+    let hashes: KeyHashes = data
+        .iter()
+        .map(|(key, value)| (key.clone(), KeyDigest::of(&value.0)))
         .collect();
+    if let Some((key, slot)) = keep {
+        *slot = data.remove(key).map(|value| Zeroizing::new(value.0));
+    }
+    for value in data.values_mut() {
+        value.0.zeroize();
+    }
     let version = secret.metadata.resource_version.unwrap_or(version);
     ctx.secret_hashes
         .put(namespace, name, version, hashes.clone());

@@ -58,6 +58,8 @@ pub(super) struct View<'a> {
     pub secret_hash: Option<String>,
     /// The same for the proxy's pod template (see `Instance::proxy_secret_hash`).
     pub proxy_secret_hash: Option<String>,
+    /// With `spec.security.auth`: the user's auth file (see `secrets::serve_auth_file`).
+    pub auth_file: Option<secrets::UserFile>,
     stores: &'a Stores,
     written: &'a Written,
 }
@@ -86,6 +88,7 @@ impl<'a> View<'a> {
             pods: &reads.pods,
             secret_hash: hashes.servers,
             proxy_secret_hash: hashes.proxy,
+            auth_file: hashes.auth_file,
             stores: &ctx.stores,
             written: &ctx.writer.written,
         })

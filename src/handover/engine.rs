@@ -41,8 +41,10 @@ use crate::api::{Memcached, Server, WarmHandover};
 use crate::connection::{ServerNames, Target};
 use crate::resources::Instance;
 use crate::resources::rollout::Pace;
+use crate::resources::secrets::Owner;
 use crate::status::HandoverProgress;
 use crate::store::cache::Cache;
+use crate::store::digest_key::DigestKey;
 use crate::store::events::{normal, warning};
 use crate::store::pod_index::still_at;
 use crate::store::secrets::{SecretReader, SecretValues};
@@ -66,6 +68,8 @@ pub struct Deps {
     pub clock: Clock,
     /// The longest any copy may take (`--handover-max-timeout-seconds`), whatever the spec says.
     pub max_timeout_seconds: u64,
+    /// The operator's digest key (its own credentials derive from it).
+    pub digest_key: DigestKey,
 }
 
 /// Warm handover, shared by every reconcile (the controller's context holds one).
@@ -131,6 +135,7 @@ impl Handover {
                 client: deps.client.clone(),
                 store: deps.secrets,
                 values: SecretValues::default(),
+                digest_key: deps.digest_key,
             },
             client: deps.client,
             events: deps.events,
@@ -259,7 +264,14 @@ impl Handover {
     ) -> Result<Copier, String> {
         let transport = self
             .secrets
-            .transport(instance.namespace, instance.spec, &|_, _| None)
+            .transport(
+                &Owner {
+                    namespace: instance.namespace,
+                    uid: instance.uid(),
+                },
+                instance.spec,
+                &|_, _| None,
+            )
             .await?;
         let port = u16::try_from(instance.spec.container_port)
             .map_err(|_| "the container port is out of range".to_owned())?;

@@ -40,7 +40,7 @@ use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, OperatorPods};
 use crate::run::connectivity::Connectivity;
 use crate::run::{self, RunOptions};
-use crate::store::digest_key::KeyLocation;
+use crate::store::digest_key::{DigestKey, KeyLocation};
 use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
@@ -104,6 +104,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let collector = (!args.stats_interval.is_zero()).then(|| {
         spawn_collector(
             &args,
+            digest_key_location(&args, &config),
             &watches,
             &client,
             &metrics,
@@ -249,6 +250,7 @@ async fn lead(
 /// Starts the operand stats collector over the watches' caches.
 fn spawn_collector(
     args: &RunArgs,
+    digest_key: KeyLocation,
     watches: &run::Watches,
     client: &Client,
     metrics: &Arc<Metrics>,
@@ -270,6 +272,7 @@ fn spawn_collector(
                 index: stores.pod_index.clone(),
             },
             secrets: stores.secrets.clone(),
+            digest_key: DigestKey::new(digest_key),
         },
         metrics.operand(),
         Some(identity.to_owned()),
@@ -291,11 +294,16 @@ fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings 
         concurrency: args.concurrency,
         cluster_domain: args.cluster_domain.clone(),
         handover_max_timeout_seconds: args.handover_max_timeout_seconds,
-        digest_key: KeyLocation {
-            namespace: own_namespace(args).unwrap_or_else(|| config.default_namespace.clone()),
-            name: args.digest_key_secret.clone(),
-        },
+        digest_key: digest_key_location(args, config),
         ..Settings::default()
+    }
+}
+
+/// Where the operator's digest key lives: `--digest-key-secret` in the operator's own namespace.
+fn digest_key_location(args: &RunArgs, config: &Config) -> KeyLocation {
+    KeyLocation {
+        namespace: own_namespace(args).unwrap_or_else(|| config.default_namespace.clone()),
+        name: args.digest_key_secret.clone(),
     }
 }
 

@@ -96,6 +96,7 @@ mod tests {
                 auth: Some(AuthConfig {
                     secret_name: "auth".into(),
                     key: None,
+                    allow_plaintext_stats: false,
                 }),
                 network_policy: None,
             })),

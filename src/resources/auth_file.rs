@@ -10,9 +10,62 @@
 //! memcached 1.6 release.
 //!
 //! The messages name lines by number and never quote the file.
+//!
+//! The servers do not load the user's file as it is: they load [`served`], the user's entries and one of
+//! the operator's own ([`OPERATOR_USER`], its password derived from the operator's digest key, the
+//! instance's namespace and UID: `crate::resources::secrets::operator_password`), from a Secret the
+//! operator keeps (`<name>-auth-file`, [`served_secret`]). The operator authenticates with that entry
+//! only, so it never holds or sends the user's passwords; a user's file may have one entry fewer than
+//! memcached reads ([`MAX_USER_ENTRIES`]).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use zeroize::Zeroizing;
+
+use super::Instance;
+use crate::api::names::served_auth_name;
 
 /// memcached reads at most this many entries.
 pub const MAX_ENTRIES: usize = 8;
+/// The most entries of the user's file: memcached reads [`MAX_ENTRIES`], and the operator adds one.
+pub const MAX_USER_ENTRIES: usize = MAX_ENTRIES - 1;
+/// The user name of the operator's own entry.
+pub const OPERATOR_USER: &str = "memcached-operator";
+
+/// The file the servers load: the user's file `user_file` (checked, so it ends with a newline) and the
+/// operator's entry with `password`.
+pub fn served(user_file: &[u8], password: &str) -> Zeroizing<Vec<u8>> {
+    let mut file = Zeroizing::new(Vec::with_capacity(
+        user_file.len() + OPERATOR_USER.len() + password.len() + 3,
+    ));
+    file.extend_from_slice(user_file);
+    if !file.is_empty() && !file.ends_with(b"\n") {
+        file.push(b'\n');
+    }
+    file.extend_from_slice(OPERATOR_USER.as_bytes());
+    file.push(b':');
+    file.extend_from_slice(password.as_bytes());
+    file.push(b'\n');
+    file
+}
+
+/// The Secret `<name>-auth-file` holding `file` under `key` (the key of the user's Secret, so the
+/// servers' arguments name the same file), owned by the instance.
+pub fn served_secret(instance: &Instance<'_>, key: &str, file: &[u8]) -> Secret {
+    let mut metadata = instance.child_meta();
+    metadata.name = Some(served_auth_name(instance.name));
+    Secret {
+        metadata,
+        data: Some(BTreeMap::from([(
+            key.to_owned(),
+            ByteString(file.to_vec()),
+        )])),
+        type_: Some("Opaque".to_owned()),
+        ..Secret::default()
+    }
+}
 /// memcached reads an entry into a buffer of this many bytes, its newline and terminator included.
 const MAX_ENTRY_LEN: usize = 256;
 
@@ -42,9 +95,10 @@ pub fn check(content: &[u8]) -> Result<(), String> {
     let lines: Vec<&[u8]> = content[..content.len() - 1]
         .split(|&b| b == b'\n')
         .collect();
-    if lines.len() > MAX_ENTRIES {
+    if lines.len() > MAX_USER_ENTRIES {
         return Err(format!(
-            "has {} lines; memcached reads only the first {MAX_ENTRIES} and ignores the rest",
+            "has {} lines; memcached reads only the first {MAX_ENTRIES} and the operator adds one of \
+             its own: at most {MAX_USER_ENTRIES}",
             lines.len()
         ));
     }
@@ -91,8 +145,24 @@ mod tests {
             Ok(()),
             "a `:` in a password"
         );
-        let eight = "u:p\n".repeat(MAX_ENTRIES);
-        assert_eq!(check(eight.as_bytes()), Ok(()));
+        let seven = "u:p\n".repeat(MAX_USER_ENTRIES);
+        assert_eq!(check(seven.as_bytes()), Ok(()));
+    }
+
+    #[test]
+    fn the_served_file_is_the_users_and_the_operators_entry() {
+        let file = served(b"app:s3cret\nops:x\n", "0123abcd");
+        assert_eq!(
+            file.as_slice(),
+            b"app:s3cret\nops:x\nmemcached-operator:0123abcd\n"
+        );
+        assert_eq!(check(&file), Ok(()), "memcached reads it whole");
+        let full = served("u:p\n".repeat(MAX_USER_ENTRIES).as_bytes(), "pw");
+        assert_eq!(check_lines(&full), MAX_ENTRIES);
+    }
+
+    fn check_lines(file: &[u8]) -> usize {
+        file.iter().filter(|&&b| b == b'\n').count()
     }
 
     #[test]
@@ -118,8 +188,11 @@ mod tests {
             assert!(message.contains(expected), "{content:?}: {message}");
             assert!(!message.contains("s3cret"), "{message}");
         }
-        let nine = "u:p\n".repeat(MAX_ENTRIES + 1);
-        assert!(refused(&nine).contains("has 9 lines"));
+        let eight = "u:p\n".repeat(MAX_USER_ENTRIES + 1);
+        assert!(
+            refused(&eight).contains("has 8 lines"),
+            "the operator's entry is the 8th"
+        );
         let long = format!("u:{}\n", "p".repeat(MAX_ENTRY_LEN));
         assert!(refused(&long).contains("line 1 is 258 characters long"));
         let longest = format!("u:{}\n", "p".repeat(MAX_ENTRY_LEN - 4));

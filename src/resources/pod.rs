@@ -15,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::{Instance, args, labels};
+use crate::api::names::served_auth_name;
 use crate::api::{AntiAffinity, DEFAULT_EXPORTER_IMAGE, MemcachedSpec};
 
 /// Name of the memcached container (and of its port).
@@ -73,7 +74,7 @@ fn pod_spec(instance: &Instance<'_>) -> PodSpec {
     if spec.exporter().is_some() {
         containers.push(exporter_container(instance));
     }
-    let volumes = volumes(spec);
+    let volumes = volumes(instance.name, spec);
     PodSpec {
         containers,
         // memcached never talks to the API server, and the Service env vars are noise for it.
@@ -142,7 +143,7 @@ fn affinity(instance: &Instance<'_>) -> Option<Affinity> {
     (affinity != Affinity::default()).then_some(affinity)
 }
 
-fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
+fn volumes(name: &str, spec: &MemcachedSpec) -> Vec<Volume> {
     let secret = |name: &str, secret_name: &str| Volume {
         name: name.to_owned(),
         secret: Some(SecretVolumeSource {
@@ -163,8 +164,9 @@ fn volumes(spec: &MemcachedSpec) -> Vec<Volume> {
             volumes.push(only);
         }
     }
-    if let Some(auth) = spec.auth() {
-        volumes.push(secret(AUTH_VOLUME, &auth.secret_name));
+    if spec.auth().is_some() {
+        // The operator's copy of the user's file with its own entry added (`auth_file::served`).
+        volumes.push(secret(AUTH_VOLUME, &served_auth_name(name)));
     }
     volumes
 }

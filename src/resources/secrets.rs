@@ -151,10 +151,54 @@ pub fn proxy_digest(
 
 /// The hash a pod template carries for `digest` (what [`digest`] gave): HMAC-SHA256 under the
 /// operator's key (see `crate::store::digest_key`), so that someone who may read pod templates but not
-/// Secrets cannot test a guessed Secret value against it.
-pub fn keyed(key: &[u8], digest: &str) -> String {
+/// Secrets cannot test a guessed Secret value against it. The instance's namespace and UID are in the
+/// input: the same Secret content gives another hash in every instance, so a same-named Secret of
+/// one's own in another namespace (or a deleted and re-created instance) tests no guess either.
+pub fn keyed(key: &[u8], instance: &Owner<'_>, digest: &str) -> String {
+    hmac(
+        key,
+        &[
+            b"secret-hash",
+            instance.namespace.as_bytes(),
+            instance.uid.as_bytes(),
+            digest.as_bytes(),
+        ],
+    )
+}
+
+/// The password of the operator's own entry in the auth file the servers of `instance` load
+/// (`auth_file::served`): HMAC-SHA256 under the operator's digest key of the instance's namespace and
+/// UID, hex. Stable for the life of the instance and the key, never stored but in that file; another
+/// instance's (or a re-created one's) is another. Deleting the digest key changes it, with one rollout
+/// of every instance using Secrets.
+pub fn operator_password(key: &[u8], instance: &Owner<'_>) -> zeroize::Zeroizing<String> {
+    zeroize::Zeroizing::new(hmac(
+        key,
+        &[
+            b"operator-auth",
+            instance.namespace.as_bytes(),
+            instance.uid.as_bytes(),
+        ],
+    ))
+}
+
+/// HMAC-SHA256 under `key` of `parts`, each framed by its length (8 bytes, big-endian), so that no
+/// moving of bytes from one part to the next gives the same input. Hex.
+pub fn hmac(key: &[u8], parts: &[&[u8]]) -> String {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
-    hex(ring::hmac::sign(&key, digest.as_bytes()).as_ref())
+    let mut context = ring::hmac::Context::with_key(&key);
+    for part in parts {
+        context.update(&(part.len() as u64).to_be_bytes());
+        context.update(part);
+    }
+    hex(context.sign().as_ref())
+}
+
+/// The instance a keyed hash belongs to: its namespace and UID.
+#[derive(Clone, Copy, Debug)]
+pub struct Owner<'a> {
+    pub namespace: &'a str,
+    pub uid: &'a str,
 }
 
 /// Hash of one Secret value.
@@ -243,6 +287,7 @@ mod tests {
                 auth: Some(AuthConfig {
                     secret_name: "auth".into(),
                     key: None,
+                    allow_plaintext_stats: false,
                 }),
                 network_policy: None,
             })),
@@ -392,6 +437,7 @@ mod tests {
                         auth: Some(AuthConfig {
                             secret_name: "auth".into(),
                             key: None,
+                            allow_plaintext_stats: false,
                         }),
                         ..*spec.security.unwrap()
                     })),
@@ -473,6 +519,51 @@ mod tests {
             proxy_digest("ns", &spec(false), &with("c1", "a")).unwrap(),
             None
         );
+    }
+
+    #[test]
+    fn the_same_secret_hashes_differently_in_another_namespace_or_instance() {
+        let key = [7u8; 32];
+        let digest = hash_value(b"u:same-password\n");
+        let keyed_for =
+            |namespace: &str, uid: &str| keyed(&key, &Owner { namespace, uid }, &digest);
+        let here = keyed_for("team-a", "uid-1");
+        assert_eq!(
+            keyed_for("team-a", "uid-1"),
+            here,
+            "stable for one instance"
+        );
+        assert_ne!(keyed_for("team-b", "uid-1"), here, "another namespace");
+        assert_ne!(
+            keyed_for("team-a", "uid-2"),
+            here,
+            "another instance (a re-created one too)"
+        );
+        // Framed: moving bytes between namespace and UID gives another input.
+        assert_ne!(keyed_for("ab", "c"), keyed_for("a", "bc"));
+    }
+
+    #[test]
+    fn the_operators_password_is_its_own_per_instance() {
+        let key = [7u8; 32];
+        let password = |namespace: &str, uid: &str| {
+            operator_password(&key, &Owner { namespace, uid }).to_string()
+        };
+        let here = password("team-a", "uid-1");
+        assert_eq!(here.len(), 64);
+        assert_eq!(password("team-a", "uid-1"), here);
+        assert_ne!(password("team-b", "uid-1"), here);
+        assert_ne!(password("team-a", "uid-2"), here);
+        let owner = Owner {
+            namespace: "team-a",
+            uid: "uid-1",
+        };
+        assert_ne!(
+            operator_password(&[8u8; 32], &owner).as_str(),
+            here,
+            "another key"
+        );
+        assert_ne!(keyed(&key, &owner, ""), here, "not the template's hash");
     }
 
     #[test]

@@ -231,6 +231,7 @@ mod tests {
                     auth: Some(AuthConfig {
                         secret_name: "auth".into(),
                         key: None,
+                        allow_plaintext_stats: false,
                     }),
                     ..Security::default()
                 })

@@ -43,6 +43,7 @@ use super::connectivity::Connectivity;
 use super::permissions;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use crate::api::Memcached;
+use crate::api::names::served_auth_name;
 use crate::controller::{
     Context, Error, SecretHashes, Settings, error_policy, reconcile, system_clock,
 };
@@ -268,8 +269,8 @@ pub async fn watch(
         from_cache(watcher::Config::default()),
         trim_secret,
         (),
-        // The operator never writes Secrets: nothing of theirs is kept in `written`; what is kept is the
-        // hashes of their values, which end with them.
+        // The operator writes one kind of Secret (`<name>-auth-file`), outside `written`: what is kept
+        // is the hashes of Secrets' values (and of what it wrote there), which end with them.
         secret_hashes.observer(),
     );
     let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &forbidden);
@@ -609,7 +610,8 @@ pub fn trim_secret(secret: &mut PartialObjectMeta<Secret>) {
     secret.metadata.labels = None;
 }
 
-/// The instances that reference `secret` (same namespace, named in their spec).
+/// The instances that reference `secret` (same namespace, named in their spec), or whose servers load it
+/// (`<name>-auth-file`: changed or deleted by someone, it is written again).
 pub fn referencing(
     instances: &[Arc<Memcached>],
     secret: &PartialObjectMeta<Secret>,
@@ -623,7 +625,10 @@ pub fn referencing(
     instances
         .iter()
         .filter(|mc| mc.metadata.namespace.as_deref() == namespace)
-        .filter(|mc| secrets::referenced(&mc.spec).iter().any(|r| r.name == name))
+        .filter(|mc| {
+            secrets::referenced(&mc.spec).iter().any(|r| r.name == name)
+                || mc.metadata.name.as_deref().map(served_auth_name).as_deref() == Some(name)
+        })
         .map(|mc| ObjectRef::from_obj(mc.as_ref()))
         .collect()
 }

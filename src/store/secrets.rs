@@ -1,6 +1,11 @@
 //! What an instance's Secrets give the stats collector: the TLS material to connect with and the
 //! credentials to authenticate with.
 //!
+//! The credentials are the operator's own: the entry it adds to the auth file the servers load
+//! (`crate::resources::auth_file::served`), its password derived from the operator's digest key and the
+//! instance's namespace and UID. The user's auth Secret is never read here, so none of its passwords
+//! is held or sent by the collector or the warm handover.
+//!
 //! The operator watches Secrets by metadata only, so their values are read with a GET, and only for the
 //! Secrets an instance with TLS or auth names. Each Secret is read once per `resourceVersion` (the
 //! metadata cache says which version is current), not once per collection, and what was read stays in
@@ -19,6 +24,9 @@ use zeroize::{Zeroize, Zeroizing};
 
 use crate::api::MemcachedSpec;
 use crate::connection::{CertificateDigest, Credentials, TlsClient, TlsMaterial, matching_pair};
+use crate::resources::auth_file::OPERATOR_USER;
+use crate::resources::secrets::{Owner, operator_password};
+use crate::store::digest_key::DigestKey;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -114,10 +122,8 @@ pub fn named(namespace: &str, spec: &MemcachedSpec) -> Vec<(String, String)> {
         .tls()
         .filter(|t| t.client_auth)
         .and_then(|t| t.client_secret_name.clone());
-    let auth = spec.auth().map(|a| a.secret_name.clone());
     tls.into_iter()
         .chain(client)
-        .chain(auth)
         .map(|name| (namespace.to_owned(), name))
         .collect()
 }
@@ -128,18 +134,21 @@ pub struct SecretReader {
     /// The metadata-only Secret cache: which exist, at which version.
     pub store: Store<PartialObjectMeta<Secret>>,
     pub values: SecretValues,
+    /// The operator's digest key, from which its own credentials are derived.
+    pub digest_key: DigestKey,
 }
 
 impl SecretReader {
-    /// How to reach the servers of an instance with `spec` in `namespace`, or why they cannot be read
-    /// (a message for the log, naming the Secret and the key, never a value). `previous` is told the
-    /// certificate and CA read and says which CA to trust besides.
+    /// How to reach the servers of the instance `owner` (namespace and UID) with `spec`, or why they
+    /// cannot be read (a message for the log, naming the Secret and the key, never a value). `previous`
+    /// is told the certificate and CA read and says which CA to trust besides.
     pub async fn transport(
         &self,
-        namespace: &str,
+        owner: &Owner<'_>,
         spec: &MemcachedSpec,
         previous: TrustPrevious<'_>,
     ) -> Result<Transport, String> {
+        let namespace = owner.namespace;
         let mut transport = Transport::default();
         if let Some(tls) = spec.tls() {
             // tls.crt and tls.key: the certificate the servers should present, checked against its key
@@ -203,24 +212,15 @@ impl SecretReader {
             })?;
             transport.tls = Some(client);
         }
-        if let Some(auth) = spec.auth() {
-            let values = self
-                .values(namespace, &auth.secret_name, &[auth.key()])
-                .await?;
-            let Some(file) = values.get(auth.key()) else {
-                return Err(format!(
-                    "Secret {namespace}/{} has no key {}",
-                    auth.secret_name,
-                    auth.key()
-                ));
-            };
-            let credentials = Credentials::from_auth_file(file).map_err(|error| {
-                format!(
-                    "cannot use the credentials in key {} of Secret {namespace}/{}: {error}",
-                    auth.key(),
-                    auth.secret_name
-                )
-            })?;
+        if spec.auth().is_some() {
+            let key = self
+                .digest_key
+                .bytes(&self.client)
+                .await
+                .map_err(|error| error.to_string())?;
+            let password = operator_password(key, owner);
+            let credentials = Credentials::new(OPERATOR_USER, password.as_bytes())
+                .map_err(|error| format!("the operator's credentials: {error}"))?;
             transport.credentials = Some(Arc::new(credentials));
         }
         Ok(transport)
@@ -309,6 +309,7 @@ mod tests {
             client: Client::new(service, "ns"),
             store: writer.as_reader(),
             values: SecretValues::default(),
+            digest_key: DigestKey::fixed(&[7; 32]),
         };
         (reader, handle)
     }

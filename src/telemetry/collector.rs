@@ -22,8 +22,9 @@
 //! ([`super::reload`]).
 //!
 //! Failures are values, not errors: a server that cannot be read is `memcached_up 0` and counts out of
-//! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials) is
-//! logged once when that starts and once when it ends, never per collection.
+//! `serversRead`; an instance that cannot be read at all (a missing Secret, unusable credentials, or auth
+//! without TLS and without `spec.security.auth.allowPlaintextStats`: [`super::in_clear`]) is logged
+//! once when that starts and once when it ends, never per collection.
 
 mod each;
 mod proxies;
@@ -53,13 +54,16 @@ use super::client::{
     RefreshAnswer, ServerNames, Target,
 };
 use super::episodes::{self, Counter, Episode};
+use super::in_clear;
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
 use super::proxy::ProxySample;
 use super::reload::{self, Observed, Outcome, Reload};
 use super::stats::Stats;
 use super::summary::{should_write, summarize, summarize_proxy};
 use crate::api::{CacheStats, Memcached};
+use crate::resources::secrets::Owner;
 use crate::resources::servers;
+use crate::store::digest_key::DigestKey;
 use crate::store::pod_index::still_at;
 use crate::store::secrets::{SecretReader, SecretValues, Transport};
 use crate::store::{Cache, PodIndex, Publisher};
@@ -137,6 +141,8 @@ pub struct Sources {
     pub memcacheds: Store<Memcached>,
     pub pods: IndexedPods,
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The operator's digest key (its own credentials derive from it).
+    pub digest_key: DigestKey,
 }
 
 /// The pod cache and its index by instance (see [`PodIndex`]).
@@ -211,6 +217,7 @@ impl Collector {
                 client: sources.client.clone(),
                 store: sources.secrets,
                 values: SecretValues::default(),
+                digest_key: sources.digest_key,
             },
             client: sources.client,
             memcacheds: sources.memcacheds,
@@ -345,7 +352,15 @@ impl Collector {
             reload.secret(certificate, ca);
             reload.previous_ca().map(<[u8]>::to_vec)
         };
-        match self.secrets.transport(&key.0, &mc.spec, &previous).await {
+        let owner = Owner {
+            namespace: &key.0,
+            uid: mc.metadata.uid.as_deref().unwrap_or_default(),
+        };
+        let transport = match in_clear::refused(&mc.spec) {
+            Some(refused) => Err(refused),
+            None => self.secrets.transport(&owner, &mc.spec, &previous).await,
+        };
+        match transport {
             Ok(transport) => {
                 if transport.presents_server_certificate {
                     self.note_shared_identity(key);
@@ -361,8 +376,12 @@ impl Collector {
                 (reads, proxy)
             }
             Err(reason) => {
+                let result = match in_clear::refused(&mc.spec) {
+                    Some(_) => in_clear::NOT_IN_CLEAR,
+                    None => "unreadable",
+                };
                 for _ in servers.iter().chain(proxies) {
-                    self.metrics.count_read("unreadable");
+                    self.metrics.count_read(result);
                 }
                 let reads = Reads {
                     samples: servers.iter().map(|(pod, _)| (pod.clone(), None)).collect(),

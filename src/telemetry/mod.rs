@@ -9,6 +9,7 @@
 //! - [`metrics`]: the per-pod series on `/metrics` (the memcached exporter's names).
 //! - [`summary`]: `status.stats` from the servers read, and when to write it (pure).
 //! - [`episodes`]: when evictions start and stop, for one Warning event per episode (pure).
+//! - [`in_clear`]: whether an instance with auth and without TLS may be read (its spec's opt-in).
 //! - [`reload`]: which servers still present a rotated certificate's predecessor, and when to ask them
 //!   to reload it (`refresh_certs`) (pure).
 //!
@@ -17,6 +18,7 @@
 pub mod client;
 pub mod collector;
 pub mod episodes;
+pub mod in_clear;
 pub mod metrics;
 pub mod proxy;
 pub mod reload;

@@ -213,6 +213,19 @@ impl Cluster {
         self.secrets
             .apply_watcher_event(&watcher::Event::Apply(meta));
     }
+    /// The Secret the servers load (`<name>-auth-file`, the operator's) at `version`, as the metadata
+    /// watch sees it once applied.
+    pub fn served_auth(&mut self, version: &str) {
+        let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({
+            "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+            "metadata": {"name": format!("{NAME}-auth-file"), "namespace": NS, "resourceVersion": version,
+                         "ownerReferences": [{"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",
+                                              "name": NAME, "uid": "uid-1", "controller": true}]}
+        }))
+        .unwrap();
+        self.secrets
+            .apply_watcher_event(&watcher::Event::Apply(meta));
+    }
     /// Whether the cache holds the instance's server list.
     pub fn has_config_map(&self) -> bool {
         let name = CONFIG_MAPS.rsplit('/').next().unwrap_or_default();

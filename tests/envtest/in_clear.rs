@@ -1,6 +1,7 @@
 //! Auth without TLS on the real control plane, with real memcached: what the operator says and keeps to
-//! itself. The instance comes up and is read (the credentials go to the pods the addresses were read
-//! for); a Warning event `CredentialsInClear` says that they travel in the clear; the pod template's
+//! itself. The instance comes up and, as its spec allows (`allowPlaintextStats`), is read with the
+//! operator's own entry of the auth file the pods load (its credential goes to the pods the addresses
+//! were read for); a Warning event `CredentialsInClear` says that they travel in the clear; the pod template's
 //! Secret hash is keyed with the operator's own key, which it made once in its own namespace; and the auth
 //! file is mounted by `subPath`, so a running pod keeps the file it started with.
 
@@ -31,7 +32,7 @@ async fn auth_without_tls_is_said_read_with_care_and_keyed() {
     apply(
         &s,
         "plain",
-        json!({"size": 2, "security": {"auth": {"secretName": "auth"}}}),
+        json!({"size": 2, "security": {"auth": {"secretName": "auth", "allowPlaintextStats": true}}}),
     )
     .await;
     wait_settled(&s, "plain", Duration::from_secs(90)).await;
@@ -46,6 +47,23 @@ async fn auth_without_tls_is_said_read_with_care_and_keyed() {
             .ok_or(format!("{stats:?}"))
     })
     .await;
+
+    s.step("the pods load the operator's copy: the user's entry and the operator's own, owned by the instance");
+    let secrets: Api<Secret> = Api::namespaced(s.client.clone(), &s.namespace);
+    let served = secrets
+        .get("plain-auth-file")
+        .await
+        .expect("the served auth file");
+    let file = String::from_utf8(served.data.expect("data")["auth-file"].0.clone()).unwrap();
+    let lines: Vec<&str> = file.lines().collect();
+    assert_eq!(lines.len(), 2, "{} lines", lines.len());
+    assert_eq!(lines[0], "app:pw42");
+    assert!(lines[1].starts_with("memcached-operator:"));
+    let owner = &served.metadata.owner_references.expect("owned")[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.controller),
+        ("Memcached", Some(true))
+    );
 
     s.step("a Warning event says the credentials travel in the clear");
     let events: Api<Event> = Api::namespaced(s.client.clone(), &s.namespace);
@@ -78,6 +96,13 @@ async fn auth_without_tls_is_said_read_with_care_and_keyed() {
         .expect("the operator made its digest key");
     let bytes = &key.data.expect("data")["key"].0;
     assert!(bytes.len() >= 32);
+    let uid = memcacheds(&s)
+        .get("plain")
+        .await
+        .expect("the instance")
+        .metadata
+        .uid
+        .expect("a uid");
     let deployments: Api<Deployment> = Api::namespaced(s.client.clone(), &s.namespace);
     let template = deployments
         .get("plain")
@@ -102,7 +127,9 @@ async fn auth_without_tls_is_said_read_with_care_and_keyed() {
         })),
         ..Default::default()
     };
-    use memcached_operator::resources::secrets::{KeyDigest, TlsReload, digest, keyed, referenced};
+    use memcached_operator::resources::secrets::{
+        KeyDigest, Owner, TlsReload, digest, keyed, referenced,
+    };
     let contents = [(
         "auth".to_owned(),
         Some([("auth-file".to_owned(), KeyDigest::of(b"app:pw42\n"))].into()),
@@ -122,7 +149,14 @@ async fn auth_without_tls_is_said_read_with_care_and_keyed() {
     );
     assert_eq!(
         hash,
-        &keyed(bytes, &unkeyed),
+        &keyed(
+            bytes,
+            &Owner {
+                namespace: &s.namespace,
+                uid: &uid,
+            },
+            &unkeyed
+        ),
         "keyed with the operator's key"
     );
 

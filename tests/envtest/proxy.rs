@@ -167,19 +167,14 @@ async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, at_least: u6
         Duration::from_secs(30),
         || async {
             let map = maps.get("cache-proxy").await.map_err(|e| e.to_string())?;
-            let lua = map
+            let data = map
                 .data
                 .unwrap_or_default()
-                .remove("proxy.lua")
+                .remove("route.json")
                 .unwrap_or_default();
-            let hosts = lua.matches("host = ").count();
-            let all = list.servers.iter().all(|server| {
-                let (host, port) = server.rsplit_once(':').unwrap_or_default();
-                lua.contains(&format!("host = \"{host}\", port = {port}"))
-            });
-            (all && hosts == list.servers.len())
-                .then_some(())
-                .ok_or(lua)
+            let route = memcached_operator::resources::proxy::routes::Route::parse(&data)
+                .map_err(|e| format!("{e}: {data}"))?;
+            (route.servers == list.servers).then_some(()).ok_or(data)
         },
     )
     .await;

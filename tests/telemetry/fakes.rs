@@ -321,6 +321,7 @@ impl Caches {
                     index: self.pod_index.clone(),
                 },
                 secrets: self.stores.2.clone(),
+                digest_key: memcached_operator::store::digest_key::DigestKey::fixed(DIGEST_KEY),
             },
             metrics.clone(),
             events,
@@ -373,4 +374,23 @@ pub fn exposition(metrics: &Arc<OperandMetrics>) -> String {
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
     out
+}
+
+/// The digest key the collector is given.
+pub const DIGEST_KEY: &[u8] = &[7; 32];
+
+/// The `user password` the operator authenticates to the servers of instance `name` with: its own entry
+/// of the served auth file, derived from [`DIGEST_KEY`] and the instance's namespace and UID.
+pub fn operator_auth(name: &str) -> String {
+    use memcached_operator::resources::auth_file::OPERATOR_USER;
+    use memcached_operator::resources::secrets::{Owner, operator_password};
+    let uid = format!("uid-{name}");
+    let owner = Owner {
+        namespace: NS,
+        uid: &uid,
+    };
+    format!(
+        "{OPERATOR_USER} {}",
+        operator_password(DIGEST_KEY, &owner).as_str()
+    )
 }

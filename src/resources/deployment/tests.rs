@@ -46,6 +46,7 @@ fn everything() -> MemcachedSpec {
             auth: Some(AuthConfig {
                 secret_name: "cache-auth".into(),
                 key: Some("users".into()),
+                allow_plaintext_stats: false,
             }),
             network_policy: None,
         })),
@@ -320,7 +321,11 @@ fn secrets_are_mounted_read_only_for_the_memcached_group() {
         s.secret_name.clone().unwrap()
     };
     assert_eq!(secret_of("tls"), "cache-tls");
-    assert_eq!(secret_of("auth"), "cache-auth");
+    assert_eq!(
+        secret_of("auth"),
+        "cache-auth-file",
+        "the operator's copy with its own entry, not the user's Secret"
+    );
     let mounts = container(&d, "memcached").volume_mounts.clone().unwrap();
     assert!(mounts.iter().all(|m| m.read_only == Some(true)));
     let args = container(&d, "memcached").args.clone().unwrap().join(" ");

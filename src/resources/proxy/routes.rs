@@ -1,5 +1,13 @@
-//! The proxy's route configuration: the ConfigMap `<name>-proxy`, one routelib configuration (Lua) with
-//! one pool whose backends are the published server list, in slot order.
+//! The proxy's route: the ConfigMap `<name>-proxy` carries data only, the published server list in slot
+//! order and whether the servers serve TLS ([`Route`], key [`DATA_KEY`]); the configuration writer in
+//! each proxy pod (`crate::proxy_config`) checks it ([`Route::parse`]) and renders from it the routelib
+//! configuration (Lua, [`render`]) memcached loads: one pool whose backends are those servers.
+//!
+//! The ConfigMap holds no code: memcached's proxy runs its configuration with Lua's whole standard
+//! library, in pods that mount the TLS key, and whoever may update ConfigMaps in the namespace could
+//! otherwise run code there. What the writer renders comes from its own templates; every address it
+//! puts in is checked first (an IP address or a DNS name, and a port: [`check_address`]), and escaped
+//! as a Lua string besides; a route with more servers or bytes than bounded is refused.
 //!
 //! The pool names no distribution, so memcached uses its default: jump consistent hash over the
 //! backends' positions of the key's XXH3 (`mcp.dist_jump_hash` with `mcp.hash_xxhash`, seed 0). That is
@@ -13,30 +21,134 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::core::v1::ConfigMap;
+use serde::{Deserialize, Serialize};
 
 use super::super::Instance;
 use super::super::servers::published_addresses;
-use crate::api::Server;
+use crate::api::{MAX_SIZE, Server};
 use crate::hashing::Endpoint;
 
-/// The ConfigMap key holding the configuration (and the file name the writer gives it).
+/// The file name the writer gives the rendered configuration (memcached's `proxy_arg`).
 pub const CONFIG_KEY: &str = "proxy.lua";
+/// The ConfigMap key holding the route's data ([`Route`], JSON).
+pub const DATA_KEY: &str = "route.json";
+/// Most servers a route may list: twice the most an instance has.
+pub const MAX_SERVERS: usize = 2 * MAX_SIZE as usize;
+/// Most bytes of a route's data.
+pub const MAX_ROUTE_BYTES: usize = 64 * 1024;
+/// Longest address: a DNS name of 253 characters, `:`, a port of 5 digits.
+pub const MAX_ADDRESS_LEN: usize = 253 + 1 + 5;
 
-/// The route configuration of `instance` over its published `servers`, or `None` when the proxy is off.
+/// What the route configuration is made from: the published server list (`host:port`, `[v6]:port`), in
+/// slot order, and whether the servers serve TLS.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Route {
+    pub servers: Vec<String>,
+    pub backend_tls: bool,
+}
+
+/// Why route data is refused. The messages quote nothing of the data but its sizes and a server's
+/// position.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    #[error("the route data is {0} bytes, more than the {MAX_ROUTE_BYTES} a route may have")]
+    TooLarge(usize),
+    #[error("the route data is not a route: {0}")]
+    Malformed(String),
+    #[error("the route lists {0} servers, more than the {MAX_SERVERS} a route may list")]
+    TooManyServers(usize),
+    #[error("server {index} of the route is not an address: {problem}")]
+    BadAddress { index: usize, problem: &'static str },
+}
+
+impl Route {
+    /// The route's data as the ConfigMap carries it (JSON, keys in a fixed order, a final newline).
+    pub fn to_data(&self) -> String {
+        // Serialising strings and a bool cannot fail.
+        serde_json::to_string_pretty(self).unwrap_or_default() + "\n"
+    }
+
+    /// Reads route data, refusing what is oversize, malformed, or lists anything but addresses.
+    pub fn parse(data: &str) -> Result<Self, RouteError> {
+        if data.len() > MAX_ROUTE_BYTES {
+            return Err(RouteError::TooLarge(data.len()));
+        }
+        let route: Route =
+            serde_json::from_str(data).map_err(|error| RouteError::Malformed(error.to_string()))?;
+        if route.servers.len() > MAX_SERVERS {
+            return Err(RouteError::TooManyServers(route.servers.len()));
+        }
+        for (index, address) in route.servers.iter().enumerate() {
+            check_address(address).map_err(|problem| RouteError::BadAddress { index, problem })?;
+        }
+        Ok(route)
+    }
+}
+
+/// Checks one `host:port` entry strictly: the host an IPv4 address, a bracketed IPv6 address or a DNS
+/// name (lowercase letters, digits and `-` in labels of 1 to 63 characters, dot-separated, at most 253
+/// characters), the port a decimal number from 1 to 65535 without sign or leading zero.
+pub fn check_address(address: &str) -> Result<(), &'static str> {
+    if address.len() > MAX_ADDRESS_LEN {
+        return Err("too long");
+    }
+    let (host, port) = match address.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, port) = bracketed
+                .split_once("]:")
+                .ok_or("no `]:` after an IPv6 address")?;
+            host.parse::<Ipv6Addr>()
+                .map_err(|_| "not an IPv6 address")?;
+            (host, port)
+        }
+        None => address.rsplit_once(':').ok_or("no port")?,
+    };
+    let digits = !port.is_empty() && port.len() <= 5 && port.bytes().all(|b| b.is_ascii_digit());
+    if !digits || port.starts_with('0') || port.parse::<u32>().map_or(true, |p| p > 65535) {
+        return Err("the port is not a number from 1 to 65535");
+    }
+    if address.starts_with('[') || host.parse::<Ipv4Addr>().is_ok() {
+        return Ok(());
+    }
+    dns_name(host)
+}
+
+/// A DNS name of lowercase labels (RFC 1123), as Kubernetes names pods and Services.
+fn dns_name(host: &str) -> Result<(), &'static str> {
+    if host.is_empty() || host.len() > 253 {
+        return Err("the host is empty or longer than 253 characters");
+    }
+    for label in host.split('.') {
+        let allowed = label
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if label.is_empty() || label.len() > 63 || !allowed {
+            return Err("the host is not an IP address or a DNS name");
+        }
+        if label.starts_with('-') || label.ends_with('-') {
+            return Err("a label of the host starts or ends with `-`");
+        }
+    }
+    Ok(())
+}
+
+/// The route ConfigMap of `instance` over its published `servers`, or `None` when the proxy is off.
 pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> Option<ConfigMap> {
     instance.spec.proxy()?;
+    let route = Route {
+        servers: published_addresses(servers)
+            .into_iter()
+            .map(str::to_owned)
+            .collect(),
+        backend_tls: instance.spec.tls().is_some(),
+    };
     Some(ConfigMap {
         metadata: super::meta(instance),
-        data: Some(BTreeMap::from([(
-            CONFIG_KEY.to_owned(),
-            render(
-                instance.name,
-                &published_addresses(servers),
-                instance.spec.tls().is_some(),
-            ),
-        )])),
+        data: Some(BTreeMap::from([(DATA_KEY.to_owned(), route.to_data())])),
         ..ConfigMap::default()
     })
 }
@@ -45,28 +157,39 @@ pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> Option<ConfigM
 /// without TLS. With no server, every request gets routelib's null answer (a miss for a get, `NS` for a
 /// set) instead of an error: an empty pool is refused by memcached.
 pub fn config(instance: &str, addresses: &[&str]) -> String {
-    render(instance, addresses, false)
+    render(instance, &route(addresses, false))
 }
 
 /// [`config`] to servers that serve TLS (`spec.security.tls`).
 pub fn tls_config(instance: &str, addresses: &[&str]) -> String {
-    render(instance, addresses, true)
+    render(instance, &route(addresses, true))
 }
 
-fn render(instance: &str, addresses: &[&str], tls: bool) -> String {
+fn route(addresses: &[&str], backend_tls: bool) -> Route {
+    Route {
+        servers: addresses.iter().map(|a| (*a).to_owned()).collect(),
+        backend_tls,
+    }
+}
+
+/// The routelib configuration of `route`, for the ConfigMap `name` (in a comment: a Kubernetes name).
+/// Every value from the route is a Lua string literal or a number ([`lua_string`]).
+pub fn render(name: &str, route: &Route) -> String {
     let mut lua = format!(
-        "-- The route configuration of the memcached proxy of {instance}, generated by \
-         memcached-operator from the published server list (slot order). Do not edit.\n"
+        "-- The route configuration of the memcached proxy, rendered by memcached-operator's \
+         configuration writer from ConfigMap {} (the published server list, in slot order). Do not \
+         edit.\n",
+        name.replace(|c: char| c.is_control(), " ")
     );
-    if addresses.is_empty() {
+    if route.servers.is_empty() {
         lua.push_str("routes{\n    default = route_null{},\n}\n");
         return lua;
     }
-    if tls {
+    if route.backend_tls {
         lua.push_str("settings{\n    backend_use_tls = true,\n}\n");
     }
     lua.push_str("pools{\n    servers = {\n        backends = {\n");
-    for address in addresses {
+    for address in &route.servers {
         let (host, port) = host_port(address);
         // Writing to a String cannot fail.
         let _ = writeln!(
@@ -154,7 +277,7 @@ routes{
     default = route_direct{ child = \"servers\" },
 }
 ";
-        assert!(lua.starts_with("-- The route configuration of the memcached proxy of cache"));
+        assert!(lua.starts_with("-- The route configuration of the memcached proxy"));
         assert!(lua.ends_with(expected), "{lua}");
     }
 
@@ -174,6 +297,104 @@ routes{
         let lua = config("cache", &[]);
         assert!(lua.ends_with("routes{\n    default = route_null{},\n}\n"));
         assert!(!lua.contains("pools"));
+    }
+
+    #[test]
+    fn route_data_round_trips_and_renders_what_it_lists() {
+        let route = Route {
+            servers: vec!["10.0.0.7:11211".into(), "[fd00::1]:11211".into()],
+            backend_tls: true,
+        };
+        let data = route.to_data();
+        assert_eq!(Route::parse(&data), Ok(route.clone()));
+        assert_eq!(
+            render("cache", &route),
+            tls_config("cache", &["10.0.0.7:11211", "[fd00::1]:11211"])
+        );
+    }
+
+    #[test]
+    fn addresses_are_ip_addresses_or_dns_names_with_a_port() {
+        for good in [
+            "10.0.0.7:11211",
+            "[fd00::1]:1",
+            "cache-1.cache-headless.ns.svc:65535",
+            "a:11211",
+        ] {
+            assert_eq!(check_address(good), Ok(()), "{good}");
+        }
+        let long_label = format!("{}:11211", "a".repeat(64));
+        let long_name = format!("{}:11211", vec!["a".repeat(63); 5].join("."));
+        for bad in [
+            "",
+            "10.0.0.7",
+            "10.0.0.7:0",
+            "10.0.0.7:65536",
+            "10.0.0.7:+1",
+            "10.0.0.7:011211",
+            "10.0.0.7: 1",
+            "[fd00::1]11211",
+            "[not-v6]:11211",
+            "fd00::1:11211",
+            "Cache:11211",
+            "-cache:11211",
+            "cache-:11211",
+            "a..b:11211",
+            "a\"b:11211",
+            "a]]b:11211",
+            "a\nb:11211",
+            "a b:11211",
+            "a_b:11211",
+            long_label.as_str(),
+            long_name.as_str(),
+        ] {
+            assert!(check_address(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn route_data_that_is_oversize_malformed_or_lists_no_address_is_refused() {
+        let with = |servers: Vec<String>| {
+            Route {
+                servers,
+                backend_tls: false,
+            }
+            .to_data()
+        };
+        let at_most = with(vec!["10.0.0.7:11211".to_owned(); MAX_SERVERS]);
+        assert!(Route::parse(&at_most).is_ok());
+        let too_many = with(vec!["10.0.0.7:11211".to_owned(); MAX_SERVERS + 1]);
+        assert_eq!(
+            Route::parse(&too_many),
+            Err(RouteError::TooManyServers(MAX_SERVERS + 1))
+        );
+        let huge = format!(
+            "{{\"servers\": [], \"backendTls\": false{}}}",
+            " ".repeat(MAX_ROUTE_BYTES)
+        );
+        assert!(matches!(Route::parse(&huge), Err(RouteError::TooLarge(_))));
+        for malformed in [
+            "",
+            "servers = {}",
+            "{\"servers\": [], \"backendTls\": false, \"lua\": \"os.exit()\"}",
+            "{\"servers\": [1], \"backendTls\": false}",
+        ] {
+            assert!(
+                matches!(Route::parse(malformed), Err(RouteError::Malformed(_))),
+                "{malformed}"
+            );
+        }
+        let quoted = with(vec![
+            "10.0.0.7:11211".into(),
+            "x\" }}, os.execute(\"id\") --:1".into(),
+        ]);
+        assert_eq!(
+            Route::parse(&quoted),
+            Err(RouteError::BadAddress {
+                index: 1,
+                problem: "the host is not an IP address or a DNS name"
+            })
+        );
     }
 
     #[test]

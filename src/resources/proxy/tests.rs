@@ -185,13 +185,18 @@ fn the_routes_list_the_published_servers_in_slot_order() {
     ];
     let config_map = with(spec(3, on()), |i| routes::config_map(i, &servers).unwrap());
     assert_eq!(config_map.metadata.name.as_deref(), Some("cache-proxy"));
-    let lua = &config_map.data.unwrap()[routes::CONFIG_KEY];
-    let nine = lua.find("10.0.0.9").unwrap();
-    let three = lua.find("10.0.0.3").unwrap();
-    assert!(nine < three, "{lua}");
+    let data = config_map.data.unwrap();
     assert_eq!(
-        lua,
-        &routes::config("cache", &["10.0.0.9:11211", "10.0.0.3:11211"])
+        data.keys().collect::<Vec<_>>(),
+        [routes::DATA_KEY],
+        "data only: no code"
+    );
+    let route = routes::Route::parse(&data[routes::DATA_KEY]).unwrap();
+    assert_eq!(route.servers, ["10.0.0.9:11211", "10.0.0.3:11211"]);
+    assert!(!route.backend_tls);
+    assert_eq!(
+        routes::render("cache", &route),
+        routes::config("cache", &["10.0.0.9:11211", "10.0.0.3:11211"])
     );
 }
 
@@ -337,7 +342,11 @@ fn with_tls_the_routes_reach_the_servers_over_tls() {
     }];
     let lua = |spec| {
         with(spec, |i| {
-            routes::config_map(i, &servers).unwrap().data.unwrap()[routes::CONFIG_KEY].clone()
+            let data = routes::config_map(i, &servers).unwrap().data.unwrap();
+            routes::render(
+                "cache",
+                &routes::Route::parse(&data[routes::DATA_KEY]).unwrap(),
+            )
         })
     };
     assert!(lua(tls_spec()).contains("backend_use_tls = true"));

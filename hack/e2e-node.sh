@@ -100,6 +100,45 @@ answer=$(python3 -c "import socket; s = socket.create_connection(('$cluster_ip',
 s.sendall(b'version\r\nquit\r\n'); print(s.makefile().read())")
 echo "    from this machine to $cluster_ip:11211: $(echo "$answer" | tr -d '\r' | tr '\n' ' ')"
 echo "$answer" | grep -q '^VERSION' || { echo "e2e-node: FAILED: no VERSION from $cluster_ip" >&2; exit 1; }
+
+step "statefulset: per-pod DNS names"
+kubectl apply -n "$ns" -f config/samples/cache_v1alpha1_memcached_pool_statefulset.yaml >/dev/null
+pool_ready() {
+    [ "$(jsonpath -n "$ns" memcached memcached-pool -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ] &&
+        [ "$(jsonpath -n "$ns" statefulset memcached-pool -o jsonpath='{.status.readyReplicas}')" = 3 ] &&
+        [ "$(jsonpath -n "$ns" configmap memcached-pool-servers -o jsonpath='{.data.servers}' | grep -c .)" = 3 ]
+}
+wait_until "the StatefulSet pool's 3 servers ready and published" 240 pool_ready
+for server in $(kubectl get -n "$ns" configmap memcached-pool-servers -o jsonpath='{.data.servers}'); do
+    answer=$(kubectl exec -n "$ns" "$pod" -c memcached -- \
+        sh -c "printf 'version\r\nquit\r\n' | nc -w 5 ${server%:*} ${server##*:}")
+    echo "    from pod $pod to $server (published): $(echo "$answer" | tr -d '\r')"
+    echo "$answer" | grep -q '^VERSION' || { echo "e2e-node: FAILED: no VERSION from $server" >&2; exit 1; }
+done
+
+step "degraded: an image that cannot be pulled, a configuration that exits at start"
+kubectl apply -n "$ns" -f - >/dev/null <<'EOF'
+apiVersion: cache.example.com/v1alpha1
+kind: Memcached
+metadata: { name: no-image }
+spec: { size: 1, image: "memcached.invalid/memcached:1.6" }
+---
+apiVersion: cache.example.com/v1alpha1
+kind: Memcached
+metadata: { name: exits }
+spec:
+  size: 1
+  memcached: { extraArgs: ["-o", "hot_lru_pct=100"] }
+EOF
+degraded() { # degraded NAME REASON
+    [ "$(jsonpath -n "$ns" memcached "$1" -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}')" = "$2" ]
+}
+wait_until "no-image Degraded ImagePullFailed" 120 degraded no-image ImagePullFailed
+wait_until "exits Degraded CrashLoopBackOff" 180 degraded exits CrashLoopBackOff
+for name in no-image exits; do
+    echo "    $name: $(kubectl get -n "$ns" memcached "$name" \
+        -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}: {.status.conditions[?(@.type=="Degraded")].message}')"
+done
 kubectl delete namespace "$ns" --wait=false >/dev/null
 
 if [ "${E2E_NODE_SUITE:-}" = 1 ]; then

@@ -145,10 +145,11 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     sleep = subprocess.run(["sh", "-c", "command -v sleep"], capture_output=True, text=True).stdout.strip()
     image(args.out, "pause.tar", "registry.k8s.io/pause:3.9", {"/pause": args.pause}, ["/pause"], "65535")
-    # busybox, when there is one, for `sh` and `nc` in the pods (`kubectl exec`), as the alpine image has.
+    # busybox, when there is one, for `sh` and `nc` in the pods (`kubectl exec`), as the alpine image has
+    # (hack/real-node.sh requires it).
     busybox = subprocess.run(["sh", "-c", "command -v busybox"], capture_output=True, text=True).stdout.strip()
     tools = {"/bin/busybox": busybox} if busybox else {}
-    links = {"/bin/sh": "busybox", "/bin/nc": "busybox"} if busybox else {}
+    links = {f"/bin/{tool}": "busybox" for tool in ("sh", "nc", "cat", "ls")} if busybox else {}
     image(args.out, "memcached.tar", "docker.io/library/memcached:1.6-alpine",
           {"/usr/bin/memcached": args.memcached, "/bin/sleep": sleep, **tools}, ["memcached"], "11211", links)
     image(args.out, "operator.tar", "docker.io/library/controller:latest",

@@ -59,7 +59,7 @@ for b in "$node_bin/kubelet" "$node_bin/kube-proxy" "$node_bin/kube-dns" "$asset
     "$assets/kube-apiserver" "$assets/kube-controller-manager" "$assets/kube-scheduler"; do
     [ -x "$b" ] || skip "$b is missing"
 done
-for b in containerd ctr containerd-shim-runc-v2 runc iptables ip gcc python3; do
+for b in containerd ctr containerd-shim-runc-v2 runc iptables ip gcc python3 busybox kubectl; do
     command -v "$b" >/dev/null 2>&1 || skip "$b is not on PATH"
 done
 cni_bin=${CNI_BIN_DIR:-}

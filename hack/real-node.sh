@@ -263,6 +263,11 @@ while read -r archive name; do
     ctr -a "$D/containerd.sock" -n k8s.io images import --no-unpack "$archive" >/dev/null
     say "image $name imported"
 done <"$D/images.txt"
+# The operator's image under its release name too: the operator names it for the proxy's configuration
+# writer unless told otherwise (--operator-image), and config/default does not tell it.
+version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+ctr -a "$D/containerd.sock" -n k8s.io images tag docker.io/library/controller:latest \
+    "registry.example.com/memcached-operator:v$version" >/dev/null
 
 # kube-dns on the bridge's address; it forwards nothing out (its upstream is a closed local port).
 start kube-dns "$D/kube-dns.log" "$node_bin/kube-dns" --kubecfg-file="$node_kubeconfig" \

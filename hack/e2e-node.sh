@@ -139,6 +139,36 @@ for name in no-image exits; do
     echo "    $name: $(kubectl get -n "$ns" memcached "$name" \
         -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}: {.status.conditions[?(@.type=="Degraded")].message}')"
 done
+
+step "graceful termination: a deleted pod leaves the published list and the Service before memcached exits"
+victim=$(kubectl get pods -n "$ns" -l app.kubernetes.io/instance=memcached-sample -o jsonpath='{.items[0].metadata.name}')
+victim_ip=$(kubectl get pod -n "$ns" "$victim" -o jsonpath='{.status.podIP}')
+answers() {
+    python3 -c "import socket; s = socket.create_connection(('$victim_ip', 11211), 1)
+s.sendall(b'version\r\n'); assert s.recv(64).startswith(b'VERSION')" 2>/dev/null
+}
+published() { jsonpath -n "$ns" configmap memcached-sample-servers -o jsonpath='{.data.servers}' | grep -q "^$victim_ip:"; }
+endpoint() {
+    jsonpath -n "$ns" endpointslices -l kubernetes.io/service-name=memcached-sample \
+        -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.addresses[0]}{"\n"}{end}' | grep -qx "$victim_ip"
+}
+published || { echo "e2e-node: FAILED: $victim_ip is not in the published list" >&2; exit 1; }
+answers || { echo "e2e-node: FAILED: memcached at $victim_ip does not answer" >&2; exit 1; }
+deleted_at=$(date +%s.%N)
+kubectl delete pod -n "$ns" "$victim" --wait=false >/dev/null
+since() { awk -v s="$deleted_at" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f", n - s }'; }
+left_list= left_service= stopped=
+for _ in $(seq 300); do
+    [ -n "$left_list" ] || published || left_list=$(since)
+    [ -n "$left_service" ] || endpoint || left_service=$(since)
+    if ! answers; then stopped=$(since); break; fi
+    sleep 0.1
+done
+echo "    pod $victim ($victim_ip) deleted: left the published list after ${left_list:-?}s, the Service's ready endpoints after ${left_service:-?}s; memcached stopped answering after ${stopped:-?}s"
+if [ -z "$left_list" ] || [ -z "$left_service" ] || [ -z "$stopped" ]; then
+    echo "e2e-node: FAILED: memcached stopped before clients saw it go, or never" >&2
+    exit 1
+fi
 kubectl delete namespace "$ns" --wait=false >/dev/null
 
 # keys HOST PORT set|get N: sets N keys, or counts those read back with their values, over memcached's

@@ -231,6 +231,56 @@ else
     echo "==> e2e-node step: proxy: skipped (no memcached-proxy:local image: set MEMCACHED_PROXY_BINARY)"
 fi
 
+if command -v openssl >/dev/null 2>&1; then
+    step "TLS: a renewed certificate reaches the running server through the kubelet's volume update"
+    tns=e2e-node-tls
+    kubectl create namespace "$tns" >/dev/null
+    kubectl label namespace "$tns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+    tls=$REAL_NODE_DIR/tls
+    mkdir -p "$tls"
+    printf 'subjectAltName=DNS:secure,DNS:secure.%s.svc\n' "$tns" >"$tls/server.ext"
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$tls/ca.key" -out "$tls/ca.crt" -days 2 \
+        -subj /CN=e2e-node-ca 2>/dev/null
+    leaf() { # leaf SERIAL: a new key and certificate from the CA, applied as the Secret
+        openssl req -newkey rsa:2048 -nodes -keyout "$tls/tls.key" -out "$tls/tls.csr" -subj /CN=secure 2>/dev/null
+        openssl x509 -req -in "$tls/tls.csr" -CA "$tls/ca.crt" -CAkey "$tls/ca.key" -set_serial "$1" -days 2 \
+            -extfile "$tls/server.ext" -out "$tls/tls.crt" 2>/dev/null
+        kubectl create secret generic secure-tls -n "$tns" --type=kubernetes.io/tls --from-file="$tls/tls.crt" \
+            --from-file="$tls/tls.key" --from-file="$tls/ca.crt" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+    }
+    leaf 1
+    kubectl apply -n "$tns" -f - >/dev/null <<'EOF'
+apiVersion: cache.example.com/v1alpha1
+kind: Memcached
+metadata: { name: secure }
+spec:
+  size: 1
+  security: { tls: { secretName: secure-tls, clientAuth: false } }
+EOF
+    tls_ready() {
+        [ "$(jsonpath -n "$tns" memcached secure -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ]
+    }
+    wait_until "the TLS instance Available" 180 tls_ready
+    tls_pod=$(kubectl get pods -n "$tns" -l app.kubernetes.io/instance=secure -o jsonpath='{.items[0].metadata.name}')
+    tls_ip=$(kubectl get pod -n "$tns" "$tls_pod" -o jsonpath='{.status.podIP}')
+    serial() {
+        openssl s_client -connect "$tls_ip:11211" -servername "secure.$tns.svc" </dev/null 2>/dev/null |
+            openssl x509 -noout -serial 2>/dev/null
+    }
+    echo "    $tls_pod ($tls_ip) serves $(serial)"
+    leaf 2
+    reloaded() { kubectl get events -n "$tns" --field-selector reason=CertificatesReloaded -o name | grep -q .; }
+    wait_until "a CertificatesReloaded event" 180 reloaded
+    wait_until "the server presenting serial 02" 60 sh -c "[ \"\$(openssl s_client -connect $tls_ip:11211 </dev/null 2>/dev/null | openssl x509 -noout -serial)\" = serial=02 ]"
+    echo "    $(kubectl get events -n "$tns" --field-selector reason=CertificatesReloaded -o jsonpath='{.items[0].message}')"
+    restarts=$(kubectl get pod -n "$tns" "$tls_pod" -o jsonpath='{.status.containerStatuses[0].restartCount}')
+    echo "    $tls_pod serves $(serial), restarts $restarts"
+    [ "$restarts" = 0 ] || { echo "e2e-node: FAILED: the TLS pod restarted" >&2; exit 1; }
+    kubectl delete namespace "$tns" --wait=false >/dev/null
+else
+    echo "==> e2e-node step: TLS: skipped (no openssl)"
+fi
+
 if python3 -c 'import pylibmc' 2>/dev/null; then
     step "warm handover: pylibmc ketama through a scale 3 -> 5 and a rollout, every key"
     hns=e2e-node-handover

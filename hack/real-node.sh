@@ -72,7 +72,7 @@ done
 [ "$(id -u)" = 0 ] || skip "not root"
 # One real node per machine (kube-proxy's iptables chains are the machine's).
 if ip link show "$BRIDGE" >/dev/null 2>&1; then
-    skip "the bridge $BRIDGE exists: another real node runs on this machine"
+    skip "the bridge $BRIDGE exists: another real node runs on this machine (or a killed one left it: ip link del $BRIDGE)"
 fi
 
 D=$(mktemp -d "${TMPDIR:-/tmp}/memcached-real-node.XXXXXX")

@@ -75,6 +75,10 @@ if ip link show "$BRIDGE" >/dev/null 2>&1; then
     skip "the bridge $BRIDGE exists: another real node runs on this machine (or a killed one left it: ip link del $BRIDGE)"
 fi
 
+if grep -qE '^:(KUBE|CNI)-' <<<"$(iptables-save 2>/dev/null || true)"; then
+    skip "iptables has KUBE-* or CNI-* chains: a Kubernetes node runs on this machine (or a killed run left them)"
+fi
+
 D=$(mktemp -d "${TMPDIR:-/tmp}/memcached-real-node.XXXXXX")
 export REAL_NODE_DIR=$D
 pids=()
@@ -82,6 +86,11 @@ cleanup() {
     local status=$?
     trap - EXIT INT TERM
     say "stopping (status $status)"
+    if [ -n "${command_pid:-}" ] && kill -0 "$command_pid" 2>/dev/null; then
+        kill -TERM -- "-$command_pid" 2>/dev/null || true
+        for _ in $(seq 100); do kill -0 "$command_pid" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL -- "-$command_pid" 2>/dev/null || true
+    fi
     # The kubelet first, so it restarts nothing; then every pod sandbox and container.
     for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
         local name=${pids[i]%%:*} pid=${pids[i]#*:}
@@ -100,7 +109,7 @@ cleanup() {
         fi
     done
     "$node_bin/kube-proxy" --cleanup >/dev/null 2>&1 || true
-    iptables -t nat -F CNI-HOSTPORT-DNAT 2>/dev/null || true
+    remove_chains
     iptables -D FORWARD -i "$BRIDGE" ! -o "$BRIDGE" -j DROP 2>/dev/null || true
     ip route del "$SERVICE_CIDR" dev "$BRIDGE" 2>/dev/null || true
     ip link del "$BRIDGE" 2>/dev/null || true
@@ -111,6 +120,20 @@ cleanup() {
         rm -rf "$D"
     fi
     exit "$status"
+}
+# Every KUBE-* and CNI-* iptables chain (kube-proxy's, the kubelet's, the portmap plugin's) and the jumps
+# to them; there were none before the start (checked there).
+remove_chains() {
+    local t rule chain chains rules
+    for t in filter nat mangle; do
+        rules=$(iptables -t "$t" -S 2>/dev/null || true)
+        while read -r rule; do
+            if [ -n "$rule" ]; then eval "iptables -t $t ${rule/#-A /-D }" 2>/dev/null || true; fi
+        done <<<"$(grep -E '^-A [A-Z]+ .*-j (KUBE|CNI)-' <<<"$rules" || true)"
+        chains=$(sed -n -E 's/^-N ((KUBE|CNI)-[^ ]*)$/\1/p' <<<"$rules")
+        for chain in $chains; do iptables -t "$t" -F "$chain" 2>/dev/null || true; done
+        for chain in $chains; do iptables -t "$t" -X "$chain" 2>/dev/null || true; done
+    done
 }
 crictl_stop_all() {
     local c
@@ -360,6 +383,7 @@ if [ $# -eq 0 ]; then
     say "running until Ctrl+C"
     set -- sleep infinity
 fi
-"$@" &
+# Its own process group (setsid), so that the cleanup can stop it with everything it started.
+setsid "$@" &
 command_pid=$!
 wait "$command_pid"

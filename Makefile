@@ -91,6 +91,14 @@ test: ## Run the unit, integration and doc tests of the operator and xtask (no c
 e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at, else against a local envtest control plane.
 	CARGO="$(CARGO)" hack/e2e.sh
 
+# The real-node tier (docs/testing.md): a real kubelet, containerd and runc, CNI, kube-proxy and kube-dns
+# started beside a local control plane, from $(REAL_NODE_BIN) (kubelet, kube-proxy, kube-dns),
+# $(KUBEBUILDER_ASSETS) and PATH; skipped with a message when they are missing. Needs root.
+# E2E_NODE_SUITE=1 also runs the whole `make e2e` suite against that node.
+.PHONY: e2e-node
+e2e-node: ## Run the end-to-end steps against a real node started here (real kubelet, containerd, kube-proxy, kube-dns).
+	CARGO="$(CARGO)" hack/e2e-node.sh
+
 # Scale benchmark (make bench): instances created at once, the fake API server's answer time per request,
 # and the length of the settled window in which writes are counted. ARGS passes more flags, e.g.
 # make bench ARGS="--runs 3 --json" or ARGS="--operator-arg=--concurrency=16", or ARGS=--plain-http for a fake

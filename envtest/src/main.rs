@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Result, anyhow};
 use clap::{Parser, Subcommand};
 use envtest::kubelet::DEBIAN_MEMCACHED;
-use envtest::{ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
+use envtest::{Assets, ControlPlane, ControlPlaneOptions, Env, EnvOptions, KubeletOptions};
 use tokio::signal::unix::{SignalKind, signal};
 
 #[derive(Parser)]
@@ -58,6 +58,11 @@ struct Up {
     /// Do not run kube-scheduler even if present (the kubelet binds pods round-robin).
     #[arg(long)]
     no_scheduler: bool,
+    /// For a real node (`hack/real-node.sh`): start no stand-in kubelet, and make the API server
+    /// reachable from the node's pods at this address (the node's bridge address), with the endpoint
+    /// controllers running.
+    #[arg(long)]
+    real_node_address: Option<std::net::Ipv4Addr>,
 }
 
 fn main() -> ExitCode {
@@ -95,13 +100,18 @@ async fn run(up: Up) -> Result<()> {
             envtest::assets::why_missing().unwrap_or_else(|| "no assets".to_owned())
         )
     })?;
+    let control_plane = ControlPlaneOptions {
+        dir: up.dir,
+        keep: up.keep || ControlPlaneOptions::default().keep,
+        scheduler: !up.no_scheduler,
+        node_address: up.real_node_address,
+        ..ControlPlaneOptions::default()
+    };
+    if up.real_node_address.is_some() {
+        return run_control_plane_alone(&assets, control_plane).await;
+    }
     let options = EnvOptions {
-        control_plane: ControlPlaneOptions {
-            dir: up.dir,
-            keep: up.keep || ControlPlaneOptions::default().keep,
-            scheduler: !up.no_scheduler,
-            ..ControlPlaneOptions::default()
-        },
+        control_plane,
         kubelet: KubeletOptions {
             nodes: up.nodes,
             pod_start_delay: Duration::from_millis(up.pod_start_ms),
@@ -131,12 +141,39 @@ async fn run(up: Up) -> Result<()> {
     println!("export KUBECONFIG={}", plane.kubeconfig().display());
     println!("# audit log: {}", plane.audit().path().display());
 
+    wait_for_signal().await?;
+    eprintln!("envtest: stopping");
+    env.stop().await;
+    Ok(())
+}
+
+/// The control plane without the stand-in kubelet, for a real node started beside it.
+async fn run_control_plane_alone(assets: &Assets, options: ControlPlaneOptions) -> Result<()> {
+    let plane = ControlPlane::start(assets, &options).await?;
+    for (what, at) in plane.timings() {
+        eprintln!("envtest: {what} after {:.2}s", at.as_secs_f64());
+    }
+    eprintln!(
+        "envtest: up (no stand-in kubelet: for a real node); directory {}",
+        plane.dir().display()
+    );
+    println!("export KUBECONFIG={}", plane.kubeconfig().display());
+    println!(
+        "# node kubeconfig: {}",
+        plane.kubelet_kubeconfig().display()
+    );
+    println!("# audit log: {}", plane.audit().path().display());
+    wait_for_signal().await?;
+    eprintln!("envtest: stopping");
+    plane.stop();
+    Ok(())
+}
+
+async fn wait_for_signal() -> Result<()> {
     let mut terminate = signal(SignalKind::terminate())?;
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
     }
-    eprintln!("envtest: stopping");
-    env.stop().await;
     Ok(())
 }

@@ -31,8 +31,9 @@ pub struct Pki {
 }
 
 impl Pki {
-    /// Creates the CA, the serving certificate and the service-account key in `dir`.
-    pub fn create(dir: &Path) -> Result<Pki> {
+    /// Creates the CA, the serving certificate (for the names below and `extra_names`) and the
+    /// service-account key in `dir`.
+    pub fn create(dir: &Path, extra_names: &[String]) -> Result<Pki> {
         fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let failed = |what: &str, e: rcgen::Error| anyhow::anyhow!("cannot make the {what}: {e}");
 
@@ -62,9 +63,13 @@ impl Pki {
             "kubernetes.default.svc.cluster.local",
             "10.0.0.1",
         ];
-        let mut serving_params =
-            CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
-                .map_err(|e| failed("serving certificate's parameters", e))?;
+        let names: Vec<String> = names
+            .iter()
+            .map(|n| (*n).to_owned())
+            .chain(extra_names.iter().cloned())
+            .collect();
+        let mut serving_params = CertificateParams::new(names)
+            .map_err(|e| failed("serving certificate's parameters", e))?;
         serving_params
             .distinguished_name
             .push(DnType::CommonName, "kube-apiserver");

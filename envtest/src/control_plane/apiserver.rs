@@ -1,5 +1,6 @@
 //! kube-apiserver: its command line, its audit policy, and waiting for `/readyz`.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -35,6 +36,9 @@ pub struct ApiServerConfig {
     pub audit_log: PathBuf,
     pub cert_dir: PathBuf,
     pub log: PathBuf,
+    /// For a real node ([`super::ControlPlaneOptions::node_address`]): the address pods reach the API
+    /// server at.
+    pub node_address: Option<Ipv4Addr>,
 }
 
 impl ApiServerConfig {
@@ -43,8 +47,6 @@ impl ApiServerConfig {
         let mut cmd = Command::new(&self.binary);
         cmd.args([
             format!("--etcd-servers={}", self.etcd_url),
-            "--bind-address=127.0.0.1".to_owned(),
-            "--advertise-address=127.0.0.1".to_owned(),
             format!("--secure-port={}", self.port),
             format!("--cert-dir={}", p(&self.cert_dir)),
             format!("--tls-cert-file={}", p(&self.pki.serving_cert)),
@@ -85,11 +87,25 @@ impl ApiServerConfig {
             // No rotation in practice (0 means lumberjack's default, 100 MB, which a long bench reaches):
             // counts read one file.
             "--audit-log-maxsize=1000000".to_owned(),
-            // Nothing routes the `kubernetes` Service's ClusterIP here, and 127.0.0.1 as its endpoint only
-            // makes the reconciler complain.
-            "--endpoint-reconciler-type=none".to_owned(),
             "--profiling=false".to_owned(),
         ]);
+        match self.node_address {
+            // Pods of a real node reach the API server through the `kubernetes` Service's ClusterIP,
+            // whose endpoint is the node's bridge address: listen there too, and publish it.
+            Some(address) => cmd.args([
+                "--bind-address=0.0.0.0".to_owned(),
+                format!("--advertise-address={address}"),
+                // The node's name resolves nowhere: reach its kubelet (logs, exec) at its address.
+                "--kubelet-preferred-address-types=InternalIP".to_owned(),
+            ]),
+            // Nothing routes the `kubernetes` Service's ClusterIP here, and 127.0.0.1 as its endpoint only
+            // makes the reconciler complain.
+            None => cmd.args([
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                "--endpoint-reconciler-type=none",
+            ]),
+        };
         cmd
     }
 
@@ -125,5 +141,57 @@ pub async fn wait_ready(
             bail!("kube-apiserver is not ready after {timeout:?} (last answer: {last})");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(node_address: Option<Ipv4Addr>) -> Vec<String> {
+        let path = PathBuf::from("/nonexistent");
+        let config = ApiServerConfig {
+            binary: path.clone(),
+            port: 6443,
+            etcd_url: "http://127.0.0.1:2379".to_owned(),
+            pki: Pki {
+                ca_cert: path.clone(),
+                serving_cert: path.clone(),
+                serving_key: path.clone(),
+                service_account_key: path.clone(),
+                service_account_pub: path.clone(),
+            },
+            token_file: path.clone(),
+            audit_policy: path.clone(),
+            audit_log: path.clone(),
+            cert_dir: path.clone(),
+            log: path,
+            node_address,
+        };
+        config
+            .command()
+            .get_args()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect()
+    }
+
+    #[test]
+    fn loopback_only_without_a_real_node() {
+        let args = args(None);
+        assert!(args.contains(&"--bind-address=127.0.0.1".to_owned()));
+        assert!(args.contains(&"--endpoint-reconciler-type=none".to_owned()));
+    }
+
+    #[test]
+    fn reachable_from_a_real_nodes_pods() {
+        let args = args(Some(Ipv4Addr::new(10, 244, 0, 1)));
+        assert!(args.contains(&"--bind-address=0.0.0.0".to_owned()));
+        assert!(args.contains(&"--advertise-address=10.244.0.1".to_owned()));
+        assert!(args.contains(&"--kubelet-preferred-address-types=InternalIP".to_owned()));
+        assert!(
+            !args
+                .iter()
+                .any(|a| a.starts_with("--endpoint-reconciler-type"))
+        );
     }
 }

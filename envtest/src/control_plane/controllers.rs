@@ -33,6 +33,17 @@ pub const CONTROLLERS: &str = "*,\
 -endpointslice-controller,\
 -endpointslice-mirroring-controller";
 
+/// [`CONTROLLERS`] for a real node (`crate::ControlPlaneOptions::node_address`): its pods have routable
+/// addresses, and kube-proxy routes a Service's ClusterIP by its EndpointSlices, so the endpoint
+/// controllers run. Node lifecycle stays off (the harness lifts the node's `not-ready` taint itself).
+pub const REAL_NODE_CONTROLLERS: &str = "*,\
+-node-ipam-controller,\
+-node-lifecycle-controller,\
+-cloud-node-lifecycle-controller,\
+-node-route-controller,\
+-service-lb-controller,\
+-persistentvolume-attach-detach-controller";
+
 pub fn etcd(binary: &Path, data_dir: &Path, client_port: u16, peer_port: u16) -> Command {
     let mut cmd = Command::new(binary);
     cmd.args([
@@ -48,7 +59,13 @@ pub fn etcd(binary: &Path, data_dir: &Path, client_port: u16, peer_port: u16) ->
     cmd
 }
 
-pub fn controller_manager(binary: &Path, kubeconfig: &Path, pki: &Pki, port: u16) -> Command {
+pub fn controller_manager(
+    binary: &Path,
+    kubeconfig: &Path,
+    pki: &Pki,
+    port: u16,
+    real_node: bool,
+) -> Command {
     let kc = kubeconfig.display();
     let mut cmd = Command::new(binary);
     cmd.args([
@@ -71,7 +88,14 @@ pub fn controller_manager(binary: &Path, kubeconfig: &Path, pki: &Pki, port: u16
             "--service-cluster-ip-range={}",
             super::SERVICE_CLUSTER_IP_RANGE
         ),
-        format!("--controllers={CONTROLLERS}"),
+        format!(
+            "--controllers={}",
+            if real_node {
+                REAL_NODE_CONTROLLERS
+            } else {
+                CONTROLLERS
+            }
+        ),
         // The client-side rate limits (default 20/s, bursts of 30) would make the controllers, not the
         // operator, the bottleneck of a test with hundreds of pods: 300 replicas took 15 s to create.
         "--kube-api-qps=200".to_owned(),
@@ -96,4 +120,22 @@ pub fn scheduler(binary: &Path, kubeconfig: &Path, port: u16) -> Command {
         "--profiling=false".to_owned(),
     ]);
     cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoint_controllers_run_for_a_real_node_only() {
+        for off in ["-endpoints-controller", "-endpointslice-controller"] {
+            assert!(CONTROLLERS.split(',').any(|c| c == off));
+            assert!(!REAL_NODE_CONTROLLERS.split(',').any(|c| c == off));
+        }
+        assert!(
+            REAL_NODE_CONTROLLERS
+                .split(',')
+                .any(|c| c == "-node-lifecycle-controller")
+        );
+    }
 }

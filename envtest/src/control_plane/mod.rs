@@ -13,6 +13,7 @@
 mod apiserver;
 mod controllers;
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -77,6 +78,11 @@ pub struct ControlPlaneOptions {
     pub scheduler: bool,
     /// How long the API server may take to become ready (also after a restart).
     pub start_timeout: Duration,
+    /// For a real node (`hack/real-node.sh`) instead of the stand-in kubelet: the node's bridge address,
+    /// at which its pods reach the API server. The API server then listens on every address, publishes
+    /// this one as the `kubernetes` Service's endpoint (its certificate names it), and the endpoint
+    /// controllers run.
+    pub node_address: Option<Ipv4Addr>,
 }
 
 impl Default for ControlPlaneOptions {
@@ -86,6 +92,7 @@ impl Default for ControlPlaneOptions {
             keep: std::env::var("ENVTEST_KEEP").is_ok_and(|v| v == "1"),
             scheduler: true,
             start_timeout: Duration::from_secs(60),
+            node_address: None,
         }
     }
 }
@@ -120,7 +127,8 @@ impl ControlPlane {
         };
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
-        let pki = Pki::create(&dir.join("pki"))?;
+        let extra_names: Vec<String> = options.node_address.iter().map(|a| a.to_string()).collect();
+        let pki = Pki::create(&dir.join("pki"), &extra_names)?;
         let (etcd_port, etcd_peer_port, port) = (free_port()?, free_port()?, free_port()?);
         let server = format!("https://127.0.0.1:{port}");
         let token_file = dir.join("tokens.csv");
@@ -145,6 +153,7 @@ impl ControlPlane {
             audit_log: dir.join("audit").join("audit.log"),
             cert_dir: dir.join("apiserver-certs"),
             log: dir.join("kube-apiserver.log"),
+            node_address: options.node_address,
         };
         // From here on, an early return drops `plane`, which stops what was started.
         let plane = ControlPlane {
@@ -189,6 +198,7 @@ impl ControlPlane {
             &plane.dir.join(CONTROLLER_MANAGER_KUBECONFIG),
             &pki,
             free_port()?,
+            options.node_address.is_some(),
         );
         *lock(&plane.controller_manager)? = Some(Process::start(
             "kube-controller-manager",

@@ -29,7 +29,7 @@ pub struct File {
 }
 
 /// Every generated file with its current content: the CRD and roles (`config/`), the one-file install,
-/// the API reference, the OLM bundle, all with their default version and image, and the Helm chart's copies.
+/// the API reference and the table of memcached's `-o` sub-options, the OLM bundle, all with their default version and image, and the Helm chart's copies.
 pub fn files() -> Result<Vec<File>, Error> {
     let file = |path: &str, content: String| File {
         path: path.to_owned(),
@@ -47,6 +47,10 @@ pub fn files() -> Result<Vec<File>, Error> {
             install::install_yaml(&install::default_operator_image())?,
         ),
         file(api_docs::API_DOCS_PATH, api_docs::api_markdown()),
+        file(
+            memcached_operator::api::flags::suboptions::OPTIONS_DOC_PATH,
+            memcached_operator::api::flags::suboptions::options_markdown(),
+        ),
     ];
     let rendered = bundle::render(&Options::default(), bundle::BUNDLE_DIR)?;
     files.extend(rendered.files.into_iter().map(|(path, content)| File {

@@ -839,6 +839,26 @@ fn cel_rules_agree_with_the_operator_checks() {
             true,
         ),
         (json!({"memcached": {"extraArgs": ["-D", ":"]}}), true),
+        // Exit on some nodes (hard core-file limit 0, transparent huge pages off).
+        (json!({"memcached": {"extraArgs": ["-r"]}}), false),
+        (json!({"memcached": {"extraArgs": ["-CL"]}}), false),
+        (
+            json!({"memcached": {"extraArgs": ["--enable-coredumps"]}}),
+            false,
+        ),
+        // Read as slab_sizes too before memcached 1.6.40.
+        (
+            json!({"memcached": {"extraArgs": ["-o", "modern,worker_logbuf_size=64"]}}),
+            false,
+        ),
+        // Each worker thread holds open files within -c.
+        (json!({"memcached": {"threads": 256}}), false),
+        (
+            json!({"memcached": {"threads": 256, "maxConnections": 1296}}),
+            true,
+        ),
+        (json!({"memcached": {"maxConnections": 35}}), false),
+        (json!({"memcached": {"maxConnections": 36}}), true),
         (
             json!({"highAvailability": {"preStopDelaySeconds": 20}}),
             true,

@@ -446,7 +446,6 @@ fn values_the_operator_refuses_make_memcached_exit_and_those_it_admits_start() {
         (&["-o", "hashpower=16"], Some(21), false),
         (&["-o", "modern,hashpower=23"], None, false),
         (&["-o", "hashpower=13x"], None, false),
-        (&["-n", "-5"], None, false),
         (&["-f", "1.25"], None, false),
         (&["-f", "1.25x"], None, false),
         (&["-f", "1e1"], None, false),

@@ -32,6 +32,28 @@ pub const BUDGET_RULE: &str = "!(has(self.maxUnavailable) && has(self.minAvailab
 pub const MONITORING_RULE: &str = "!(has(self.serviceMonitor) && has(self.serviceMonitor.enabled) && \
      self.serviceMonitor.enabled) || (has(self.exporter) && has(self.exporter.enabled) && self.exporter.enabled)";
 
+/// Open files memcached holds per worker thread (its event base and notification descriptors),
+/// measured on memcached 1.6.18: the least `-c` that starts and answers a client is 14 for 1 thread, 26
+/// for 4, 83 for 16 and 1 283 for 256.
+pub const FILES_PER_THREAD: i64 = 5;
+/// Open files memcached holds whatever its threads (standard streams, listening sockets, the main
+/// event base, one client), with room for the second listening socket of a pod (IPv4 and IPv6).
+pub const FILES_BASE: i64 = 16;
+
+/// The least `maxConnections` memcached starts with for `threads` worker threads: it sets its open-file
+/// limit to `-c`, and exits ("Too many open files") when its threads need more.
+pub fn connections_needed(threads: i32) -> i64 {
+    FILES_PER_THREAD * i64::from(threads) + FILES_BASE
+}
+
+/// CEL rule on `spec.memcached`: enough connections (`-c`, default 1024) for the threads (`-t`, default 4).
+pub const CONNECTIONS_RULE: &str = "(has(self.maxConnections) ? self.maxConnections : 1024) >= \
+     5 * (has(self.threads) ? self.threads : 4) + 16";
+/// Its message.
+pub const CONNECTIONS_MESSAGE: &str = "maxConnections (default 1024) must be at least 5 x threads (default 4) \
+     + 16: memcached sets its open-file limit to maxConnections and each worker thread holds about 5 files, so \
+     with fewer it exits at start (\"Too many open files\")";
+
 /// memcached's own settings (`spec.memcached`). Changing any of them rolls the pods.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -40,6 +62,9 @@ pub const MONITORING_RULE: &str = "!(has(self.serviceMonitor) && has(self.servic
 #[schemars(extend("x-kubernetes-validations" = [{
     "rule": super::flags::cel::extra_args_rule(),
     "message": super::flags::cel::extra_args_message()
+}, {
+    "rule": CONNECTIONS_RULE,
+    "message": CONNECTIONS_MESSAGE
 }]))]
 pub struct MemcachedConfig {
     /// Memory for items, in MiB (`-m`). Default 64. The container's memory limit must leave at least
@@ -52,7 +77,8 @@ pub struct MemcachedConfig {
     #[schemars(range(min = 1, max = 1048576))]
     pub max_memory_mb: Option<i32>,
 
-    /// Most simultaneous client connections (`-c`). Default 1024.
+    /// Most simultaneous client connections (`-c`). Default 1024. memcached also counts its own open
+    /// files against it, about 5 per thread: it must be at least 5 x threads + 16.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1048576))]
     pub max_connections: Option<i32>,
@@ -63,7 +89,9 @@ pub struct MemcachedConfig {
     pub threads: Option<i32>,
 
     /// Largest item memcached stores (`-I`), as a size with an optional k or m suffix such as `1m` or
-    /// `512k`; between 1k and 1024m and at most half of maxMemoryMB. Default: memcached's (1m).
+    /// `512k`; between 1k and 1024m, at most half of maxMemoryMB, and a multiple of the slab chunk size
+    /// (512k unless extraArgs set -o slab_chunk_max): 512k, 1m, 1536k, 2m, ... Default: memcached's (1m,
+    /// so maxMemoryMB must then be at least 2).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = 16), regex(pattern = r"^[0-9]+[kKmM]?$"))]
     pub max_item_size: Option<String>,
@@ -76,13 +104,17 @@ pub struct MemcachedConfig {
     /// Further memcached arguments, appended as given (e.g. `["-o", "lru_crawler", "-R", "40"]`). Read as
     /// memcached reads them (bundled letters, attached values, abbreviated long names, `-o` lists), they
     /// may not set an option the operator manages or that stops memcached serving (-p -U -l -s -a -A -Z
-    /// -S -Y -m -c -t -I -v -d -u -P -e -h -i -V, the ssl_* and ext_path -o sub-options), nor an option
-    /// memcached does not know, nor a positional argument, nor a -o sub-option without the value it needs
-    /// (-o hashpower), nor a value memcached exits on or never serves with (-B binary or auto with
-    /// security.auth, -B other than ascii/binary/auto, -R 0 or negative, -D "", -N 0 or above threads,
-    /// -n 0, -f 1 or less, -o hashpower outside 12..32, not above the item lock table of the threads, or
-    /// a table larger than the memory limit); the CRD's rule refuses such a spec at admission where it can
-    /// see it, and the operator reports it as Degraded with reason InvalidConfig and rolls nothing out.
+    /// -S -Y -m -c -t -I -v -d -u -P -e -h -i -V, and -r and -L, which exit on some nodes; the ssl_*,
+    /// ext_path and worker_logbuf_size -o sub-options), nor an option memcached does not know, nor a
+    /// positional argument, nor a -o sub-option without the value it needs (-o hashpower), nor a value
+    /// memcached 1.6.18 to 1.6.45 exits on or never serves with (-B binary or auto with security.auth, -B
+    /// other than ascii/binary/auto, -R 0 or negative, -D "" or starting with a blank, -N 0 or above
+    /// threads, -n 0 or negative, -f 1 or less, each -o sub-option outside its range as
+    /// docs/operations.md lists them, e.g. hot_lru_pct 1..79 with warm_lru_pct adding up to at most 80,
+    /// slab_chunk_max a power of two up to 1024 dividing maxItemSize, -o hashpower not above the item
+    /// lock table of the threads or a table larger than the memory limit); the CRD's rule refuses such a
+    /// spec at admission where it can see it, and the operator reports it as Degraded with reason
+    /// InvalidConfig and rolls nothing out.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(max = 256)))]
     pub extra_args: Vec<String>,

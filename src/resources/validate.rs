@@ -7,8 +7,9 @@ use crate::api::{MemcachedSpec, flags};
 
 /// All checks, first failure wins.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
-    extra_args(spec)?;
     item_size(spec)?;
+    connections(spec)?;
+    extra_args(spec)?;
     memory_limit(spec)?;
     termination(spec)?;
     disruption_budget(spec)?;
@@ -31,18 +32,35 @@ fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         .and_then(|q| quantity::parse(&q.0))
         .filter(|bytes| bytes.is_finite() && *bytes >= 0.0)
         .map(|bytes| bytes as u64);
+    let item_size = config
+        .max_item_size
+        .as_deref()
+        .and_then(quantity::memcached_size);
     let managed = flags::values::Managed {
         threads: config.threads(),
         auth: spec.auth().is_some(),
         memory_limit,
+        item_size,
+        item_size_text: config.max_item_size.clone(),
     };
     flags::values::check(&config.extra_args, &managed)
         .map_err(|err| InvalidSpec::config(format!("spec.memcached.{err}")))
 }
 
+/// `-I` against `-m`: memcached exits when the item size (1 MiB unless set) is more than half the item
+/// memory ("Cannot set item size limit higher than 1/2 of memory max.", so `maxMemoryMB: 1` alone exits).
 fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     let config = spec.memcached();
+    let half_memory = u64::try_from(config.max_memory_mb()).unwrap_or(0) * 1024 * 1024 / 2;
     let Some(size) = config.max_item_size.as_deref() else {
+        if flags::startup::DEFAULT_ITEM_SIZE > half_memory {
+            return Err(InvalidSpec::config(format!(
+                "spec.memcached.maxMemoryMB {} is less than twice memcached's default item size (1 MiB): \
+                 memcached exits (\"Cannot set item size limit higher than 1/2 of memory max.\"); use at least 2, \
+                 or set maxItemSize to at most half of it",
+                config.max_memory_mb()
+            )));
+        }
         return Ok(());
     };
     let bytes = quantity::memcached_size(size).ok_or_else(|| {
@@ -50,7 +68,6 @@ fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
             "spec.memcached.maxItemSize {size:?} is not a size such as 1m or 512k"
         ))
     })?;
-    let half_memory = u64::try_from(config.max_memory_mb()).unwrap_or(0) * 1024 * 1024 / 2;
     if !(1024..=1024 * 1024 * 1024).contains(&bytes) {
         return Err(InvalidSpec::config(format!(
             "spec.memcached.maxItemSize {size:?} must be between 1k and 1024m"
@@ -60,6 +77,21 @@ fn item_size(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         return Err(InvalidSpec::config(format!(
             "spec.memcached.maxItemSize {size:?} must be at most half of maxMemoryMB ({} MiB)",
             config.max_memory_mb()
+        )));
+    }
+    Ok(())
+}
+
+/// `-c` against `-t`, as the CRD's rule states it ([`crate::api::CONNECTIONS_RULE`]).
+fn connections(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
+    let config = spec.memcached();
+    let needed = crate::api::connections_needed(config.threads());
+    if i64::from(config.max_connections()) < needed {
+        return Err(InvalidSpec::config(format!(
+            "spec.memcached.maxConnections {} is too few for {} threads: {}",
+            config.max_connections(),
+            config.threads(),
+            crate::api::CONNECTIONS_MESSAGE
         )));
     }
     Ok(())
@@ -146,6 +178,9 @@ fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     };
     Err(InvalidSpec::config(refused.into()))
 }
+
+#[cfg(test)]
+mod option_tests;
 
 #[cfg(test)]
 mod tests {
@@ -281,6 +316,7 @@ mod tests {
             (&["-o", "hashpower=15"], Some(21), false, "extraArgs[1]"),
             (&["-o", "hashpower=24"], None, false, "extraArgs[1]"),
             (&["-n", "0"], None, false, "extraArgs[1]"),
+            (&["-n", "-5"], None, false, "extraArgs[1]"),
             (&["-f", "1"], None, false, "extraArgs[1]"),
         ] {
             let message = message(&with_args(extra, threads, auth));
@@ -302,7 +338,7 @@ mod tests {
             (&["-o", "hashpower=12"], Some(3), false),
             (&["-o", "hashpower=16"], Some(21), false),
             (&["-o", "hashpower=23"], None, false),
-            (&["-n", "-5"], None, false),
+            (&["-n", "5"], None, false),
             (&["-f", "1.25"], None, false),
         ] {
             validate(&with_args(extra, threads, auth))

@@ -31,7 +31,7 @@ pub struct File {
 }
 
 /// Every generated file with its current content: the CRD and roles (`config/`), the one-file install,
-/// the API reference, the OLM bundle, all with their default version and image, and the Helm chart's copies.
+/// the API reference and the table of memcached's `-o` sub-options, the OLM bundle, all with their default version and image, and the Helm chart's copies.
 pub fn files() -> Result<Vec<File>, Error> {
     let file = |path: &str, content: String| File {
         path: path.to_owned(),
@@ -50,6 +50,10 @@ pub fn files() -> Result<Vec<File>, Error> {
         ),
         file(api_docs::API_DOCS_PATH, api_docs::api_markdown()),
         file(readme::README_PATH, readme_with_spec_table()?),
+        file(
+            memcached_operator::api::flags::suboptions::OPTIONS_DOC_PATH,
+            memcached_operator::api::flags::suboptions::options_markdown(),
+        ),
     ];
     let rendered = bundle::render(&Options::default(), bundle::BUNDLE_DIR)?;
     files.extend(rendered.files.into_iter().map(|(path, content)| File {

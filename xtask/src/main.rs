@@ -21,9 +21,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Write every generated file: the CRD and RBAC under config/, dist/install.yaml, docs/api.md, the
-    /// OLM bundle (bundle/, bundle.Dockerfile), with the default version and image, and the Helm chart's
-    /// copies (charts/memcached-operator/crds, files/) (`make manifests`).
+    /// Write every generated file: the CRD and RBAC under config/, dist/install.yaml, docs/api.md,
+    /// docs/memcached-options.md, the README's spec table, the OLM bundle (bundle/, bundle.Dockerfile), with the default version
+    /// and image, and the Helm chart's copies (charts/memcached-operator/crds, files/) (`make manifests`).
     Manifests,
     /// List the committed generated files that differ from what `manifests` writes; fail if any does.
     Check,

@@ -83,6 +83,14 @@ pub enum FlagError {
         arg: String,
         why: String,
     },
+    /// A field of `spec.memcached` the operator passes as an option (`maxItemSize` as `-I`) that
+    /// memcached cannot start with, given extraArgs.
+    #[error("{field} {value:?}: {why}")]
+    Field {
+        field: &'static str,
+        value: String,
+        why: String,
+    },
 }
 
 /// One option as memcached's getopt reads it from extraArgs: the option, its value if it takes one, and

@@ -77,6 +77,23 @@ pub fn extra_args_rule() -> String {
     )
 }
 
+/// The refused sub-options for the message, the `ssl_*` ones as one.
+fn refused_sub_options() -> String {
+    let mut names: Vec<&str> = SUB_OPTIONS
+        .iter()
+        .filter(|s| s.policy != Policy::Allowed)
+        .map(|s| {
+            if s.name.starts_with("ssl_") {
+                "ssl_*"
+            } else {
+                s.name
+            }
+        })
+        .collect();
+    names.dedup();
+    names.join(", ")
+}
+
 /// The rule's message: which options and sub-options it refuses, from the table.
 pub fn extra_args_message() -> String {
     let refused: Vec<String> = FLAGS
@@ -87,9 +104,10 @@ pub fn extra_args_message() -> String {
     format!(
         "extraArgs may not set an option the operator manages or that stops memcached serving ({}), in any \
          spelling memcached reads (bundled as -Cp, attached as -p1, long or abbreviated as --por=1), nor an \
-         unknown option, nor the -o sub-options ssl_* and ext_path (also refused when another option's \
-         value holds that name); use the matching spec field",
-        refused.join(" ")
+         unknown option, nor the -o sub-options {} (also refused when another option's value holds that \
+         name); use the matching spec field",
+        refused.join(" "),
+        refused_sub_options()
     )
 }
 

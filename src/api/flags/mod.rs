@@ -9,12 +9,22 @@
 //! settings or open a path it does not expose, and options that make memcached exit or never serve
 //! (a crash-looping pod is worse than a refused spec). Anything memcached does not know is refused too,
 //! because memcached exits on an unknown option. Of the allowed options, the values memcached exits on
-//! (`-B binary` with an auth file, `-R 0`, `-D ""`, `-N` above the threads, `-o hashpower` out of range)
-//! are refused by [`values::check`], which only the operator runs.
+//! (`-B binary` with an auth file, `-R 0`, `-D ""`, `-N` above the threads, each `-o` sub-option's
+//! range in [`suboptions`], and the rules between options in `startup`) are refused by
+//! [`values::check`], which only the operator runs.
+//!
+//! The versions modelled are those the operator runs: memcached 1.6, from Debian's 1.6.18 to the
+//! official images' 1.6.45 (`memcached:1.6-alpine`, the default image). Where they differ, only what
+//! every one of them starts with is admitted (e.g. `-n -5` starts on 1.6.18 and exits since 1.6.24).
 
 pub mod argv;
 pub mod cel;
+mod cnum;
+pub mod startup;
+pub mod suboptions;
 pub mod values;
+
+pub use suboptions::Accepts;
 
 /// Whether an option takes a value, as in `struct option`'s `has_arg`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,7 +67,7 @@ impl Flag {
 }
 
 /// One `-o` sub-option (memcached matches them exactly, no prefixes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SubOption {
     pub name: &'static str,
     /// Whether it must be written `name=value`: memcached 1.6.18 exits without one ("Missing ...
@@ -65,6 +75,8 @@ pub struct SubOption {
     /// the allowed ones only: a refused one is refused with or without a value.
     pub needs_value: bool,
     pub policy: Policy,
+    /// The values memcached starts with (for the allowed ones).
+    pub accepts: Accepts,
 }
 
 const fn flag(
@@ -135,7 +147,15 @@ pub const FLAGS: &[Flag] = &[
     flag(Some('h'), Some("help"), No, EXITS),
     flag(Some('i'), Some("license"), No, EXITS),
     flag(Some('V'), Some("version"), No, EXITS),
-    flag(Some('r'), Some("enable-coredumps"), No, Allowed),
+    flag(
+        Some('r'),
+        Some("enable-coredumps"),
+        No,
+        Refused(
+            "memcached exits (\"failed to ensure corefile creation\") on nodes whose hard core-file limit is 0, \
+             and a core file could not be written anyway: the container's root filesystem is read-only",
+        ),
+    ),
     // `-v` is a switch (repeated as `-vv`); only the long form takes an optional level.
     flag(
         Some('v'),
@@ -176,7 +196,15 @@ pub const FLAGS: &[Flag] = &[
         Refused("the operator sets it from spec.memcached.threads"),
     ),
     flag(Some('D'), None, Required, Allowed),
-    flag(Some('L'), Some("enable-largepages"), No, Allowed),
+    flag(
+        Some('L'),
+        Some("enable-largepages"),
+        No,
+        Refused(
+            "memcached exits (\"Cannot enable large pages on this system\") on nodes whose transparent huge \
+             pages are off (`never`), so whether the pod starts would depend on the node",
+        ),
+    ),
     flag(Some('R'), Some("max-reqs-per-event"), Required, Allowed),
     flag(Some('C'), Some("disable-cas"), No, Allowed),
     flag(Some('b'), Some("listen-backlog"), Required, Allowed),
@@ -214,99 +242,166 @@ pub const FLAGS: &[Flag] = &[
     flag(Some('N'), Some("napi-ids"), Required, Allowed),
 ];
 
-/// A sub-option written alone (`-o modern`): a value, if any, is ignored.
-const fn sub(name: &'static str, policy: Policy) -> SubOption {
+/// A sub-option that takes no value (`-o modern`): memcached ignores one if given.
+const fn switch(name: &'static str) -> SubOption {
     SubOption {
         name,
         needs_value: false,
-        policy,
+        policy: Allowed,
+        accepts: Accepts::Ignored,
     }
 }
 
-/// A sub-option that needs `=value` (`-o hashpower=20`).
-const fn valued(name: &'static str, policy: Policy) -> SubOption {
+/// A sub-option that needs `=value` (`-o hashpower=20`), and which values memcached starts with.
+const fn valued(name: &'static str, accepts: Accepts) -> SubOption {
     SubOption {
         name,
         needs_value: true,
-        policy,
+        policy: Allowed,
+        accepts,
     }
 }
 
+/// A sub-option refused whatever its value.
+const fn refused(name: &'static str, why: &'static str) -> SubOption {
+    SubOption {
+        name,
+        needs_value: false,
+        policy: Refused(why),
+        accepts: Accepts::Ignored,
+    }
+}
+
+const SSL: &str = "the operator sets TLS from spec.security.tls";
+
+/// A whole number written in decimal digits that fits memcached's 32-bit field (`safe_strtoul`).
+const COUNT: Accepts = Accepts::Count {
+    max: u32::MAX as u64,
+};
+
 /// memcached 1.6's `-o` sub-options (its `subopts_tokens`, plus the `ext_*` ones extstore reads), as
-/// the Debian and official builds (TLS and extstore on, proxy off) accept them. Every `ssl_*` one is
-/// refused because the operator manages TLS; `ext_path` because extstore needs a writable file, which
-/// the read-only container does not have. The other `ext_*` options only tune extstore, which stays off
-/// without `ext_path`, so they are harmless and allowed.
+/// the Debian and official builds (TLS and extstore on, proxy off) accept them, with the values every
+/// supported memcached (1.6.18 to 1.6.45) starts with: see [`suboptions`] for how each is read. Every
+/// `ssl_*` one is refused because the operator manages TLS; `ext_path` because extstore needs a
+/// writable file, which the read-only container does not have. The other `ext_*` options only tune
+/// extstore, which stays off without `ext_path`, so they are harmless and allowed.
 pub const SUB_OPTIONS: &[SubOption] = &[
-    sub("maxconns_fast", Allowed),
-    valued("hashpower", Allowed),
-    sub("no_hashexpand", Allowed),
-    sub("slab_reassign", Allowed),
-    sub("slab_automove", Allowed),
-    valued("slab_automove_ratio", Allowed),
-    valued("slab_automove_window", Allowed),
-    valued("tail_repair_time", Allowed),
-    valued("hash_algorithm", Allowed),
-    sub("lru_crawler", Allowed),
-    valued("lru_crawler_sleep", Allowed),
-    valued("lru_crawler_tocrawl", Allowed),
-    sub("lru_maintainer", Allowed),
-    valued("hot_lru_pct", Allowed),
-    valued("warm_lru_pct", Allowed),
-    valued("hot_max_factor", Allowed),
-    valued("warm_max_factor", Allowed),
-    valued("temporary_ttl", Allowed),
-    valued("idle_timeout", Allowed),
-    valued("watcher_logbuf_size", Allowed),
-    valued("worker_logbuf_size", Allowed),
-    valued("slab_sizes", Allowed),
-    valued("slab_chunk_max", Allowed),
-    sub("track_sizes", Allowed),
-    sub("no_inline_ascii_resp", Allowed),
-    sub("inline_ascii_resp", Allowed),
-    sub("modern", Allowed),
-    sub("no_modern", Allowed),
-    sub("no_chunked_items", Allowed),
-    sub("no_slab_reassign", Allowed),
-    sub("no_slab_automove", Allowed),
-    sub("no_maxconns_fast", Allowed),
-    sub("no_lru_crawler", Allowed),
-    sub("no_lru_maintainer", Allowed),
-    sub("drop_privileges", Allowed),
-    sub("no_drop_privileges", Allowed),
-    sub("resp_obj_mem_limit", Allowed),
-    valued("read_buf_mem_limit", Allowed),
-    valued("sock_cookie_id", Allowed),
-    sub("ssl_chain_cert", TLS),
-    sub("ssl_key", TLS),
-    sub("ssl_verify_mode", TLS),
-    sub("ssl_keyformat", TLS),
-    sub("ssl_ciphers", TLS),
-    sub("ssl_ca_cert", TLS),
-    sub("ssl_wbuf_size", TLS),
-    sub("ssl_session_cache", TLS),
-    sub("ssl_kernel_tls", TLS),
-    sub("ssl_min_version", TLS),
-    sub(
-        "ext_path",
-        Refused(
-            "extstore needs a writable file; the container's root filesystem is read-only and the operator mounts no volume for it",
-        ),
+    switch("maxconns_fast"),
+    valued("hashpower", Accepts::Int { min: 12, max: 32 }),
+    switch("no_hashexpand"),
+    switch("slab_reassign"),
+    // `-o slab_automove` alone is 1.
+    SubOption {
+        needs_value: false,
+        ..valued("slab_automove", Accepts::Int { min: 0, max: 2 })
+    },
+    valued("slab_automove_ratio", Accepts::Positive { max: Some(1.0) }),
+    // 1.6.45 refuses more than 1800.
+    valued("slab_automove_window", Accepts::Int { min: 3, max: 1800 }),
+    valued(
+        "tail_repair_time",
+        Accepts::Int {
+            min: 10,
+            max: i32::MAX as i64,
+        },
     ),
-    valued("ext_page_size", Allowed),
-    valued("ext_wbuf_size", Allowed),
-    valued("ext_threads", Allowed),
-    valued("ext_io_depth", Allowed),
-    valued("ext_item_size", Allowed),
-    valued("ext_item_age", Allowed),
-    valued("ext_low_ttl", Allowed),
-    valued("ext_recache_rate", Allowed),
-    valued("ext_compact_under", Allowed),
-    valued("ext_drop_under", Allowed),
-    valued("ext_max_sleep", Allowed),
-    valued("ext_max_frag", Allowed),
-    sub("ext_drop_unread", Allowed),
-    valued("slab_automove_freeratio", Allowed),
+    valued(
+        "hash_algorithm",
+        Accepts::OneOf(&["jenkins", "murmur3", "xxh3"]),
+    ),
+    switch("lru_crawler"),
+    valued(
+        "lru_crawler_sleep",
+        Accepts::Int {
+            min: 0,
+            max: 1_000_000,
+        },
+    ),
+    valued("lru_crawler_tocrawl", COUNT),
+    switch("lru_maintainer"),
+    valued("hot_lru_pct", Accepts::Int { min: 1, max: 79 }),
+    valued("warm_lru_pct", Accepts::Int { min: 1, max: 79 }),
+    valued("hot_max_factor", Accepts::Positive { max: None }),
+    valued("warm_max_factor", Accepts::Positive { max: None }),
+    valued(
+        "temporary_ttl",
+        Accepts::Int {
+            min: i32::MIN as i64,
+            max: i32::MAX as i64,
+        },
+    ),
+    valued(
+        "idle_timeout",
+        Accepts::Int {
+            min: i32::MIN as i64,
+            max: i32::MAX as i64,
+        },
+    ),
+    // Kilobytes; larger sizes wrap in memcached's 32-bit byte count.
+    valued(
+        "watcher_logbuf_size",
+        Accepts::Count {
+            max: (u32::MAX / 1024) as u64,
+        },
+    ),
+    refused(
+        "worker_logbuf_size",
+        "memcached before 1.6.40 (Debian's 1.6.18 among them) also reads its value as slab_sizes (a missing \
+         `break` in its parser): it exits on most sizes (\"slab size 0 is out of valid range\") and replaces \
+         the slab classes with one class of that many bytes on the others",
+    ),
+    valued("slab_sizes", Accepts::SlabSizes),
+    valued("slab_chunk_max", Accepts::SlabChunkMax),
+    switch("track_sizes"),
+    switch("no_inline_ascii_resp"),
+    switch("inline_ascii_resp"),
+    switch("modern"),
+    switch("no_modern"),
+    switch("no_chunked_items"),
+    switch("no_slab_reassign"),
+    switch("no_slab_automove"),
+    switch("no_maxconns_fast"),
+    switch("no_lru_crawler"),
+    switch("no_lru_maintainer"),
+    switch("drop_privileges"),
+    switch("no_drop_privileges"),
+    switch("resp_obj_mem_limit"),
+    // Megabytes; larger sizes wrap in memcached's 32-bit byte count.
+    valued(
+        "read_buf_mem_limit",
+        Accepts::Count {
+            max: (u32::MAX >> 20) as u64,
+        },
+    ),
+    valued("sock_cookie_id", COUNT),
+    refused("ssl_chain_cert", SSL),
+    refused("ssl_key", SSL),
+    refused("ssl_verify_mode", SSL),
+    refused("ssl_keyformat", SSL),
+    refused("ssl_ciphers", SSL),
+    refused("ssl_ca_cert", SSL),
+    refused("ssl_wbuf_size", SSL),
+    refused("ssl_session_cache", SSL),
+    refused("ssl_kernel_tls", SSL),
+    refused("ssl_min_version", SSL),
+    refused(
+        "ext_path",
+        "extstore needs a writable file; the container's root filesystem is read-only and the operator mounts no volume for it",
+    ),
+    valued("ext_page_size", COUNT),
+    valued("ext_wbuf_size", COUNT),
+    valued("ext_threads", COUNT),
+    valued("ext_io_depth", COUNT),
+    valued("ext_item_size", COUNT),
+    valued("ext_item_age", COUNT),
+    valued("ext_low_ttl", COUNT),
+    valued("ext_recache_rate", COUNT),
+    valued("ext_compact_under", COUNT),
+    valued("ext_drop_under", COUNT),
+    valued("ext_max_sleep", COUNT),
+    valued("ext_max_frag", Accepts::Decimal),
+    switch("ext_drop_unread"),
+    valued("slab_automove_freeratio", Accepts::Decimal),
 ];
 
 /// The option whose letter is `c`.

@@ -16,8 +16,9 @@
 //! One rule refuses a value memcached starts with: a negative `-R`, with which it never answers (see
 //! [`each`]).
 //!
-//! Not modelled: the ranges of the `-o` sub-options other than `hashpower` (`hot_lru_pct`,
-//! `slab_automove`, ...), which memcached checks too.
+//! The values of the other `-o` sub-options are in [`super::suboptions`], the rules between options in
+//! `super::startup`; where the supported versions differ (1.6.18 to 1.6.45, see [`super`]), only what
+//! all of them start with is admitted.
 //!
 //! The CRD's CEL rule does not check these: CEL sees elements one by one, and whether an element is the
 //! value of `-B` or `-R` depends on the getopt walk over the elements before it, and the `-B` and `-N`
@@ -25,9 +26,10 @@
 //! every server.
 
 use super::argv::{FlagError, Given, parse};
+pub use super::cnum::{c_atof, c_atoi};
 
 /// What memcached's checks of the values depend on beyond extraArgs: what the operator passes itself.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Managed {
     /// `-t`: `spec.memcached.threads` (default 4).
     pub threads: i32,
@@ -35,6 +37,9 @@ pub struct Managed {
     pub auth: bool,
     /// The memcached container's memory limit, in bytes, when it is known.
     pub memory_limit: Option<u64>,
+    /// `-I`: `spec.memcached.maxItemSize` in bytes, and as written; `None`, memcached's 1 MiB.
+    pub item_size: Option<u64>,
+    pub item_size_text: Option<String>,
 }
 
 /// Smallest `-o hashpower` memcached takes (`Initial hashtable multiplier of 11 is too low`).
@@ -51,6 +56,7 @@ pub fn check(args: &[String], managed: &Managed) -> Result<(), FlagError> {
     }
     last_protocol(&given, managed)?;
     last_napi_ids(&given, managed)?;
+    super::startup::check(&given, managed.item_size, managed.item_size_text.as_deref())?;
     last_hashpower(&given, managed)
 }
 
@@ -81,12 +87,17 @@ fn each(option: &Given<'_>) -> Result<(), FlagError> {
              each connection before its first command); give a positive number",
             c_atoi(value)
         ),
-        // `-D ""`: exit 1, "No delimiter specified".
+        // `-D ""`: exit 1, "No delimiter specified". Since 1.6.32 memcached skips the leading blanks of
+        // every option's value: `-D " "` exits there too, and `-D " :"` is `:` there, ` ` before.
         'D' if value.is_empty() => {
             "-D needs a delimiter character; memcached exits on an empty one \
              (\"No delimiter specified\")"
                 .to_owned()
         }
+        'D' if value.starts_with([' ', '\t', '\n', '\x0b', '\x0c', '\r']) => format!(
+            "-D {value:?} starts with a blank, which memcached 1.6.32 and later skip (then exiting on \
+             nothing left, \"No delimiter specified\"); give the delimiter character first"
+        ),
         // `-N 0`, `-N abc`: exit 1, "Maximum number of NAPI IDs must be greater than 0".
         'N' if c_atoi(value) <= 0 => format!(
             "-N {value:?} reads as {} NAPI IDs; memcached exits (\"Maximum number of NAPI IDs must be \
@@ -99,20 +110,42 @@ fn each(option: &Given<'_>) -> Result<(), FlagError> {
             "-B {value:?} is not a protocol; memcached exits (\"Invalid value for binding protocol\"); use \
              ascii, binary or auto"
         ),
-        // `-n 0`: exit 1, "Chunk size must be greater than 0". (`-n -5` starts.)
-        'n' if c_atoi(value) == 0 => format!(
-            "-n {value:?} reads as a chunk size of 0; memcached exits (\"Chunk size must be greater than \
-             0\")"
+        // `-n 0`: exit 1, "Chunk size must be greater than 0"; `-n -5` too since 1.6.24 (1.6.18 starts).
+        'n' if c_atoi(value) <= 0 => format!(
+            "-n {value:?} reads as a chunk size of {}; memcached exits (\"Chunk size must be greater than \
+             0\")",
+            c_atoi(value)
         ),
         // `-f 1`, `-f abc`: exit 1, "Factor must be greater than 1".
         'f' if c_atof(value).is_some_and(|f| f <= 1.0) => format!(
             "-f {value:?} is a growth factor of at most 1; memcached exits (\"Factor must be greater than \
              1\")"
         ),
-        'o' => return hashpowers(option, value),
+        // `-f nan`: memcached's `<= 1.0` lets NaN through and it dies of SIGFPE (1.6.18); `inf` and
+        // hexadecimal are not read here, so refused rather than guessed.
+        'f' if c_atof(value).is_none() => format!(
+            "-f {value:?} is not a decimal number; memcached crashes on `nan` (SIGFPE); write the growth \
+             factor in decimal, above 1"
+        ),
+        'o' => return sub_options(option, value),
         _ => return Ok(()),
     };
     Err(refused(option, why))
+}
+
+/// Each item of one `-o` list, against what memcached accepts of it ([`super::suboptions`]).
+fn sub_options(option: &Given<'_>, list: &str) -> Result<(), FlagError> {
+    hashpowers(option, list)?;
+    for item in list.split(',') {
+        let (name, value) = match item.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (item, None),
+        };
+        if let Some(why) = super::suboptions::refusal(name, value) {
+            return Err(refused(option, why));
+        }
+    }
+    Ok(())
 }
 
 /// `-o hashpower=N` outside 12..=32: exit 1, "Initial hashtable multiplier of 11 is too low" (11, 0,
@@ -248,121 +281,9 @@ pub fn item_lock_power(threads: i32) -> i32 {
     }
 }
 
-/// C's whitespace, as `isspace` in the C locale.
-fn c_trim_start(s: &str) -> &str {
-    s.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r'])
-}
-
-/// glibc's `atoi`: `(int) strtol(s, NULL, 10)`. Leading whitespace, a sign, then the longest run of
-/// digits; none reads as 0, overflow saturates to the 64-bit `long`'s bound, and the cast to `int` keeps
-/// its low 32 bits.
-pub fn c_atoi(s: &str) -> i32 {
-    let s = c_trim_start(s);
-    let (negative, digits) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    let mut long: i64 = 0;
-    for digit in digits.bytes().take_while(u8::is_ascii_digit) {
-        let d = i64::from(digit - b'0');
-        let next = long.checked_mul(10).and_then(|l| {
-            if negative {
-                l.checked_sub(d)
-            } else {
-                l.checked_add(d)
-            }
-        });
-        match next {
-            Some(n) => long = n,
-            None => {
-                long = if negative { i64::MIN } else { i64::MAX };
-                break;
-            }
-        }
-    }
-    // The cast C makes from `long` to `int`: the low 32 bits.
-    (long & 0xffff_ffff) as u32 as i32
-}
-
-/// glibc's `atof` for decimal spellings: leading whitespace, a sign, digits with an optional point and
-/// exponent; none reads as 0. `None` for the spellings this does not read (hexadecimal, `inf`, `nan`),
-/// which are left to memcached rather than guessed.
-pub fn c_atof(s: &str) -> Option<f64> {
-    let s = c_trim_start(s);
-    let unsigned = s.strip_prefix(['+', '-']).unwrap_or(s);
-    let lower = unsigned.get(..3).unwrap_or(unsigned).to_ascii_lowercase();
-    if lower.starts_with("0x") || lower.starts_with("inf") || lower.starts_with("nan") {
-        return None;
-    }
-    let bytes = s.as_bytes();
-    let mut end = usize::from(matches!(bytes.first(), Some(b'+' | b'-')));
-    let digits = |from: usize| {
-        bytes[from..]
-            .iter()
-            .take_while(|b| b.is_ascii_digit())
-            .count()
-    };
-    let whole = digits(end);
-    end += whole;
-    let mut fraction = 0;
-    if bytes.get(end) == Some(&b'.') {
-        fraction = digits(end + 1);
-        if whole + fraction > 0 {
-            end += 1 + fraction;
-        }
-    }
-    if whole + fraction == 0 {
-        return Some(0.0);
-    }
-    if matches!(bytes.get(end), Some(b'e' | b'E')) {
-        let sign = usize::from(matches!(bytes.get(end + 1), Some(b'+' | b'-')));
-        let exponent = digits(end + 1 + sign);
-        if exponent > 0 {
-            end += 1 + sign + exponent;
-        }
-    }
-    s[..end].parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn numbers_read_as_c_reads_them() {
-        for (text, value) in [
-            ("40", 40),
-            ("40x", 40),
-            (" 13", 13),
-            ("+7", 7),
-            ("-1", -1),
-            ("", 0),
-            ("abc", 0),
-            ("-p1", 0),
-            ("4294967296", 0),
-            ("4294967309", 13),
-            ("99999999999999999999", -1),
-            ("-99999999999999999999", 0),
-        ] {
-            assert_eq!(c_atoi(text), value, "{text:?}");
-        }
-        for (text, value) in [
-            ("1", Some(1.0)),
-            ("1.25", Some(1.25)),
-            ("1.25x", Some(1.25)),
-            (".5", Some(0.5)),
-            ("2.", Some(2.0)),
-            ("1e1", Some(10.0)),
-            ("1e", Some(1.0)),
-            ("abc", Some(0.0)),
-            ("-", Some(0.0)),
-            ("0x2", None),
-            ("inf", None),
-        ] {
-            assert_eq!(c_atof(text), value, "{text:?}");
-        }
-    }
 
     #[test]
     fn the_item_lock_table_grows_with_the_threads() {

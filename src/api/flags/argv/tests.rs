@@ -41,7 +41,9 @@ fn smuggled_spellings_of_managed_options_are_refused_naming_the_option() {
         (&["-V"], "-V/--version"),
         (&["--help"], "-h/--help"),
         (&["-e", "/dev/shm/x"], "-e/--memory-file"),
-        (&["-R", "40", "-LCp", "1"], "-p/--port"),
+        (&["-R", "40", "-kCp", "1"], "-p/--port"),
+        (&["-CL"], "-L/--enable-largepages"),
+        (&["-r"], "-r/--enable-coredumps"),
     ] {
         match refused(list) {
             FlagError::Refused { option: o, .. } => assert_eq!(o, option, "{list:?}"),

@@ -133,6 +133,13 @@ bench-warm: ## Measure warm handovers on a real control plane (needs KUBEBUILDER
 bench-proxy: ## Measure the proxy's hop: get latency direct and through the proxy (needs MEMCACHED_PROXY_BINARY).
 	$(CARGO) run --quiet --release --package bench -- --proxy-hop $(ARGS)
 
+# The operator's probes and /metrics under a flood (make bench-http; bench --http-flood): 1000 idle and
+# 300 reconnecting connections to each server from 50 loopback addresses, /healthz and /metrics latencies
+# and failures. ARGS="--sources 1" floods from one address, ARGS="--seconds 60" probes longer.
+.PHONY: bench-http
+bench-http: ## Measure /healthz and /metrics under 1000 idle and 300 reconnecting connections (loopback).
+	$(CARGO) run --quiet --release --package bench -- --http-flood $(ARGS)
+
 .PHONY: bench-caches
 bench-caches: ## Compare the memory of the operator's packed caches with kube's reflector stores (300, 3000 instances).
 	$(CARGO) run --quiet --release --example cache_memory -- $(ARGS)

@@ -13,6 +13,8 @@ use crate::api::{GROUP, Memcached};
 use crate::resources::{MAX_NAME_LEN, MAX_STATEFULSET_NAME_LEN, REVISION_HASH_LEN};
 use crate::store::{ChildKind, EachKind, each_kind};
 
+pub mod admission;
+
 /// Path of the committed CRD, relative to the repository root.
 pub const CRD_PATH: &str = "config/crd/bases/cache.example.com_memcacheds.yaml";
 /// Path of the committed operator roles, relative to the repository root.
@@ -97,7 +99,10 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
     }
 }
 
-/// Exactly what the controller calls, cluster-wide (it may watch every namespace):
+/// Exactly what the controller calls, cluster-wide (it may watch every namespace), and no more: no `get`
+/// where the operator only watches (its reads come from the watches' caches), no `update` (it writes by
+/// server-side apply, a `patch`), no `deletecollection`, no `escalate`, `bind` or `impersonate`, no
+/// wildcard. `tests/rbac.rs` holds each verb to the call that needs it; docs/operations.md#rbac says why.
 /// - Memcached: watched; patched to remove the finalizer earlier builds added (instances no longer get
 ///   one); status server-side applied. `update` on `memcacheds/finalizers` is not for a finalizer: it is
 ///   the right the OwnerReferencesPermissionEnforcement admission plugin (OpenShift, hardened clusters)
@@ -110,21 +115,26 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 ///   (garbage collection does that), except the proxy's (`<name>-proxy`: a Deployment, a Service, a
 ///   ConfigMap) when a spec turns the proxy off, hence `delete` on all but StatefulSets.
 /// - ServiceAccounts, Roles and RoleBindings: the proxy's configuration writer's (`<name>-proxy`, a Role
-///   that reads that one ConfigMap, which the operator may itself read: no `escalate` or `bind` is
-///   needed), like PodDisruptionBudgets below.
-/// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; patched
-///   (server-side apply of one annotation) to mark drained pods, and the server a warm handover copies
-///   from, with a low pod-deletion cost. Their status is patched (`pods/status`) to open the warm-handover
-///   readiness gate of a rollout's new pod. `create` and `delete` are for one pod only: the spare server
-///   a StatefulSet rollout's warm handover runs while it lasts (`<name>-handover`, created by server-side
-///   apply and deleted when the rollout ends; see `resources::spare`). RBAC cannot narrow `create` to a
-///   name, and a pod the operator creates must be removed by it (garbage collection only removes it with
-///   the instance); nothing else is created or deleted, and no other verb is added (`update` and
-///   `deletecollection` stay out).
+///   that lists and watches that one ConfigMap, which the operator may itself do: Kubernetes' escalation
+///   check lets it create and bind such a Role without `escalate` or `bind`), like PodDisruptionBudgets
+///   below. RBAC cannot confine what the operator binds (it holds every permission of its own role, so it
+///   may bind that too): the opt-in ValidatingAdmissionPolicy ([`admission`]) does.
+/// - Pods: watched, to report pod names, assign server slots and say why pods cannot start; read by
+///   name (`get`) to tell a pod gone from one not marked; patched (server-side apply of one annotation)
+///   to mark drained pods, and the server a warm handover copies from, with a low pod-deletion cost. Their
+///   status is patched (`pods/status`) to open the warm-handover readiness gate of a rollout's new pod.
+///   `create` and `delete` are for one pod only: the spare server a StatefulSet rollout's warm handover
+///   runs while it lasts (`<name>-handover`, created by server-side apply and deleted when the rollout
+///   ends; see `resources::spare`). RBAC cannot narrow `create` to a name, and a pod the operator creates
+///   must be removed by it (garbage collection only removes it with the instance); nothing else is
+///   created or deleted, and no other verb is added (`update` and `deletecollection` stay out).
 /// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
 ///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
-///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions.
-/// - Secrets: watched by metadata, and read when one an instance references changes (TLS, auth).
+///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions. ServiceMonitors
+///   are read by name (`get`) before one is created, having no watch of others' (`controller::apply`).
+/// - Secrets: watched by metadata (to notice a referenced Secret's change; RBAC cannot grant metadata
+///   alone, and a tenant may reference any Secret of its namespace, so no label or name narrows it), and
+///   read (`get`) when one an instance references changes (TLS, auth) and for the digest key.
 /// - Events: recorded through `events.k8s.io/v1` (created, and patched when they repeat).
 pub fn manager_role() -> ClusterRole {
     ClusterRole {
@@ -134,8 +144,8 @@ pub fn manager_role() -> ClusterRole {
         },
         rules: Some(
             vec![
-                rule(GROUP, &["memcacheds"], &["get", "list", "watch", "patch"]),
-                rule(GROUP, &["memcacheds/status"], &["get", "patch"]),
+                rule(GROUP, &["memcacheds"], &["list", "watch", "patch"]),
+                rule(GROUP, &["memcacheds/status"], &["patch"]),
                 // Not for a finalizer (the operator sets none): what OwnerReferencesPermissionEnforcement
                 // asks of an owner reference with `blockOwnerDeletion: true` (see above).
                 rule(GROUP, &["memcacheds/finalizers"], &["update"]),
@@ -169,16 +179,16 @@ pub fn manager_role() -> ClusterRole {
     }
 }
 
-/// One rule per kind of child (see `store::kinds`): read and applied by name; deleted too when the
+/// One rule per kind of child (see `store::kinds`): watched and applied by name; deleted too when the
 /// spec can ask for none of them (an optional kind, or the proxy's children).
 fn child_rules() -> Vec<PolicyRule> {
     struct Rules(Vec<PolicyRule>);
     impl EachKind for Rules {
         fn kind<K: ChildKind>(&mut self) {
             let verbs: &[&str] = if K::DELETES {
-                &["get", "list", "watch", "create", "patch", "delete"]
+                &["list", "watch", "create", "patch", "delete"]
             } else {
-                &["get", "list", "watch", "create", "patch"]
+                &["list", "watch", "create", "patch"]
             };
             self.0.push(rule(K::GROUP, &[K::URL_PATH_SEGMENT], verbs));
         }

@@ -513,7 +513,19 @@ impl Drop for CertDir {
 type Tls = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
 
 async fn tls_connect(port: u16, config: Arc<ClientConfig>) -> std::io::Result<Tls> {
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    tls_connect_from([127, 0, 0, 1], port, config).await
+}
+
+/// [`tls_connect`] from another loopback address (Linux routes all of 127.0.0.0/8 to loopback): another
+/// client, as far as the server's per-client budget goes.
+async fn tls_connect_from(
+    source: [u8; 4],
+    port: u16,
+    config: Arc<ClientConfig>,
+) -> std::io::Result<Tls> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((source, 0).into())?;
+    let tcp = socket.connect(([127, 0, 0, 1], port).into()).await?;
     tcp.set_nodelay(true)?;
     tokio_rustls::TlsConnector::from(config)
         .connect(ServerName::try_from("localhost").unwrap(), tcp)
@@ -708,7 +720,7 @@ async fn idle_keep_alive_connections_are_closed() {
 }
 
 #[tokio::test]
-async fn connections_beyond_the_cap_wait_until_one_closes() {
+async fn a_connection_beyond_the_cap_evicts_the_oldest_idle_one() {
     let certs = CertDir::new("cap");
     let router = metrics(Arc::new(Metrics::default()), Gate::new(None));
     let limits = server::Limits {
@@ -716,17 +728,22 @@ async fn connections_beyond_the_cap_wait_until_one_closes() {
         ..server::Limits::default()
     };
     let port = certs.serve(router, false, limits).await;
-    let first = tls_connect(port, certs.client(&[])).await.unwrap();
-    let _second = tls_connect(port, certs.client(&[])).await.unwrap();
-    let third = tokio::spawn(tls_connect(port, certs.client(&[])));
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(!third.is_finished(), "a third connection is not taken yet");
-    drop(first);
-    let third = tokio::time::timeout(Duration::from_secs(3), third)
+    let mut first = tls_connect(port, certs.client(&[])).await.unwrap();
+    let _second = tls_connect_from([127, 0, 0, 2], port, certs.client(&[]))
         .await
-        .expect("taken once the first closed")
         .unwrap();
-    assert!(third.is_ok(), "{third:?}");
+    let third = tls_connect_from([127, 0, 0, 3], port, certs.client(&[]))
+        .await
+        .unwrap();
+    let (_, _, closed) = until_closed(&mut first).await;
+    assert!(closed, "the oldest idle connection made room");
+    let mut third = tokio::io::BufReader::new(third);
+    third
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let (status, _) = read_response(&mut third).await.unwrap();
+    assert_eq!(status, 200, "the newcomer is served");
 }
 
 /// The status of an HTTP/1.1 response read from `reader` (its body skipped), and whether the server
@@ -767,7 +784,8 @@ type Answers = std::collections::BTreeMap<u16, usize>;
 async fn flood_client(port: u16, config: Arc<ClientConfig>, until: Instant) -> Answers {
     let mut answers = Answers::new();
     while Instant::now() < until {
-        let Ok(tls) = tls_connect(port, config.clone()).await else {
+        // From another address than Prometheus', as a flooding pod's would be.
+        let Ok(tls) = tls_connect_from([127, 0, 0, 2], port, config.clone()).await else {
             *answers.entry(0).or_default() += 1;
             tokio::time::sleep(Duration::from_millis(10)).await;
             continue;

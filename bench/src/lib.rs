@@ -22,10 +22,14 @@
 //!
 //! `--proxy-hop` ([`proxy_hop`]) measures what the proxy's hop costs a client: get latency direct to a
 //! memcached server and through a proxy-capable memcached running the operator's route configuration.
+//!
+//! `--http-flood` ([`http_flood`]) measures whether the operator's probes and `/metrics` stay answered
+//! under a flood of idle and reconnecting connections.
 
 pub mod cache_client;
 pub mod endpoint;
 pub mod handovers;
+pub mod http_flood;
 pub mod kubelet;
 pub mod operand;
 pub mod process;

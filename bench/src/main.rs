@@ -129,6 +129,23 @@ struct Cli {
     /// --proxy-arg=1 (repeatable), to try a setting.
     #[arg(long = "proxy-arg", allow_hyphen_values = true, requires = "proxy_hop")]
     proxy_args: Vec<String>,
+    /// Instead of the convergence of --instances: the operator's probe and /metrics servers (in this
+    /// process, on loopback) under a flood of --idle and --reconnecting connections to each, from
+    /// --sources loopback addresses; /healthz and /metrics latencies and failures.
+    #[arg(long, conflicts_with_all = ["real", "plain_http", "runs", "operand", "record", "handovers", "proxy_hop"])]
+    http_flood: bool,
+    /// With --http-flood: idle connections held to each server.
+    #[arg(long, default_value_t = 1000, requires = "http_flood")]
+    idle: usize,
+    /// With --http-flood: clients per server that connect, send half a request, and reconnect.
+    #[arg(long, default_value_t = 300, requires = "http_flood")]
+    reconnecting: usize,
+    /// With --http-flood: loopback addresses the flood comes from (127.0.1.1 and up).
+    #[arg(long, default_value_t = 50, requires = "http_flood")]
+    sources: u8,
+    /// With --http-flood: seconds of probing.
+    #[arg(long, default_value_t = 20, requires = "http_flood")]
+    seconds: u64,
     /// With --operand: how long each phase goes on once the operator is done with it, in seconds.
     #[arg(long, default_value_t = 30, requires = "operand")]
     phase_seconds: u64,
@@ -164,6 +181,14 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.proxy_hop {
         return proxy_hop(&cli);
+    }
+    if cli.http_flood {
+        return print_outcome(bench::http_flood::run(bench::http_flood::FloodOptions {
+            idle: cli.idle,
+            reconnecting: cli.reconnecting,
+            sources: cli.sources,
+            seconds: cli.seconds,
+        }));
     }
     // Before a release build of minutes: without the binaries, --real cannot run at all.
     if (cli.real || cli.operand || cli.handovers)

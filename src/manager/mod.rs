@@ -12,6 +12,7 @@
 //! seconds, `/readyz` reports the outage, and every instance is re-checked when the server answers again
 //! (see [`crate::run::connectivity`]). Starting during an outage waits for the server.
 
+pub mod budget;
 pub mod http;
 pub mod https;
 pub mod leader;

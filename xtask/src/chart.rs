@@ -23,6 +23,9 @@ pub const CHART_DIR: &str = "charts/memcached-operator";
 pub const CHART_CRD_PATH: &str = "charts/memcached-operator/files/crd.yaml";
 /// The rules of every role of the chart, keyed by role.
 pub const CHART_RULES_PATH: &str = "charts/memcached-operator/files/rbac-rules.yaml";
+/// The spec of the ValidatingAdmissionPolicy (`admissionPolicy.enabled`) but its match condition, which
+/// names the release's ServiceAccount: from `memcached_operator::manifests::admission`.
+pub const CHART_ADMISSION_PATH: &str = "charts/memcached-operator/files/admission-policy.yaml";
 /// The chart's copy of the Grafana dashboard.
 pub const CHART_DASHBOARD_PATH: &str = "charts/memcached-operator/files/grafana-dashboard.json";
 /// The chart's copy of the alert rules (the `spec` of the PrometheusRule).
@@ -69,6 +72,7 @@ pub fn files_under(root: &Path) -> Result<Vec<(String, String)>, Error> {
     Ok(vec![
         (CHART_CRD_PATH.to_owned(), crd_yaml()?),
         (CHART_RULES_PATH.to_owned(), rules_yaml(root)?),
+        (CHART_ADMISSION_PATH.to_owned(), admission_yaml()?),
         (CHART_DASHBOARD_PATH.to_owned(), dashboard),
         (CHART_ALERTS_PATH.to_owned(), alerts_yaml(root)?),
         (CHART_README_PATH.to_owned(), readme(root)?),
@@ -224,6 +228,26 @@ fn rules_yaml(root: &Path) -> Result<String, Error> {
         "# {GENERATED}\n# The rules of each role of the chart: manager, metricsAuth and leaderElection as \
          `memcached-operator rbac` prints them,\n# editor, viewer and metricsReader from config/rbac.\n{}",
         serde_saphyr::to_string(&Value::Object(rules(root)?))?
+    ))
+}
+
+/// The admission policy's spec without its match conditions (the template adds the release's).
+pub fn admission_spec() -> Value {
+    let policy = manifests::admission::policy("", "", "");
+    let mut spec = json!(policy.spec);
+    if let Some(spec) = spec.as_object_mut() {
+        spec.remove("matchConditions");
+    }
+    spec
+}
+
+fn admission_yaml() -> Result<String, Error> {
+    Ok(format!(
+        "# {GENERATED}
+# The ValidatingAdmissionPolicy's spec (memcached_operator::manifests::admission)          without its match condition,
+# which templates/admission-policy.yaml makes of the release's          ServiceAccount.
+{}",
+        serde_saphyr::to_string(&admission_spec())?
     ))
 }
 

@@ -45,6 +45,10 @@ pub fn files() -> Result<Vec<File>, Error> {
             manifests::namespaced_rbac_yaml()?,
         ),
         file(
+            manifests::admission::ADMISSION_POLICY_PATH,
+            manifests::admission::admission_policy_yaml()?,
+        ),
+        file(
             install::INSTALL_PATH,
             install::install_yaml(&install::default_operator_image())?,
         ),

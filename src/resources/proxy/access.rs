@@ -1,10 +1,12 @@
 //! What the proxy's configuration writer may do: read one ConfigMap, its instance's route configuration
 //! `<name>-proxy`, and nothing else.
 //!
-//! A ServiceAccount `<name>-proxy` per instance, bound to a Role `<name>-proxy` that allows `get`, `list`
-//! and `watch` on `configmaps` with `resourceNames: [<name>-proxy]` (a list or watch is allowed by it when
-//! it selects that one name with `metadata.name=<name>-proxy`). Its token is mounted into the writer's
-//! containers only (the pod does not automount it): memcached never gets it.
+//! A ServiceAccount `<name>-proxy` per instance, bound to a Role `<name>-proxy` that allows `list` and
+//! `watch` on `configmaps` with `resourceNames: [<name>-proxy]` (a list or watch is allowed by it when
+//! it selects that one name with `metadata.name=<name>-proxy`, as the writer's watch does; it never
+//! reads by `get`, which the operator itself does not hold on ConfigMaps and so could not grant). Its
+//! token is mounted into the writer's containers only (the pod does not automount it): memcached never
+//! gets it.
 
 use k8s_openapi::api::core::v1::{
     ConfigMapProjection, DownwardAPIProjection, DownwardAPIVolumeFile, ObjectFieldSelector,
@@ -43,7 +45,7 @@ pub fn role(instance: &Instance<'_>) -> Option<Role> {
             api_groups: Some(vec![String::new()]),
             resources: Some(vec!["configmaps".to_owned()]),
             resource_names: Some(vec![proxy_name(instance.name)]),
-            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            verbs: ["list", "watch"].map(String::from).to_vec(),
             ..PolicyRule::default()
         }]),
     })

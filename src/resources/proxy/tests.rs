@@ -207,7 +207,7 @@ fn the_writer_may_read_its_configuration_and_nothing_else() {
     assert_eq!(rules.len(), 1);
     assert_eq!(rules[0].resources.as_deref().unwrap(), ["configmaps"]);
     assert_eq!(rules[0].resource_names.as_deref().unwrap(), ["cache-proxy"]);
-    assert_eq!(rules[0].verbs, ["get", "list", "watch"]);
+    assert_eq!(rules[0].verbs, ["list", "watch"]);
     let binding = with(spec(3, on()), |i| access::role_binding(i).unwrap());
     assert_eq!(binding.role_ref.name, "cache-proxy");
     let subject = &binding.subjects.unwrap()[0];

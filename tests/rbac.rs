@@ -49,8 +49,9 @@ const NEEDED: &[(&str, &str, &[&str], &str)] = &[
     (
         "",
         "secrets",
-        &["get", "list", "watch"],
-        "metadata watch of referenced Secrets; their values read by name (get_opt)",
+        &["get", "list", "watch", "create", "patch", "delete"],
+        "metadata watch of referenced Secrets; their values read by name (get_opt); the auth file the \
+         servers load, `<name>-auth-file` (applied, deleted when auth is turned off)",
     ),
     (
         "monitoring.coreos.com",
@@ -402,6 +403,12 @@ fn the_policy_admits_every_child_the_operator_applies() {
     for kind in ["roles", "rolebindings"] {
         assert!(kinds.contains(kind), "the sample builds {kind}: {kinds:?}");
     }
+    // The auth file the servers load (security.auth, which the proxy sample leaves out).
+    let served =
+        memcached_operator::resources::auth_file::served_secret(&instance, "auth-file", b"u:p\n");
+    children
+        .objects
+        .push(("secrets", serde_json::to_value(served).unwrap()));
     for (resource, object) in children.objects {
         let refused = refusals(
             request("CREATE", "", resource, OPERATOR),

@@ -98,8 +98,9 @@ pub fn match_condition(namespace: &str, service_account: &str) -> String {
 }
 
 /// The resources the operator writes, with the operations that write them: every resource of
-/// [`manager_role`] with a write verb but the Memcached API's and Events, and Secrets (the digest key,
-/// created by the operator in its own namespace).
+/// [`manager_role`] with a write verb but the Memcached API's and Events (Secrets among them: the auth
+/// files the servers load), and Secrets in any case (the digest key, created by the operator in its own
+/// namespace).
 pub fn resource_rules() -> Vec<NamedRuleWithOperations> {
     let written = ["create", "patch", "update", "delete"];
     let mut rules: Vec<NamedRuleWithOperations> = manager_role()
@@ -119,13 +120,19 @@ pub fn resource_rules() -> Vec<NamedRuleWithOperations> {
             ..NamedRuleWithOperations::default()
         })
         .collect();
-    rules.push(NamedRuleWithOperations {
-        api_groups: Some(vec![String::new()]),
-        api_versions: Some(vec!["v1".to_owned()]),
-        resources: Some(vec!["secrets".to_owned()]),
-        operations: Some(["CREATE", "UPDATE", "DELETE"].map(String::from).to_vec()),
-        ..NamedRuleWithOperations::default()
+    let secrets_written = rules.iter().any(|rule| {
+        rule.api_groups.as_deref() == Some(&[String::new()][..])
+            && rule.resources.iter().flatten().any(|r| r == "secrets")
     });
+    if !secrets_written {
+        rules.push(NamedRuleWithOperations {
+            api_groups: Some(vec![String::new()]),
+            api_versions: Some(vec!["v1".to_owned()]),
+            resources: Some(vec!["secrets".to_owned()]),
+            operations: Some(["CREATE", "UPDATE", "DELETE"].map(String::from).to_vec()),
+            ..NamedRuleWithOperations::default()
+        });
+    }
     rules
 }
 

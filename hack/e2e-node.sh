@@ -116,7 +116,7 @@ for server in $(kubectl get -n "$ns" configmap memcached-pool-servers -o jsonpat
     echo "$answer" | grep -q '^VERSION' || { echo "e2e-node: FAILED: no VERSION from $server" >&2; exit 1; }
 done
 
-step "degraded: an image that cannot be pulled, a configuration that exits at start"
+step "degraded: an image that cannot be pulled, a server that exits at start"
 kubectl apply -n "$ns" -f - >/dev/null <<'EOF'
 apiVersion: cache.example.com/v1alpha1
 kind: Memcached
@@ -128,7 +128,7 @@ kind: Memcached
 metadata: { name: exits }
 spec:
   size: 1
-  memcached: { extraArgs: ["-o", "hot_lru_pct=100"] }
+  image: memcached-exits:local
 EOF
 degraded() { # degraded NAME REASON
     [ "$(jsonpath -n "$ns" memcached "$1" -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}')" = "$2" ]

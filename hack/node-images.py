@@ -152,6 +152,11 @@ def main():
     links = {f"/bin/{tool}": "busybox" for tool in ("sh", "nc", "cat", "ls")} if busybox else {}
     image(args.out, "memcached.tar", "docker.io/library/memcached:1.6-alpine",
           {"/usr/bin/memcached": args.memcached, "/bin/sleep": sleep, **tools}, ["memcached"], "11211", links)
+    # A memcached that exits at start (coreutils' `false` in its place): every configuration the operator
+    # admits starts, so a crash-looping server comes from its image, as with a build that lacks an option.
+    false = subprocess.run(["sh", "-c", "command -v false"], capture_output=True, text=True).stdout.strip()
+    image(args.out, "memcached-exits.tar", "docker.io/library/memcached-exits:local",
+          {"/usr/bin/memcached": false}, ["memcached"], "11211")
     image(args.out, "operator.tar", "docker.io/library/controller:latest",
           {"/memcached-operator": args.operator}, ["/memcached-operator"], "65532")
     if args.proxy and os.access(args.proxy, os.X_OK):

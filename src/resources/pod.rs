@@ -226,10 +226,11 @@ fn exporter_tls_keys(client_auth: bool) -> &'static [&'static str] {
     }
 }
 
-/// The auth file alone, as a `subPath` mount: the kubelet binds the file as it is when the container starts
-/// and never updates it (a directory mount follows every change of the Secret), so a rotated auth file
-/// reaches memcached only through the rollout the operator starts once it has checked it, and a
-/// container restart reads the file the pod started with, not one the operator refused.
+/// The auth file alone, as a `subPath` mount: the kubelet binds the file as it is when the container
+/// starts and does not follow it while the container runs (a directory mount follows every change of the
+/// Secret). A real kubelet (1.19+) binds it again to the current file when the container restarts, so what
+/// a restarted memcached reads is whatever the mounted Secret holds then: the operator's copy
+/// (`auth_file::served_secret`), which it writes only from a file it has checked.
 fn auth_file_mount(key: &str) -> VolumeMount {
     VolumeMount {
         sub_path: Some(key.to_owned()),

@@ -22,6 +22,7 @@ import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -154,7 +155,7 @@ def main():
           {"/usr/bin/memcached": args.memcached, "/bin/sleep": sleep, **tools}, ["memcached"], "11211", links)
     # A memcached that exits at start (coreutils' `false` in its place): every configuration the operator
     # admits starts, so a crash-looping server comes from its image, as with a build that lacks an option.
-    false = subprocess.run(["sh", "-c", "command -v false"], capture_output=True, text=True).stdout.strip()
+    false = shutil.which("false")  # the program, not the shell's builtin
     image(args.out, "memcached-exits.tar", "docker.io/library/memcached-exits:local",
           {"/usr/bin/memcached": false}, ["memcached"], "11211")
     image(args.out, "operator.tar", "docker.io/library/controller:latest",

@@ -213,7 +213,8 @@ EOF
         [ "$(jsonpath -n "$pns" memcached proxied -o jsonpath='{.status.conditions[?(@.type=="ProxyAvailable")].status}')" = True ] &&
             [ "$(jsonpath -n "$pns" memcached proxied -o jsonpath='{.status.conditions[?(@.type=="Available")].status}')" = True ] &&
             [ "$(jsonpath -n "$pns" deployment proxied -o jsonpath='{.status.readyReplicas}')" = "$1" ] &&
-            [ "$(jsonpath -n "$pns" configmap proxied-proxy -o jsonpath='{.data}' | grep -o 'port = 11211' | grep -c .)" = "$1" ]
+            [ "$(jsonpath -n "$pns" configmap proxied-proxy -o jsonpath='{.data.route\.json}' |
+                python3 -c 'import json, sys; print(len(json.load(sys.stdin)["servers"]))')" = "$1" ]
     }
     wait_until "the proxy Available over 2 servers" 180 proxy_ready 2
     proxy_ip=$(kubectl get service -n "$pns" proxied-proxy -o jsonpath='{.spec.clusterIP}')

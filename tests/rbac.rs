@@ -205,12 +205,17 @@ fn request(operation: &str, group: &str, resource: &str, username: &str) -> Admi
 /// `expression` as kube's CEL must be given it: without a schema it escapes every object key as the API
 /// server escapes property names (`app.kubernetes.io/managed-by` becomes
 /// `app__dot__kubernetes__dot__io__slash__managed__dash__by`), where the API server leaves the keys of a
-/// map (labels) as they are.
+/// map (labels) as they are; and it escapes the property `namespace` (a word CEL reserves) as
+/// `__namespace__`, which a v1.28.7 API server does not for a built-in type's field: there
+/// `has(object.subjects[0].__namespace__)` was false and `object.subjects[0].namespace` the subject's
+/// namespace (measured with the policy on a real server).
 fn for_kube_cel(expression: String) -> String {
-    expression.replace(
-        "'app.kubernetes.io/managed-by'",
-        "'app__dot__kubernetes__dot__io__slash__managed__dash__by'",
-    )
+    expression
+        .replace(
+            "'app.kubernetes.io/managed-by'",
+            "'app__dot__kubernetes__dot__io__slash__managed__dash__by'",
+        )
+        .replace("subjects[0].namespace", "subjects[0].__namespace__")
 }
 
 /// The policy's messages for a request: empty when it is admitted, or when it is not the operator's.

@@ -51,11 +51,22 @@ impl SecretHashes {
             .insert((namespace.to_owned(), name.to_owned()), (version, hashes));
     }
 
-    /// The hash of the user's file in the served auth file `namespace/name` at `version`, as this
-    /// process wrote it ([`serve_auth_file`]).
-    fn served(&self, namespace: &str, name: &str, version: &str) -> Option<String> {
-        let hashes = self.get(namespace, name, version)?;
-        hashes.get(SERVED_KEY).map(|digest| digest.hash.clone())
+    /// Whether the served auth file `namespace/name`, cached at version `live` (`None`: not cached),
+    /// holds the user's file of hash `hash` as this process wrote it ([`serve_auth_file`]): at the
+    /// version it wrote, or at one the Secret watch has not caught up with yet (none, or an older
+    /// integer version, as right after the write). The watch drops the entry when the Secret is
+    /// deleted, so a deleted file is written again.
+    fn serves(&self, namespace: &str, name: &str, live: Option<&str>, hash: &str) -> bool {
+        let entries = self.lock();
+        let Some((written, hashes)) = entries.get(&(namespace.to_owned(), name.to_owned())) else {
+            return false;
+        };
+        let lags = |live: &str| match (live.parse::<u64>(), written.parse::<u64>()) {
+            (Ok(live), Ok(written)) => live < written,
+            _ => false,
+        };
+        hashes.get(SERVED_KEY).is_some_and(|d| d.hash == hash)
+            && live.is_none_or(|live| live == written || lags(live))
     }
 
     fn put_served(&self, namespace: &str, name: &str, version: String, hash: String) {
@@ -247,12 +258,9 @@ pub async fn serve_auth_file(
     let version = live
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone());
-    if let Some(version) = &version
-        && ctx
-            .secret_hashes
-            .served(namespace, &name, version)
-            .as_deref()
-            == Some(user_file.hash.as_str())
+    if ctx
+        .secret_hashes
+        .serves(namespace, &name, version.as_deref(), &user_file.hash)
     {
         return Ok(());
     }
@@ -419,5 +427,20 @@ mod tests {
         hashes.put("ns", "new", "1".into(), KeyHashes::new());
         observe(&watcher::Event::InitDone);
         assert!(hashes.holds("ns", "new"));
+    }
+
+    /// A served auth file this process wrote is current at the version it wrote and while the watch
+    /// lags behind that write (a reconcile right after it rewrote the file over and over under load);
+    /// a later version (someone changed it) or another user file is not.
+    #[test]
+    fn a_served_file_is_current_while_the_watch_lags_behind_its_write() {
+        let hashes = SecretHashes::default();
+        hashes.put_served("ns", "cache-auth-file", "7".into(), "h".into());
+        assert!(hashes.serves("ns", "cache-auth-file", Some("7"), "h"));
+        assert!(hashes.serves("ns", "cache-auth-file", None, "h"));
+        assert!(hashes.serves("ns", "cache-auth-file", Some("5"), "h"));
+        assert!(!hashes.serves("ns", "cache-auth-file", Some("9"), "h"));
+        assert!(!hashes.serves("ns", "cache-auth-file", Some("7"), "other"));
+        assert!(!hashes.serves("ns", "other-auth-file", None, "h"));
     }
 }

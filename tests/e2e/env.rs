@@ -265,13 +265,16 @@ impl E2e {
     /// Sanity check of the RBAC the operator will run with (cluster admins may impersonate).
     pub fn check_rbac(&self) {
         let ns = self.ns.as_str();
-        let checks: [(&[&str], bool, bool); 11] = [
+        let checks: [(&[&str], bool, bool); 12] = [
             (&["create", "deployments.apps", "-n", ns], true, true),
             (&["delete", "namespaces"], false, true),
-            // Secrets are read (for their hash), never written.
+            // Secrets are read (for their hash); the one the operator writes is the servers' auth file,
+            // `<name>-auth-file` (the opt-in admission policy confines it to labelled Secrets).
             (&["get", "secrets", "-n", ns], true, true),
             (&["watch", "secrets", "-n", ns], true, true),
-            (&["create", "secrets", "-n", ns], false, true),
+            (&["create", "secrets", "-n", ns], true, true),
+            // No binding of roles it does not hold, no escalation.
+            (&["bind", "clusterroles", "-n", ns], false, true),
             (&["delete", PDB, "-n", ns], true, true),
             (&["create", SERVICE_MONITORS, "-n", ns], true, false),
             (&["create", "services", "-n", ns], true, false),

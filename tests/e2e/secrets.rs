@@ -304,6 +304,11 @@ pub fn check_auth_deployment(dep: &Value) -> Result<String, String> {
             }
         }
     }
-    push_err(&mut p, check_secret_volume(dep, AUTH_SECRET));
+    // The pods load the operator's copy of the user's file (with the operator's own entry), never the
+    // user's Secret itself.
+    push_err(
+        &mut p,
+        check_secret_volume(dep, &format!("{AUTH_NAME}-auth-file")),
+    );
     result(p, &dep["spec"]["template"]).map(|()| hash)
 }

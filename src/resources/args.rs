@@ -5,8 +5,6 @@
 
 use crate::api::MemcachedSpec;
 
-/// Headroom above the item memory for connections, hash table and threads, used to size the container.
-pub const MEMORY_OVERHEAD_MB: i32 = 32;
 /// Where the TLS Secret is mounted.
 pub const TLS_DIR: &str = "/etc/memcached/tls";
 /// Where the auth Secret is mounted.

@@ -8,6 +8,7 @@ pub mod autoscaler;
 pub mod deployment;
 pub mod drift;
 pub mod labels;
+pub mod memory;
 pub mod network_policy;
 pub mod pdb;
 pub mod pod;

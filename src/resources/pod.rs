@@ -368,13 +368,17 @@ pub(super) fn requirements(
     }
 }
 
-/// Requests and limits for memcached: derived from its item memory (the limit leaves room for memcached's
-/// overhead, and memory requests equal limits because a cache should not be evicted), with the keys of
-/// `spec.resources` replacing the derived ones one by one.
+/// Requests and limits for memcached: derived from its item memory and what memcached may use beyond it
+/// (`memory::overhead_mb`: slab pages past `-m`, the hash table, threads and connections; memory requests
+/// equal limits because a cache should not be evicted), with the keys of `spec.resources` replacing the
+/// derived ones one by one.
 pub fn memcached_resources(spec: &MemcachedSpec) -> ResourceRequirements {
+    let config = spec.memcached();
     let memory = format!(
         "{}Mi",
-        spec.memcached().max_memory_mb() + args::MEMORY_OVERHEAD_MB
+        config
+            .max_memory_mb()
+            .saturating_add(super::memory::overhead_mb(&config))
     );
     let mut resources = requirements("100m", &memory, &memory);
     if let Some(user) = &spec.resources {

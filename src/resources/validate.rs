@@ -2,7 +2,7 @@
 //! A failure is reported as `Degraded` with reason `InvalidConfig` and nothing is applied, so a running
 //! instance keeps its last good pods until the spec is fixed.
 
-use super::{InvalidSpec, args, quantity};
+use super::{InvalidSpec, memory, quantity};
 use crate::api::{MemcachedSpec, flags};
 
 /// All checks, first failure wins.
@@ -25,13 +25,20 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 /// out of range) reaches the pods: they would crash-loop, where a refused spec leaves them serving.
 fn extra_args(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     let config = spec.memcached();
-    let memory_limit = super::deployment::memcached_resources(spec)
-        .limits
+    // The user's limit, or the derived one without the room it makes for a `-o hashpower` table.
+    let given_limit = spec
+        .resources
         .as_ref()
-        .and_then(|l| l.get("memory"))
-        .and_then(|q| quantity::parse(&q.0))
-        .filter(|bytes| bytes.is_finite() && *bytes >= 0.0)
-        .map(|bytes| bytes as u64);
+        .and_then(|r| r.limits.as_ref())
+        .and_then(|l| l.get("memory"));
+    let memory_limit = match given_limit {
+        Some(q) => quantity::parse(&q.0)
+            .filter(|bytes| bytes.is_finite() && *bytes >= 0.0)
+            .map(|bytes| bytes as u64),
+        None => u64::try_from(config.max_memory_mb() + memory::grown_overhead_mb(&config))
+            .ok()
+            .map(|mb| mb << 20),
+    };
     let item_size = config
         .max_item_size
         .as_deref()
@@ -102,7 +109,8 @@ fn memory_limit(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     let Some(limit) = resources.limits.as_ref().and_then(|l| l.get("memory")) else {
         return Ok(());
     };
-    let needed_mb = spec.memcached().max_memory_mb() + args::MEMORY_OVERHEAD_MB;
+    let config = spec.memcached();
+    let needed_mb = config.max_memory_mb() + memory::BASELINE_MB;
     let bytes = quantity::parse(&limit.0).ok_or_else(|| {
         InvalidSpec::config(format!(
             "spec.resources.limits.memory {:?} is not a quantity",
@@ -111,11 +119,13 @@ fn memory_limit(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     })?;
     if bytes < f64::from(needed_mb) * 1024.0 * 1024.0 {
         return Err(InvalidSpec::config(format!(
-            "spec.resources.limits.memory {} leaves no room: memcached uses up to maxMemoryMB ({} MiB) plus \
-             about {} MiB of overhead, so the limit must be at least {needed_mb}Mi",
+            "spec.resources.limits.memory {} leaves no room: memcached uses maxMemoryMB ({} MiB) plus at \
+             least {} MiB for threads and connections, so the limit must be at least {needed_mb}Mi (and a \
+             limit below the derived {}Mi can be OOM-killed by a fill across item sizes)",
             limit.0,
-            spec.memcached().max_memory_mb(),
-            args::MEMORY_OVERHEAD_MB
+            config.max_memory_mb(),
+            memory::BASELINE_MB,
+            config.max_memory_mb() + memory::overhead_mb(&config),
         )));
     }
     Ok(())
@@ -314,7 +324,8 @@ mod tests {
             (&["-o", "hashpower=12"], None, false, "extraArgs[1]"),
             (&["-o", "hashpower=13"], Some(5), false, "extraArgs[1]"),
             (&["-o", "hashpower=15"], Some(21), false, "extraArgs[1]"),
-            (&["-o", "hashpower=24"], None, false, "extraArgs[1]"),
+            // 256 MiB, more than the 147Mi the instance gets without it.
+            (&["-o", "hashpower=25"], None, false, "extraArgs[1]"),
             (&["-n", "0"], None, false, "extraArgs[1]"),
             (&["-n", "-5"], None, false, "extraArgs[1]"),
             (&["-f", "1"], None, false, "extraArgs[1]"),
@@ -338,6 +349,8 @@ mod tests {
             (&["-o", "hashpower=12"], Some(3), false),
             (&["-o", "hashpower=16"], Some(21), false),
             (&["-o", "hashpower=23"], None, false),
+            // 128 MiB fits the derived 147Mi (which then grows by the table: 263Mi).
+            (&["-o", "hashpower=24"], None, false),
             (&["-n", "5"], None, false),
             (&["-f", "1.25"], None, false),
         ] {

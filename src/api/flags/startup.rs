@@ -7,7 +7,7 @@
 //! made twice, once per reading, and a command line is admitted only if both start.
 
 use super::argv::{FlagError, Given};
-use super::cnum::c_atoi;
+use super::cnum::{c_atof, c_atoi};
 use super::suboptions::slab_sizes;
 
 /// memcached's slab page (`slab_page_size`): chunks are cut from pages of 1 MiB.
@@ -16,6 +16,10 @@ pub const SLAB_PAGE: u64 = 1 << 20;
 pub const DEFAULT_ITEM_SIZE: u64 = 1 << 20;
 /// memcached's default `-n`.
 const DEFAULT_CHUNK_SIZE: i64 = 48;
+/// memcached's default `-f`.
+const DEFAULT_FACTOR: f64 = 1.25;
+/// memcached's initial hash table size without `-o hashpower` (`HASHPOWER_DEFAULT`): 2^16 buckets.
+pub const DEFAULT_HASHPOWER: u32 = 16;
 /// memcached's default hot and warm LRU shares.
 const DEFAULT_HOT: i64 = 20;
 const DEFAULT_WARM: i64 = 40;
@@ -54,6 +58,8 @@ struct Item<'a> {
 /// element that last set each (`None`: memcached's default or the operator's own argument).
 struct Settings<'a> {
     chunk_size: i64,
+    factor: f64,
+    hashpower: u32,
     chunk_max: (u64, Option<&'a Given<'a>>),
     chunk_max_given: bool,
     hot: (i64, Option<&'a Given<'a>>),
@@ -84,9 +90,48 @@ pub fn check(
     Ok(())
 }
 
+/// The settings that shape memcached's slab classes and hash table, as it holds them after reading the
+/// options (see `crate::resources::memory` for what they cost).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Slabs {
+    /// `-n`/`--slab-min-size`: the smallest item's data (48 bytes by default).
+    pub chunk_size: i64,
+    /// `-f`/`--slab-growth-factor`: each class's chunk is this much larger than the one before (1.25).
+    pub factor: f64,
+    /// The largest chunk, the last class (`slab_chunk_max`; 512 KiB by default).
+    pub chunk_max: u64,
+    /// `-o slab_sizes`: the classes' chunk sizes, when given instead of `-n` and `-f`.
+    pub sizes: Option<Vec<u64>>,
+    /// `-o hashpower`: the hash table starts with 2^hashpower buckets (16 by default).
+    pub hashpower: u32,
+}
+
+/// The slab settings memcached starts with, given `given` and `-I` (`item_size`, bytes; `None`, 1 MiB):
+/// one per reading of `slab_chunk_max` (bytes before 1.6.24, kilobytes since), as [`check`] walks them.
+pub fn slabs(given: &[Given<'_>], item_size: Option<u64>) -> [Slabs; 2] {
+    let item = item_size.unwrap_or(DEFAULT_ITEM_SIZE);
+    [Reading::Bytes, Reading::Kilobytes].map(|reading| {
+        let s = walk(given, reading);
+        let mut chunk_max = s.chunk_max.0;
+        // As in [`chunk_max`]: items larger than a page halve it unless slab_chunk_max is given.
+        if item > SLAB_PAGE && !s.chunk_max_given {
+            chunk_max = SLAB_PAGE / 2;
+        }
+        Slabs {
+            chunk_size: s.chunk_size,
+            factor: s.factor,
+            chunk_max,
+            sizes: s.slab_sizes.and_then(|(value, _)| slab_sizes(value).ok()),
+            hashpower: s.hashpower,
+        }
+    })
+}
+
 fn walk<'a>(given: &'a [Given<'a>], reading: Reading) -> Settings<'a> {
     let mut s = Settings {
         chunk_size: DEFAULT_CHUNK_SIZE,
+        factor: DEFAULT_FACTOR,
+        hashpower: DEFAULT_HASHPOWER,
         chunk_max: (SLAB_PAGE / 2, None),
         chunk_max_given: false,
         hot: (DEFAULT_HOT, None),
@@ -99,6 +144,8 @@ fn walk<'a>(given: &'a [Given<'a>], reading: Reading) -> Settings<'a> {
         let value = option.value.unwrap_or_default();
         match option.flag.short {
             Some('n') => s.chunk_size = i64::from(c_atoi(value)),
+            // A spelling `c_atof` leaves to memcached is refused by `values`; the default stands in.
+            Some('f') => s.factor = c_atof(value).unwrap_or(DEFAULT_FACTOR),
             Some('o') => {
                 for item in value.split(',') {
                     let (name, v) = item.split_once('=').unwrap_or((item, ""));
@@ -141,6 +188,13 @@ fn sub_option<'a>(
         "warm_lru_pct" => s.warm = (i64::from(c_atoi(value)), Some(option)),
         "temporary_ttl" => s.temporary_ttl = Some(option),
         "slab_sizes" => s.slab_sizes = Some((value, option)),
+        // memcached keeps 0 (its "not set") and below as the default; `values` refuses them anyway.
+        "hashpower" => {
+            s.hashpower = u32::try_from(c_atoi(value))
+                .ok()
+                .filter(|&p| p > 0)
+                .unwrap_or(DEFAULT_HASHPOWER)
+        }
         _ => {}
     }
 }

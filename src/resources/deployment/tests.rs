@@ -446,8 +446,9 @@ fn the_exporter_gets_no_private_key_without_client_auth() {
 fn resources_are_derived_from_item_memory_and_overridable() {
     let d = build(everything());
     let r = container(&d, "memcached").resources.clone().unwrap();
-    assert_eq!(r.limits.unwrap()["memory"], Quantity("288Mi".into()));
-    assert_eq!(r.requests.unwrap()["memory"], Quantity("288Mi".into()));
+    // maxMemoryMB 256 + 32 + 39 slab classes + a hash table of 2^22 buckets and its old half (48 MiB).
+    assert_eq!(r.limits.unwrap()["memory"], Quantity("375Mi".into()));
+    assert_eq!(r.requests.unwrap()["memory"], Quantity("375Mi".into()));
 
     let d = build(MemcachedSpec {
         resources: Some(Box::new(ResourceRequirements {
@@ -462,7 +463,7 @@ fn resources_are_derived_from_item_memory_and_overridable() {
     assert_eq!(requests["cpu"], Quantity("2".into()));
     assert_eq!(
         requests["memory"],
-        Quantity("96Mi".into()),
+        Quantity("147Mi".into()),
         "derived key kept"
     );
     assert_eq!(r.limits.unwrap()["memory"], Quantity("1Gi".into()));

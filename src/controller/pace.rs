@@ -277,6 +277,16 @@ mod tests {
             ..counts.clone()
         };
         assert!(!can_wait(Some(&broken), &other), "another problem");
+        let oom = MemcachedStatus {
+            conditions: vec![degraded("True", "OOMKilled")],
+            ..counts.clone()
+        };
+        assert!(!can_wait(Some(&counts), &oom), "an OOM kill");
+        assert!(
+            !can_wait(Some(&other), &oom),
+            "a crash loop found OOM-killed"
+        );
+        assert!(can_wait(Some(&oom), &oom.clone()), "an OOM kill seen again");
         assert!(can_wait(Some(&broken), &broken.clone()));
 
         let seen = MemcachedStatus {

@@ -530,3 +530,96 @@ fn a_scale_up_handover_says_the_joining_servers_wait_to_be_published() {
         progressing.message
     );
 }
+
+/// A memcached pod whose container's memory limit is 96Mi, with `container` as its status.
+fn pod_with_limit(container: serde_json::Value) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": "cache-abc", "namespace": "default"},
+        "spec": {"containers": [{"name": "memcached", "resources": {"limits": {"memory": "96Mi"}}}]},
+        "status": {"containerStatuses": [container]}
+    }))
+    .unwrap()
+}
+
+fn degraded_of(pod: &Pod) -> Option<(String, String)> {
+    let d = deployment(json!({"replicas": 1, "updatedReplicas": 1}));
+    let status = compute(&observed(1, Some(&d), vec![pod]), None, &at(0));
+    find(Some(&status), DEGRADED)
+        .filter(|c| c.status == "True")
+        .map(|c| (c.reason.clone(), c.message.clone()))
+}
+
+fn oom_killed_last(restarts: i32, state: serde_json::Value) -> serde_json::Value {
+    json!({"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": restarts,
+        "state": state,
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+            "finishedAt": format!("2024-01-01T00:00:{restarts:02}Z")}}})
+}
+
+#[test]
+fn an_oom_kill_takes_precedence_over_the_crash_loop_and_does_not_flap() {
+    let waiting = json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}});
+    let running = json!({"running": {"startedAt": "2024-01-01T00:01:00Z"}});
+    let seen: Vec<_> = [(3, waiting.clone()), (4, running), (5, waiting)]
+        .into_iter()
+        .map(|(restarts, state)| degraded_of(&pod_with_limit(oom_killed_last(restarts, state))))
+        .collect();
+    let (reason, message) = seen[0].clone().expect("Degraded");
+    assert_eq!(reason, "OOMKilled");
+    assert!(
+        seen.iter()
+            .all(|s| s.as_ref() == Some(&(reason.clone(), message.clone()))),
+        "{seen:?}"
+    );
+    for fragment in [
+        "cache-abc",
+        "memcached",
+        "96Mi",
+        "restarted empty",
+        "spec.resources.limits.memory",
+        "maxMemoryMB",
+    ] {
+        assert!(message.contains(fragment), "{fragment}: {message}");
+    }
+    assert!(
+        !message.contains("2024") && !message.contains("137"),
+        "nothing volatile: {message}"
+    );
+}
+
+#[test]
+fn a_running_container_is_reported_only_after_an_oom_kill() {
+    let running = json!({"running": {"startedAt": "2024-01-01T00:01:00Z"}});
+    let killed = pod_with_limit(oom_killed_last(1, running.clone()));
+    assert_eq!(
+        degraded_of(&killed).map(|(r, _)| r).as_deref(),
+        Some("OOMKilled")
+    );
+
+    let errored = json!({"name": "memcached", "image": "m", "imageID": "", "ready": true, "restartCount": 1,
+        "state": running.clone(), "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}});
+    let fresh = json!({"name": "memcached", "image": "m", "imageID": "", "ready": true, "restartCount": 0,
+        "state": running});
+    for container in [errored, fresh] {
+        assert_eq!(
+            degraded_of(&pod_with_limit(container.clone())),
+            None,
+            "{container}"
+        );
+    }
+}
+
+#[test]
+fn an_oom_kill_without_a_limit_in_the_pod_still_says_what_to_do() {
+    let p = pod(
+        "cache-abc",
+        json!({"containerStatuses": [oom_killed_last(2, json!({"running": {}}))]}),
+    );
+    let (reason, message) = degraded_of(&p).expect("Degraded");
+    assert_eq!(reason, "OOMKilled");
+    assert!(!message.contains("limit of"), "{message}");
+    assert!(
+        message.contains("spec.resources.limits.memory"),
+        "{message}"
+    );
+}

@@ -67,8 +67,11 @@ pub const CONNECTIONS_MESSAGE: &str = "maxConnections (default 1024) must be at 
     "message": CONNECTIONS_MESSAGE
 }]))]
 pub struct MemcachedConfig {
-    /// Memory for items, in MiB (`-m`). Default 64. The container's memory limit must leave at least
-    /// 32Mi above it for connections and internal structures.
+    /// Memory for items, in MiB (`-m`). Default 64. memcached uses more than this: every slab class's
+    /// first 1 MiB page even beyond it (39 classes by default, up to 63 with a small `-f`), its hash table
+    /// and its threads and connections. The derived memory limit counts them (147Mi for 64); a limit set
+    /// in spec.resources must be at least this + 32Mi, and one below the derived size can be OOM-killed by
+    /// a fill across item sizes.
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",

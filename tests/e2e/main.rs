@@ -90,7 +90,7 @@
 //!     the items arrive with their values; where pod IPs are not reachable from here, skipped with a NOTE
 //! 27. cleanup (always, also after a failure): see `impl Drop for E2e`
 //!
-//! Steps 12 to 14 run three pods requesting 250m CPU and 576Mi memory each plus their exporters (four during a
+//! Steps 12 to 14 run three pods requesting 250m CPU and 631Mi memory each plus their exporters (four during a
 //! rollout), so the nodes need about 1.1 CPU and 2.5 GiB of requestable capacity left. Step 26 runs two
 //! pods with `maxMemoryMB: 800` (three during its rollout), which request about 2.5 GiB and hold 1 GiB of
 //! items each side of the copy.

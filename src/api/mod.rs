@@ -132,8 +132,8 @@ pub struct MemcachedSpec {
     /// CPU and memory for the memcached container. Default: requests of 100m CPU and a memory of
     /// maxMemoryMB + what memcached uses beyond it (32Mi for threads and connections, 1Mi per slab class,
     /// the hash table grown for the most items: 147Mi in all for the default 64), and a memory limit of the
-    /// same; keys given here replace those defaults one by one. A memory limit must be at least maxMemoryMB
-    /// + 32Mi; one below the derived size can be OOM-killed by a fill across item sizes (Degraded,
+    /// same; keys given here replace those defaults one by one. A memory limit must be at least
+    /// maxMemoryMB + 32Mi; one below the derived size can be OOM-killed by a fill across item sizes (Degraded,
     /// OOMKilled).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Box<ResourceRequirements>>,

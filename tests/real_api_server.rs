@@ -184,6 +184,16 @@ const CHANGED_SINCE_RECORDING: &[(&str, &str, &str)] = &[
         "/spec/template/spec/volumes",
         "the exporter's TLS volume holds only the keys it reads",
     ),
+    (
+        "deployments.memcached-sample.json",
+        "/spec/template/spec/containers/0/resources",
+        "the derived memory covers the slab pages memcached takes beyond -m and its grown hash table",
+    ),
+    (
+        "statefulsets.memcached-pool.json",
+        "/spec/template/spec/containers/0/resources",
+        "the derived memory covers the slab pages memcached takes beyond -m and its grown hash table",
+    ),
 ];
 
 /// Builds each child of `name` as the operator of this tree would, and checks that the recorded live

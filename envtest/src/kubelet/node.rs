@@ -61,7 +61,7 @@ pub struct Capacity {
 }
 
 impl Default for Capacity {
-    /// Enough for the operator's production sample (three pods of 250m and 576Mi with exporters) on every
+    /// Enough for the operator's production sample (three pods of 250m and 631Mi with exporters) on every
     /// node, and for a few hundred small instances over three nodes.
     fn default() -> Self {
         Capacity {

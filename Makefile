@@ -94,7 +94,7 @@ e2e: ## Run the end-to-end tests against the cluster KUBECONFIG points at, else 
 # The real-node tier (docs/testing.md): a real kubelet, containerd and runc, CNI, kube-proxy and kube-dns
 # started beside a local control plane, from $(REAL_NODE_BIN) (kubelet, kube-proxy, kube-dns),
 # $(KUBEBUILDER_ASSETS) and PATH; skipped with a message when they are missing. Needs root.
-# E2E_NODE_SUITE=1 also runs the whole `make e2e` suite against that node.
+# E2E_NODE_STEPS="sample proxy ..." runs only the steps named (hack/e2e-node.sh lists them).
 .PHONY: e2e-node
 e2e-node: ## Run the end-to-end steps against a real node started here (real kubelet, containerd, kube-proxy, kube-dns).
 	CARGO="$(CARGO)" hack/e2e-node.sh

@@ -7,10 +7,13 @@ for it (with the dynamic loader) and an /etc/passwd naming the unprivileged user
 - memcached:1.6-alpine      Debian's memcached (and `sleep`, which the preStop hook runs), the image the
                             operator gives every Memcached that sets none;
 - memcached-proxy:local     the proxy-capable memcached ($MEMCACHED_PROXY_BINARY), when there is one;
+- memcached-exporter        Prometheus' memcached_exporter (--exporter, default $MEMCACHED_EXPORTER_BINARY
+                            or `memcached_exporter` on PATH), under the operator's default exporter image
+                            name (src/api/features.rs DEFAULT_EXPORTER_IMAGE), when there is one;
 - controller:latest         the operator's binary (--operator), the image config/default deploys;
 - registry.k8s.io/pause:3.9 the sandbox image: a static binary that sleeps until a signal (--pause).
 
-Usage: node-images.py OUT_DIR --operator BIN --pause BIN [--proxy BIN]
+Usage: node-images.py OUT_DIR --operator BIN --pause BIN [--proxy BIN] [--exporter BIN]
 Writes OUT_DIR/<file>.tar and prints "<archive> <image name>" per image, for `ctr images import`.
 Nothing is downloaded, and the archives are not meant to be committed.
 """
@@ -142,6 +145,8 @@ def main():
     parser.add_argument("--pause", required=True)
     parser.add_argument("--memcached", default="/usr/bin/memcached")
     parser.add_argument("--proxy", default=os.environ.get("MEMCACHED_PROXY_BINARY"))
+    parser.add_argument("--exporter", default=os.environ.get("MEMCACHED_EXPORTER_BINARY")
+                        or shutil.which("memcached_exporter"))
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     sleep = subprocess.run(["sh", "-c", "command -v sleep"], capture_output=True, text=True).stdout.strip()
@@ -164,7 +169,20 @@ def main():
         image(args.out, "memcached-proxy.tar", "docker.io/library/memcached-proxy:local",
               {"/usr/bin/memcached": args.proxy, "/bin/sleep": sleep, **tools}, ["memcached"], "11211",
               links)
+    if args.exporter and os.access(args.exporter, os.X_OK):
+        image(args.out, "memcached-exporter.tar", "docker.io/" + default_exporter_image(),
+              {"/bin/memcached_exporter": args.exporter}, ["/bin/memcached_exporter"], "65534")
     return 0
+
+
+def default_exporter_image():
+    """The exporter image the operator gives a Memcached that names none, read from its source."""
+    source = os.path.join(os.path.dirname(__file__), "..", "src", "api", "features.rs")
+    with open(source) as f:
+        match = re.search(r'DEFAULT_EXPORTER_IMAGE: &str = "([^"]+)"', f.read())
+    if not match:
+        raise SystemExit("node-images.py: DEFAULT_EXPORTER_IMAGE not found in src/api/features.rs")
+    return match.group(1)
 
 
 if __name__ == "__main__":

@@ -19,13 +19,15 @@
 #     controller, which is off, would), kube-proxy in iptables mode, and kube-dns as a host process on the
 #     bridge's address, port 53, which is the kubelet's --cluster-dns.
 #
-# Binaries: kubelet, kube-proxy and kube-dns from $REAL_NODE_BIN (else beside the kubelet on PATH); the
+# Binaries: kubelet, kube-proxy and kube-dns from $REAL_NODE_BIN (else beside the control plane's binaries,
+# else beside the kubelet on PATH); the
 # control plane from $KUBEBUILDER_ASSETS (or /usr/local/kubebuilder/bin); containerd, ctr, containerd-shim-runc-v2, runc,
 # iptables and ip from PATH; the CNI plugins from $CNI_BIN_DIR (or /usr/lib/cni, /opt/cni/bin). When one is
 # missing it says which and exits 0 (a skip), unless REAL_NODE_REQUIRED=1.
 # Needs root (network namespaces, iptables, mounts). Environment: CARGO (cargo), REAL_NODE_KEEP=1 (keep the
 # scratch directory and its logs), OPERATOR_BINARY (the operator's binary for its image; default: a release
-# build if there is one, else the debug build), MEMCACHED_PROXY_BINARY (the proxy-capable memcached's image).
+# build if there is one, else the debug build), MEMCACHED_PROXY_BINARY (the proxy-capable memcached's image),
+# MEMCACHED_EXPORTER_BINARY (the exporter sidecar's image; default: memcached_exporter on PATH).
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -51,10 +53,12 @@ skip() {
 # Finding the binaries.
 assets=${KUBEBUILDER_ASSETS:-/usr/local/kubebuilder/bin}
 node_bin=${REAL_NODE_BIN:-}
-if [ -z "$node_bin" ] && command -v kubelet >/dev/null 2>&1; then
+if [ -z "$node_bin" ] && [ -x "$assets/kubelet" ]; then
+    node_bin=$assets
+elif [ -z "$node_bin" ] && command -v kubelet >/dev/null 2>&1; then
     node_bin=$(dirname "$(command -v kubelet)")
 fi
-[ -n "$node_bin" ] || skip "REAL_NODE_BIN is not set and no kubelet is on PATH (REAL_NODE_BIN: a directory holding kubelet, kube-proxy and kube-dns)"
+[ -n "$node_bin" ] || skip "no kubelet: REAL_NODE_BIN is not set, $assets has none and none is on PATH (REAL_NODE_BIN: a directory holding kubelet, kube-proxy and kube-dns)"
 for b in "$node_bin/kubelet" "$node_bin/kube-proxy" "$node_bin/kube-dns" "$assets/etcd" \
     "$assets/kube-apiserver" "$assets/kube-controller-manager" "$assets/kube-scheduler"; do
     [ -x "$b" ] || skip "$b is missing"

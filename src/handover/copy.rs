@@ -9,9 +9,9 @@
 //! What the source answers is the tenant's (its own image): nothing it sends makes the copy hold more than
 //! [`COPY_MEMORY_BOUND`](super::COPY_MEMORY_BOUND). A copy holds at any time:
 //! - one line, at most [`MAX_LINE_BYTES`] (a dump's) or [`LINE_REPLY_LIMIT`] (an answer's);
-//! - one batch's keys (at most [`Settings::batch_items`] of at most [`MAX_KEY_BYTES`]) and values: a value
-//!   is read into memory only when it is no larger than the size the dump listed for it (a larger answer
-//!   is read past in small pieces and counted skipped), and a batch lists at most
+//! - one batch's keys (at most [`Settings::batch_items`] of at most `wire::MAX_KEY_BYTES`) and values:
+//!   a value is read into memory only when it is no larger than the size the dump listed for it (a
+//!   larger answer is read past in small pieces and counted skipped), and a batch lists at most
 //!   [`Settings::batch_bytes`] (1 MiB) plus one item of at most [`MAX_VALUE_BYTES`] and its
 //!   `LISTED_OVERHEAD`: 9 MiB;
 //! - a sweep's kept keys, at most `sweep::MAX_KEPT_KEY_BYTES` and `sweep::MAX_KEPT_KEYS` entries: 5 MiB
@@ -21,26 +21,26 @@
 //!
 //! That is under 15 MiB; `tests/handover_hostile.rs` measures it against a hostile server.
 
-use std::future::Future;
 use std::time::Instant;
 
-use base64::Engine as _;
-use base64::engine::general_purpose::STANDARD as BASE64;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::io::AsyncReadExt;
 
 use super::dump::{self, DumpItem, DumpLine, MAX_LINE_BYTES};
 use super::error::{CopyError, Side};
 use super::progress::Progress;
 use super::rate::TokenBucket;
 use super::{KeyFilter, MAX_VALUE_BYTES, Settings};
-use crate::connection::{self, LINE_REPLY_LIMIT, Stream, Target, classify};
+use crate::connection::{self, LINE_REPLY_LIMIT, Target};
 
+mod conn;
 mod sweep;
+mod wire;
+
+use conn::{Conn, bounded, link, open, read_line, send, server_time};
+use wire::{WireKey, parse_value_header};
 
 /// memcached reads an expiry time above 30 days as a unix time rather than a number of seconds.
 const RELATIVE_TTL_LIMIT: i64 = 60 * 60 * 24 * 30;
-/// The most a `stats` reply is read for (the `time` line).
-const STATS_LIMIT: u64 = 64 * 1024;
 /// What a dump's `size` counts besides the value: the item header, key, suffix and CAS (a generous bound).
 const LISTED_OVERHEAD: usize = 1024;
 /// Stored commands are gathered up to this many bytes before a write.
@@ -61,8 +61,6 @@ fn batch_bytes(settings: &Settings) -> u64 {
     let per_wait = (settings.max_bytes_per_second / MAX_RATE_WAIT_DIVISOR).max(MIN_BATCH_BYTES);
     settings.batch_bytes.min(per_wait)
 }
-
-type Conn = BufReader<Stream>;
 
 /// One fetched item of a batch: where its value lies in the batch's value buffer.
 struct Fetched {
@@ -118,100 +116,6 @@ pub(super) enum Walked {
     /// A sweep found more missing keys than it holds at once: it copied those, another sweep finds the
     /// rest.
     Capped,
-}
-
-/// Runs `future` within the request timeout, as a stall of `side` when it does not finish.
-async fn bounded<T>(
-    settings: &Settings,
-    side: Side,
-    future: impl Future<Output = Result<T, CopyError>>,
-) -> Result<T, CopyError> {
-    tokio::time::timeout(settings.request_timeout, future)
-        .await
-        .unwrap_or(Err(CopyError::Stalled {
-            side,
-            after: settings.request_timeout,
-        }))
-}
-
-async fn open(settings: &Settings, side: Side, target: &Target) -> Result<Conn, CopyError> {
-    bounded(settings, side, async {
-        connection::open(target)
-            .await
-            .map(|connection| connection.stream)
-            .map_err(|error| CopyError::Link { side, error })
-    })
-    .await
-}
-
-fn link(side: Side) -> impl Fn(std::io::Error) -> CopyError {
-    move |error| CopyError::Link {
-        side,
-        error: classify(error),
-    }
-}
-
-async fn send(conn: &mut Conn, side: Side, bytes: &[u8]) -> Result<(), CopyError> {
-    connection::send(conn, bytes)
-        .await
-        .map_err(|error| CopyError::Link { side, error })
-}
-
-/// Reads one line of at most `limit` bytes into `line`; the connection closing first is an error.
-async fn read_line(
-    conn: &mut Conn,
-    side: Side,
-    line: &mut Vec<u8>,
-    limit: u64,
-) -> Result<(), CopyError> {
-    line.clear();
-    let read = (&mut *conn)
-        .take(limit)
-        .read_until(b'\n', line)
-        .await
-        .map_err(link(side))?;
-    if read == 0 {
-        return Err(CopyError::Link {
-            side,
-            error: connection::LinkError::Closed,
-        });
-    }
-    if !line.ends_with(b"\n") {
-        return Err(CopyError::Protocol {
-            side,
-            answer: connection::shown(line),
-        });
-    }
-    Ok(())
-}
-
-/// The server's clock (`stats` `time`), which is what item expiry times are on.
-async fn server_time(conn: &mut Conn, side: Side, line: &mut Vec<u8>) -> Result<i64, CopyError> {
-    send(conn, side, b"stats\r\n").await?;
-    let mut time = None;
-    let mut read = 0;
-    loop {
-        read_line(conn, side, line, LINE_REPLY_LIMIT).await?;
-        read += line.len() as u64;
-        if line == b"END\r\n" {
-            break;
-        }
-        if !line.starts_with(b"STAT ") || read > STATS_LIMIT {
-            return Err(CopyError::Protocol {
-                side,
-                answer: connection::shown(line),
-            });
-        }
-        if let Some(value) = line.strip_prefix(b"STAT time ") {
-            time = std::str::from_utf8(value)
-                .ok()
-                .and_then(|text| text.trim_end().parse().ok());
-        }
-    }
-    time.ok_or_else(|| CopyError::Protocol {
-        side,
-        answer: "a stats reply without time".to_owned(),
-    })
 }
 
 /// Empties `target` (`flush_all`), so that it holds only what the copy brings: a StatefulSet rollout's
@@ -566,149 +470,5 @@ impl<'a> Copy<'a> {
     }
 }
 
-/// The longest key memcached's text protocols take, as sent (base64 included).
-const MAX_KEY_BYTES: usize = 250;
-
-/// A key as the meta protocol names it: as is when it is a valid text-protocol key, else in base64
-/// (the `b` flag) so keys with spaces or control characters (stored through the binary protocol or a
-/// base64 meta command) copy too.
-#[derive(Debug, PartialEq, Eq)]
-struct WireKey {
-    text: Vec<u8>,
-    base64: bool,
-}
-
-impl WireKey {
-    /// `None` for a key no text command can name: one that needs base64 and whose base64 is longer than
-    /// 250 bytes (a binary key of more than 186 bytes).
-    fn of(key: &[u8]) -> Option<Self> {
-        let plain = !key.is_empty()
-            && key.len() <= MAX_KEY_BYTES
-            && key.iter().all(|&b| b > b' ' && b != 0x7f);
-        if plain {
-            return Some(Self {
-                text: key.to_vec(),
-                base64: false,
-            });
-        }
-        let text = BASE64.encode(key).into_bytes();
-        (text.len() <= MAX_KEY_BYTES).then_some(Self { text, base64: true })
-    }
-}
-
-/// The header of an `mg … v f t u` hit: `VA <length> f<flags> t<ttl>`.
-#[derive(Debug, PartialEq, Eq)]
-struct ValueHeader {
-    length: usize,
-    flags: u32,
-    /// Remaining seconds; `None` when the item never expires (`t-1`).
-    ttl: Option<i64>,
-}
-
-fn parse_value_header(line: &[u8]) -> Option<ValueHeader> {
-    let text = std::str::from_utf8(line.strip_suffix(b"\r\n")?).ok()?;
-    let mut tokens = text.split(' ');
-    if tokens.next()? != "VA" {
-        return None;
-    }
-    let length = tokens.next()?.parse().ok()?;
-    let (mut flags, mut ttl) = (None, None);
-    for token in tokens {
-        if let Some(value) = token.strip_prefix('f') {
-            flags = Some(value.parse().ok()?);
-        } else if let Some(value) = token.strip_prefix('t') {
-            ttl = Some(value.parse::<i64>().ok()?);
-        }
-    }
-    Some(ValueHeader {
-        length,
-        flags: flags?,
-        ttl: match ttl? {
-            -1 => None,
-            seconds => Some(seconds),
-        },
-    })
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::handover::COPY_MEMORY_BOUND;
-
-    #[test]
-    fn what_a_copy_holds_adds_up_under_its_bound() {
-        let settings = Settings::default();
-        let values = settings.batch_bytes as usize + MAX_VALUE_BYTES + LISTED_OVERHEAD;
-        let keys = settings.batch_items * (MAX_KEY_BYTES + std::mem::size_of::<WireKey>() + 8);
-        // The stores' buffer (a chunk, one small value more, grown by doubling), the fetches' requests,
-        // two lines, and three connections' buffers (TLS's included), generously.
-        let buffers = 4 * WRITE_CHUNK + keys + 2 * MAX_LINE_BYTES as usize + 3 * 64 * 1024;
-        let total = values + keys + sweep::MAX_KEPT_BYTES + buffers;
-        assert!(total <= COPY_MEMORY_BOUND - (1 << 20), "{total}");
-    }
-
-    #[test]
-    fn batches_shrink_at_low_rates_so_the_dump_is_read_every_quarter_second() {
-        let at = |rate: u64| {
-            batch_bytes(&Settings {
-                max_bytes_per_second: rate,
-                ..Settings::default()
-            })
-        };
-        assert_eq!(at(64 << 20), 1 << 20);
-        assert_eq!(at(1 << 20), 256 << 10);
-        assert_eq!(at(64 << 10), 16 << 10);
-        assert_eq!(at(1), MIN_BATCH_BYTES);
-    }
-
-    #[test]
-    fn text_keys_go_as_they_are_and_others_in_base64() {
-        let plain = |key: &[u8]| WireKey {
-            text: key.to_vec(),
-            base64: false,
-        };
-        assert_eq!(WireKey::of(b"user:42"), Some(plain(b"user:42")));
-        assert_eq!(WireKey::of(&[b'k'; 250]), Some(plain(&[b'k'; 250])));
-        assert_eq!(WireKey::of("ünï".as_bytes()), Some(plain("ünï".as_bytes())));
-        let encoded = |key: &[u8]| WireKey::of(key).filter(|k| k.base64).map(|k| k.text);
-        assert_eq!(encoded(b"a b"), Some(b"YSBi".to_vec()));
-        assert_eq!(encoded(b"\x00"), Some(b"AA==".to_vec()));
-        assert!(encoded(&[b' '; 186]).is_some());
-        assert_eq!(WireKey::of(&[b' '; 187]), None);
-        assert_eq!(WireKey::of(&[b'k'; 251]), None);
-    }
-
-    #[test]
-    fn a_hit_header_gives_length_flags_and_ttl() {
-        assert_eq!(
-            parse_value_header(b"VA 5 f7 t100\r\n"),
-            Some(ValueHeader {
-                length: 5,
-                flags: 7,
-                ttl: Some(100)
-            })
-        );
-        assert_eq!(
-            parse_value_header(b"VA 3 f0 t-1\r\n"),
-            Some(ValueHeader {
-                length: 3,
-                flags: 0,
-                ttl: None
-            })
-        );
-    }
-
-    #[test]
-    fn anything_else_is_not_a_header() {
-        for bad in [
-            &b"EN\r\n"[..],
-            b"VA 5 f7\r\n",
-            b"VA x f7 t1\r\n",
-            b"VA 5 f7 t1",
-            b"SERVER_ERROR out of memory\r\n",
-            b"VA 5 f99999999999 t1\r\n",
-        ] {
-            assert_eq!(parse_value_header(bad), None, "{bad:?}");
-        }
-    }
-}
+mod tests;

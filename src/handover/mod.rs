@@ -6,8 +6,10 @@
 //!   replaced pod, a scale, both), and the decisions around it: the Deployment's handover gate and
 //!   takeovers ([`plan::rollout`]), the StatefulSet rollout's spare server ([`plan::spare`]), the scale's
 //!   change and how long it waits ([`plan::scale`]);
-//! - [`Handover`], the orchestrator the controller holds, with its one entry point
-//!   [`Handover::step`], called once per reconcile with a [`View`] of the instance: it starts the
+//! - [`Handover`], the orchestrator the controller holds. The reconcile calls [`Handover::step`] once,
+//!   in its workload step, with a [`View`] of the instance; the pool plan also reads a scale's copies
+//!   ([`Handover::scale_copies`]), the watches take [`Handover::triggers`], and an instance that is
+//!   gone has its copies cancelled ([`Handover::forget_instance`]). The step starts the
 //!   copies the planner asks for, opens the gates and steps the spare when they end, and says so in
 //!   events (`HandedOver`, `HandoverFailed`) and [`metrics`]; it needs no more of the operator than
 //!   its [`Deps`] (client, event publisher, metrics, the Secret and pod caches, the cluster domain, a

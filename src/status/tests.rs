@@ -5,6 +5,9 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
+mod pods;
+mod progress;
+
 fn at(secs: i64) -> Time {
     Time(Timestamp::from_second(secs).unwrap())
 }
@@ -238,64 +241,6 @@ fn condition_table_of_rollouts_and_workload_problems() {
 }
 
 #[test]
-fn pod_problems_become_degraded_with_stable_messages() {
-    let d = deployment(json!({"replicas": 1, "updatedReplicas": 1}));
-    let cases = [
-        (
-            json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}}}]}),
-            "ImagePullFailed",
-            "cannot pull image",
-        ),
-        (
-            json!({"containerStatuses": [{"name": "memcached", "image": "nope:1", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "ErrImagePull", "message": "rpc error"}}}]}),
-            "ImagePullFailed",
-            "cannot pull image",
-        ),
-        (
-            json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 7,
-            "state": {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 5m0s"}},
-            "lastState": {"terminated": {"exitCode": 71, "reason": "Error"}}}]}),
-            "CrashLoopBackOff",
-            "last exit code 71 (Error)",
-        ),
-        (
-            json!({"containerStatuses": [{"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": 0,
-            "state": {"waiting": {"reason": "CreateContainerConfigError", "message": "secret \"x\" not found"}}}]}),
-            "ContainerCreateFailed",
-            "secret",
-        ),
-        (
-            json!({"conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": "0/3 nodes are available: insufficient memory"}]}),
-            "Unschedulable",
-            "insufficient memory",
-        ),
-    ];
-    for (pod_status, reason, fragment) in cases {
-        let p = pod("cache-abc", pod_status);
-        let status = compute(&observed(1, Some(&d), vec![&p]), None, &at(0));
-        let degraded = find(Some(&status), DEGRADED).unwrap();
-        assert_eq!(
-            (degraded.status.as_str(), degraded.reason.as_str()),
-            ("True", reason)
-        );
-        assert!(
-            degraded.message.contains("cache-abc"),
-            "{}",
-            degraded.message
-        );
-        assert!(degraded.message.contains(fragment), "{}", degraded.message);
-        assert!(
-            !degraded.message.contains("restart"),
-            "no volatile counts: {}",
-            degraded.message
-        );
-    }
-}
-
-#[test]
 fn operator_problems_take_precedence() {
     let d = ready_deployment(1);
     let mut obs = observed(1, Some(&d), vec![]);
@@ -361,60 +306,6 @@ fn servers_are_published_in_slot_order_with_the_ready_ones_in_server_list() {
 }
 
 #[test]
-fn a_drain_is_progressing_with_reason_draining() {
-    let d = ready_deployment(3);
-    let mut obs = observed(2, Some(&d), vec![]);
-    obs.drain = Some(Drain {
-        from_size: 3,
-        to_size: 2,
-        started_at: at(0),
-        servers: Vec::new(),
-    });
-    let status = compute(&obs, None, &at(5));
-    let progressing = find(Some(&status), PROGRESSING).unwrap();
-    assert_eq!(
-        (progressing.status.as_str(), progressing.reason.as_str()),
-        ("True", "Draining")
-    );
-    assert!(progressing.message.contains("from 3 to 2"));
-    assert_eq!(status.drain, obs.drain);
-}
-
-#[test]
-fn a_running_handover_is_progressing_with_each_slots_items_and_bytes() {
-    let d = deployment(json!({"replicas": 5, "readyReplicas": 4, "updatedReplicas": 2}));
-    let mut obs = observed(4, Some(&d), vec![]);
-    obs.handovers = vec![HandoverProgress {
-        slot: 1,
-        items: 1200,
-        bytes: 96000,
-    }];
-    let status = compute(&obs, None, &at(0));
-    let progressing = find(Some(&status), PROGRESSING).unwrap();
-    assert_eq!(
-        (progressing.status.as_str(), progressing.reason.as_str()),
-        ("True", HANDING_OVER)
-    );
-    assert!(
-        progressing
-            .message
-            .contains("slot 1: 1200 items, 96000 bytes"),
-        "{}",
-        progressing.message
-    );
-    assert!(progressing.message.contains("2 of 4 servers updated"));
-}
-
-#[test]
-fn a_rollout_says_how_many_servers_are_updated() {
-    let d = deployment(json!({"replicas": 5, "readyReplicas": 5, "updatedReplicas": 3}));
-    let status = compute(&observed(5, Some(&d), vec![]), None, &at(0));
-    let progressing = find(Some(&status), PROGRESSING).unwrap();
-    assert_eq!(progressing.reason, "RollingUpdate");
-    assert_eq!(progressing.message, "3 of 5 servers updated");
-}
-
-#[test]
 fn transition_time_moves_only_when_status_changes() {
     let starting = deployment(json!({"replicas": 1, "readyReplicas": 0, "updatedReplicas": 1}));
     let ready = ready_deployment(1);
@@ -473,137 +364,4 @@ fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
         &at(0),
     );
     assert_eq!(status.ready_replicas, 2);
-}
-
-#[test]
-fn a_scale_down_handover_is_progressing_with_each_target_slots_items_and_bytes() {
-    let d = ready_deployment(4);
-    let mut obs = observed(3, Some(&d), vec![]);
-    obs.drain = Some(Drain {
-        from_size: 4,
-        to_size: 3,
-        started_at: at(0),
-        servers: vec![],
-    });
-    obs.handovers = vec![HandoverProgress {
-        slot: 0,
-        items: 300,
-        bytes: 3000,
-    }];
-    let status = compute(&obs, None, &at(1));
-    let progressing = find(Some(&status), PROGRESSING).unwrap();
-    assert_eq!(progressing.reason, HANDING_OVER);
-    assert!(
-        progressing.message.contains("from 4 to 3")
-            && progressing
-                .message
-                .contains("slot 0: 300 items, 3000 bytes"),
-        "{}",
-        progressing.message
-    );
-}
-
-#[test]
-fn a_scale_up_handover_says_the_joining_servers_wait_to_be_published() {
-    let d = ready_deployment(5);
-    let mut obs = observed(5, Some(&d), vec![]);
-    obs.servers = (0..5)
-        .map(|slot| Server {
-            slot,
-            pod: Some(format!("p{slot}")),
-            address: (slot < 3).then(|| format!("10.0.0.{slot}:11211")),
-            ready: true,
-        })
-        .collect();
-    obs.handovers = vec![HandoverProgress {
-        slot: 3,
-        items: 10,
-        bytes: 100,
-    }];
-    let status = compute(&obs, None, &at(1));
-    let progressing = find(Some(&status), PROGRESSING).unwrap();
-    assert_eq!(progressing.reason, HANDING_OVER);
-    assert!(
-        progressing.message.starts_with("scaling up")
-            && progressing.message.contains("slot 3: 10 items"),
-        "{}",
-        progressing.message
-    );
-}
-
-/// A memcached pod as the pod cache holds it (no spec), with `container` as its status.
-fn pod_with_status(container: serde_json::Value) -> Pod {
-    serde_json::from_value(json!({
-        "metadata": {"name": "cache-abc", "namespace": "default"},
-        "status": {"containerStatuses": [container]}
-    }))
-    .unwrap()
-}
-
-fn degraded_of(pod: &Pod) -> Option<(String, String)> {
-    let d = deployment(json!({"replicas": 1, "updatedReplicas": 1}));
-    let status = compute(&observed(1, Some(&d), vec![pod]), None, &at(0));
-    find(Some(&status), DEGRADED)
-        .filter(|c| c.status == "True")
-        .map(|c| (c.reason.clone(), c.message.clone()))
-}
-
-fn oom_killed_last(restarts: i32, state: serde_json::Value) -> serde_json::Value {
-    json!({"name": "memcached", "image": "m", "imageID": "", "ready": false, "restartCount": restarts,
-        "state": state,
-        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
-            "finishedAt": format!("2024-01-01T00:00:{restarts:02}Z")}}})
-}
-
-#[test]
-fn an_oom_kill_takes_precedence_over_the_crash_loop_and_does_not_flap() {
-    let waiting = json!({"waiting": {"reason": "CrashLoopBackOff", "message": "back-off 40s"}});
-    let running = json!({"running": {"startedAt": "2024-01-01T00:01:00Z"}});
-    let seen: Vec<_> = [(3, waiting.clone()), (4, running), (5, waiting)]
-        .into_iter()
-        .map(|(restarts, state)| degraded_of(&pod_with_status(oom_killed_last(restarts, state))))
-        .collect();
-    let (reason, message) = seen[0].clone().expect("Degraded");
-    assert_eq!(reason, "OOMKilled");
-    assert!(
-        seen.iter()
-            .all(|s| s.as_ref() == Some(&(reason.clone(), message.clone()))),
-        "{seen:?}"
-    );
-    for fragment in [
-        "cache-abc",
-        "memcached",
-        "memory limit",
-        "restarted empty",
-        "spec.resources.limits.memory",
-        "maxMemoryMB",
-    ] {
-        assert!(message.contains(fragment), "{fragment}: {message}");
-    }
-    assert!(
-        !message.contains("2024") && !message.contains("137"),
-        "nothing volatile: {message}"
-    );
-}
-
-#[test]
-fn a_running_container_is_reported_only_after_an_oom_kill() {
-    let running = json!({"running": {"startedAt": "2024-01-01T00:01:00Z"}});
-    let killed = pod_with_status(oom_killed_last(1, running.clone()));
-    assert_eq!(
-        degraded_of(&killed).map(|(r, _)| r).as_deref(),
-        Some("OOMKilled")
-    );
-
-    let errored = json!({"name": "memcached", "image": "m", "imageID": "", "ready": true, "restartCount": 1,
-        "state": running.clone(), "lastState": {"terminated": {"exitCode": 1, "reason": "Error"}}});
-    let fresh = json!({"name": "memcached", "image": "m", "imageID": "", "ready": true, "restartCount": 0,
-        "state": running});
-    for container in [errored, fresh] {
-        assert_eq!(
-            degraded_of(&pod_with_status(container.clone())),
-            None,
-            "{container}"
-        );
-    }
 }

@@ -1,6 +1,6 @@
 //! The reconciler against the scripted API server ([`super::scripted`]): caches as the watches would fill
 //! them (one per kind of the operator's table), the paths of the instance's children (from the same
-//! table), and the objects the scenarios start from. Shared by `tests/reconciler.rs`, `tests/pools.rs`,
+//! table), and the objects the scenarios start from. Shared by `tests/reconciler/`, `tests/pools.rs`,
 //! `tests/isolation.rs` and `tests/convergence.rs`.
 
 use std::any::{Any, TypeId};

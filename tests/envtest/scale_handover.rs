@@ -183,75 +183,78 @@ fn assert_warm(scaled: &Scaled, targets: usize) {
     assert!(scaled.failed.is_empty(), "{:#?}", scaled.failed);
 }
 
-#[tokio::test]
-async fn a_deployment_scale_down_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-down-warm", &[]).await else {
-        return;
-    };
-    let scaled = scale(&s, "Deployment", "jump", 4, 3).await;
-    assert_warm(&scaled, 3);
-    assert!(
-        scaled.took >= Duration::from_secs(DRAIN_SECONDS),
-        "the drain was waited for"
-    );
+/// One scale that keeps the keys warm: the scenario's name, the workload, the declared hashing, the
+/// sizes before and after, how many servers take keys (one `HandedOver` each), and whether the drain's
+/// wait is checked too.
+struct WarmScale {
+    scenario: &'static str,
+    workload: &'static str,
+    hashing: &'static str,
+    from: usize,
+    to: usize,
+    targets: usize,
+    drain_waited: bool,
 }
 
-#[tokio::test]
-async fn a_deployment_scale_up_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-up-warm", &[]).await else {
+async fn keeps_the_keys_warm(case: WarmScale) {
+    let Some(s) = Scenario::start_with_memcached(case.scenario, &[]).await else {
         return;
     };
-    let scaled = scale(&s, "Deployment", "jump", 3, 5).await;
-    assert_warm(&scaled, 2);
+    let scaled = scale(&s, case.workload, case.hashing, case.from, case.to).await;
+    assert_warm(&scaled, case.targets);
+    if case.drain_waited {
+        assert!(
+            scaled.took >= Duration::from_secs(DRAIN_SECONDS),
+            "the drain was waited for"
+        );
+    }
 }
 
-#[tokio::test]
-async fn a_statefulset_scale_up_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-up-warm-sts", &[]).await else {
-        return;
-    };
-    let scaled = scale(&s, "StatefulSet", "jump", 3, 5).await;
-    assert_warm(&scaled, 2);
+/// A test per row, so the scenarios run in parallel and each can be run by its name.
+macro_rules! warm_scales {
+    ($($(#[doc = $doc:literal])* $test:ident: $case:expr;)*) => {$(
+        $(#[doc = $doc])*
+        #[tokio::test]
+        async fn $test() {
+            keeps_the_keys_warm($case).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn a_statefulset_scale_down_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-down-warm-sts", &[]).await else {
-        return;
+warm_scales! {
+    a_deployment_scale_down_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-down-warm", workload: "Deployment", hashing: "jump",
+        from: 4, to: 3, targets: 3, drain_waited: true,
     };
-    let scaled = scale(&s, "StatefulSet", "jump", 4, 3).await;
-    assert_warm(&scaled, 3);
-}
-
-/// Ketama (libmemcached's consistent hashing) between 4 and 3 servers: 160 points per server both, so only
-/// the leaving server's keys move, from it to the servers that own them after.
-#[tokio::test]
-async fn a_scale_down_under_ketama_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-down-ketama", &[]).await else {
-        return;
+    a_deployment_scale_up_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-up-warm", workload: "Deployment", hashing: "jump",
+        from: 3, to: 5, targets: 2, drain_waited: false,
     };
-    let scaled = scale(&s, "Deployment", "ketama", 4, 3).await;
-    assert_warm(&scaled, 3);
-}
-
-/// Rendezvous (pymemcache's `HashClient`): a scale-up moves to each new server the keys it wins.
-#[tokio::test]
-async fn a_scale_up_under_rendezvous_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-up-rendezvous", &[]).await else {
-        return;
+    a_statefulset_scale_up_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-up-warm-sts", workload: "StatefulSet", hashing: "jump",
+        from: 3, to: 5, targets: 2, drain_waited: false,
     };
-    let scaled = scale(&s, "Deployment", "rendezvous", 3, 5).await;
-    assert_warm(&scaled, 2);
-}
-
-/// Modula (libmemcached's default) moves most keys on any scale: every server copies to every other one.
-#[tokio::test]
-async fn a_scale_down_under_modula_keeps_the_keys_warm() {
-    let Some(s) = Scenario::start_with_memcached("scale-down-modula", &[]).await else {
-        return;
+    a_statefulset_scale_down_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-down-warm-sts", workload: "StatefulSet", hashing: "jump",
+        from: 4, to: 3, targets: 3, drain_waited: false,
     };
-    let scaled = scale(&s, "Deployment", "modula", 4, 3).await;
-    assert_warm(&scaled, 3);
+    /// Ketama (libmemcached's consistent hashing) between 4 and 3 servers: 160 points per server both, so
+    /// only the leaving server's keys move, from it to the servers that own them after.
+    a_scale_down_under_ketama_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-down-ketama", workload: "Deployment", hashing: "ketama",
+        from: 4, to: 3, targets: 3, drain_waited: false,
+    };
+    /// Rendezvous (pymemcache's `HashClient`): a scale-up moves to each new server the keys it wins.
+    a_scale_up_under_rendezvous_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-up-rendezvous", workload: "Deployment", hashing: "rendezvous",
+        from: 3, to: 5, targets: 2, drain_waited: false,
+    };
+    /// Modula (libmemcached's default) moves most keys on any scale: every server copies to every other
+    /// one.
+    a_scale_down_under_modula_keeps_the_keys_warm: WarmScale {
+        scenario: "scale-down-modula", workload: "Deployment", hashing: "modula",
+        from: 4, to: 3, targets: 3, drain_waited: false,
+    };
 }
 
 /// A Deployment rollout under a hashing of the addresses: every new server has a new pod IP, so the
@@ -308,20 +311,22 @@ async fn rollout(s: &Scenario, hashing: &str) {
     assert!(failed.is_empty(), "{failed:#?}");
 }
 
-#[tokio::test]
-async fn a_deployment_rollout_under_ketama_keeps_every_key_warm() {
-    let Some(s) = Scenario::start_with_memcached("rollout-ketama", &[]).await else {
-        return;
-    };
-    rollout(&s, "ketama").await;
+/// A rollout test per row: the scenario's name, the declared hashing.
+macro_rules! warm_rollouts {
+    ($($test:ident: $scenario:literal, $hashing:literal;)*) => {$(
+        #[tokio::test]
+        async fn $test() {
+            let Some(s) = Scenario::start_with_memcached($scenario, &[]).await else {
+                return;
+            };
+            rollout(&s, $hashing).await;
+        }
+    )*};
 }
 
-#[tokio::test]
-async fn a_deployment_rollout_under_rendezvous_keeps_every_key_warm() {
-    let Some(s) = Scenario::start_with_memcached("rollout-rendezvous", &[]).await else {
-        return;
-    };
-    rollout(&s, "rendezvous").await;
+warm_rollouts! {
+    a_deployment_rollout_under_ketama_keeps_every_key_warm: "rollout-ketama", "ketama";
+    a_deployment_rollout_under_rendezvous_keeps_every_key_warm: "rollout-rendezvous", "rendezvous";
 }
 
 /// The same scales without a declared hashing copy nothing: the figures the handover improves on.

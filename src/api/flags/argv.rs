@@ -117,103 +117,130 @@ pub fn parse(args: &[String]) -> Result<Vec<Given<'_>>, FlagError> {
     let mut index = 0;
     while index < args.len() {
         let arg = args[index].as_str();
-        let err_arg = || arg.to_owned();
-        if let Some(long) = arg.strip_prefix("--") {
-            if long.is_empty() {
-                // `--` ends the options: whatever follows is positional, and `--` alone does nothing.
-                return Err(FlagError::Positional {
-                    index,
-                    arg: err_arg(),
-                });
-            }
-            let (name, attached) = match long.split_once('=') {
-                Some((name, value)) => (name, Some(value)),
-                None => (long, None),
-            };
-            let flag = match by_long_prefix(name).as_slice() {
-                [flag] => *flag,
-                [] => {
-                    return Err(FlagError::Unknown {
-                        index,
-                        arg: err_arg(),
-                        option: format!("--{name}"),
-                    });
-                }
-                several => {
-                    return Err(FlagError::Ambiguous {
-                        index,
-                        arg: err_arg(),
-                        candidates: several
-                            .iter()
-                            .map(|f| f.display())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    });
-                }
-            };
-            refuse(flag, index, arg)?;
-            let value = match (flag.has_arg, attached) {
-                (HasArg::No, Some(_)) => {
-                    return Err(FlagError::UnexpectedValue {
-                        index,
-                        arg: err_arg(),
-                        option: flag.display(),
-                    });
-                }
-                (HasArg::Required, None) => {
-                    index += 1;
-                    Some(value_at(args, index, flag, arg)?)
-                }
-                (_, value) => value,
-            };
-            sub_options(flag, value, index, &args[index])?;
-            given.push(Given {
-                flag,
-                value,
-                index,
-                arg: &args[index],
-            });
+        index = if let Some(long) = arg.strip_prefix("--") {
+            long_option(args, index, long, &mut given)?
         } else if let Some(letters) = arg.strip_prefix('-').filter(|l| !l.is_empty()) {
-            for (at, letter) in letters.char_indices() {
-                let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
-                    index,
-                    arg: err_arg(),
-                    option: format!("-{letter}"),
-                })?;
-                refuse(flag, index, arg)?;
-                if flag.has_arg == HasArg::Required {
-                    let rest = &letters[at + letter.len_utf8()..];
-                    let value = if rest.is_empty() {
-                        index += 1;
-                        value_at(args, index, flag, arg)?
-                    } else {
-                        rest
-                    };
-                    sub_options(flag, Some(value), index, &args[index])?;
-                    given.push(Given {
-                        flag,
-                        value: Some(value),
-                        index,
-                        arg: &args[index],
-                    });
-                    break;
-                }
-                given.push(Given {
-                    flag,
-                    value: None,
-                    index,
-                    arg: &args[index],
-                });
-            }
+            short_options(args, index, letters, &mut given)?
         } else {
             return Err(FlagError::Positional {
                 index,
-                arg: err_arg(),
+                arg: arg.to_owned(),
             });
-        }
+        };
         index += 1;
     }
     Ok(given)
+}
+
+/// The long option `args[index]` (`--name`, `--name=value`, or `--name` and the next element as its
+/// value), read into `given`; the index of the last element it took.
+fn long_option<'a>(
+    args: &'a [String],
+    mut index: usize,
+    long: &'a str,
+    given: &mut Vec<Given<'a>>,
+) -> Result<usize, FlagError> {
+    let arg = args[index].as_str();
+    let err_arg = || arg.to_owned();
+    if long.is_empty() {
+        // `--` ends the options: whatever follows is positional, and `--` alone does nothing.
+        return Err(FlagError::Positional {
+            index,
+            arg: err_arg(),
+        });
+    }
+    let (name, attached) = match long.split_once('=') {
+        Some((name, value)) => (name, Some(value)),
+        None => (long, None),
+    };
+    let flag = long_flag(name, index, arg)?;
+    refuse(flag, index, arg)?;
+    let value = match (flag.has_arg, attached) {
+        (HasArg::No, Some(_)) => {
+            return Err(FlagError::UnexpectedValue {
+                index,
+                arg: err_arg(),
+                option: flag.display(),
+            });
+        }
+        (HasArg::Required, None) => {
+            index += 1;
+            Some(value_at(args, index, flag, arg)?)
+        }
+        (_, value) => value,
+    };
+    sub_options(flag, value, index, &args[index])?;
+    given.push(Given {
+        flag,
+        value,
+        index,
+        arg: &args[index],
+    });
+    Ok(index)
+}
+
+/// The option `name` abbreviates (getopt_long takes any prefix of one option's name).
+fn long_flag(name: &str, index: usize, arg: &str) -> Result<&'static Flag, FlagError> {
+    match by_long_prefix(name).as_slice() {
+        [flag] => Ok(*flag),
+        [] => Err(FlagError::Unknown {
+            index,
+            arg: arg.to_owned(),
+            option: format!("--{name}"),
+        }),
+        several => Err(FlagError::Ambiguous {
+            index,
+            arg: arg.to_owned(),
+            candidates: several
+                .iter()
+                .map(|f| f.display())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// The short options bundled in `args[index]` (`-vv`, `-m64`, or `-m` and the next element as its value),
+/// read into `given`; the index of the last element they took.
+fn short_options<'a>(
+    args: &'a [String],
+    mut index: usize,
+    letters: &'a str,
+    given: &mut Vec<Given<'a>>,
+) -> Result<usize, FlagError> {
+    let arg = args[index].as_str();
+    for (at, letter) in letters.char_indices() {
+        let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
+            index,
+            arg: arg.to_owned(),
+            option: format!("-{letter}"),
+        })?;
+        refuse(flag, index, arg)?;
+        if flag.has_arg == HasArg::Required {
+            let rest = &letters[at + letter.len_utf8()..];
+            let value = if rest.is_empty() {
+                index += 1;
+                value_at(args, index, flag, arg)?
+            } else {
+                rest
+            };
+            sub_options(flag, Some(value), index, &args[index])?;
+            given.push(Given {
+                flag,
+                value: Some(value),
+                index,
+                arg: &args[index],
+            });
+            break;
+        }
+        given.push(Given {
+            flag,
+            value: None,
+            index,
+            arg: &args[index],
+        });
+    }
+    Ok(index)
 }
 
 fn refuse(flag: &Flag, index: usize, arg: &str) -> Result<(), FlagError> {

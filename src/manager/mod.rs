@@ -42,6 +42,7 @@ use crate::resources::{Defaults, OperatorPods};
 use crate::run::connectivity::Connectivity;
 use crate::run::{self, RunOptions};
 use crate::store::digest_key::{DigestKey, KeyLocation};
+use crate::store::SecretReader;
 use futures::FutureExt;
 use http::Health;
 use leader::{Election, Renewals};
@@ -272,8 +273,12 @@ fn spawn_collector(
                 store: stores.pods.clone(),
                 index: stores.pod_index.clone(),
             },
-            secrets: stores.secrets.clone(),
-            digest_key: DigestKey::new(digest_key),
+            secrets: SecretReader::new(
+                client.clone(),
+                stores.secrets.clone(),
+                stores.secret_cache.clone(),
+                DigestKey::new(digest_key),
+            ),
         },
         metrics.operand(),
         Some(identity.to_owned()),

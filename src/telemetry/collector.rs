@@ -39,8 +39,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -63,10 +63,9 @@ use super::summary::{should_write, summarize, summarize_proxy};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::secrets::Owner;
 use crate::resources::servers;
-use crate::store::digest_key::DigestKey;
 use crate::store::pod_index::still_at;
-use crate::store::secrets::{SecretReader, SecretValues, Transport};
-use crate::store::{Cache, PodIndex, Publisher};
+use crate::store::secrets::Transport;
+use crate::store::{Cache, PodIndex, Publisher, SecretReader};
 
 /// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
 /// fields.
@@ -140,9 +139,8 @@ pub struct Sources {
     pub client: Client,
     pub memcacheds: Store<Memcached>,
     pub pods: IndexedPods,
-    pub secrets: Store<PartialObjectMeta<Secret>>,
-    /// The operator's digest key (its own credentials derive from it).
-    pub digest_key: DigestKey,
+    /// The one reader of the Secrets' values: the TLS material and the operator's credentials.
+    pub secrets: SecretReader,
 }
 
 /// The pod cache and its index by instance (see [`PodIndex`]).
@@ -213,12 +211,7 @@ impl Collector {
     ) -> Self {
         Self {
             settings,
-            secrets: SecretReader {
-                client: sources.client.clone(),
-                store: sources.secrets,
-                values: SecretValues::default(),
-                digest_key: sources.digest_key,
-            },
+            secrets: sources.secrets,
             client: sources.client,
             memcacheds: sources.memcacheds,
             pods: sources.pods,
@@ -261,22 +254,20 @@ impl Collector {
     pub async fn collect(self: &Arc<Self>) {
         let instances = self.memcacheds.state();
         let mut live = HashSet::new();
-        let mut secrets = HashSet::new();
         let mut tasks = JoinSet::new();
         for mc in instances {
             let key = (mc.namespace().unwrap_or_default(), mc.name_any());
             if mc.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            secrets.extend(crate::store::secrets::named(&key.0, &mc.spec));
             live.insert(key.clone());
             tasks.spawn(self.clone().collect_instance(key, mc));
         }
         while tasks.join_next().await.is_some() {}
-        // Deleted instances (and those being deleted): their series and memory go.
+        // Deleted instances (and those being deleted): their series and memory go. (What was read of
+        // their Secrets goes when the controller forgets them: see `crate::store::secrets`.)
         self.metrics.retain_instances(|key| live.contains(key));
         self.lock_state().retain(|key, _| live.contains(key));
-        self.secrets.values.retain(&secrets);
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceKey, InstanceState>> {
@@ -358,7 +349,10 @@ impl Collector {
         };
         let transport = match in_clear::refused(&mc.spec) {
             Some(refused) => Err(refused),
-            None => self.secrets.transport(&owner, &mc.spec, &previous).await,
+            None => {
+                let transport = self.secrets.transport(&key.1, &owner, &mc.spec, &previous);
+                transport.await
+            }
         };
         match transport {
             Ok(transport) => {

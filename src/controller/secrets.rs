@@ -181,11 +181,12 @@ pub async fn serve_auth_file(
     let served = auth_file::served(&file, &password);
     let desired = auth_file::served_secret(instance, auth.key(), &served);
     // Forced over the instance's own Secret only (see `children::ensure`).
-    let force = if live.is_some() { Force::Yes } else { Force::No };
-    let applied: Secret = ctx
-        .writer
-        .apply(namespace, &name, &desired, force)
-        .await?;
+    let force = if live.is_some() {
+        Force::Yes
+    } else {
+        Force::No
+    };
+    let applied: Secret = ctx.writer.apply(namespace, &name, &desired, force).await?;
     drop(desired);
     if let Some(version) = applied.metadata.resource_version {
         let hash = secrets::hash_value(&file);

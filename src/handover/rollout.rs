@@ -200,7 +200,9 @@ impl Handover {
         }
         let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": source, "annotations": {DELETION_COST_ANNOTATION: SOURCE_COST}}});
-        let marked = self.writer.apply::<Pod, _>(namespace, source, &patch, Force::Yes);
+        let marked = self
+            .writer
+            .apply::<Pod, _>(namespace, source, &patch, Force::Yes);
         if let Err(error) = marked.await {
             warn!(pod = %source, %error, "cannot mark the handover's source pod");
         }

@@ -44,18 +44,16 @@ use super::permissions;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use crate::api::Memcached;
 use crate::api::names::served_auth_name;
-use crate::controller::{
-    Context, Error, Settings, error_policy, reconcile, system_clock,
-};
+use crate::controller::{Context, Error, Settings, error_policy, reconcile, system_clock};
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, service_monitor};
-use crate::store::{SecretCache, Stores};
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::{Compact, Compactable, trim_instance};
 use crate::store::foreign::{self, Foreign};
 use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
+use crate::store::{SecretCache, Stores};
 
 /// Where and how to run the controller.
 pub struct RunOptions {

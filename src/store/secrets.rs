@@ -462,7 +462,9 @@ mod tests {
         );
         // An instance that names the Secret (its TLS Secret), so that what is read is kept.
         let named = BTreeSet::from([("ns".to_owned(), "creds".to_owned())]);
-        reader.cache.name(&("ns".to_owned(), "cache".to_owned()), named);
+        reader
+            .cache
+            .name(&("ns".to_owned(), "cache".to_owned()), named);
         (reader, handle)
     }
 
@@ -536,7 +538,11 @@ mod tests {
         let keys: Vec<_> = hashes.keys().collect();
         assert_eq!(keys, ["auth-file", "other", "tls.crt"], "every key hashed");
         assert!(kept.is_none(), "nothing read now, nothing handed out");
-        assert_eq!(reader.kept("ns", "creds"), ["tls.crt"], "no value of another key");
+        assert_eq!(
+            reader.kept("ns", "creds"),
+            ["tls.crt"],
+            "no value of another key"
+        );
     }
 
     /// The user's auth file asked for by the reconcile is handed to it and kept nowhere.
@@ -570,6 +576,9 @@ mod tests {
         assert!(!reader.serves("ns", "cache-auth-file", Some("7"), "other"));
         assert!(!reader.serves("ns", "other-auth-file", None, "h"));
         reader.forget("ns", "cache");
-        assert!(!reader.serves("ns", "cache-auth-file", None, "h"), "forgotten");
+        assert!(
+            !reader.serves("ns", "cache-auth-file", None, "h"),
+            "forgotten"
+        );
     }
 }

@@ -27,9 +27,7 @@ pub use kube::runtime::reflector::{self, store::Writer};
 pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
-pub use memcached_operator::controller::{
-    Context, Error, Settings, error_policy, reconcile,
-};
+pub use memcached_operator::controller::{Context, Error, Settings, error_policy, reconcile};
 pub use memcached_operator::metrics::Metrics;
 pub use memcached_operator::store::digest_key::{DigestKey, KeyLocation};
 pub use memcached_operator::store::foreign;

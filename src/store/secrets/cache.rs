@@ -170,7 +170,12 @@ mod tests {
     /// Keeps Secret `namespace/name`, named by the instance `a` of its namespace.
     fn keep(cache: &SecretCache, namespace: &str, name: &str) {
         let instance = key(namespace, "a");
-        let mut named = cache.lock().named.get(&instance).cloned().unwrap_or_default();
+        let mut named = cache
+            .lock()
+            .named
+            .get(&instance)
+            .cloned()
+            .unwrap_or_default();
         named.insert(key(namespace, name));
         cache.name(&instance, named);
         cache.update(&key(namespace, name), |entry| entry.version = "1".into());
@@ -203,7 +208,10 @@ mod tests {
         cache.name(&b, BTreeSet::new());
         assert!(cache.is_empty(), "no longer named by b's spec");
         cache.update(&key("ns", "tls"), |entry| entry.version = "2".into());
-        assert!(cache.is_empty(), "a read for a forgotten instance keeps nothing");
+        assert!(
+            cache.is_empty(),
+            "a read for a forgotten instance keeps nothing"
+        );
     }
 
     #[test]
@@ -213,7 +221,10 @@ mod tests {
         observe(&watcher::Event::Delete(secret("ns", "auth")));
         assert!(!cache.holds("ns", "auth"));
         assert!(cache.holds("ns", "tls"), "another Secret stays");
-        assert!(cache.holds("other", "auth"), "the same name elsewhere stays");
+        assert!(
+            cache.holds("other", "auth"),
+            "the same name elsewhere stays"
+        );
         observe(&watcher::Event::Apply(secret("ns", "tls")));
         assert!(cache.holds("ns", "tls"), "a change is found by its version");
     }
@@ -224,10 +235,16 @@ mod tests {
         let observe = cache.observer();
         observe(&watcher::Event::Init);
         observe(&watcher::Event::InitApply(secret("ns", "auth")));
-        assert!(cache.holds("ns", "gone"), "nothing goes before the list is complete");
+        assert!(
+            cache.holds("ns", "gone"),
+            "nothing goes before the list is complete"
+        );
         observe(&watcher::Event::InitDone);
         assert!(cache.holds("ns", "auth"));
-        assert!(!cache.holds("ns", "gone"), "deleted while the watch was down");
+        assert!(
+            !cache.holds("ns", "gone"),
+            "deleted while the watch was down"
+        );
         // Read after the relist: not dropped by a later, unrelated InitDone without an Init.
         keep(&cache, "ns", "new");
         observe(&watcher::Event::InitDone);

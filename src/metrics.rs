@@ -608,7 +608,11 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
+        assert_lists_every_series(&text);
+    }
 
+    /// `exported_series()` lists exactly the series `text`, the registry's encoding, holds.
+    fn assert_lists_every_series(text: &str) {
         let mut encoded: Vec<&str> = text
             .lines()
             .filter(|line| !line.starts_with('#'))

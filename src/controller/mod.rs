@@ -105,7 +105,7 @@ pub fn system_clock() -> Clock {
 
 /// Shared state of every reconcile, built once: what it reads (`stores`), what it writes through
 /// (`writer`), its settings and metrics, and what the process remembers per instance (retry backoff,
-/// status pacing, Secret hashes, turns, warm handovers).
+/// status pacing, turns, warm handovers), and the one reader of the Secrets' values.
 pub struct Context {
     pub settings: Settings,
     pub stores: Stores,

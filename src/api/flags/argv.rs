@@ -119,60 +119,7 @@ pub fn parse(args: &[String]) -> Result<Vec<Given<'_>>, FlagError> {
         let arg = args[index].as_str();
         let err_arg = || arg.to_owned();
         if let Some(long) = arg.strip_prefix("--") {
-            if long.is_empty() {
-                // `--` ends the options: whatever follows is positional, and `--` alone does nothing.
-                return Err(FlagError::Positional {
-                    index,
-                    arg: err_arg(),
-                });
-            }
-            let (name, attached) = match long.split_once('=') {
-                Some((name, value)) => (name, Some(value)),
-                None => (long, None),
-            };
-            let flag = match by_long_prefix(name).as_slice() {
-                [flag] => *flag,
-                [] => {
-                    return Err(FlagError::Unknown {
-                        index,
-                        arg: err_arg(),
-                        option: format!("--{name}"),
-                    });
-                }
-                several => {
-                    return Err(FlagError::Ambiguous {
-                        index,
-                        arg: err_arg(),
-                        candidates: several
-                            .iter()
-                            .map(|f| f.display())
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    });
-                }
-            };
-            refuse(flag, index, arg)?;
-            let value = match (flag.has_arg, attached) {
-                (HasArg::No, Some(_)) => {
-                    return Err(FlagError::UnexpectedValue {
-                        index,
-                        arg: err_arg(),
-                        option: flag.display(),
-                    });
-                }
-                (HasArg::Required, None) => {
-                    index += 1;
-                    Some(value_at(args, index, flag, arg)?)
-                }
-                (_, value) => value,
-            };
-            sub_options(flag, value, index, &args[index])?;
-            given.push(Given {
-                flag,
-                value,
-                index,
-                arg: &args[index],
-            });
+            given.push(long_option(args, &mut index, long)?);
         } else if let Some(letters) = arg.strip_prefix('-').filter(|l| !l.is_empty()) {
             for (at, letter) in letters.char_indices() {
                 let flag = by_short(letter).ok_or_else(|| FlagError::Unknown {
@@ -214,6 +161,71 @@ pub fn parse(args: &[String]) -> Result<Vec<Given<'_>>, FlagError> {
         index += 1;
     }
     Ok(given)
+}
+
+/// The long option `--long` at `args[*index]` (its value may be the next element: then `*index` moves on
+/// to it), or why memcached refuses it.
+fn long_option<'a>(
+    args: &'a [String],
+    index: &mut usize,
+    long: &'a str,
+) -> Result<Given<'a>, FlagError> {
+    let arg = args[*index].as_str();
+    let err_arg = || arg.to_owned();
+    if long.is_empty() {
+        // `--` ends the options: whatever follows is positional, and `--` alone does nothing.
+        return Err(FlagError::Positional {
+            index: *index,
+            arg: err_arg(),
+        });
+    }
+    let (name, attached) = match long.split_once('=') {
+        Some((name, value)) => (name, Some(value)),
+        None => (long, None),
+    };
+    let flag = match by_long_prefix(name).as_slice() {
+        [flag] => *flag,
+        [] => {
+            return Err(FlagError::Unknown {
+                index: *index,
+                arg: err_arg(),
+                option: format!("--{name}"),
+            });
+        }
+        several => {
+            return Err(FlagError::Ambiguous {
+                index: *index,
+                arg: err_arg(),
+                candidates: several
+                    .iter()
+                    .map(|f| f.display())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    };
+    refuse(flag, *index, arg)?;
+    let value = match (flag.has_arg, attached) {
+        (HasArg::No, Some(_)) => {
+            return Err(FlagError::UnexpectedValue {
+                index: *index,
+                arg: err_arg(),
+                option: flag.display(),
+            });
+        }
+        (HasArg::Required, None) => {
+            *index += 1;
+            Some(value_at(args, *index, flag, arg)?)
+        }
+        (_, value) => value,
+    };
+    sub_options(flag, value, *index, &args[*index])?;
+    Ok(Given {
+        flag,
+        value,
+        index: *index,
+        arg: &args[*index],
+    })
 }
 
 fn refuse(flag: &Flag, index: usize, arg: &str) -> Result<(), FlagError> {

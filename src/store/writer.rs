@@ -3,14 +3,15 @@
 //! through: every write's refusal is a [`WriteError`], and every request is counted by the client's
 //! observer layer (`crate::observe`).
 //!
+//! The stats collector writes `status.stats` through a writer of its own (its own field manager).
+//!
 //! Who keeps a write's answer until the caches catch up: the children's applies keep it in [`Written`];
 //! the served auth file's, the Secret reader's cache (`super::secrets`: the version written); a pod's
 //! (a handover gate, a source's deletion cost, the spare server), warm handover's registry, which reads
 //! the pod cache for no more than it wrote.
 
-use std::sync::Arc;
-
 use std::fmt::Debug;
+use std::sync::Arc;
 
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -77,6 +78,31 @@ impl Writer {
         }
         self.api::<K>(namespace)
             .patch(name, &params, &Patch::Apply(desired))
+            .await
+            .map_err(|source| WriteError::Apply {
+                kind: K::kind(&K::DynamicType::default()).into_owned(),
+                name: name.to_owned(),
+                source,
+            })
+    }
+
+    /// Server-side applies `patch` to the status subresource of object `name` under `field_manager`
+    /// (forced: the fields that manager owns are its own); the API server's answer.
+    pub async fn apply_status<K, P>(
+        &self,
+        namespace: &str,
+        name: &str,
+        patch: &P,
+        field_manager: &str,
+    ) -> Result<K, WriteError>
+    where
+        K: Resource<Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug,
+        K::DynamicType: Default,
+        P: Serialize + Debug,
+    {
+        let params = PatchParams::apply(field_manager).force();
+        self.api::<K>(namespace)
+            .patch_status(name, &params, &Patch::Apply(patch))
             .await
             .map_err(|source| WriteError::Apply {
                 kind: K::kind(&K::DynamicType::default()).into_owned(),

@@ -69,7 +69,7 @@ use crate::resources::secrets::Owner;
 use crate::resources::servers;
 use crate::store::pod_index::still_at;
 use crate::store::secrets::Transport;
-use crate::store::{Cache, PodIndex, Publisher, SecretReader};
+use crate::store::{Cache, PodIndex, Publisher, SecretReader, Writer};
 
 /// Longest time one server may take to answer (connect, TLS, auth, `stats`).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
@@ -187,12 +187,12 @@ struct Next {
 /// The collector. Shared by its collection tasks.
 pub struct Collector {
     settings: Settings,
-    client: Client,
+    /// The `status.stats` writes and the events go through it.
+    writer: Writer,
     memcacheds: Store<Memcached>,
     pods: IndexedPods,
     secrets: SecretReader,
     metrics: Arc<OperandMetrics>,
-    events: Arc<Publisher>,
     reader: Arc<dyn Reader>,
     permits: Arc<Semaphore>,
     /// Bounds writes in flight ([`MAX_WRITES_IN_FLIGHT`]).
@@ -211,11 +211,15 @@ impl Collector {
         Self {
             settings,
             secrets: sources.secrets,
-            client: sources.client,
+            // Its own read-your-writes: nothing it writes is read back.
+            writer: Writer {
+                client: sources.client,
+                written: Arc::default(),
+                events,
+            },
             memcacheds: sources.memcacheds,
             pods: sources.pods,
             metrics,
-            events,
             reader,
             permits: Arc::new(Semaphore::new(MAX_READS_IN_FLIGHT)),
             writes: Semaphore::new(MAX_WRITES_IN_FLIGHT),

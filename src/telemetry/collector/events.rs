@@ -51,7 +51,7 @@ impl Collector {
         let reason = event.reason.clone();
         match tokio::time::timeout(
             WRITE_TIMEOUT,
-            self.events.publish(&event, &mc.object_ref(&())),
+            self.writer.events.publish(&event, &mc.object_ref(&())),
         )
         .await
         {

@@ -1,8 +1,7 @@
 //! The collector's one write of the instance: `status.stats`, a server-side apply under its own field
 //! manager ([`FIELD_MANAGER`]), so neither it nor the reconciler's status apply removes the other's fields.
 
-use kube::api::{Patch, PatchParams};
-use kube::{Api, Resource};
+use kube::Resource;
 use serde_json::json;
 use tracing::warn;
 
@@ -25,15 +24,11 @@ impl Collector {
         let Ok(_permit) = self.writes.acquire().await else {
             return false;
         };
-        let api: Api<Memcached> = Api::namespaced(self.client.clone(), namespace);
         let patch = stats_patch(name, stats);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        match tokio::time::timeout(
-            WRITE_TIMEOUT,
-            api.patch_status(name, &params, &Patch::Apply(&patch)),
-        )
-        .await
-        {
+        let written =
+            self.writer
+                .apply_status::<Memcached, _>(namespace, name, &patch, FIELD_MANAGER);
+        match tokio::time::timeout(WRITE_TIMEOUT, written).await {
             Ok(Ok(_)) => true,
             Ok(Err(error)) => {
                 warn!(memcached = %name, %namespace, %error, "cannot write status.stats; retrying at the next collection");

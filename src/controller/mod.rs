@@ -36,7 +36,6 @@ use kube::runtime::reflector::ObjectRef;
 pub use backoff::Backoff;
 pub use error::Error;
 pub use reconcile::{error_policy, reconcile};
-pub use secrets::SecretHashes;
 pub use turns::Turns;
 
 use crate::api::Memcached;
@@ -44,7 +43,7 @@ use crate::handover::{self, Handover};
 use crate::metrics::Metrics;
 use crate::resources::Defaults;
 use crate::store::digest_key::{self, DigestKey, KeyLocation};
-use crate::store::{Publisher, REPORTER, Stores, Writer, Written};
+use crate::store::{Publisher, REPORTER, SecretReader, Stores, Writer, Written};
 
 /// Tunables of the reconciler.
 #[derive(Clone, Debug)]
@@ -106,7 +105,7 @@ pub fn system_clock() -> Clock {
 
 /// Shared state of every reconcile, built once: what it reads (`stores`), what it writes through
 /// (`writer`), its settings and metrics, and what the process remembers per instance (retry backoff,
-/// status pacing, Secret hashes, turns, warm handovers).
+/// status pacing, turns, warm handovers), and the one reader of the Secrets' values.
 pub struct Context {
     pub settings: Settings,
     pub stores: Stores,
@@ -115,8 +114,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub backoff: Backoff,
     pub clock: Clock,
-    /// Hashes of the referenced Secrets' values, per Secret version.
-    pub secret_hashes: SecretHashes,
+    /// The one reader of the Secrets' values (over `stores.secret_cache`).
+    pub secrets: SecretReader,
     /// The key of the Secrets' hash in pod templates.
     pub digest_key: DigestKey,
     /// When each instance's status was last written, to pace the writes that can wait.
@@ -136,6 +135,28 @@ impl Context {
         reporter_instance: Option<String>,
         clock: Clock,
     ) -> Self {
+        Self::sharing(
+            client,
+            settings,
+            stores,
+            metrics,
+            reporter_instance,
+            clock,
+            Arc::default(),
+        )
+    }
+
+    /// The context sharing `written` with the watches that end what it keeps (see
+    /// [`crate::run::watch`]); [`Context::new`] keeps its own.
+    pub fn sharing(
+        client: Client,
+        settings: Settings,
+        stores: Stores,
+        metrics: Arc<Metrics>,
+        reporter_instance: Option<String>,
+        clock: Clock,
+        written: Arc<Written>,
+    ) -> Self {
         let events = Arc::new(Publisher::new(
             client.clone(),
             Reporter {
@@ -148,22 +169,26 @@ impl Context {
         let pace = pace::Pace::new(settings.status_pace);
         let turns = Turns::new(settings.concurrency);
         let digest_key = DigestKey::new(settings.digest_key.clone());
+        let secrets = SecretReader::new(
+            client.clone(),
+            stores.secrets.clone(),
+            stores.secret_cache.clone(),
+            digest_key.clone(),
+        );
+        let writer = Writer {
+            client,
+            written,
+            events,
+        };
         let handover = Handover::new(handover::Deps {
-            client: client.clone(),
-            events: events.clone(),
+            writer: writer.clone(),
             metrics: metrics.handovers(),
-            secrets: stores.secrets.clone(),
+            secrets: secrets.clone(),
             pods: stores.pods.clone(),
             cluster_domain: settings.cluster_domain.clone(),
             clock: clock.clone(),
             max_timeout_seconds: settings.handover_max_timeout_seconds,
-            digest_key: digest_key.clone(),
         });
-        let writer = Writer {
-            client,
-            written: Arc::default(),
-            events,
-        };
         Self {
             settings,
             stores,
@@ -171,7 +196,7 @@ impl Context {
             metrics,
             backoff,
             clock,
-            secret_hashes: SecretHashes::default(),
+            secrets,
             digest_key,
             pace,
             turns,
@@ -179,21 +204,9 @@ impl Context {
         }
     }
 
-    /// The context sharing `written` and `secret_hashes` with the watches that end what they keep (see
-    /// [`crate::run::watch`]); a new context keeps its own.
-    pub fn sharing(self, written: Arc<Written>, secret_hashes: SecretHashes) -> Self {
-        Self {
-            writer: Writer {
-                written,
-                ..self.writer
-            },
-            secret_hashes,
-            ..self
-        }
-    }
-
     /// Drops what this process keeps in memory about `mc`, which was just deleted: its retry backoff, its
-    /// status pacing, and the answer to the operator's latest write of it. No reconcile follows a deletion
+    /// status pacing, the answer to the operator's latest write of it, and what was read of the Secrets
+    /// only it names (TLS keys and auth files included). No reconcile follows a deletion
     /// (there is no finalizer to remove), so without this an instance that failed before it was deleted
     /// would keep its failure count for the life of the process. Called by the watch that sees it go.
     pub fn forget(&self, mc: &Memcached) {
@@ -206,6 +219,7 @@ impl Context {
         self.backoff.reset(&ObjectRef::from_obj(mc));
         self.pace.forget(namespace, name);
         self.handover.forget_instance(namespace, name);
+        self.secrets.forget(namespace, name);
         self.metrics.forget_instance(namespace, name);
         self.writer.written.observe_deleted(mc, &());
     }

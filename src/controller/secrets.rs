@@ -1,127 +1,25 @@
 //! Resolving the Secrets an instance references into a content hash, and keeping the auth file the
 //! servers load ([`serve_auth_file`]).
 //!
-//! Secrets are watched metadata-only (their existence and resourceVersion, never their data), so the
-//! operator neither caches every Secret's content nor needs a read per reconcile: a Secret is read once per
-//! resourceVersion, and only the SHA-256 of each value is kept (with what, if anything, makes it an auth
-//! file memcached would misread; never the value).
+//! Secrets are watched metadata-only (their existence and resourceVersion, never their data), so their
+//! values are read through the one reader ([`crate::store::secrets`]): once per resourceVersion, and of
+//! each value only the SHA-256 is kept (with what, if anything, makes it an auth file memcached would
+//! misread; never the value).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{DeleteParams, PartialObjectMeta, Patch, PatchParams};
+use kube::ResourceExt;
+use kube::api::DeleteParams;
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
-use kube::{Api, ResourceExt};
-use zeroize::{Zeroize, Zeroizing};
+use zeroize::Zeroizing;
 
 use super::{Context, Error};
 use crate::api::names::served_auth_name;
-use crate::resources::secrets::{self, KeyDigest, SecretRef};
-use crate::resources::{Instance, InvalidSpec, auth_file, labels};
-use crate::store::WriteError;
-
-/// What [`SecretHashes`] keeps of a served auth file: under this (no Secret key: it has a `/`), the hash
-/// of the user's file it holds.
-const SERVED_KEY: &str = "/served";
-
-/// Value digests per key of one Secret version.
-type KeyHashes = BTreeMap<String, KeyDigest>;
-/// (namespace, name) of a Secret → (resourceVersion, value hashes).
-type Entries = HashMap<(String, String), (String, KeyHashes)>;
-
-/// Per-key value hashes of the Secrets read so far, by namespace, name and resourceVersion. Cloning
-/// shares the cache.
-#[derive(Clone, Default)]
-pub struct SecretHashes {
-    entries: Arc<Mutex<Entries>>,
-}
-
-impl SecretHashes {
-    fn get(&self, namespace: &str, name: &str, version: &str) -> Option<KeyHashes> {
-        self.lock()
-            .get(&(namespace.to_owned(), name.to_owned()))
-            .filter(|(v, _)| v == version)
-            .map(|(_, hashes)| hashes.clone())
-    }
-
-    fn put(&self, namespace: &str, name: &str, version: String, hashes: KeyHashes) {
-        self.lock()
-            .insert((namespace.to_owned(), name.to_owned()), (version, hashes));
-    }
-
-    /// Whether the served auth file `namespace/name`, cached at version `live` (`None`: not cached),
-    /// holds the user's file of hash `hash` as this process wrote it ([`serve_auth_file`]): at the
-    /// version it wrote, or at one the Secret watch has not caught up with yet (none, or an older
-    /// integer version, as right after the write). The watch drops the entry when the Secret is
-    /// deleted, so a deleted file is written again.
-    fn serves(&self, namespace: &str, name: &str, live: Option<&str>, hash: &str) -> bool {
-        let entries = self.lock();
-        let Some((written, hashes)) = entries.get(&(namespace.to_owned(), name.to_owned())) else {
-            return false;
-        };
-        let lags = |live: &str| match (live.parse::<u64>(), written.parse::<u64>()) {
-            (Ok(live), Ok(written)) => live < written,
-            _ => false,
-        };
-        hashes.get(SERVED_KEY).is_some_and(|d| d.hash == hash)
-            && live.is_none_or(|live| live == written || lags(live))
-    }
-
-    fn put_served(&self, namespace: &str, name: &str, version: String, hash: String) {
-        let digest = KeyDigest {
-            hash,
-            auth_file: Ok(()),
-        };
-        let hashes = KeyHashes::from([(SERVED_KEY.to_owned(), digest)]);
-        self.put(namespace, name, version, hashes);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Entries> {
-        self.entries.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Whether hashes of `namespace/name` are kept (any version).
-    #[cfg(test)]
-    fn holds(&self, namespace: &str, name: &str) -> bool {
-        self.lock()
-            .contains_key(&(namespace.to_owned(), name.to_owned()))
-    }
-
-    /// The observer of the Secret watch: a Secret seen deleted takes its hashes with it, and a relist (after
-    /// a watch expired, or the API server came back) keeps only the Secrets it lists, since one deleted
-    /// meanwhile sends no deletion. Without it the hashes of every Secret ever read would stay for the life
-    /// of the process.
-    pub fn observer(&self) -> impl Fn(&watcher::Event<PartialObjectMeta<Secret>>) + Send + 'static {
-        let hashes = self.clone();
-        // The Secrets of the relist in progress, if one is.
-        let relisted: Mutex<Option<HashSet<(String, String)>>> = Mutex::default();
-        move |event| {
-            let key = |secret: &PartialObjectMeta<Secret>| {
-                (secret.namespace().unwrap_or_default(), secret.name_any())
-            };
-            let mut relisted = relisted.lock().unwrap_or_else(|e| e.into_inner());
-            match event {
-                watcher::Event::Delete(secret) => {
-                    hashes.lock().remove(&key(secret));
-                }
-                watcher::Event::Init => *relisted = Some(HashSet::new()),
-                watcher::Event::InitApply(secret) => {
-                    if let Some(listed) = relisted.as_mut() {
-                        listed.insert(key(secret));
-                    }
-                }
-                watcher::Event::InitDone => {
-                    if let Some(listed) = relisted.take() {
-                        hashes.lock().retain(|key, _| listed.contains(key));
-                    }
-                }
-                watcher::Event::Apply(_) => {}
-            }
-        }
-    }
-}
+use crate::resources::secrets::{self, SecretRef};
+use crate::resources::{Instance, InvalidSpec, auth_file};
+use crate::store::Force;
+use crate::store::secrets::{KeyHashes, ReadError};
 
 /// The hashes the pod templates carry of the Secrets' content, keyed with the operator's digest key
 /// (`None` where nothing is hashed).
@@ -151,6 +49,8 @@ pub enum Resolved {
 
 /// Resolves the Secrets `instance` references.
 pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved, Error> {
+    ctx.secrets
+        .naming(instance.namespace, instance.name, instance.spec);
     let refs = secrets::referenced(instance.spec);
     let mut contents = BTreeMap::new();
     let mut read = None;
@@ -241,17 +141,12 @@ pub async fn serve_auth_file(
             name,
         });
     }
-    let api: Api<Secret> = ctx.writer.api(namespace);
     let (Some(auth), Some(user_file)) = (instance.spec.auth(), user_file) else {
         if live.is_some_and(|l| l.metadata.deletion_timestamp.is_none()) {
-            match api.delete(&name, &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(status)) if status.code == 404 => {}
-                Err(source) => {
-                    let kind = "Secret".to_owned();
-                    return Err(WriteError::Delete { kind, name, source }.into());
-                }
-            }
+            let params = DeleteParams::background();
+            ctx.writer
+                .delete::<Secret>(namespace, &name, &params)
+                .await?;
         }
         return Ok(());
     };
@@ -259,14 +154,19 @@ pub async fn serve_auth_file(
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone());
     if ctx
-        .secret_hashes
+        .secrets
         .serves(namespace, &name, version.as_deref(), &user_file.hash)
     {
         return Ok(());
     }
     let file = match &user_file.read {
         Some(file) => file.clone(),
-        None => match read_user_file(&api, namespace, auth).await? {
+        None => match ctx
+            .secrets
+            .value(namespace, &auth.secret_name, auth.key())
+            .await
+            .map_err(read_error)?
+        {
             Some(file) => file,
             // Gone meanwhile: the Secret watch brings the instance back.
             None => return Ok(()),
@@ -281,45 +181,32 @@ pub async fn serve_auth_file(
     let served = auth_file::served(&file, &password);
     let desired = auth_file::served_secret(instance, auth.key(), &served);
     // Forced over the instance's own Secret only (see `children::ensure`).
-    let mut params = PatchParams::apply(labels::MANAGER_NAME);
-    if live.is_some() {
-        params = params.force();
-    }
-    let applied = api
-        .patch(&name, &params, &Patch::Apply(&desired))
-        .await
-        .map_err(|source| WriteError::Apply {
-            kind: "Secret".to_owned(),
-            name: name.clone(),
-            source,
-        })?;
+    let force = if live.is_some() {
+        Force::Yes
+    } else {
+        Force::No
+    };
+    let applied: Secret = ctx.writer.apply(namespace, &name, &desired, force).await?;
     drop(desired);
     if let Some(version) = applied.metadata.resource_version {
         let hash = secrets::hash_value(&file);
-        ctx.secret_hashes
-            .put_served(namespace, &name, version, hash);
+        ctx.secrets.wrote_served(namespace, &name, version, hash);
     }
     Ok(())
 }
 
-/// The user's auth file, read from its Secret (`None`: the Secret or the key is gone).
-async fn read_user_file(
-    api: &Api<Secret>,
-    namespace: &str,
-    auth: &crate::api::AuthConfig,
-) -> Result<Option<Zeroizing<Vec<u8>>>, Error> {
-    let read = api
-        .get_opt(&auth.secret_name)
-        .await
-        .map_err(|source| Error::SecretRead {
-            namespace: namespace.to_owned(),
-            name: auth.secret_name.clone(),
-            source,
-        })?;
-    Ok(read
-        .and_then(|s| s.data)
-        .and_then(|mut data| data.remove(auth.key()))
-        .map(|value| Zeroizing::new(value.0)))
+/// The controller's error for a Secret that could not be read.
+fn read_error(error: ReadError) -> Error {
+    let ReadError {
+        namespace,
+        name,
+        source,
+    } = error;
+    Error::SecretRead {
+        namespace,
+        name,
+        source,
+    }
 }
 
 /// The per-key hashes of Secret `namespace/name` at its current version (read when not known yet); with
@@ -330,117 +217,16 @@ async fn key_hashes(
     name: &str,
     keep: Option<(&str, &mut Option<Zeroizing<Vec<u8>>>)>,
 ) -> Result<Option<KeyHashes>, Error> {
-    let Some(meta) = ctx
-        .stores
+    let Some((hashes, value)) = ctx
         .secrets
-        .get(&ObjectRef::new(name).within(namespace))
+        .hashes(namespace, name, keep.as_ref().map(|(key, _)| *key))
+        .await
+        .map_err(read_error)?
     else {
         return Ok(None);
     };
-    let version = meta.metadata.resource_version.clone().unwrap_or_default();
-    if let Some(hashes) = ctx.secret_hashes.get(namespace, name, &version) {
-        return Ok(Some(hashes));
+    if let Some((_, slot)) = keep {
+        *slot = value;
     }
-    let api: Api<Secret> = ctx.writer.api(namespace);
-    let secret = api
-        .get_opt(name)
-        .await
-        .map_err(|source| Error::SecretRead {
-            namespace: namespace.to_owned(),
-            name: name.to_owned(),
-            source,
-        })?;
-    let Some(secret) = secret else {
-        return Ok(None);
-    };
-    let mut data = secret.data.unwrap_or_default();
-    let hashes: KeyHashes = data
-        .iter()
-        .map(|(key, value)| (key.clone(), KeyDigest::of(&value.0)))
-        .collect();
-    if let Some((key, slot)) = keep {
-        *slot = data.remove(key).map(|value| Zeroizing::new(value.0));
-    }
-    for value in data.values_mut() {
-        value.0.zeroize();
-    }
-    let version = secret.metadata.resource_version.unwrap_or(version);
-    ctx.secret_hashes
-        .put(namespace, name, version, hashes.clone());
     Ok(Some(hashes))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn secret(namespace: &str, name: &str) -> PartialObjectMeta<Secret> {
-        let mut secret = PartialObjectMeta::<Secret>::default();
-        secret.metadata.name = Some(name.into());
-        secret.metadata.namespace = Some(namespace.into());
-        secret
-    }
-
-    fn hashes_of(names: &[(&str, &str)]) -> SecretHashes {
-        let hashes = SecretHashes::default();
-        for (namespace, name) in names {
-            hashes.put(namespace, name, "1".into(), KeyHashes::new());
-        }
-        hashes
-    }
-
-    #[test]
-    fn a_deleted_secret_takes_its_hashes_with_it() {
-        let hashes = hashes_of(&[("ns", "auth"), ("ns", "tls"), ("other", "auth")]);
-        let observe = hashes.observer();
-        observe(&watcher::Event::Delete(secret("ns", "auth")));
-        assert!(!hashes.holds("ns", "auth"));
-        assert!(hashes.holds("ns", "tls"), "another Secret stays");
-        assert!(
-            hashes.holds("other", "auth"),
-            "the same name elsewhere stays"
-        );
-        observe(&watcher::Event::Apply(secret("ns", "tls")));
-        assert!(
-            hashes.holds("ns", "tls"),
-            "a change is found by its version"
-        );
-    }
-
-    #[test]
-    fn a_relist_keeps_only_the_secrets_it_lists() {
-        let hashes = hashes_of(&[("ns", "auth"), ("ns", "gone")]);
-        let observe = hashes.observer();
-        observe(&watcher::Event::Init);
-        observe(&watcher::Event::InitApply(secret("ns", "auth")));
-        assert!(
-            hashes.holds("ns", "gone"),
-            "nothing goes before the list is complete"
-        );
-        observe(&watcher::Event::InitDone);
-        assert!(hashes.holds("ns", "auth"));
-        assert!(
-            !hashes.holds("ns", "gone"),
-            "deleted while the watch was down"
-        );
-        // Hashes read after the relist are not dropped by a later, unrelated InitDone without an Init.
-        hashes.put("ns", "new", "1".into(), KeyHashes::new());
-        observe(&watcher::Event::InitDone);
-        assert!(hashes.holds("ns", "new"));
-    }
-
-    /// A served auth file this process wrote is current at the version it wrote and while the watch
-    /// lags behind that write (a reconcile right after it rewrote the file over and over under load);
-    /// a later version (someone changed it) or another user file is not.
-    #[test]
-    fn a_served_file_is_current_while_the_watch_lags_behind_its_write() {
-        let hashes = SecretHashes::default();
-        hashes.put_served("ns", "cache-auth-file", "7".into(), "h".into());
-        assert!(hashes.serves("ns", "cache-auth-file", Some("7"), "h"));
-        assert!(hashes.serves("ns", "cache-auth-file", None, "h"));
-        assert!(hashes.serves("ns", "cache-auth-file", Some("5"), "h"));
-        assert!(!hashes.serves("ns", "cache-auth-file", Some("9"), "h"));
-        assert!(!hashes.serves("ns", "cache-auth-file", Some("7"), "other"));
-        assert!(!hashes.serves("ns", "other-auth-file", None, "h"));
-    }
 }

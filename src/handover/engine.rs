@@ -24,11 +24,11 @@ use std::time::Duration;
 
 use futures::Stream;
 use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec, Secret};
+use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource};
+use kube::Resource;
+use kube::api::Patch;
+use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::debug;
 
@@ -44,23 +44,20 @@ use crate::resources::rollout::Pace;
 use crate::resources::secrets::Owner;
 use crate::status::HandoverProgress;
 use crate::store::cache::Cache;
-use crate::store::digest_key::DigestKey;
 use crate::store::events::{normal, warning};
 use crate::store::pod_index::still_at;
-use crate::store::secrets::{SecretReader, SecretValues};
-use crate::store::{Clock, Publisher};
+use crate::store::{Clock, SecretReader, Writer};
 
 /// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What warm handover needs of the operator, given once.
 pub struct Deps {
-    pub client: Client,
-    /// The operator's event publisher, for the `HandedOver` and `HandoverFailed` events.
-    pub events: Arc<Publisher>,
+    /// What its writes go through; its event publisher says `HandedOver` and `HandoverFailed`.
+    pub writer: Writer,
     pub metrics: Arc<HandoverMetrics>,
-    /// The metadata-only Secret cache (which exist, at which version).
-    pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// The one reader of the Secrets' values: the TLS material and the operator's credentials.
+    pub secrets: SecretReader,
     /// The pod cache, where a StatefulSet rollout's spare server is found.
     pub pods: Cache<Pod>,
     /// The cluster's DNS domain: the names a server's certificate may be valid for.
@@ -68,16 +65,14 @@ pub struct Deps {
     pub clock: Clock,
     /// The longest any copy may take (`--handover-max-timeout-seconds`), whatever the spec says.
     pub max_timeout_seconds: u64,
-    /// The operator's digest key (its own credentials derive from it).
-    pub digest_key: DigestKey,
 }
 
 /// Warm handover, shared by every reconcile (the controller's context holds one).
 pub struct Handover {
-    pub(super) client: Client,
-    pub(super) events: Arc<Publisher>,
+    /// Every write (a gate, a source's deletion cost, the spare server) and event goes through it.
+    pub(super) writer: Writer,
     pub(super) metrics: Arc<HandoverMetrics>,
-    /// The TLS and authentication Secrets' values, read once per version (as the stats collector does).
+    /// The TLS material and the operator's credentials, through the one Secret reader.
     secrets: SecretReader,
     pub(super) pods: Cache<Pod>,
     cluster_domain: String,
@@ -131,14 +126,8 @@ pub(super) struct Opened {
 impl Handover {
     pub fn new(deps: Deps) -> Self {
         Self {
-            secrets: SecretReader {
-                client: deps.client.clone(),
-                store: deps.secrets,
-                values: SecretValues::default(),
-                digest_key: deps.digest_key,
-            },
-            client: deps.client,
-            events: deps.events,
+            secrets: deps.secrets,
+            writer: deps.writer,
             metrics: deps.metrics,
             pods: deps.pods,
             cluster_domain: deps.cluster_domain,
@@ -217,7 +206,7 @@ impl Handover {
         } else {
             warning("HandoverFailed", "Handover", note)
         };
-        self.events.record(&mc.object_ref(&()), event).await;
+        self.writer.events.record(&mc.object_ref(&()), event).await;
     }
     /// The copy of `copy` between the servers at `from` and `to` (entries of the published lists),
     /// found among `endpoints` (entry → pod name and IP), for the target `slot`; a server no pod with an
@@ -265,6 +254,7 @@ impl Handover {
         let transport = self
             .secrets
             .transport(
+                instance.name,
                 &Owner {
                     namespace: instance.namespace,
                     uid: instance.uid(),
@@ -310,7 +300,6 @@ impl Handover {
         pod: &str,
         opened: &Opened,
     ) -> Result<(), Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let now = self.now();
         let patch = json!({"status": {"conditions": [{
             "type": GATE,
@@ -319,23 +308,16 @@ impl Handover {
             "message": opened.message,
             "lastTransitionTime": now,
         }]}});
-        match api
-            .patch_status(pod, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-        {
-            Ok(_) => {
-                debug!(%pod, reason = opened.reason, "opened the handover gate");
-                let key = pod_key(namespace, instance, pod);
-                self.tasks.close(key, -1, super::tasks::Phase::Opened, now);
-                Ok(())
-            }
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(source) => Err(Error::Apply {
-                kind: "Pod".into(),
-                name: pod.to_owned(),
-                source,
-            }),
+        let patched = self
+            .writer
+            .patch_status::<Pod, _>(namespace, pod, &Patch::Strategic(&patch))
+            .await?;
+        if patched.is_some() {
+            debug!(%pod, reason = opened.reason, "opened the handover gate");
+            let key = pod_key(namespace, instance, pod);
+            self.tasks.close(key, -1, super::tasks::Phase::Opened, now);
         }
+        Ok(())
     }
 }
 

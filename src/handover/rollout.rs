@@ -13,8 +13,7 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Patch, PatchParams};
-use kube::{Api, ResourceExt};
+use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
@@ -24,8 +23,8 @@ use super::plan::{copies, published};
 use super::tasks::{Ended, Job, Meta, Prepared, State};
 use super::{CopyError, Error, Failure, Handover, Snapshot};
 use crate::api::Memcached;
-use crate::resources::labels;
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, Member};
+use crate::store::Force;
 
 impl Handover {
     /// The Deployment rollout's part of the step: opens the gates of the pods whose copies ended,
@@ -199,11 +198,12 @@ impl Handover {
         if marked {
             return;
         }
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
         let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": source, "annotations": {DELETION_COST_ANNOTATION: SOURCE_COST}}});
-        let params = PatchParams::apply(labels::MANAGER_NAME).force();
-        if let Err(error) = api.patch(source, &params, &Patch::Apply(&patch)).await {
+        let marked = self
+            .writer
+            .apply::<Pod, _>(namespace, source, &patch, Force::Yes);
+        if let Err(error) = marked.await {
             warn!(pod = %source, %error, "cannot mark the handover's source pod");
         }
     }

@@ -14,8 +14,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
-use kube::Api;
-use kube::api::{DeleteParams, Patch, PatchParams};
+use kube::api::DeleteParams;
 use tracing::{debug, info, warn};
 
 use super::engine::{Opened, View, pod_key};
@@ -25,7 +24,8 @@ use super::{Error, Handover};
 use crate::api::Memcached;
 use crate::resources::rollout::{self, Pace};
 use crate::resources::servers::Member;
-use crate::resources::{Instance, labels, spare};
+use crate::resources::{Instance, spare};
+use crate::store::Force;
 
 /// What the StatefulSet part of the step leaves for the workload and the requeue.
 pub(super) struct Staging {
@@ -414,16 +414,10 @@ impl Handover {
     ) -> Result<(), Error> {
         let pod = spare::spare(instance, template);
         let name = spare::name(instance.name);
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), instance.namespace);
         // Not forced: a pod of that name that is not the operator's answers 409 and is left alone.
-        let params = PatchParams::apply(labels::MANAGER_NAME);
-        api.patch(&name, &params, &Patch::Apply(&pod))
-            .await
-            .map_err(|source| Error::Apply {
-                kind: "Pod".into(),
-                name: name.clone(),
-                source,
-            })?;
+        self.writer
+            .apply::<Pod, _>(instance.namespace, &name, &pod, Force::No)
+            .await?;
         info!(pod = %name, "created the spare server for the rollout's handovers");
         Ok(())
     }
@@ -431,19 +425,14 @@ impl Handover {
     /// Deletes the spare server; one already gone needs nothing. A refusal is logged, not failed: it
     /// must not hold the instance's reconciles (the spare is garbage-collected with the instance anyway).
     async fn remove_spare(&self, namespace: &str, name: &str) -> Result<(), Error> {
-        let api: Api<Pod> = Api::namespaced(self.client.clone(), namespace);
-        match api.delete(name, &DeleteParams::default()).await {
-            Ok(_) => {
+        let params = DeleteParams::default();
+        match self.writer.delete::<Pod>(namespace, name, &params).await {
+            Ok(true) => {
                 info!(pod = %name, "removed the spare server: the rollout is over");
                 Ok(())
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(source) => {
-                let error = Error::Delete {
-                    kind: "Pod".into(),
-                    name: name.to_owned(),
-                    source,
-                };
+            Ok(false) => Ok(()),
+            Err(error) => {
                 if error.unanswered() {
                     return Err(error);
                 }

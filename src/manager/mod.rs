@@ -41,6 +41,7 @@ use crate::observe::{ObserveLayer, Observer};
 use crate::resources::{Defaults, OperatorPods};
 use crate::run::connectivity::Connectivity;
 use crate::run::{self, RunOptions};
+use crate::store::SecretReader;
 use crate::store::digest_key::{DigestKey, KeyLocation};
 use futures::FutureExt;
 use http::Health;
@@ -272,8 +273,12 @@ fn spawn_collector(
                 store: stores.pods.clone(),
                 index: stores.pod_index.clone(),
             },
-            secrets: stores.secrets.clone(),
-            digest_key: DigestKey::new(digest_key),
+            secrets: SecretReader::new(
+                client.clone(),
+                stores.secrets.clone(),
+                stores.secret_cache.clone(),
+                DigestKey::new(digest_key),
+            ),
         },
         metrics.operand(),
         Some(identity.to_owned()),

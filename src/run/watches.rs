@@ -44,18 +44,16 @@ use super::permissions;
 use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY, retrying, retrying_memcacheds};
 use crate::api::Memcached;
 use crate::api::names::served_auth_name;
-use crate::controller::{
-    Context, Error, SecretHashes, Settings, error_policy, reconcile, system_clock,
-};
+use crate::controller::{Context, Error, Settings, error_policy, reconcile, system_clock};
 use crate::metrics::Metrics;
 use crate::resources::{labels, secrets, service_monitor};
-use crate::store::Stores;
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::{Compact, Compactable, trim_instance};
 use crate::store::foreign::{self, Foreign};
 use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
 use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
+use crate::store::{SecretCache, Stores};
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -78,7 +76,6 @@ pub struct Watches {
     /// Read-your-writes (see `written`): the reconciler keeps the answers to its writes, and the watches
     /// end them when their caches hold that version, or see the object deleted.
     written: Arc<Written>,
-    secret_hashes: SecretHashes,
     /// The instances' watch is started by [`run`]: a deletion it sees makes the context forget the
     /// instance, so it needs the context.
     instances: (Api<Memcached>, reflector::store::Writer<Memcached>),
@@ -232,7 +229,7 @@ pub async fn watch(
 ) -> Watches {
     let (ns, metrics) = (namespace, metrics.clone());
     let written = Arc::new(Written::default());
-    let secret_hashes = SecretHashes::default();
+    let secret_cache = SecretCache::default();
     let shutdown = shutdown.boxed().shared();
     let children = from_cache(watcher::Config::default().labels(&labels::managed_selector()));
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
@@ -270,8 +267,8 @@ pub async fn watch(
         trim_secret,
         (),
         // The operator writes one kind of Secret (`<name>-auth-file`), outside `written`: what is kept
-        // is the hashes of Secrets' values (and of what it wrote there), which end with them.
-        secret_hashes.observer(),
+        // of Secrets (what was read of their values, and what it wrote there) ends with them.
+        secret_cache.observer(),
     );
     let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &forbidden);
     let (service_monitors, service_monitor_stream) =
@@ -283,6 +280,7 @@ pub async fn watch(
         pods,
         pod_index,
         secrets,
+        secret_cache,
         service_monitors,
         foreign,
     };
@@ -291,7 +289,6 @@ pub async fn watch(
         stores,
         namespace: ns.map(str::to_owned),
         written,
-        secret_hashes,
         instances: (mc_api, mc_writer),
         instances_listed: watch::channel(false),
         children_synced,
@@ -377,7 +374,6 @@ pub async fn run(
         stores,
         namespace,
         written,
-        secret_hashes,
         instances: (mc_api, mc_writer),
         instances_listed: (mc_listed_tx, mc_listed),
         children_synced,
@@ -387,17 +383,15 @@ pub async fn run(
     let stopped_unlisted = stopped_before_listing(shutdown.clone(), mc_listed);
     let memcacheds = stores.memcacheds.clone();
     let service_monitor = service_monitor::api_resource();
-    let ctx = Arc::new(
-        Context::new(
-            client,
-            options.settings,
-            stores,
-            metrics,
-            options.reporter_instance,
-            system_clock(),
-        )
-        .sharing(written, secret_hashes),
-    );
+    let ctx = Arc::new(Context::sharing(
+        client,
+        options.settings,
+        stores,
+        metrics,
+        options.reporter_instance,
+        system_clock(),
+        written,
+    ));
     let mc_stream = instances(&ctx, &connectivity, mc_api, mc_writer, mc_listed_tx);
 
     info!(

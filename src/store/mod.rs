@@ -7,10 +7,12 @@
 //! - [`pod_index`]: each instance's pods, by name;
 //! - [`foreign`]: objects that have a child's name but are not the operator's;
 //! - [`written`]: read-your-writes, the answers to the operator's own writes until the caches catch up;
-//! - [`secrets`]: the values of the Secrets an instance names, read once per version;
+//! - [`secrets`]: the one reader of Secrets' values and its one cache, for the reconciler, the stats
+//!   collector and warm handover: read once per version, dropped with the instances that name them;
 //! - [`digest_key`]: the operator's key for the Secrets' hash in pod templates;
 //! - [`events`]: the event publisher;
-//! - [`writer`]: the client, read-your-writes and the publisher, what a reconcile writes through.
+//! - [`writer`]: the client, read-your-writes and the publisher: every write of the operator's goes
+//!   through it.
 //!
 //! The watches that fill the caches are built above, with the wiring (`crate::run`).
 
@@ -35,7 +37,8 @@ pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;
 pub use kinds::{ChildCaches, ChildKind, EachKind, KindName, MakeCache, each_kind, kind_names};
 pub use pod_index::PodIndex;
-pub use writer::{Clock, WriteError, Writer};
+pub use secrets::{SecretCache, SecretReader};
+pub use writer::{Clock, Force, WriteError, Writer};
 pub use written::Written;
 
 use crate::api::Memcached;
@@ -52,6 +55,8 @@ pub struct Stores {
     pub pod_index: PodIndex,
     /// Secrets by metadata only: which exist, and their resourceVersion.
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// What was read of the Secrets' values, for every reader of them (see [`secrets`]).
+    pub secret_cache: SecretCache,
     /// ServiceMonitors, when the cluster serves their API (checked once at start).
     pub service_monitors: Option<Cache<DynamicObject>>,
     /// Objects with a child's name that the operator does not manage (see [`foreign`]).

@@ -26,11 +26,18 @@
 //! without TLS and without `spec.security.auth.allowPlaintextStats`: [`super::in_clear`]) is logged
 //! once when that starts and once when it ends, never per collection.
 
+// Its parts: reading each pod under the bounds (`each`), the proxy pods (`proxies`), the `status.stats`
+// write (`status`) and the events it publishes (`events`).
 mod each;
+mod events;
 mod proxies;
+mod status;
 
 use each::{Gathered, Subject};
+use events::reload_event;
+pub use events::{EVICTING, evicting_note};
 use proxies::ProxyReads;
+pub use status::{FIELD_MANAGER, stats_patch};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::future::Future;
@@ -39,12 +46,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{PartialObjectMeta, Patch, PatchParams};
-use kube::runtime::events::{Event, EventType};
+use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::reflector::Store;
-use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
+use kube::{Client, ResourceExt};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -57,20 +61,16 @@ use super::episodes::{self, Counter, Episode};
 use super::in_clear;
 use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
 use super::proxy::ProxySample;
-use super::reload::{self, Observed, Outcome, Reload};
+use super::reload::{Observed, Outcome, Reload};
 use super::stats::Stats;
 use super::summary::{should_write, summarize, summarize_proxy};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::secrets::Owner;
 use crate::resources::servers;
-use crate::store::digest_key::DigestKey;
 use crate::store::pod_index::still_at;
-use crate::store::secrets::{SecretReader, SecretValues, Transport};
-use crate::store::{Cache, PodIndex, Publisher};
+use crate::store::secrets::Transport;
+use crate::store::{Cache, PodIndex, Publisher, SecretReader, Writer};
 
-/// Field manager of the `status.stats` applies: not the reconciler's, so neither removes the other's
-/// fields.
-pub const FIELD_MANAGER: &str = "memcached-operator-stats";
 /// Longest time one server may take to answer (connect, TLS, auth, `stats`).
 pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
 /// Most servers read at once, over all instances. At the [`READ_TIMEOUT`] that reads at least 16 dead
@@ -83,8 +83,6 @@ pub const MAX_READS_IN_FLIGHT: usize = 32;
 pub const MAX_WRITES_IN_FLIGHT: usize = 8;
 /// Longest wait for a status write or an event, so a slow API server does not hold a collection.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Event reason when an instance starts evicting.
-pub const EVICTING: &str = "Evicting";
 
 /// How often to collect and to write.
 #[derive(Clone, Debug)]
@@ -140,9 +138,8 @@ pub struct Sources {
     pub client: Client,
     pub memcacheds: Store<Memcached>,
     pub pods: IndexedPods,
-    pub secrets: Store<PartialObjectMeta<Secret>>,
-    /// The operator's digest key (its own credentials derive from it).
-    pub digest_key: DigestKey,
+    /// The one reader of the Secrets' values: the TLS material and the operator's credentials.
+    pub secrets: SecretReader,
 }
 
 /// The pod cache and its index by instance (see [`PodIndex`]).
@@ -190,12 +187,12 @@ struct Next {
 /// The collector. Shared by its collection tasks.
 pub struct Collector {
     settings: Settings,
-    client: Client,
+    /// The `status.stats` writes and the events go through it.
+    writer: Writer,
     memcacheds: Store<Memcached>,
     pods: IndexedPods,
     secrets: SecretReader,
     metrics: Arc<OperandMetrics>,
-    events: Arc<Publisher>,
     reader: Arc<dyn Reader>,
     permits: Arc<Semaphore>,
     /// Bounds writes in flight ([`MAX_WRITES_IN_FLIGHT`]).
@@ -213,17 +210,16 @@ impl Collector {
     ) -> Self {
         Self {
             settings,
-            secrets: SecretReader {
-                client: sources.client.clone(),
-                store: sources.secrets,
-                values: SecretValues::default(),
-                digest_key: sources.digest_key,
+            secrets: sources.secrets,
+            // Its own read-your-writes: nothing it writes is read back.
+            writer: Writer {
+                client: sources.client,
+                written: Arc::default(),
+                events,
             },
-            client: sources.client,
             memcacheds: sources.memcacheds,
             pods: sources.pods,
             metrics,
-            events,
             reader,
             permits: Arc::new(Semaphore::new(MAX_READS_IN_FLIGHT)),
             writes: Semaphore::new(MAX_WRITES_IN_FLIGHT),
@@ -261,22 +257,20 @@ impl Collector {
     pub async fn collect(self: &Arc<Self>) {
         let instances = self.memcacheds.state();
         let mut live = HashSet::new();
-        let mut secrets = HashSet::new();
         let mut tasks = JoinSet::new();
         for mc in instances {
             let key = (mc.namespace().unwrap_or_default(), mc.name_any());
             if mc.metadata.deletion_timestamp.is_some() {
                 continue;
             }
-            secrets.extend(crate::store::secrets::named(&key.0, &mc.spec));
             live.insert(key.clone());
             tasks.spawn(self.clone().collect_instance(key, mc));
         }
         while tasks.join_next().await.is_some() {}
-        // Deleted instances (and those being deleted): their series and memory go.
+        // Deleted instances (and those being deleted): their series and memory go. (What was read of
+        // their Secrets goes when the controller forgets them: see `crate::store::secrets`.)
         self.metrics.retain_instances(|key| live.contains(key));
         self.lock_state().retain(|key, _| live.contains(key));
-        self.secrets.values.retain(&secrets);
     }
 
     fn lock_state(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceKey, InstanceState>> {
@@ -358,7 +352,10 @@ impl Collector {
         };
         let transport = match in_clear::refused(&mc.spec) {
             Some(refused) => Err(refused),
-            None => self.secrets.transport(&owner, &mc.spec, &previous).await,
+            None => {
+                let transport = self.secrets.transport(&key.1, &owner, &mc.spec, &previous);
+                transport.await
+            }
         };
         match transport {
             Ok(transport) => {
@@ -537,79 +534,6 @@ impl Collector {
             problem,
         }
     }
-
-    /// Applies `status.stats` (or its removal, for `None`); whether it was written.
-    async fn write_status(
-        &self,
-        (namespace, name): &InstanceKey,
-        stats: Option<&CacheStats>,
-    ) -> bool {
-        // The semaphore is never closed.
-        let Ok(_permit) = self.writes.acquire().await else {
-            return false;
-        };
-        let api: Api<Memcached> = Api::namespaced(self.client.clone(), namespace);
-        let patch = stats_patch(name, stats);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        match tokio::time::timeout(
-            WRITE_TIMEOUT,
-            api.patch_status(name, &params, &Patch::Apply(&patch)),
-        )
-        .await
-        {
-            Ok(Ok(_)) => true,
-            Ok(Err(error)) => {
-                warn!(memcached = %name, %namespace, %error, "cannot write status.stats; retrying at the next collection");
-                false
-            }
-            Err(_) => {
-                warn!(memcached = %name, %namespace, "timed out writing status.stats; retrying at the next collection");
-                false
-            }
-        }
-    }
-
-    async fn warn_evicting(
-        &self,
-        (namespace, name): &InstanceKey,
-        mc: &Memcached,
-        evicted: u64,
-        read: &[Stats],
-    ) {
-        let note = evicting_note(evicted, self.settings.interval, read);
-        info!(memcached = %name, %namespace, %note, "evictions started");
-        let event = Event {
-            type_: EventType::Warning,
-            reason: EVICTING.to_owned(),
-            note: Some(note),
-            action: "ReadStats".to_owned(),
-            secondary: None,
-        };
-        self.publish(&(namespace.clone(), name.clone()), mc, event)
-            .await;
-    }
-
-    /// Publishes an event about `mc`, bounded by the writes in flight and a timeout.
-    async fn publish(&self, (namespace, name): &InstanceKey, mc: &Memcached, event: Event) {
-        let Ok(_permit) = self.writes.acquire().await else {
-            return;
-        };
-        let reason = event.reason.clone();
-        match tokio::time::timeout(
-            WRITE_TIMEOUT,
-            self.events.publish(&event, &mc.object_ref(&())),
-        )
-        .await
-        {
-            Ok(Ok(())) => {}
-            Ok(Err(error)) => {
-                warn!(memcached = %name, %namespace, %error, %reason, "cannot publish an event")
-            }
-            Err(_) => {
-                warn!(memcached = %name, %namespace, %reason, "timed out publishing an event")
-            }
-        }
-    }
 }
 
 /// Of `pods`, the ready, non-terminating ones with an address: (pod name, podIP:port), by name.
@@ -626,108 +550,6 @@ fn address(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
     }
     let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
     Some((pod.name_any(), SocketAddr::new(ip, port)))
-}
-
-/// The apply that sets `status.stats` to `stats` and nothing else; with `None`, an apply without it,
-/// which removes what this field manager set before.
-pub fn stats_patch(name: &str, stats: Option<&CacheStats>) -> serde_json::Value {
-    let status = match stats {
-        Some(stats) => json!({"stats": stats}),
-        None => json!({}),
-    };
-    json!({
-        "apiVersion": Memcached::api_version(&()),
-        "kind": Memcached::kind(&()),
-        "metadata": {"name": name},
-        "status": status,
-    })
-}
-
-/// The note of the `Evicting` event: how many, and how full the memory is, with the way out.
-pub fn evicting_note(evicted: u64, interval: Duration, read: &[Stats]) -> String {
-    let sum = |f: fn(&Stats) -> u64| read.iter().map(f).fold(0u64, u64::saturating_add);
-    let limit = sum(|s| s.limit_maxbytes);
-    let used = super::summary::percent(sum(|s| s.bytes), limit).unwrap_or_default();
-    format!(
-        "memcached evicted {evicted} valid items in the last {}s ({} in total since the servers started): \
-         the cache is too small for what is written to it. Items use {used}% of the {} MiB memory limit \
-         of the {} servers read; raise spec.memcached.maxMemoryMB or spec.size",
-        interval.as_secs(),
-        sum(|s| s.evictions),
-        limit / (1024 * 1024),
-        read.len(),
-    )
-}
-
-/// At most five pod names, for an event note (which the API server limits to 1 kB).
-fn shown_pods(pods: &[String]) -> String {
-    let mut shown = pods.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
-    if pods.len() > 5 {
-        shown.push_str(", ...");
-    }
-    shown
-}
-
-/// The event that says how a rotation went, if it is time to say.
-fn reload_event(mc: &Memcached, outcome: &Outcome) -> Option<Event> {
-    let secret = mc
-        .spec
-        .tls()
-        .map(|tls| tls.secret_name.as_str())
-        .unwrap_or_default();
-    let (type_, reason, note) = match outcome {
-        Outcome::Nothing => return None,
-        Outcome::Unusable(why) => (
-            EventType::Warning,
-            reload::CERTIFICATES_NOT_RELOADED,
-            format!(
-                "the certificate of Secret {secret} cannot be loaded: {why}. The servers are not asked to \
-                 load it and keep serving the one they have; a server started now would fail to start"
-            ),
-        ),
-        Outcome::Reloaded { servers, after } => (
-            EventType::Normal,
-            reload::CERTIFICATES_RELOADED,
-            format!(
-                "{servers} server(s) reloaded the rotated certificate of Secret {secret} in place \
-                 (refresh_certs) within {}s of presenting the previous one; no pod was restarted",
-                after.as_secs()
-            ),
-        ),
-        Outcome::NotReloaded {
-            pending,
-            total,
-            refused,
-            after,
-        } => (
-            EventType::Warning,
-            reload::CERTIFICATES_NOT_RELOADED,
-            match refused {
-                Some((pod, answer)) => format!(
-                    "{pod} refused to reload the certificate of Secret {secret} (refresh_certs \
-                     answered {answer:?}): it keeps serving the previous one. Check that tls.key matches \
-                     tls.crt; {} of {total} server(s) present another certificate than the Secret's",
-                    pending.len()
-                ),
-                None => format!(
-                    "{} of {total} server(s) ({}) still present another certificate than Secret {secret}'s \
-                     {}s after the first was seen to, although asked to reload it (refresh_certs): the \
-                     kubelet writes a changed Secret into running pods within about a minute; restart \
-                     the pods to load it (kubectl rollout restart)",
-                    pending.len(),
-                    shown_pods(pending),
-                    after.as_secs()
-                ),
-            },
-        ),
-    };
-    Some(Event {
-        type_,
-        reason: reason.to_owned(),
-        note: Some(note),
-        action: "ReloadCertificates".to_owned(),
-        secondary: None,
-    })
 }
 
 fn log_problem((namespace, name): &InstanceKey, before: Option<&str>, now: Option<&str>) {

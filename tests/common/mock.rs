@@ -27,9 +27,7 @@ pub use kube::runtime::reflector::{self, store::Writer};
 pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
-pub use memcached_operator::controller::{
-    Context, Error, SecretHashes, Settings, error_policy, reconcile,
-};
+pub use memcached_operator::controller::{Context, Error, Settings, error_policy, reconcile};
 pub use memcached_operator::metrics::Metrics;
 pub use memcached_operator::store::digest_key::{DigestKey, KeyLocation};
 pub use memcached_operator::store::foreign;
@@ -93,8 +91,6 @@ pub struct Cluster {
     pub pods: CacheWriter<Pod>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
     pub service_monitors: Option<CacheWriter<DynamicObject>>,
-    /// Shared by every reconcile, as in the operator, so Secrets are read once per version.
-    pub secret_hashes: SecretHashes,
     /// The key of the Secrets' hash: a fixed one, as if read before; a scenario replaces it with
     /// [`DigestKey::new`] to see it read or made.
     pub digest_key: DigestKey,
@@ -145,6 +141,8 @@ impl Cluster {
                 pods: pods_r,
                 pod_index: PodIndex::default(),
                 secrets: secrets_r,
+                // Shared by every reconcile, as in the operator, so Secrets are read once per version.
+                secret_cache: Default::default(),
                 service_monitors: None,
                 foreign: foreign.build(),
             },
@@ -153,7 +151,6 @@ impl Cluster {
             pods,
             secrets,
             service_monitors: None,
-            secret_hashes: SecretHashes::default(),
             digest_key: DigestKey::fixed(TEST_DIGEST_KEY),
             foreign_deployments,
             foreign_config_maps,
@@ -300,7 +297,6 @@ impl Session {
             Some("test".into()),
             Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
         );
-        ctx.secret_hashes = cluster.secret_hashes.clone();
         ctx.digest_key = cluster.digest_key.clone();
         Self {
             ctx: Arc::new(ctx),

@@ -127,8 +127,15 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     ctx.writer
         .written
         .remember(Arc::new(Compact::encode(&written).unwrap()), &());
+    // What was kept of a Secret only this instance names (here, the served auth file it wrote).
+    let served = (NS.to_owned(), format!("{NAME}-auth-file"));
+    let named = std::collections::BTreeSet::from([served.clone()]);
+    ctx.secrets.cache().name(&(NS.into(), NAME.into()), named);
+    ctx.secrets
+        .wrote_served(NS, &served.1, "3".into(), "hash".into());
     assert_eq!(ctx.backoff.failures(&key), 3);
     assert_eq!(ctx.writer.written.len(), 1);
+    assert!(ctx.secrets.cache().holds(NS, &served.1));
 
     // The watch sees the deletion: the cache drops the instance, then the context forgets it.
     let mut deleted = mc.clone();
@@ -139,6 +146,7 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     ctx.forget(&deleted);
     assert_eq!(ctx.backoff.failures(&key), 0);
     assert!(ctx.writer.written.is_empty());
+    assert!(ctx.secrets.cache().is_empty(), "its Secrets go with it");
     let status = MemcachedStatus {
         replicas: 1,
         ..MemcachedStatus::default()

@@ -314,14 +314,18 @@ impl Caches {
                 cluster_domain: "cluster.local".into(),
             },
             Sources {
-                client,
+                client: client.clone(),
                 memcacheds: self.stores.0.clone(),
                 pods: IndexedPods {
                     store: self.stores.1.clone(),
                     index: self.pod_index.clone(),
                 },
-                secrets: self.stores.2.clone(),
-                digest_key: memcached_operator::store::digest_key::DigestKey::fixed(DIGEST_KEY),
+                secrets: memcached_operator::store::SecretReader::new(
+                    client.clone(),
+                    self.stores.2.clone(),
+                    Default::default(),
+                    memcached_operator::store::digest_key::DigestKey::fixed(DIGEST_KEY),
+                ),
             },
             metrics.clone(),
             events,

@@ -106,8 +106,8 @@ pub(super) async fn children(
         matches!(step, Step::Drained { .. })
     })
     .await;
-    built(view, ctx, changes).await?;
-    children.problem = service_monitor(ctx, view, changes).await?;
+    let unserved = built(view, ctx, changes).await?;
+    children.problem = unserved.or(service_monitor(ctx, view, changes).await?);
     Ok(children)
 }
 
@@ -385,17 +385,32 @@ impl<K: ChildKind> Apply for Built<K> {
 }
 
 /// Applies every child the table's builders make: those of the [`Role::Built`] kinds in the table's
-/// order, then those of the other kinds (see [`ChildKind::desired`]).
-async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<(), Error> {
+/// order, then those of the other kinds (see [`ChildKind::desired`]). A child of a kind the cluster does
+/// not serve is a problem for the status, not an error: the first such kind is returned.
+async fn built(
+    view: &View<'_>,
+    ctx: &Context,
+    changes: &mut Changes,
+) -> Result<Option<Problem>, Error> {
     struct Collect<'i> {
         instance: &'i Instance<'i>,
+        view: &'i View<'i>,
         children: Vec<Box<dyn Apply>>,
         /// The other kinds' (the proxy's Deployment), after the ServiceAccount its pods need.
         last: Vec<Box<dyn Apply>>,
+        unserved: Option<Problem>,
     }
     impl EachKind for Collect<'_> {
         fn kind<K: ChildKind>(&mut self) {
-            for (name, desired) in K::desired(self.instance) {
+            let desired = K::desired(self.instance);
+            if !self.view.served::<K>() {
+                // Nothing of it exists (its cache is empty), so there is nothing to delete either.
+                if self.unserved.is_none() && desired.iter().any(|(_, child)| child.is_some()) {
+                    self.unserved = Some(unserved::<K>());
+                }
+                return;
+            }
+            for (name, desired) in desired {
                 let child: Box<dyn Apply> = Box::new(Built::<K> { name, desired });
                 match K::ROLE {
                     Role::Built => self.children.push(child),
@@ -410,14 +425,29 @@ async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<
         .with_proxy_secret_hash(view.proxy_secret_hash.clone());
     let mut collect = Collect {
         instance: &instance,
+        view,
         children: Vec::new(),
         last: Vec::new(),
+        unserved: None,
     };
     each_kind(&mut collect);
     for child in collect.children.into_iter().chain(collect.last) {
         child.apply(ctx, view, changes).await?;
     }
-    Ok(())
+    Ok(collect.unserved)
+}
+
+/// The status problem of an instance that asks for a child of a kind the cluster did not serve at start.
+fn unserved<K: ChildKind>() -> Problem {
+    Problem {
+        reason: format!("{}Unavailable", K::KIND),
+        message: format!(
+            "the spec asks for a {kind}, but the cluster did not serve {api_version} {kind} when the \
+             operator started; install its CRD and restart the operator, or ask for none",
+            kind = K::KIND,
+            api_version = K::API_VERSION,
+        ),
+    }
 }
 
 /// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one

@@ -34,6 +34,7 @@ use kube::{Api, Client, Resource};
 use tokio::sync::watch;
 
 use super::cached_watch::{Watched, api, cached, forgets_seen, from_cache, reflected};
+use super::discovery;
 use super::first_lists::{Synced, children_synced};
 use super::permissions;
 use super::service_monitors::watch_service_monitors;
@@ -47,7 +48,7 @@ use crate::store::Stores;
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::Compact;
 use crate::store::foreign::{self, Foreign};
-use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, each_kind};
+use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, Unserved, each_kind};
 use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
 
@@ -105,18 +106,17 @@ struct ChildWatches<'a> {
     metrics: &'a Arc<Metrics>,
     config: &'a watcher::Config,
     written: &'a Arc<Written>,
-    /// Kinds the operator may not list (see `permissions`): not watched, their caches empty and complete.
-    forbidden: &'a BTreeSet<&'static str>,
+    /// Kinds not watched, their caches empty and complete: those the operator may not list (see
+    /// `permissions`), and those the cluster does not serve (see `discovery`).
+    unwatched: &'a BTreeSet<&'static str>,
+    unserved: &'a Unserved,
     triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
 }
 
 impl MakeCache for ChildWatches<'_> {
     fn make<K: ChildKind>(&mut self) -> Cache<K> {
-        if self.forbidden.contains(K::URL_PATH_SEGMENT) {
-            let (cache, mut writer) = cache::<K>();
-            writer.apply_watcher_event(&watcher::Event::Init);
-            writer.apply_watcher_event(&watcher::Event::InitDone);
-            return cache;
+        if self.unwatched.contains(K::URL_PATH_SEGMENT) {
+            return empty_and_complete();
         }
         let (cache, stream) = cached(
             self.metrics,
@@ -132,6 +132,19 @@ impl MakeCache for ChildWatches<'_> {
         self.triggers.push(owners.boxed());
         cache
     }
+
+    fn unserved(&self) -> Unserved {
+        self.unserved.clone()
+    }
+}
+
+/// The cache of a kind that is not watched: it holds every object the operator may see (none), so no
+/// reconcile waits for its first list.
+fn empty_and_complete<K: ChildKind>() -> Cache<K> {
+    let (cache, mut writer) = cache::<K>();
+    writer.apply_watcher_event(&watcher::Event::Init);
+    writer.apply_watcher_event(&watcher::Event::InitDone);
+    cache
 }
 
 /// Watches, for each kind of child, the same-named objects the operator does not manage (see `foreign`).
@@ -140,7 +153,7 @@ struct ForeignWatches<'a> {
     namespace: Option<&'a str>,
     metrics: &'a Arc<Metrics>,
     config: &'a watcher::Config,
-    forbidden: &'a BTreeSet<&'static str>,
+    unwatched: &'a BTreeSet<&'static str>,
     builder: &'a mut foreign::Builder,
     instances: &'a reflector::Store<Memcached>,
     triggers: Vec<BoxStream<'static, ObjectRef<Memcached>>>,
@@ -148,7 +161,7 @@ struct ForeignWatches<'a> {
 
 impl EachKind for ForeignWatches<'_> {
     fn kind<K: ChildKind>(&mut self) {
-        if self.forbidden.contains(K::URL_PATH_SEGMENT) {
+        if self.unwatched.contains(K::URL_PATH_SEGMENT) {
             return;
         }
         // Named apart from the managed watch of the kind in the watch-error metric and logs; made once per
@@ -178,14 +191,17 @@ pub async fn watch(
     let (memcacheds, mc_writer) = reflector::store::<Memcached>();
     let mc_api = api::<Memcached>(client, ns);
 
+    let unserved = discovery::unserved_kinds(client, shutdown.clone()).await;
     let forbidden = permissions::forbidden_kinds(client, ns).await;
+    let unwatched: BTreeSet<_> = forbidden.union(&unserved).copied().collect();
     let mut child_watches = ChildWatches {
         client,
         namespace: ns,
         metrics: &metrics,
         config: &children,
         written: &written,
-        forbidden: &forbidden,
+        unwatched: &unwatched,
+        unserved: &unserved,
         triggers: Vec::new(),
     };
     let child_caches = ChildCaches::build(&mut child_watches);
@@ -213,7 +229,7 @@ pub async fn watch(
         // is the hashes of Secrets' values (and of what it wrote there), which end with them.
         secret_hashes.observer(),
     );
-    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &forbidden);
+    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &unwatched);
     let (service_monitors, service_monitor_stream) =
         watch_service_monitors(client, ns, &metrics, children, &written, shutdown.clone()).await;
 
@@ -253,7 +269,7 @@ fn watch_foreign(
     ns: Option<&str>,
     metrics: &Arc<Metrics>,
     memcacheds: &reflector::Store<Memcached>,
-    forbidden: &BTreeSet<&'static str>,
+    unwatched: &BTreeSet<&'static str>,
 ) -> (Foreign, BoxStream<'static, ObjectRef<Memcached>>) {
     let mut foreign = foreign::Builder::default();
     let unmanaged = from_cache(watcher::Config::default());
@@ -262,7 +278,7 @@ fn watch_foreign(
         namespace: ns,
         metrics,
         config: &unmanaged,
-        forbidden,
+        unwatched,
         builder: &mut foreign,
         instances: memcacheds,
         triggers: Vec::new(),
@@ -318,5 +334,128 @@ mod tests {
         assert!(mc.metadata.annotations.is_none() && mc.metadata.managed_fields.is_none());
         assert_eq!(mc.metadata.labels.unwrap()["team"], "a");
         assert_eq!(mc.spec.size, 2);
+    }
+
+    /// A kind of the table the cluster may not serve (the test-only VerticalPodAutoscaler, one entry in
+    /// `store::kinds`) is asked for at start, then watched where served; where not, its cache is complete
+    /// at once (no reconcile waits for it) and nothing asks the API server for it.
+    mod optional_kinds {
+        use super::*;
+        use crate::api::external::VerticalPodAutoscaler;
+        use http::{Request, Response};
+        use kube::client::Body;
+        use std::time::Duration;
+        use tower_test::mock::{self, Handle};
+
+        type Server = Handle<Request<Body>, Response<Body>>;
+
+        fn client() -> (Client, Server) {
+            let (service, handle) = mock::pair::<Request<Body>, Response<Body>>();
+            (Client::new(service, "ns"), handle)
+        }
+
+        /// Answers the discovery of `autoscaling.k8s.io/v1`: a 404, or the group serving the kind.
+        async fn discovery(server: &mut Server, served: bool) {
+            let (request, send) = server.next_request().await.expect("the discovery");
+            assert_eq!(request.uri().path(), "/apis/autoscaling.k8s.io/v1");
+            let (status, body) = if served {
+                let list = json!({"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": "autoscaling.k8s.io/v1", "resources": [{"name": "verticalpodautoscalers",
+                    "singularName": "verticalpodautoscaler", "namespaced": true,
+                    "kind": "VerticalPodAutoscaler", "verbs": ["list", "watch"]}]});
+                (200, list)
+            } else {
+                let status = json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "reason": "NotFound", "code": 404, "message": "the server could not find it"});
+                (404, status)
+            };
+            let response = Response::builder().status(status);
+            send.send_response(
+                response
+                    .body(Body::from(body.to_string().into_bytes()))
+                    .unwrap(),
+            );
+        }
+
+        /// What discovery finds and the cache `ChildWatches` makes of the kind, with its triggers.
+        async fn watched(
+            client: &Client,
+            server: &mut Server,
+            served: bool,
+        ) -> (Unserved, Cache<VerticalPodAutoscaler>, usize) {
+            let never = futures::future::pending::<()>().boxed().shared();
+            let (unserved, ()) = tokio::join!(
+                discovery::unserved_kinds(client, never),
+                discovery(server, served)
+            );
+            let (metrics, written) = (Arc::new(Metrics::default()), Arc::new(Written::default()));
+            let config = watcher::Config::default();
+            let mut watches = ChildWatches {
+                client,
+                namespace: Some("ns"),
+                metrics: &metrics,
+                config: &config,
+                written: &written,
+                unwatched: &unserved,
+                unserved: &unserved,
+                triggers: Vec::new(),
+            };
+            let cache = watches.make::<VerticalPodAutoscaler>();
+            assert_eq!(watches.unserved(), unserved);
+            let triggers = watches.triggers.len();
+            if let Some(stream) = watches.triggers.pop() {
+                tokio::spawn(stream.for_each(|_| async {}));
+            }
+            (unserved, cache, triggers)
+        }
+
+        #[tokio::test]
+        async fn not_served_it_is_complete_at_once_and_never_asked_for() {
+            let (client, mut server) = client();
+            let (unserved, cache, triggers) = watched(&client, &mut server, false).await;
+            assert!(unserved.contains("verticalpodautoscalers"));
+            assert_eq!(triggers, 0);
+            assert!(matches!(
+                cache.wait_until_ready().now_or_never(),
+                Some(Ok(()))
+            ));
+            let next =
+                tokio::time::timeout(Duration::from_millis(100), server.next_request()).await;
+            assert!(
+                next.is_err(),
+                "no request for a kind the cluster does not serve"
+            );
+        }
+
+        #[tokio::test]
+        async fn served_it_is_watched_and_listed() {
+            let (client, mut server) = client();
+            let (unserved, cache, triggers) = watched(&client, &mut server, true).await;
+            assert!(unserved.is_empty());
+            assert_eq!(triggers, 1);
+            assert!(
+                cache.wait_until_ready().now_or_never().is_none(),
+                "not listed yet"
+            );
+            let (request, send) = server.next_request().await.expect("the list");
+            assert_eq!(
+                request.uri().path(),
+                "/apis/autoscaling.k8s.io/v1/namespaces/ns/verticalpodautoscalers"
+            );
+            let list = json!({"kind": "VerticalPodAutoscalerList", "apiVersion": "autoscaling.k8s.io/v1",
+                "metadata": {"resourceVersion": "1"}, "items": [{"apiVersion": "autoscaling.k8s.io/v1",
+                "kind": "VerticalPodAutoscaler", "metadata": {"name": "cache-vpa", "namespace": "ns",
+                "resourceVersion": "1"}, "spec": {}}]});
+            send.send_response(
+                Response::builder()
+                    .body(Body::from(list.to_string().into_bytes()))
+                    .unwrap(),
+            );
+            tokio::time::timeout(Duration::from_secs(5), cache.wait_until_ready())
+                .await
+                .expect("listed")
+                .unwrap();
+            assert_eq!(cache.len(), 1);
+        }
     }
 }

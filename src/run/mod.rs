@@ -6,6 +6,7 @@
 //!   of what changed;
 //! - [`cached_watch`]: one kind's retried watch, the cache it fills and the stream of what it touched;
 //! - [`triggers`]: which instances a changed child, pod or Secret triggers;
+//! - [`discovery`]: whether the cluster serves an API it may not (a CRD's), asked at start;
 //! - [`service_monitors`]: the ServiceMonitors' watch, where the cluster serves their API;
 //! - [`first_lists`]: no reconcile before every cache holds its first complete list;
 //! - [`controller_loop`]: the instances' watch and the controller's run;
@@ -16,6 +17,7 @@ mod cached_watch;
 pub mod caches;
 pub mod connectivity;
 pub mod controller_loop;
+mod discovery;
 mod first_lists;
 mod permissions;
 mod service_monitors;

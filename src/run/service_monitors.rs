@@ -8,10 +8,10 @@ use futures::future::{BoxFuture, Shared};
 use kube::api::DynamicObject;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use super::cached_watch::{Watched, cached, forgets_seen};
-use super::watch_retry::{FIRST_RETRY, LONGEST_RETRY};
+use super::discovery::served;
 use crate::metrics::Metrics;
 use crate::resources::service_monitor;
 use crate::store::cache::Cache;
@@ -30,7 +30,8 @@ pub(super) async fn watch_service_monitors(
     Option<Cache<DynamicObject>>,
     Option<Watched<Compact<DynamicObject>>>,
 ) {
-    if !service_monitors_served(client, shutdown).await {
+    let (api_version, plural) = ("monitoring.coreos.com/v1", "servicemonitors");
+    if !served(client, api_version, plural, "ServiceMonitor", shutdown).await {
         info!(
             "the cluster does not serve monitoring.coreos.com/v1 ServiceMonitor; not watching them"
         );
@@ -46,35 +47,4 @@ pub(super) async fn watch_service_monitors(
     let observers = forgets_seen(written, &service_monitor);
     let (store, stream) = cached(metrics, "servicemonitors", api, config, observers);
     (Some(store), Some(stream.boxed()))
-}
-
-/// Whether the cluster serves the Prometheus Operator's ServiceMonitor API. Asked until it answers (an
-/// operator started during an API-server outage must not decide "not served" from a refused connection),
-/// or until shutdown; an error that a retry cannot fix (403, other 4xx) counts as not served.
-async fn service_monitors_served(
-    client: &Client,
-    shutdown: Shared<BoxFuture<'static, ()>>,
-) -> bool {
-    let mut delay = FIRST_RETRY;
-    loop {
-        match client
-            .list_api_group_resources("monitoring.coreos.com/v1")
-            .await
-        {
-            Ok(list) => return list.resources.iter().any(|r| r.name == "servicemonitors"),
-            Err(kube::Error::Api(status)) if status.code == 404 => return false,
-            Err(kube::Error::Api(status)) if status.code < 500 => {
-                warn!(error = %status.message, "cannot discover the ServiceMonitor API; ServiceMonitors are not managed");
-                return false;
-            }
-            Err(error) => {
-                debug!(%error, "cannot discover the ServiceMonitor API yet; retrying");
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            () = shutdown.clone() => return false,
-        }
-        delay = (delay * 2).min(LONGEST_RETRY);
-    }
 }

@@ -12,6 +12,9 @@
 //!   matter until one an instance references changes; a change triggers the instances that name it.
 //! - For each kind of the table, the same-named objects the operator does not manage (`store::foreign`).
 //!
+//! A kind of the table the operator may not list (`permissions`), or whose API the cluster does not serve
+//! (`discovery`), is not watched: its cache is empty and complete.
+//!
 //! [`watch`] starts them all and hands back their caches ([`Watches::stores`], which the stats collector
 //! reads too); `controller_loop::run` starts the instances' own watch and drives the controller with them.
 //!

@@ -37,7 +37,7 @@ use crate::resources::{
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
-use crate::store::kinds::{ChildKind, EachKind, Role, each_kind};
+use crate::store::kinds::{ChildKind, Desired, EachKind, Role, each_kind};
 
 /// The workload as applied, and the handovers its rollout runs.
 struct AppliedWorkload {
@@ -405,9 +405,7 @@ async fn built(
             let desired = K::desired(self.instance);
             if !self.view.served::<K>() {
                 // Nothing of it exists (its cache is empty), so there is nothing to delete either.
-                if self.unserved.is_none() && desired.iter().any(|(_, child)| child.is_some()) {
-                    self.unserved = Some(unserved::<K>());
-                }
+                self.unserved = self.unserved.take().or_else(|| unserved(&desired));
                 return;
             }
             for (name, desired) in desired {
@@ -437,9 +435,10 @@ async fn built(
     Ok(collect.unserved)
 }
 
-/// The status problem of an instance that asks for a child of a kind the cluster did not serve at start.
-fn unserved<K: ChildKind>() -> Problem {
-    Problem {
+/// The status problem of an instance whose `desired` children are of a kind the cluster did not serve at
+/// start: none when it asks for none of them.
+fn unserved<K: ChildKind>(desired: &Desired<K>) -> Option<Problem> {
+    desired.iter().any(|(_, child)| child.is_some()).then(|| Problem {
         reason: format!("{}Unavailable", K::KIND),
         message: format!(
             "the spec asks for a {kind}, but the cluster did not serve {api_version} {kind} when the \
@@ -447,7 +446,7 @@ fn unserved<K: ChildKind>() -> Problem {
             kind = K::KIND,
             api_version = K::API_VERSION,
         ),
-    }
+    })
 }
 
 /// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one
@@ -539,4 +538,32 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::MemcachedSpec;
+    use crate::api::external::VerticalPodAutoscaler;
+    use crate::resources::Defaults;
+    use crate::resources::testing::memcached;
+
+    /// An instance that asks for a child of a kind the cluster does not serve (the test-only
+    /// VerticalPodAutoscaler of the table) is Degraded for it; one that asks for none is not.
+    #[test]
+    fn a_child_of_an_unserved_kind_is_a_problem_only_when_asked_for() {
+        let defaults = Defaults::default();
+        let desired = |name: &str| {
+            let mc = memcached(name, MemcachedSpec::default());
+            VerticalPodAutoscaler::desired(&Instance::new(&mc, &defaults).unwrap())
+        };
+        let problem = unserved(&desired("cache-vpa")).expect("asked for one");
+        assert_eq!(problem.reason, "VerticalPodAutoscalerUnavailable");
+        assert!(
+            problem.message.contains("autoscaling.k8s.io/v1"),
+            "{}",
+            problem.message
+        );
+        assert_eq!(unserved(&desired("cache")), None);
+    }
 }

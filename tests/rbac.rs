@@ -20,7 +20,7 @@ const NEEDED: &[(&str, &str, &[&str], &str)] = &[
         "cache.example.com",
         "memcacheds",
         &["list", "watch", "patch"],
-        "the controller's watch (run/watches.rs); a JSON patch removes a legacy finalizer (controller/legacy_finalizer.rs)",
+        "the controller's watch (run/controller_loop.rs); a JSON patch removes a legacy finalizer (controller/legacy_finalizer.rs)",
     ),
     (
         "cache.example.com",

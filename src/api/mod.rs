@@ -6,6 +6,7 @@
 //! repeat checks the operator also makes itself.
 
 mod clients;
+pub mod external;
 mod features;
 pub mod flags;
 mod handover;

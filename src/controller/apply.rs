@@ -37,7 +37,7 @@ use crate::resources::{
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
-use crate::store::kinds::{ChildKind, EachKind, Role, each_kind};
+use crate::store::kinds::{ChildKind, Desired, EachKind, Role, each_kind};
 
 /// The workload as applied, and the handovers its rollout runs.
 struct AppliedWorkload {
@@ -106,8 +106,8 @@ pub(super) async fn children(
         matches!(step, Step::Drained { .. })
     })
     .await;
-    built(view, ctx, changes).await?;
-    children.problem = service_monitor(ctx, view, changes).await?;
+    let unserved = built(view, ctx, changes).await?;
+    children.problem = unserved.or(service_monitor(ctx, view, changes).await?);
     Ok(children)
 }
 
@@ -385,17 +385,30 @@ impl<K: ChildKind> Apply for Built<K> {
 }
 
 /// Applies every child the table's builders make: those of the [`Role::Built`] kinds in the table's
-/// order, then those of the other kinds (see [`ChildKind::desired`]).
-async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<(), Error> {
+/// order, then those of the other kinds (see [`ChildKind::desired`]). A child of a kind the cluster does
+/// not serve is a problem for the status, not an error: the first such kind is returned.
+async fn built(
+    view: &View<'_>,
+    ctx: &Context,
+    changes: &mut Changes,
+) -> Result<Option<Problem>, Error> {
     struct Collect<'i> {
         instance: &'i Instance<'i>,
+        view: &'i View<'i>,
         children: Vec<Box<dyn Apply>>,
         /// The other kinds' (the proxy's Deployment), after the ServiceAccount its pods need.
         last: Vec<Box<dyn Apply>>,
+        unserved: Option<Problem>,
     }
     impl EachKind for Collect<'_> {
         fn kind<K: ChildKind>(&mut self) {
-            for (name, desired) in K::desired(self.instance) {
+            let desired = K::desired(self.instance);
+            if !self.view.served::<K>() {
+                // Nothing of it exists (its cache is empty), so there is nothing to delete either.
+                self.unserved = self.unserved.take().or_else(|| unserved(&desired));
+                return;
+            }
+            for (name, desired) in desired {
                 let child: Box<dyn Apply> = Box::new(Built::<K> { name, desired });
                 match K::ROLE {
                     Role::Built => self.children.push(child),
@@ -410,14 +423,30 @@ async fn built(view: &View<'_>, ctx: &Context, changes: &mut Changes) -> Result<
         .with_proxy_secret_hash(view.proxy_secret_hash.clone());
     let mut collect = Collect {
         instance: &instance,
+        view,
         children: Vec::new(),
         last: Vec::new(),
+        unserved: None,
     };
     each_kind(&mut collect);
     for child in collect.children.into_iter().chain(collect.last) {
         child.apply(ctx, view, changes).await?;
     }
-    Ok(())
+    Ok(collect.unserved)
+}
+
+/// The status problem of an instance whose `desired` children are of a kind the cluster did not serve at
+/// start: none when it asks for none of them.
+fn unserved<K: ChildKind>(desired: &Desired<K>) -> Option<Problem> {
+    desired.iter().any(|(_, child)| child.is_some()).then(|| Problem {
+        reason: format!("{}Unavailable", K::KIND),
+        message: format!(
+            "the spec asks for a {kind}, but the cluster did not serve {api_version} {kind} when the \
+             operator started; install its CRD and restart the operator, or ask for none",
+            kind = K::KIND,
+            api_version = K::API_VERSION,
+        ),
+    })
 }
 
 /// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one
@@ -509,4 +538,32 @@ where
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api::MemcachedSpec;
+    use crate::api::external::VerticalPodAutoscaler;
+    use crate::resources::Defaults;
+    use crate::resources::testing::memcached;
+
+    /// An instance that asks for a child of a kind the cluster does not serve (the test-only
+    /// VerticalPodAutoscaler of the table) is Degraded for it; one that asks for none is not.
+    #[test]
+    fn a_child_of_an_unserved_kind_is_a_problem_only_when_asked_for() {
+        let defaults = Defaults::default();
+        let desired = |name: &str| {
+            let mc = memcached(name, MemcachedSpec::default());
+            VerticalPodAutoscaler::desired(&Instance::new(&mc, &defaults).unwrap())
+        };
+        let problem = unserved(&desired("cache-vpa")).expect("asked for one");
+        assert_eq!(problem.reason, "VerticalPodAutoscalerUnavailable");
+        assert!(
+            problem.message.contains("autoscaling.k8s.io/v1"),
+            "{}",
+            problem.message
+        );
+        assert_eq!(unserved(&desired("cache")), None);
+    }
 }

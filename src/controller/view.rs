@@ -114,6 +114,11 @@ impl<'a> View<'a> {
         }
     }
 
+    /// Whether the cluster served `K`'s API when the operator started (see `store::kinds::Served`).
+    pub fn served<K: crate::store::kinds::ChildKind>(&self) -> bool {
+        self.stores.children.served::<K>()
+    }
+
     /// The cluster's ServiceMonitors, when it serves their API.
     pub fn service_monitors(&self) -> Option<&'a Cache<kube::api::DynamicObject>> {
         self.stores.service_monitors.as_ref()

@@ -23,6 +23,8 @@ pub mod service_monitor;
 pub mod spare;
 pub mod statefulset;
 pub mod validate;
+#[cfg(test)]
+pub mod vertical_pod_autoscaler;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;

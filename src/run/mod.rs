@@ -2,13 +2,28 @@
 //! answers, and the controller stream that calls the reconciler. Above the reconciler and telemetry;
 //! the manager starts it.
 //!
-//! - [`watches`]: every watch, the stores they fill, and the controller's run;
+//! - [`caches`]: the watches of everything the reconciler reads, the stores they fill, and the streams
+//!   of what changed;
+//! - [`cached_watch`]: one kind's retried watch, the cache it fills and the stream of what it touched;
+//! - [`triggers`]: which instances a changed child, pod or Secret triggers;
+//! - [`discovery`]: whether the cluster serves an API it may not (a CRD's), asked at start;
+//! - [`service_monitors`]: the ServiceMonitors' watch, where the cluster serves their API;
+//! - [`first_lists`]: no reconcile before every cache holds its first complete list;
+//! - [`controller_loop`]: the instances' watch and the controller's run;
 //! - [`watch_retry`]: a watch's retries, counted;
 //! - [`connectivity`]: whether the API server answers, from what the requests saw.
 
+mod cached_watch;
+pub mod caches;
 pub mod connectivity;
+pub mod controller_loop;
+mod discovery;
+mod first_lists;
 mod permissions;
+mod service_monitors;
+pub mod triggers;
 mod watch_retry;
-pub mod watches;
 
-pub use watches::{RunOptions, Watches, pod_owner, run, watch};
+pub use caches::{Watches, watch};
+pub use controller_loop::{RunOptions, run};
+pub use triggers::pod_owner;

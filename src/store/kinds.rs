@@ -7,10 +7,16 @@
 //! (the fake API server's collections, the scripted mock, the smoke world) take their kinds from here too.
 //! A new kind is one entry here plus its builder in `resources`, and the regenerated files.
 //!
+//! A kind whose API the cluster may not serve (a CRD's, such as a VerticalPodAutoscaler's) says so in its
+//! entry ([`Served::IfInstalled`]): the operator asks at start whether it is served; where it is not, its
+//! cache is empty and complete (no watch, no wait for a first list that never comes), and an instance that
+//! asks for such a child is Degraded (`<Kind>Unavailable`) instead of failing. Such kinds' Rust types, which
+//! k8s-openapi does not carry, live in `api::external`.
+//!
 //! Not in the table: pods (created by the workloads, indexed per instance and never applied), Secrets (the
-//! users'), and ServiceMonitors (an API the cluster may not serve, watched as dynamic objects only when it
-//! does).
+//! users'), and ServiceMonitors (still watched as dynamic objects apart, where the cluster serves them).
 
+use std::collections::BTreeSet;
 use std::fmt::Debug;
 
 use k8s_openapi::NamespaceResourceScope;
@@ -24,9 +30,13 @@ use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use super::cache::Cache;
 use super::compact::Compactable;
 use crate::api::Workload;
+#[cfg(test)]
+use crate::api::external::VerticalPodAutoscaler;
 use crate::api::names::config_map_name;
 use crate::api::names::proxy_name;
 use crate::resources::proxy::{self, access};
+#[cfg(test)]
+use crate::resources::vertical_pod_autoscaler;
 use crate::resources::{Instance, autoscaler, network_policy, pdb, service};
 
 /// How the reconcile applies a kind of child.
@@ -42,6 +52,18 @@ pub enum Role {
     /// [`ChildKind::desired`].)
     Built,
 }
+
+/// Whether the cluster serves a kind's API wherever the operator runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Served {
+    /// A Kubernetes API: always served.
+    Always,
+    /// A CRD's API (see the module doc): asked once at start, watched only where served.
+    IfInstalled,
+}
+
+/// The kinds (by plural) whose API the cluster did not serve when the operator started.
+pub type Unserved = BTreeSet<&'static str>;
 
 /// What a builder makes of an instance: each child of one kind by name, `None` where the spec asks for
 /// none of that name.
@@ -63,6 +85,8 @@ pub trait ChildKind:
     const DELETES: bool;
     /// How the reconcile applies it.
     const ROLE: Role;
+    /// Whether the cluster may not serve its API.
+    const SERVED: Served;
 
     /// This kind's cache.
     fn cache(caches: &ChildCaches) -> &Cache<Self>;
@@ -130,35 +154,52 @@ pub fn kind_names() -> Vec<KindName> {
 /// What makes the cache of each kind ([`ChildCaches::build`]): the watches, or a test's caches.
 pub trait MakeCache {
     fn make<K: ChildKind>(&mut self) -> Cache<K>;
+
+    /// The kinds of [`Served::IfInstalled`] the cluster does not serve (their caches empty and complete).
+    fn unserved(&self) -> Unserved {
+        Unserved::new()
+    }
 }
 
 /// The table. Each entry: the field of [`ChildCaches`], the kind, whether the spec can ask for none, how
-/// it is applied, and (for [`Role::Built`]) its builder.
+/// it is applied, whether the cluster may not serve it, and (for [`Role::Built`]) its builder. An entry
+/// may be `#[cfg(test)]`, after its doc.
 macro_rules! child_kinds {
-    ($($(#[$doc:meta])* $field:ident: $kind:ty, optional: $optional:literal, deletes: $deletes:literal,
-       role: $role:expr, built: $built:expr;)*) => {
+    ($($(#[doc = $doc:literal])* $(#[cfg($cfg:meta)])? $field:ident: $kind:ty, optional: $optional:literal,
+       deletes: $deletes:literal, role: $role:expr, served: $served:ident, built: $built:expr;)*) => {
         /// The caches of the children, one per kind.
         #[derive(Clone, Debug)]
         pub struct ChildCaches {
-            $($(#[$doc])* pub $field: Cache<$kind>,)*
+            $($(#[doc = $doc])* $(#[cfg($cfg)])? pub $field: Cache<$kind>,)*
+            /// The kinds the cluster did not serve at start (see [`Served::IfInstalled`]).
+            pub unserved: Unserved,
         }
 
         impl ChildCaches {
             /// The cache of each kind, made by `make` in the table's order.
             pub fn build(make: &mut impl MakeCache) -> Self {
                 Self {
-                    $($field: make.make::<$kind>(),)*
+                    $($(#[cfg($cfg)])? $field: make.make::<$kind>(),)*
+                    unserved: make.unserved(),
                 }
+            }
+
+            /// Whether the cluster served `K`'s API when the operator started.
+            pub fn served<K: ChildKind>(&self) -> bool {
+                !self.unserved.contains(K::URL_PATH_SEGMENT)
             }
         }
 
         $(
+            $(#[cfg($cfg)])?
             impl Compactable for $kind {}
 
+            $(#[cfg($cfg)])?
             impl ChildKind for $kind {
                 const OPTIONAL: bool = $optional;
                 const DELETES: bool = $deletes;
                 const ROLE: Role = $role;
+                const SERVED: Served = Served::$served;
 
                 fn cache(caches: &ChildCaches) -> &Cache<Self> {
                     &caches.$field
@@ -173,7 +214,7 @@ macro_rules! child_kinds {
 
         /// Calls `each` once per kind, in the table's order.
         pub fn each_kind(each: &mut impl EachKind) {
-            $(each.kind::<$kind>();)*
+            $($(#[cfg($cfg)])? each.kind::<$kind>();)*
         }
     };
 }
@@ -181,11 +222,11 @@ macro_rules! child_kinds {
 child_kinds! {
     /// The servers' Deployments (the workload), and the proxies' (`<name>-proxy`).
     deployments: Deployment, optional: false, deletes: true,
-        role: Role::Workload(Workload::Deployment),
+        role: Role::Workload(Workload::Deployment), served: Always,
         built: |instance| vec![(proxy_name(instance.name), proxy::deployment(instance))];
     statefulsets: StatefulSet, optional: false, deletes: false,
-        role: Role::Workload(Workload::StatefulSet), built: |_| Vec::new();
-    services: Service, optional: false, deletes: true, role: Role::Built,
+        role: Role::Workload(Workload::StatefulSet), served: Always, built: |_| Vec::new();
+    services: Service, optional: false, deletes: true, role: Role::Built, served: Always,
         built: |instance| vec![
             (instance.name.to_owned(), Some(service::service(instance))),
             (service::headless_name(instance.name), Some(service::headless(instance))),
@@ -193,29 +234,35 @@ child_kinds! {
         ];
     /// The published server lists (`<name>-servers`) and the proxies' route configurations
     /// (`<name>-proxy`), both built from the published list with the pool.
-    config_maps: ConfigMap, optional: false, deletes: true, role: Role::ServerList,
+    config_maps: ConfigMap, optional: false, deletes: true, role: Role::ServerList, served: Always,
         built: |_| Vec::new();
-    pdbs: PodDisruptionBudget, optional: true, deletes: true, role: Role::Built,
+    pdbs: PodDisruptionBudget, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| vec![
             (instance.name.to_owned(), pdb::pdb(instance)),
             (proxy_name(instance.name), proxy::pdb(instance)),
         ];
     /// The servers' NetworkPolicy, and the proxies' (`<name>-proxy`).
-    network_policies: NetworkPolicy, optional: true, deletes: true, role: Role::Built,
+    network_policies: NetworkPolicy, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| vec![
             (instance.name.to_owned(), network_policy::network_policy(instance)),
             (proxy_name(instance.name), network_policy::proxy_network_policy(instance)),
         ];
-    autoscalers: HorizontalPodAutoscaler, optional: true, deletes: true, role: Role::Built,
+    autoscalers: HorizontalPodAutoscaler, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| named(instance, autoscaler::autoscaler(instance));
     /// The proxy's configuration writer: its ServiceAccount, its Role (read its one ConfigMap) and their
     /// binding (`resources::proxy::access`).
-    service_accounts: ServiceAccount, optional: true, deletes: true, role: Role::Built,
+    service_accounts: ServiceAccount, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| proxy_named(instance, access::service_account(instance));
-    roles: RbacRole, optional: true, deletes: true, role: Role::Built,
+    roles: RbacRole, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| proxy_named(instance, access::role(instance));
-    role_bindings: RoleBinding, optional: true, deletes: true, role: Role::Built,
+    role_bindings: RoleBinding, optional: true, deletes: true, role: Role::Built, served: Always,
         built: |instance| proxy_named(instance, access::role_binding(instance));
+    /// A kind of a CRD the cluster may not serve, in the table only for the tests that show such a kind is
+    /// one entry plus its builder.
+    #[cfg(test)]
+    vertical_pod_autoscalers: VerticalPodAutoscaler, optional: true, deletes: true, role: Role::Built,
+        served: IfInstalled,
+        built: |instance| named(instance, vertical_pod_autoscaler::vertical_pod_autoscaler(instance));
 }
 
 /// The proxy's one child of a kind, named `<name>-proxy`, or none.
@@ -274,6 +321,7 @@ mod tests {
                 ("", "serviceaccounts", true),
                 ("rbac.authorization.k8s.io", "roles", true),
                 ("rbac.authorization.k8s.io", "rolebindings", true),
+                ("autoscaling.k8s.io", "verticalpodautoscalers", true),
             ]
         );
     }

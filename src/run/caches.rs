@@ -46,13 +46,13 @@ use super::watch_retry::retrying;
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::labels;
-use crate::store::{SecretCache, Stores};
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::Compact;
 use crate::store::foreign::{self, Foreign};
 use crate::store::kinds::{ChildCaches, ChildKind, EachKind, MakeCache, Unserved, each_kind};
 use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
+use crate::store::{SecretCache, Stores};
 
 /// The caches, filling, and the watches that feed them: what [`run`] drives the controller with, and what
 /// others (the stats collector) read meanwhile.

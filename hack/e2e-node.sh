@@ -75,6 +75,17 @@ node_images() { ctr -a "$REAL_NODE_DIR/containerd.sock" -n k8s.io images ls -q; 
 # E2E_NODE_STEPS: the steps to run after the operator's, by name (sample proxy tls handover auth memory
 # suite, space-separated); all by default.
 selected() { [ -z "${E2E_NODE_STEPS:-}" ] || [[ " $E2E_NODE_STEPS " == *" $1 "* ]]; }
+# restricted_namespace NAME: a namespace enforcing the `restricted` Pod Security Standard.
+restricted_namespace() {
+    kubectl create namespace "$1" >/dev/null
+    kubectl label namespace "$1" pod-security.kubernetes.io/enforce=restricted >/dev/null
+}
+condition() { # condition NAMESPACE NAME TYPE FIELD: a field of one of a Memcached's conditions
+    jsonpath -n "$1" memcached "$2" -o jsonpath="{.status.conditions[?(@.type==\"$3\")].$4}"
+}
+container_status() { # container_status NAMESPACE POD FIELD: a field of the memcached container's status
+    jsonpath -n "$1" pod "$2" -o jsonpath="{.status.containerStatuses[?(@.name==\"memcached\")].$3}"
+}
 
 # keys HOST PORT set|get N: sets N keys, or counts those read back with their values, over memcached's
 # text protocol from this machine.
@@ -105,8 +116,7 @@ PY
 run_sample() {
     step sample
     ns=e2e-node-sample
-    kubectl create namespace "$ns" >/dev/null
-    kubectl label namespace "$ns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+    restricted_namespace "$ns"
     kubectl apply -n "$ns" -f config/samples/cache_v1alpha1_memcached.yaml >/dev/null
     kubectl patch -n "$ns" memcached memcached-sample --type=merge -p '{"spec":{"size":3}}' >/dev/null
     available() {
@@ -209,8 +219,7 @@ run_proxy() {
     fi
     step "proxy: scale 2 -> 3, every key through the proxy Service"
     pns=e2e-node-proxy
-    kubectl create namespace "$pns" >/dev/null
-    kubectl label namespace "$pns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+    restricted_namespace "$pns"
     kubectl apply -n "$pns" -f - >/dev/null <<'EOF'
 apiVersion: cache.example.com/v1alpha1
 kind: Memcached
@@ -248,8 +257,7 @@ run_tls() {
     fi
     step "TLS: a renewed certificate reaches the running server through the kubelet's volume update"
     tns=e2e-node-tls
-    kubectl create namespace "$tns" >/dev/null
-    kubectl label namespace "$tns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+    restricted_namespace "$tns"
     tls=$REAL_NODE_DIR/tls
     mkdir -p "$tls"
     printf 'subjectAltName=DNS:secure,DNS:secure.%s.svc\n' "$tns" >"$tls/server.ext"
@@ -301,8 +309,7 @@ run_handover() {
     fi
     step "warm handover: pylibmc ketama through a scale 3 -> 5 and a rollout, every key"
     hns=e2e-node-handover
-    kubectl create namespace "$hns" >/dev/null
-    kubectl label namespace "$hns" pod-security.kubernetes.io/enforce=restricted >/dev/null
+    restricted_namespace "$hns"
     warm() { # warm SIZE MEMORY_MB
         kubectl apply -n "$hns" -f - >/dev/null <<EOF
 apiVersion: cache.example.com/v1alpha1
@@ -351,18 +358,6 @@ else:
     [ "$after_scale" = "$n" ] && [ "$after_rollout" = "$n" ] ||
         { echo "e2e-node: FAILED: keys lost in a handover" >&2; exit 1; }
     kubectl delete namespace "$hns" --wait=false >/dev/null
-}
-
-# restricted_namespace NAME: a namespace enforcing the `restricted` Pod Security Standard.
-restricted_namespace() {
-    kubectl create namespace "$1" >/dev/null
-    kubectl label namespace "$1" pod-security.kubernetes.io/enforce=restricted >/dev/null
-}
-condition() { # condition NAMESPACE NAME TYPE FIELD: a field of one of a Memcached's conditions
-    jsonpath -n "$1" memcached "$2" -o jsonpath="{.status.conditions[?(@.type==\"$3\")].$4}"
-}
-container_status() { # container_status NAMESPACE POD FIELD: a field of the memcached container's status
-    jsonpath -n "$1" pod "$2" -o jsonpath="{.status.containerStatuses[?(@.name==\"memcached\")].$3}"
 }
 
 # The auth file across a container restart. A real kubelet binds a `subPath` mount to the volume's current

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
@@ -28,7 +28,6 @@ use super::report::{self, Children, Published};
 use super::view::View;
 use super::{Context, Error};
 use crate::api::{Server, Workload};
-use crate::handover::plan::rollout as gate;
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
 use crate::resources::{
@@ -195,21 +194,25 @@ async fn deployment(
 ) -> Result<AppliedWorkload, Error> {
     let instance = view.instance;
     let mut desired = deployment::deployment(instance, plan.replicas, secret_hash);
-    let live = children::cached(instance, instance.name, &view.source())?;
+    let live: Option<Arc<Deployment>> = children::cached(instance, instance.name, &view.source())?;
     // Without a surge the old pod goes before the new one starts: nothing to copy from.
     let warm = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
-    if gate::gate_wanted(warm, &desired, live.as_deref()) {
-        gate::add_gate(&mut desired);
+    let live_template = live
+        .as_deref()
+        .and_then(|d| d.spec.as_ref())
+        .map(|s| &s.template);
+    if let Some(spec) = desired.spec.as_mut() {
+        ctx.handover.gate(warm, &mut spec.template, live_template);
     }
-    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |d| {
-        d.spec.as_ref().and_then(|s| s.replicas)
-    })
-    .await?;
     // The list a scale changes is published (or held back) above; its copies run from here on.
     let step = ctx
         .handover
         .step(handover(view, plan, Rollout::Deployment))
         .await?;
+    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |d| {
+        d.spec.as_ref().and_then(|s| s.replicas)
+    })
+    .await?;
     Ok(AppliedWorkload {
         status: WorkloadStatus::from(applied.as_ref()),
         created: live.is_none(),
@@ -232,10 +235,9 @@ async fn statefulset(
     let enabled = instance.spec.handover().enabled();
     let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
     let live_template = live.as_deref().and_then(template);
-    if gate::template_gate_wanted(enabled, template(&desired).as_ref(), live_template.as_ref())
-        && let Some(spec) = desired.spec.as_mut()
-    {
-        gate::add_template_gate(&mut spec.template);
+    if let Some(spec) = desired.spec.as_mut() {
+        ctx.handover
+            .gate(enabled, &mut spec.template, live_template.as_ref());
     }
     let pod_refs: Vec<&Pod> = view.pods.iter().map(Arc::as_ref).collect();
     let pace = rollout::paced(
@@ -273,7 +275,7 @@ fn handover<'v>(view: &'v View<'_>, plan: &'v Pool, rollout: Rollout<'v>) -> han
         instance: view.instance,
         pods: view.pods,
         servers: &plan.servers,
-        scale: plan.scale.as_ref(),
+        hold: &plan.hold,
         rollout,
     }
 }

@@ -13,7 +13,7 @@ use tracing::warn;
 
 use super::{Context, Error};
 use crate::api::{Drain, Memcached, Server, Workload};
-use crate::handover::plan::scale::{self as scale_handover, Change, Direction};
+use crate::handover::{Hold, Holding};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
@@ -33,8 +33,9 @@ pub struct Pool {
     pub wait: Option<Duration>,
     /// Pods to mark with the drained deletion cost (`true`) or to clear (`false`).
     pub marks: Vec<(String, bool)>,
-    /// The change of the published list whose items a scale handover copies, if any.
-    pub scale: Option<Change>,
+    /// What warm handover holds (see [`Handover::hold`](crate::handover::Handover::hold)): the change
+    /// of the published list its copies are for, handed to its step.
+    pub hold: Hold,
 }
 
 /// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, the marks a
@@ -80,26 +81,18 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
             servers::assign_statefulset(instance, previous_servers, &members, published)
         }
     };
-    let scale = match &pending.drain {
-        Some(drain) => scale_handover::scale_down(scheme, Some(drain), &servers),
-        None => scale_handover::scale_up(scheme, previous_servers, &servers),
+    let holding = Holding {
+        instance,
+        published: previous_servers,
+        drain: pending.drain.as_ref(),
+        now: &now,
     };
-    let holds = scale.as_ref().is_some_and(|change| {
-        let copies = ctx
-            .handover
-            .scale_copies(instance.namespace, instance.name, change);
-        let timeout = ctx.handover.timeout_seconds(&handover);
-        scale_handover::holds(change, &copies, &now, timeout)
-    });
-    let direction = scale.as_ref().map(|c| c.direction);
-    if holds && direction == Some(Direction::Up) {
-        scale_handover::withhold(previous_servers, &mut servers);
-    }
-    let copying_down = holds && direction == Some(Direction::Down);
+    let hold = ctx.handover.hold(&holding, &mut servers);
+    let copying_down = hold.keeps_drained;
     if spec.workload == Workload::StatefulSet {
         // Shrinking a StatefulSet removes the highest ordinals: exactly the drained slots.
         input.removable = !copying_down;
-        return pool(scaling::plan(&input), servers, Vec::new(), scale);
+        return pool(scaling::plan(&input), servers, Vec::new(), hold);
     }
     input.removable = !copying_down
         && servers::unslotted(&servers, &members)
@@ -107,15 +100,10 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
             .all(|m| m.marked);
     let plan = scaling::plan(&input);
     let marks = servers::drain_marks(&servers, &members, plan.drain.is_some());
-    pool(plan, servers, marks, scale)
+    pool(plan, servers, marks, hold)
 }
 
-fn pool(
-    plan: scaling::Plan,
-    servers: Vec<Server>,
-    marks: Vec<(String, bool)>,
-    scale: Option<Change>,
-) -> Pool {
+fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>, hold: Hold) -> Pool {
     Pool {
         replicas: plan.replicas,
         servers,
@@ -123,7 +111,7 @@ fn pool(
         steps: plan.steps,
         wait: plan.wait,
         marks,
-        scale,
+        hold,
     }
 }
 

@@ -17,7 +17,6 @@
 //! ([`super::plan`]); this side reads the cache, makes the few writes they call for (a gate, the source's
 //! deletion cost, the spare pod), says what happened in events and counts each copy in the metrics.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,12 +31,16 @@ use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::debug;
 
+use super::copier::{Copier, Settings};
+use super::error::Error;
 use super::metrics::HandoverMetrics;
-use super::plan::rollout::GATE;
-use super::plan::scale::{Change, Copies};
+use super::plan::rollout::{
+    GATE, add_template_gate as add_gate, template_gate_wanted as gate_wanted,
+};
+use super::plan::scale::{self as plan_scale, Change, Copies, Direction};
 use super::tasks::{Prepared, Subject, Tasks};
-use super::{Copier, Error, Settings};
-use crate::api::{Memcached, Server, WarmHandover};
+use super::transition::{Endpoints, Transition};
+use crate::api::{Drain, Memcached, Server, WarmHandover};
 use crate::connection::{ServerNames, Target};
 use crate::resources::Instance;
 use crate::resources::rollout::Pace;
@@ -88,8 +91,28 @@ pub struct View<'a> {
     pub instance: &'a Instance<'a>,
     pub pods: &'a [Arc<Pod>],
     pub servers: &'a [Server],
-    pub scale: Option<&'a Change>,
+    /// What [`Handover::hold`] answered before the list was published.
+    pub hold: &'a Hold,
     pub rollout: Rollout<'a>,
+}
+
+/// What the list's change is read from, before the list is published.
+pub struct Holding<'a> {
+    pub instance: &'a Instance<'a>,
+    /// The list clients used: `status.servers` as last published.
+    pub published: &'a [Server],
+    /// The drain in effect (a scale-down's), with the list clients used before it.
+    pub drain: Option<&'a Drain>,
+    pub now: &'a Time,
+}
+
+/// What the reconcile obeys before it publishes the list and applies the workload.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Hold {
+    /// The change of the published list whose keys the copies move (a scale's), to hand the step.
+    pub change: Option<Change>,
+    /// Whether the drained servers stay (their copies run): the workload keeps its replicas.
+    pub keeps_drained: bool,
 }
 
 /// The workload whose rollout hands over.
@@ -152,9 +175,44 @@ impl Handover {
         self.tasks.forget_instance(namespace, name);
     }
 
+    /// Before the list is published: the change of the list the assigned `servers` make over what
+    /// clients used (`holding`), and what it holds until its copies end (see [`Hold`]); joining servers
+    /// held back lose their address in `servers`. Nothing is held past the change's time bound.
+    pub fn hold(&self, holding: &Holding<'_>, servers: &mut [Server]) -> Hold {
+        let instance = holding.instance;
+        let handover = instance.spec.handover();
+        let scheme = instance.spec.key_scheme().filter(|_| handover.enabled());
+        let change = match holding.drain {
+            Some(drain) => plan_scale::scale_down(scheme, Some(drain), servers),
+            None => plan_scale::scale_up(scheme, holding.published, servers),
+        };
+        let holds = change.as_ref().is_some_and(|change| {
+            let copies = self.scale_copies(instance.namespace, instance.name, change);
+            let timeout = self.timeout_seconds(&handover);
+            plan_scale::holds(change, &copies, holding.now, timeout)
+        });
+        let direction = change.as_ref().map(|c| c.direction);
+        if holds && direction == Some(Direction::Up) {
+            plan_scale::withhold(holding.published, servers);
+        }
+        Hold {
+            keeps_drained: holds && direction == Some(Direction::Down),
+            change,
+        }
+    }
+
+    /// The readiness gate on the `desired` pod template, given the `live` one: added when a rollout
+    /// replaces the servers anyway and can be `warm` (see [`gate_wanted`]); the live template's gate kept
+    /// otherwise, so the gate alone never rolls the servers.
+    pub fn gate(&self, warm: bool, desired: &mut PodTemplateSpec, live: Option<&PodTemplateSpec>) {
+        if gate_wanted(warm, Some(&*desired), live) {
+            add_gate(desired);
+        }
+    }
+
     /// Where the copies of the scale `change` are; [`Copies::NotStarted`] when the instance's scale
-    /// copies are for another change, or there are none (what the pool's plan asks).
-    pub fn scale_copies(&self, namespace: &str, instance: &str, change: &Change) -> Copies {
+    /// copies are for another change, or there are none.
+    fn scale_copies(&self, namespace: &str, instance: &str, change: &Change) -> Copies {
         let key = (namespace.to_owned(), instance.to_owned(), Subject::Scale);
         self.tasks
             .with(&key, |job| {
@@ -165,19 +223,20 @@ impl Handover {
     }
 
     /// The handover step of one reconcile (see the module doc).
+    #[tracing::instrument(name = "handover", skip_all, fields(instance = view.instance.name))]
     pub async fn step(&self, view: View<'_>) -> Result<Step, Error> {
         let (namespace, name) = (view.instance.namespace, view.instance.name);
-        self.scale_step(&view).await?;
+        super::scale::step(self, &view).await?;
         let mut wait = None;
         let mut partition = None;
         match view.rollout {
-            Rollout::Deployment => self.rollout_step(&view).await?,
+            Rollout::Deployment => super::rollout::step(self, &view).await?,
             Rollout::StatefulSet {
                 template,
                 pace,
                 live,
             } => {
-                let staging = self.spare_step(&view, template, pace, live).await?;
+                let staging = super::spare::step(self, &view, template, pace, live).await?;
                 partition = Some(staging.partition);
                 wait = staging.wait;
             }
@@ -208,44 +267,66 @@ impl Handover {
         };
         self.writer.events.record(&mc.object_ref(&()), event).await;
     }
-    /// The copy of `copy` between the servers at `from` and `to` (entries of the published lists),
-    /// found among `endpoints` (entry → pod name and IP), for the target `slot`; a server no pod with an
-    /// IP serves gives a copy that fails at once, saying so.
-    pub(super) async fn prepare_copy(
+    /// The copies of `transition`, each with its source and target pods' names (found among
+    /// `endpoints`) and its copier (or why there is none: a server no pod with an IP serves, Secrets that
+    /// cannot be used, an entry the planner cannot place).
+    pub(super) async fn prepare(
         &self,
         instance: &Instance<'_>,
-        endpoints: &HashMap<String, (String, String)>,
-        (from, to): (&str, &str),
-        copy: super::plan::Copy,
-        slot: i32,
-    ) -> Prepared {
-        let (source, target) = (endpoints.get(from), endpoints.get(to));
-        let copier = match (source, target) {
-            (None, _) => Err(format!("no pod with an IP serves {from}")),
-            (_, None) => Err(format!("no pod with an IP serves {to}")),
-            (Some((sp, sip)), Some((tp, tip))) => self
-                .copier(instance, (sp, sip), (tp, tip))
-                .await
-                .map(|c| match copy.filter {
-                    Some(filter) => c.only(filter),
-                    None => c,
-                }),
+        endpoints: &Endpoints,
+        transition: &Transition,
+    ) -> Vec<Prepared> {
+        let copies = match transition.copies() {
+            Ok(copies) => copies,
+            Err(invalid) => {
+                return vec![Prepared {
+                    source: String::new(),
+                    target: String::new(),
+                    slot: -1,
+                    copier: Err(format!("cannot place keys: {invalid}")),
+                }];
+            }
         };
-        let name = |e: Option<&(String, String)>, entry: &str| {
-            e.map_or_else(|| entry.to_owned(), |(pod, _)| pod.clone())
-        };
-        Prepared {
-            source: name(source, from),
-            target: name(target, to),
-            slot,
-            copier,
+        let mut prepared = Vec::with_capacity(copies.len());
+        for copy in copies {
+            let from = &transition.old[copy.pair.source];
+            let to = &transition.new[copy.pair.target];
+            let (source, target) = (endpoints.get(from), endpoints.get(to));
+            let copier = match (source, target) {
+                (None, _) => Err(format!("no pod with an IP serves {from}")),
+                (_, None) => Err(format!("no pod with an IP serves {to}")),
+                (Some((sp, sip)), Some((tp, tip))) => self
+                    .copier(instance, (sp, sip), (tp, tip))
+                    .await
+                    .map(|c| match copy.filter {
+                        Some(filter) => c.only(filter),
+                        None => c,
+                    })
+                    .map(|c| {
+                        if transition.empty_target {
+                            c.emptying_target()
+                        } else {
+                            c
+                        }
+                    }),
+            };
+            let name = |e: Option<&(String, String)>, entry: &str| {
+                e.map_or_else(|| entry.to_owned(), |(pod, _)| pod.clone())
+            };
+            prepared.push(Prepared {
+                source: name(source, from),
+                target: name(target, to),
+                slot: transition.slot(copy.pair.target),
+                copier,
+            });
         }
+        prepared
     }
 
     /// The copy from `source` to `target` ((pod, IP) each), bounded by `spec.handover`, reached as the
     /// stats collector reaches the servers (TLS, authentication); why not, when the Secrets cannot be
     /// used.
-    pub(super) async fn copier(
+    async fn copier(
         &self,
         instance: &Instance<'_>,
         source: (&str, &str),

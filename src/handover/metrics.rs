@@ -9,7 +9,8 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
-use super::{CopyError, Failure, Snapshot};
+use super::error::{CopyError, Failure};
+use super::progress::Snapshot;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct InstanceLabels {

@@ -17,195 +17,178 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
+use super::engine::Handover;
 use super::engine::{Opened, View, pod_key};
+use super::error::{CopyError, Error, Failure};
+use super::plan::published;
 use super::plan::rollout::{SOURCE_COST, Takeover, takeover_lists, takeovers};
-use super::plan::{copies, published};
+use super::progress::Snapshot;
 use super::tasks::{Ended, Job, Meta, Prepared, State};
-use super::{CopyError, Error, Failure, Handover, Snapshot};
+use super::transition::{Transition, by_name, endpoints};
 use crate::api::Memcached;
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, Member};
 use crate::store::Force;
 
-impl Handover {
-    /// The Deployment rollout's part of the step: opens the gates of the pods whose copies ended,
-    /// starts the copies for each pod newly waiting behind its gate (or opens its gate at once when there
-    /// is nothing to copy, or `spec.handover.enabled` is false), and ends copies past their time bound.
-    pub(super) async fn rollout_step(&self, view: &View<'_>) -> Result<(), Error> {
-        let (namespace, name) = (view.instance.namespace, view.instance.name);
-        let members: Vec<Member> = view.pods.iter().filter_map(|p| Member::of(p)).collect();
-        self.tasks.forget_gone(namespace, name, &members);
-        for (pod, job) in self.tasks.take_ended(namespace, name) {
-            self.finish(view.mc, (namespace, name), pod, job).await?;
-        }
-        let running = self.tasks.open(namespace, name);
-        for takeover in takeovers(view.servers, &members, &running) {
-            self.take_over(view, &members, takeover).await?;
-        }
-        let timeout = self.timeout_seconds(&view.instance.spec.handover());
-        self.tasks.time_out(namespace, name, &self.now(), timeout);
-        Ok(())
+/// The Deployment rollout's part of the step: opens the gates of the pods whose copies ended,
+/// starts the copies for each pod newly waiting behind its gate (or opens its gate at once when there
+/// is nothing to copy, or `spec.handover.enabled` is false), and ends copies past their time bound.
+pub(super) async fn step(h: &Handover, view: &View<'_>) -> Result<(), Error> {
+    let (namespace, name) = (view.instance.namespace, view.instance.name);
+    let members: Vec<Member> = view.pods.iter().filter_map(|p| Member::of(p)).collect();
+    h.tasks.forget_gone(namespace, name, &members);
+    for (pod, job) in h.tasks.take_ended(namespace, name) {
+        finish(h, view.mc, (namespace, name), pod, job).await?;
     }
-
-    /// Starts the copies into the waiting pod of `takeover`, or opens its gate when there is nothing to
-    /// copy or the copies cannot start.
-    async fn take_over(
-        &self,
-        view: &View<'_>,
-        members: &[Member],
-        Takeover { pod, source }: Takeover,
-    ) -> Result<(), Error> {
-        let (namespace, name) = (view.instance.namespace, view.instance.name);
-        let enabled = view.instance.spec.handover().enabled();
-        let find = |pod: &str| members.iter().find(|m| m.name == pod && m.ip.is_some());
-        let Some((slot, holder)) = source
-            .and_then(|(slot, holder)| Some((slot, find(&holder)?)))
-            .filter(|_| enabled)
-        else {
-            let opened = if enabled {
-                Opened {
-                    reason: "NothingToCopy",
-                    message: format!("{pod} takes a slot no other server held: nothing to copy"),
-                }
-            } else {
-                Opened {
-                    reason: "Disabled",
-                    message: format!("spec.handover.enabled is false: {pod} starts empty"),
-                }
-            };
-            return self.open_gate((namespace, name), &pod, &opened).await;
-        };
-        let Some(target) = find(&pod) else {
-            return Ok(());
-        };
-        let prepared = self.takeover_copies(view, slot, holder, target).await;
-        if let Some(why) = prepared.iter().find_map(|p| p.copier.as_ref().err())
-            && prepared.iter().all(|p| p.copier.is_err())
-        {
-            // Without the Secrets' material the servers cannot be reached: the rollout goes on cold.
-            let message = format!(
-                "Handover to {pod} (slot {slot}) from {} ended cold: {why}",
-                holder.name
-            );
-            let opened = Opened {
-                reason: "Failed",
-                message: message.clone(),
-            };
-            self.open_gate((namespace, name), &pod, &opened).await?;
-            self.tell(view.mc, false, message).await;
-            return Ok(());
-        }
-        self.mark_source(namespace, view.pods, &holder.name).await;
-        info!(target = %pod, source = %holder.name, slot, copies = prepared.len(), "handing over");
-        let now = self.now();
-        let meta = Meta {
-            slot,
-            source: holder.name.clone(),
-            since: now.clone(),
-            bound: (prepared.len() > 1).then_some(now),
-            change: None,
-        };
-        self.tasks
-            .start(pod_key(namespace, name, &pod), meta, prepared);
-        Ok(())
+    let running = h.tasks.open(namespace, name);
+    for takeover in takeovers(view.servers, &members, &running) {
+        take_over(h, view, &members, takeover).await?;
     }
+    let timeout = h.timeout_seconds(&view.instance.spec.handover());
+    h.tasks.time_out(namespace, name, &h.now(), timeout);
+    Ok(())
+}
 
-    /// The copies the takeover of `slot` by `target` needs: the planner's for the published list with
-    /// `target`'s address at that slot; the old server's every item when the slot publishes no address.
-    async fn takeover_copies(
-        &self,
-        view: &View<'_>,
-        slot: i32,
-        holder: &Member,
-        target: &Member,
-    ) -> Vec<Prepared> {
-        let instance = view.instance;
-        let (holder_ip, target_ip) = (
-            holder.ip.as_deref().unwrap_or_default(),
-            target.ip.as_deref().unwrap_or_default(),
+/// Starts the copies into the waiting pod of `takeover`, or opens its gate when there is nothing to
+/// copy or the copies cannot start.
+async fn take_over(
+    h: &Handover,
+    view: &View<'_>,
+    members: &[Member],
+    Takeover { pod, source }: Takeover,
+) -> Result<(), Error> {
+    let (namespace, name) = (view.instance.namespace, view.instance.name);
+    let enabled = view.instance.spec.handover().enabled();
+    let find = |pod: &str| members.iter().find(|m| m.name == pod && m.ip.is_some());
+    let Some((slot, holder)) = source
+        .and_then(|(slot, holder)| Some((slot, find(&holder)?)))
+        .filter(|_| enabled)
+    else {
+        let opened = if enabled {
+            Opened {
+                reason: "NothingToCopy",
+                message: format!("{pod} takes a slot no other server held: nothing to copy"),
+            }
+        } else {
+            Opened {
+                reason: "Disabled",
+                message: format!("spec.handover.enabled is false: {pod} starts empty"),
+            }
+        };
+        return h.open_gate((namespace, name), &pod, &opened).await;
+    };
+    let Some(target) = find(&pod) else {
+        return Ok(());
+    };
+    let prepared = takeover_copies(h, view, slot, holder, target).await;
+    if let Some(why) = prepared.iter().find_map(|p| p.copier.as_ref().err())
+        && prepared.iter().all(|p| p.copier.is_err())
+    {
+        // Without the Secrets' material the servers cannot be reached: the rollout goes on cold.
+        let message = format!(
+            "Handover to {pod} (slot {slot}) from {} ended cold: {why}",
+            holder.name
         );
-        let scheme = instance.spec.key_scheme();
-        let entry = servers::entry(target_ip, instance.spec.container_port);
-        let planned = takeover_lists(view.servers, slot, &entry)
-            .and_then(|(old, new)| Some((copies(scheme, &old, &new).ok()?, old, new)))
-            .filter(|(copies, _, _)| !copies.is_empty());
-        let Some((copies, old, new)) = planned else {
-            let copier = self
-                .copier(
-                    instance,
-                    (&holder.name, holder_ip),
-                    (&target.name, target_ip),
-                )
-                .await;
-            return vec![Prepared {
-                source: holder.name.clone(),
-                target: target.name.clone(),
-                slot,
-                copier,
-            }];
+        let opened = Opened {
+            reason: "Failed",
+            message: message.clone(),
         };
-        let (_, slots) = published(view.servers);
-        let mut endpoints = super::scale::endpoints(instance, view.pods);
-        endpoints.insert(entry, (target.name.clone(), target_ip.to_owned()));
-        let mut prepared = Vec::with_capacity(copies.len());
-        for copy in copies {
-            let (from, to) = (&old[copy.pair.source], &new[copy.pair.target]);
-            let slot = slots.get(copy.pair.target).copied().unwrap_or(slot);
-            let prepared_copy = self.prepare_copy(instance, &endpoints, (from, to), copy, slot);
-            prepared.push(prepared_copy.await);
-        }
-        prepared
+        h.open_gate((namespace, name), &pod, &opened).await?;
+        h.tell(view.mc, false, message).await;
+        return Ok(());
     }
+    mark_source(h, namespace, view.pods, &holder.name).await;
+    info!(target = %pod, source = %holder.name, slot, copies = prepared.len(), "handing over");
+    let now = h.now();
+    let meta = Meta {
+        slot,
+        source: holder.name.clone(),
+        since: now.clone(),
+        bound: (prepared.len() > 1).then_some(now),
+        change: None,
+    };
+    h.tasks
+        .start(pod_key(namespace, name, &pod), meta, prepared);
+    Ok(())
+}
 
-    /// The copies into a gated pod ended: opens the pod's gate, counts each copy in the metrics and says
-    /// so in one event (`HandedOver`, or a `HandoverFailed` Warning). A gate that cannot be opened puts
-    /// the job back, for the retry of the reconcile this error brings.
-    pub(super) async fn finish(
-        &self,
-        mc: &Memcached,
-        (namespace, name): (&str, &str),
-        pod: String,
-        job: Job,
-    ) -> Result<(), Error> {
-        let (opened, done) = outcome(&pod, &job);
-        match self.open_gate((namespace, name), &pod, &opened).await {
-            Ok(()) => {
-                for copy in &job.copies {
-                    if let State::Ended(Ended::Copied(result)) = &copy.state {
-                        self.metrics.record(namespace, name, result);
-                    }
+/// The copies the takeover of `slot` by `target` needs: the planner's for the published list with
+/// `target`'s address at that slot; the old server's every item when the slot publishes no address.
+async fn takeover_copies(
+    h: &Handover,
+    view: &View<'_>,
+    slot: i32,
+    holder: &Member,
+    target: &Member,
+) -> Vec<Prepared> {
+    let instance = view.instance;
+    let (holder_ip, target_ip) = (
+        holder.ip.as_deref().unwrap_or_default(),
+        target.ip.as_deref().unwrap_or_default(),
+    );
+    let entry = servers::entry(target_ip, instance.spec.container_port);
+    let (_, slots) = published(view.servers);
+    let planned = takeover_lists(view.servers, slot, &entry)
+        .map(|(old, new)| Transition::takeover(instance.spec.key_scheme(), old, new, slots))
+        .filter(|t| t.copies().is_ok_and(|copies| !copies.is_empty()));
+    let Some(transition) = planned else {
+        let pods = by_name([(&holder.name, holder_ip), (&target.name, target_ip)]);
+        let whole = Transition::whole(&holder.name, &target.name, slot);
+        return h.prepare(instance, &pods, &whole).await;
+    };
+    let mut endpoints = endpoints(instance, view.pods);
+    endpoints.insert(entry, (target.name.clone(), target_ip.to_owned()));
+    h.prepare(instance, &endpoints, &transition).await
+}
+
+/// The copies into a gated pod ended: opens the pod's gate, counts each copy in the metrics and says
+/// so in one event (`HandedOver`, or a `HandoverFailed` Warning). A gate that cannot be opened puts
+/// the job back, for the retry of the reconcile this error brings.
+pub(super) async fn finish(
+    h: &Handover,
+    mc: &Memcached,
+    (namespace, name): (&str, &str),
+    pod: String,
+    job: Job,
+) -> Result<(), Error> {
+    let (opened, done) = outcome(&pod, &job);
+    match h.open_gate((namespace, name), &pod, &opened).await {
+        Ok(()) => {
+            for copy in &job.copies {
+                if let State::Ended(Ended::Copied(result)) = &copy.state {
+                    h.metrics.record(namespace, name, result);
                 }
-                self.tell(mc, done, opened.message).await;
-                Ok(())
             }
-            Err(error) => {
-                self.tasks.put_back(pod_key(namespace, name, &pod), job);
-                Err(error)
-            }
+            h.tell(mc, done, opened.message).await;
+            Ok(())
+        }
+        Err(error) => {
+            h.tasks.put_back(pod_key(namespace, name, &pod), job);
+            Err(error)
         }
     }
+}
 
-    /// Gives the copy's source the [`SOURCE_COST`], so that the ReplicaSet controller removes exactly
-    /// that pod once the new one is ready (its slot is the one the copies fill); once is enough. A source
-    /// that went meanwhile needs none: the copy fails to reach it and ends cold.
-    async fn mark_source(&self, namespace: &str, pods: &[Arc<Pod>], source: &str) {
-        let marked = pods.iter().any(|p| {
-            p.metadata.name.as_deref() == Some(source)
-                && p.annotations()
-                    .get(DELETION_COST_ANNOTATION)
-                    .map(String::as_str)
-                    == Some(SOURCE_COST)
-        });
-        if marked {
-            return;
-        }
-        let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
-            "name": source, "annotations": {DELETION_COST_ANNOTATION: SOURCE_COST}}});
-        let marked = self
-            .writer
-            .apply::<Pod, _>(namespace, source, &patch, Force::Yes);
-        if let Err(error) = marked.await {
-            warn!(pod = %source, %error, "cannot mark the handover's source pod");
-        }
+/// Gives the copy's source the [`SOURCE_COST`], so that the ReplicaSet controller removes exactly
+/// that pod once the new one is ready (its slot is the one the copies fill); once is enough. A source
+/// that went meanwhile needs none: the copy fails to reach it and ends cold.
+async fn mark_source(h: &Handover, namespace: &str, pods: &[Arc<Pod>], source: &str) {
+    let marked = pods.iter().any(|p| {
+        p.metadata.name.as_deref() == Some(source)
+            && p.annotations()
+                .get(DELETION_COST_ANNOTATION)
+                .map(String::as_str)
+                == Some(SOURCE_COST)
+    });
+    if marked {
+        return;
+    }
+    let patch = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": source, "annotations": {DELETION_COST_ANNOTATION: SOURCE_COST}}});
+    let marked = h
+        .writer
+        .apply::<Pod, _>(namespace, source, &patch, Force::Yes);
+    if let Err(error) = marked.await {
+        warn!(pod = %source, %error, "cannot mark the handover's source pod");
     }
 }
 

@@ -13,19 +13,16 @@
 //! start, kept in the status, so a restart never holds the drained pods longer; a scale-up's restarts with
 //! its copies.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod;
 use tracing::{debug, info};
 
-use super::engine::View;
+use super::engine::{Handover, View};
+use super::error::{CopyError, Error, Failure};
 use super::plan::scale::{Change, past};
-use super::tasks::{Ended, Key, Meta, Prepared, State, Subject};
-use super::{CopyError, Error, Failure, Handover, Snapshot};
-use crate::api::Workload;
-use crate::resources::Instance;
-use crate::resources::servers::{self, entry};
+use super::progress::Snapshot;
+use super::tasks::{Ended, Key, Meta, State, Subject};
+use super::transition::{Transition, endpoints};
 
 /// What one target server got from its copies, for its event.
 #[derive(Debug, Default)]
@@ -109,111 +106,79 @@ impl Report {
     }
 }
 
-impl Handover {
-    /// The scale's part of the step, after the published list was applied: starts the copies of the
-    /// change the pool planned (if any) unless they run, ends them past their time bound, reports the
-    /// targets whose copies ended (one `HandedOver` event, or a `HandoverFailed` Warning, per target
-    /// server; the metrics per copy). Another change (or none) cancels the previous one's copies.
-    pub(super) async fn scale_step(&self, view: &View<'_>) -> Result<(), Error> {
-        let instance = view.instance;
-        let key: Key = (
-            instance.namespace.to_owned(),
-            instance.name.to_owned(),
-            Subject::Scale,
-        );
-        let known = self
-            .tasks
-            .with(&key, |job| job.change.as_ref() == view.scale)
-            .unwrap_or(false);
-        if !known {
-            if self.tasks.with(&key, |_| ()).is_some() {
-                debug!(instance = %instance.name, "the scale handover's list changed: its copies stop");
-            }
-            self.tasks.forget(&key);
+/// The scale's part of the step, after the published list was applied: starts the copies of the
+/// change the pool planned (if any) unless they run, ends them past their time bound, reports the
+/// targets whose copies ended (one `HandedOver` event, or a `HandoverFailed` Warning, per target
+/// server; the metrics per copy). Another change (or none) cancels the previous one's copies.
+pub(super) async fn step(h: &Handover, view: &View<'_>) -> Result<(), Error> {
+    let instance = view.instance;
+    let key: Key = (
+        instance.namespace.to_owned(),
+        instance.name.to_owned(),
+        Subject::Scale,
+    );
+    let known = h
+        .tasks
+        .with(&key, |job| job.change.as_ref() == view.hold.change.as_ref())
+        .unwrap_or(false);
+    if !known {
+        if h.tasks.with(&key, |_| ()).is_some() {
+            debug!(instance = %instance.name, "the scale handover's list changed: its copies stop");
         }
-        let Some(change) = view.scale else {
+        h.tasks.forget(&key);
+    }
+    let Some(change) = view.hold.change.as_ref() else {
+        return Ok(());
+    };
+    let now = h.now();
+    let timeout = h.timeout_seconds(&instance.spec.handover());
+    if !known {
+        let started = change.started.as_ref().unwrap_or(&now);
+        if past(started, &now, timeout) {
+            // A restarted operator past the drain's time bound: the scale proceeds without copies.
             return Ok(());
-        };
-        let now = self.now();
-        let timeout = self.timeout_seconds(&instance.spec.handover());
-        if !known {
-            let started = change.started.as_ref().unwrap_or(&now);
-            if past(started, &now, timeout) {
-                // A restarted operator past the drain's time bound: the scale proceeds without copies.
-                return Ok(());
-            }
-            let prepared = self.prepare(instance, change, view.pods).await;
-            info!(
-                direction = ?change.direction,
-                old = change.old.len(),
-                new = change.new.len(),
-                copies = prepared.len(),
-                "handing over the keys that change server"
-            );
-            let meta = Meta {
-                slot: -1,
-                source: String::new(),
-                since: now.clone(),
-                bound: Some(change.started.clone().unwrap_or_else(|| now.clone())),
-                change: Some(change.clone()),
-            };
-            self.tasks.start(key.clone(), meta, prepared);
         }
-        self.tasks
-            .time_out(instance.namespace, instance.name, &now, timeout);
-        let reports = self
-            .tasks
-            .with(&key, |job| {
-                take_reports(&mut job.copies, |result| {
-                    self.metrics
-                        .record(instance.namespace, instance.name, result);
-                })
+        let endpoints = endpoints(instance, view.pods);
+        let prepared = h
+            .prepare(instance, &endpoints, &Transition::scale(change))
+            .await;
+        info!(
+            direction = ?change.direction,
+            old = change.old.len(),
+            new = change.new.len(),
+            copies = prepared.len(),
+            "handing over the keys that change server"
+        );
+        let meta = Meta {
+            slot: -1,
+            source: String::new(),
+            since: now.clone(),
+            bound: Some(change.started.clone().unwrap_or_else(|| now.clone())),
+            change: Some(change.clone()),
+        };
+        h.tasks.start(key.clone(), meta, prepared);
+    }
+    h.tasks
+        .time_out(instance.namespace, instance.name, &now, timeout);
+    let reports = h
+        .tasks
+        .with(&key, |job| {
+            take_reports(&mut job.copies, |result| {
+                h.metrics.record(instance.namespace, instance.name, result);
             })
-            .unwrap_or_default();
-        for report in reports {
-            if report.is_empty() {
-                // A server that joins a pool of empty servers (an instance's first pods, ready one by
-                // one): nothing was handed over, and an event per server would only be noise.
-                debug!(target = %report.target, "scale handover: nothing to copy");
-                continue;
-            }
-            let (done, note) = report.event(change);
-            self.tell(view.mc, done, note).await;
+        })
+        .unwrap_or_default();
+    for report in reports {
+        if report.is_empty() {
+            // A server that joins a pool of empty servers (an instance's first pods, ready one by
+            // one): nothing was handed over, and an event per server would only be noise.
+            debug!(target = %report.target, "scale handover: nothing to copy");
+            continue;
         }
-        Ok(())
+        let (done, note) = report.event(change);
+        h.tell(view.mc, done, note).await;
     }
-
-    /// The planner's copies of `change`, each with its source and target pods' names and the copier of
-    /// the keys it moves (or why there is none).
-    async fn prepare(
-        &self,
-        instance: &Instance<'_>,
-        change: &Change,
-        pods: &[Arc<Pod>],
-    ) -> Vec<Prepared> {
-        let endpoints = endpoints(instance, pods);
-        let copies = match change.copies() {
-            Ok(copies) => copies,
-            Err(invalid) => {
-                return vec![Prepared {
-                    source: String::new(),
-                    target: String::new(),
-                    slot: -1,
-                    copier: Err(format!("cannot place keys: {invalid}")),
-                }];
-            }
-        };
-        let mut prepared = Vec::new();
-        for copy in copies {
-            let (from, to) = (&change.old[copy.pair.source], &change.new[copy.pair.target]);
-            let slot = change.slot(copy.pair.target);
-            prepared.push(
-                self.prepare_copy(instance, &endpoints, (from, to), copy, slot)
-                    .await,
-            );
-        }
-        prepared
-    }
+    Ok(())
 }
 
 /// The per-target reports of the copies that ended and were not reported yet, for targets whose copies
@@ -259,36 +224,6 @@ fn take_reports(
         reports.push(report);
     }
     reports
-}
-
-/// The published entry each pod serves, with its name and IP: a Deployment pod's `podIP:port`, a
-/// StatefulSet pod's stable DNS name (the copy reaches it by IP all the same).
-pub(super) fn endpoints(
-    instance: &Instance<'_>,
-    pods: &[Arc<Pod>],
-) -> HashMap<String, (String, String)> {
-    let port = instance.spec.container_port;
-    let prefix = format!("{}-", instance.name);
-    pods.iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|pod| {
-            let name = pod.metadata.name.clone()?;
-            let ip = pod
-                .status
-                .as_ref()?
-                .pod_ip
-                .clone()
-                .filter(|ip| !ip.is_empty())?;
-            let entry = match instance.spec.workload {
-                Workload::Deployment => entry(&ip, port),
-                Workload::StatefulSet => {
-                    let ordinal: i32 = name.strip_prefix(&prefix)?.parse().ok()?;
-                    servers::stable_address(instance, ordinal)
-                }
-            };
-            Some((entry, (name, ip)))
-        })
-        .collect()
 }
 
 #[cfg(test)]

@@ -25,8 +25,10 @@ use tokio::sync::mpsc;
 use tokio::task::AbortHandle;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
+use super::copier::Copier;
+use super::error::{CopyError, Failure};
 use super::plan::scale::{Change, Copies, past};
-use super::{Copier, CopyError, Failure, Progress, Snapshot};
+use super::progress::{Progress, Snapshot};
 use crate::api::Memcached;
 use crate::resources::servers::Member;
 use crate::status::HandoverProgress;

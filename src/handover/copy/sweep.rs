@@ -14,7 +14,9 @@
 //! [`Walked::Capped`], so that the engine sweeps again (the target then holds what this one copied), at
 //! most `MAX_SWEEPS` times and within the copy's time bound.
 
-use super::{Copy, CopyError, Pass, Walked, WireKey};
+use super::walk::{Copy, Pass, Walked};
+use super::wire::WireKey;
+use crate::handover::error::CopyError;
 
 /// The most key bytes a sweep keeps before it copies them (16 000 keys of the longest length).
 pub(super) const MAX_KEPT_KEY_BYTES: usize = 4 << 20;

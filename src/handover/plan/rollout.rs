@@ -189,7 +189,7 @@ pub fn takeover_lists(
     slot: i32,
     entry: &str,
 ) -> Option<(Vec<String>, Vec<String>)> {
-    let (old, slots) = super::published(servers);
+    let (old, slots) = super::moves::published(servers);
     let index = slots.iter().position(|s| *s == slot)?;
     let mut new = old.clone();
     new[index] = entry.to_owned();

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::{Pair, published};
+use super::moves::{self, Copy, Pair, published};
 use crate::api::{Drain, Server};
 use crate::hashing::{Handover, InvalidEntry, Scheme};
 
@@ -55,12 +55,12 @@ impl Change {
     /// The copies the change needs: every (source, target) pair between which keys can move
     /// ([`super::pairs`]).
     pub fn pairs(&self) -> Vec<Pair> {
-        super::pairs(Some(self.scheme), &self.old, &self.new)
+        moves::pairs(Some(self.scheme), &self.old, &self.new)
     }
 
     /// The planner's copies of the change: one per pair, with the filter of the keys it moves.
-    pub fn copies(&self) -> Result<Vec<super::Copy>, InvalidEntry> {
-        super::copies(Some(self.scheme), &self.old, &self.new)
+    pub fn copies(&self) -> Result<Vec<Copy>, InvalidEntry> {
+        moves::copies(Some(self.scheme), &self.old, &self.new)
     }
 
     /// Where each key is under both lists, built once and shared by the change's filters.

@@ -1,7 +1,7 @@
 use super::*;
+use crate::handover::copier::{Copier, refused_copier};
 use crate::handover::plan::scale::Direction;
-use crate::handover::tasks::Tasks;
-use crate::handover::{Copier, refused_copier};
+use crate::handover::tasks::{Prepared, Tasks};
 use crate::hashing::Scheme;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;

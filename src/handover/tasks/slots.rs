@@ -1,4 +1,4 @@
-//! The operator's copy slots ([`MOST_COPIES`](super::MOST_COPIES)), shared fairly among namespaces.
+//! The operator's copy slots ([`MOST_COPIES`](super::super::tasks::MOST_COPIES)), shared fairly among namespaces.
 //!
 //! A copy waits for a slot; when one is free, it goes to the waiting copy whose namespace holds the
 //! fewest slots, the longest waiting among those. So a namespace that queues many copies (a scale of

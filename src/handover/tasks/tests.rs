@@ -1,6 +1,6 @@
 use super::*;
 use crate::connection::Target;
-use crate::handover::{Settings, refused_copier};
+use crate::handover::copier::{Settings, refused_copier};
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 

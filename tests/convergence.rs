@@ -120,7 +120,7 @@ async fn with_pacing_a_published_server_is_written_at_once() {
         ],
         NOW,
     );
-    session.ctx.pace.wrote(NS, NAME);
+    session.ctx.memory.pace.wrote(NS, NAME);
     session.reconcile(&mut cluster, mc).await.unwrap();
     let seen = session.finish().await;
     assert_eq!(seen[0].body["data"]["servers"], "127.0.0.1:11211\n");
@@ -153,7 +153,7 @@ async fn with_pacing_a_count_that_moves_within_the_pace_waits() {
     cluster.child::<Deployment>(counted);
 
     let session = Session::start(&cluster, Settings::default(), vec![], NOW);
-    session.ctx.pace.wrote(NS, NAME);
+    session.ctx.memory.pace.wrote(NS, NAME);
     let action = session.reconcile(&mut cluster, mc.clone()).await.unwrap();
     assert!(session.finish().await.is_empty());
     assert_runs_again_soon(&action);
@@ -268,7 +268,7 @@ async fn create_new(cluster: &mut Cluster) -> (Value, Memcached) {
 /// the creation), answering `script`.
 fn same_process(cluster: &Cluster, script: Vec<Exchange>) -> Session {
     let session = Session::start(cluster, Settings::default(), script, NOW);
-    session.ctx.pace.wrote(NS, NAME);
+    session.ctx.memory.pace.wrote(NS, NAME);
     session
 }
 
@@ -337,7 +337,7 @@ async fn a_new_instance_waiting_for_its_turn_says_creating_first() {
     // The cluster lives as long as the session reads its stores.
     let (_cluster, session) = one_turn_for_a_new_instance();
     // Another instance's reconcile holds the only turn.
-    let busy = session.ctx.turns.apply().await;
+    let busy = session.ctx.memory.turns.apply().await;
     let waiting = tokio::spawn(reconcile_in_turns(
         Arc::new(memcached(1)),
         session.ctx.clone(),
@@ -393,16 +393,16 @@ async fn a_new_instance_gives_its_turn_up_after_its_workload_while_others_wait_f
     let (_cluster, session) = one_turn_for_a_new_instance();
     let ctx = session.ctx.clone();
     // Another instance's reconcile holds the only turn.
-    let busy = ctx.turns.apply().await;
+    let busy = ctx.memory.turns.apply().await;
     let waiting = tokio::spawn(reconcile_in_turns(Arc::new(memcached(1)), ctx.clone()));
-    while !ctx.turns.new_waiting() {
+    while !ctx.memory.turns.new_waiting() {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // A second new instance asks for its turn after this one: what its turn finds written.
     let other = {
         let ctx = ctx.clone();
         tokio::spawn(async move {
-            let _turn = ctx.turns.apply_new().await;
+            let _turn = ctx.memory.turns.apply_new().await;
             let deployment = ctx
                 .writer
                 .written
@@ -475,7 +475,7 @@ async fn a_new_instance_in_a_burst_writes_its_first_status_before_its_services()
     ];
     let session = Session::start(&cluster, Settings::default(), script, NOW);
     // Another new instance in its first turn.
-    let other = session.ctx.turns.first_pass();
+    let other = session.ctx.memory.turns.first_pass();
     tokio::time::timeout(
         Duration::from_secs(5),
         session.reconcile(&mut cluster, memcached(1)),

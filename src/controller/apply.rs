@@ -23,10 +23,11 @@ use tracing::info;
 
 use super::changes::Changes;
 use super::children::{self, Source};
+use super::context::Context;
+use super::error::Error;
 use super::pool::{self, Pool};
 use super::report::{self, Children, Published};
 use super::view::View;
-use super::{Context, Error};
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
@@ -37,6 +38,7 @@ use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
 use crate::store::kinds::{ChildKind, Desired, EachKind, Role, each_kind};
+use crate::store::{Publisher, Writer};
 
 /// The workload as applied, and the handovers its rollout runs.
 struct AppliedWorkload {
@@ -59,17 +61,19 @@ pub(super) async fn children(
 ) -> Result<Children, Error> {
     let secret_hash = view.secret_hash.as_deref();
     let (mc, instance) = (view.mc, view.instance);
-    let plan = pool::plan(ctx, mc, instance, view.pods);
+    let (writer, events) = (&ctx.writer, &ctx.writer.events);
+    let plan = pool::plan(&ctx.handover, &(ctx.clock)(), mc, instance, view.pods);
     unclaimed_names(view)?;
     // Before the workload: its pods load that file.
-    super::secrets::serve_auth_file(ctx, instance, view.auth_file.as_ref()).await?;
-    drain_events(ctx, view, &plan, |step| {
+    let user_file = view.auth_file.as_ref();
+    super::secrets::serve_auth_file(writer, &ctx.memory.secrets, instance, user_file).await?;
+    drain_events(events, view, &plan, |step| {
         matches!(step, Step::Cancelled { .. })
     })
     .await;
-    pool::apply_marks(ctx, instance, &plan.marks).await?;
-    server_list(ctx, view, &plan.servers).await?;
-    drain_events(ctx, view, &plan, |step| {
+    pool::apply_marks(writer, instance, &plan.marks).await?;
+    server_list(writer, view, &plan.servers).await?;
+    drain_events(events, view, &plan, |step| {
         matches!(step, Step::Draining { .. })
     })
     .await;
@@ -89,7 +93,8 @@ pub(super) async fn children(
         yielded: false,
         wrote_first_status: false,
     };
-    if may_yield && applied.created && ctx.turns.new_waiting() {
+    let turns = &ctx.memory.turns;
+    if may_yield && applied.created && turns.new_waiting() {
         children.yielded = true;
         children.wait = None;
         return Ok(children);
@@ -97,21 +102,21 @@ pub(super) async fn children(
     // At the start of a burst nobody waits for a turn yet: the first new instances take theirs at once and
     // find each other here. Their first statuses go now, not after their Services (each allocates a
     // ClusterIP, the slowest writes of a burst); their Services follow in the same turn.
-    if applied.created && mc.status.is_none() && ctx.turns.other_new_instances() {
+    if applied.created && mc.status.is_none() && turns.other_new_instances() {
         first_status(ctx, view, &children).await?;
         children.wrote_first_status = true;
     }
-    drain_events(ctx, view, &plan, |step| {
+    drain_events(events, view, &plan, |step| {
         matches!(step, Step::Drained { .. })
     })
     .await;
-    let unserved = built(view, ctx, changes).await?;
-    children.problem = unserved.or(service_monitor(ctx, view, changes).await?);
+    let unserved = built(view, writer, changes).await?;
+    children.problem = unserved.or(service_monitor(writer, view, changes).await?);
     Ok(children)
 }
 
 /// Publishes an event for each step of the drain that `which` selects.
-async fn drain_events(ctx: &Context, view: &View<'_>, plan: &Pool, which: fn(&Step) -> bool) {
+async fn drain_events(events: &Publisher, view: &View<'_>, plan: &Pool, which: fn(&Step) -> bool) {
     let reference = view.mc.object_ref(&());
     for step in plan.steps.iter().filter(|step| which(step)) {
         let (reason, note) = match *step {
@@ -138,8 +143,7 @@ async fn drain_events(ctx: &Context, view: &View<'_>, plan: &Pool, which: fn(&St
                 ),
             ),
         };
-        ctx.writer
-            .events
+        events
             .record(&reference, normal(reason, "Scale", note))
             .await;
     }
@@ -147,7 +151,7 @@ async fn drain_events(ctx: &Context, view: &View<'_>, plan: &Pool, which: fn(&St
 
 /// The server list: created with the first published server, in the one write that fills it; from then
 /// on kept current, an empty list included.
-async fn server_list(ctx: &Context, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
+async fn server_list(writer: &Writer, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
     let instance = view.instance;
     let list = servers::config_map(instance, published);
     let name = list.name_any();
@@ -155,23 +159,23 @@ async fn server_list(ctx: &Context, view: &View<'_>, published: &[Server]) -> Re
     if !servers::publishes(published) && children::cached(instance, &name, &source)?.is_none() {
         return Ok(());
     }
-    let api = ctx.writer.api(instance.namespace);
+    let api = writer.api(instance.namespace);
     let applied = children::ensure(instance, list, &source, api).await?;
     // Not an event: it comes with the first ready server, not with the instance's creation, and the
     // list changes with every server that comes and goes. One event per instance says "Created".
     if applied.changed && applied.previous.is_none() {
         info!(config_map = %name, "created the server list with the first ready server");
     }
-    proxy_routes(ctx, view, published).await
+    proxy_routes(writer, view, published).await
 }
 
 /// The proxy's route configuration, over the same list, in the same step: a scale-down reaches the
 /// proxy before its servers go. Created with the proxy (over an empty list, if need be: its pods wait
 /// for it), deleted with it. Not an event either: it changes with the list.
-async fn proxy_routes(ctx: &Context, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
+async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
     let instance = view.instance;
     let source = view.source();
-    let api = ctx.writer.api(instance.namespace);
+    let api = writer.api(instance.namespace);
     match proxy::routes::config_map(instance, published) {
         Some(routes) => {
             children::ensure(instance, routes, &source, api).await?;
@@ -209,7 +213,7 @@ async fn deployment(
         .handover
         .step(handover(view, plan, Rollout::Deployment))
         .await?;
-    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |d| {
+    let applied = ensure_workload(&ctx.writer, view, desired, plan.replicas, changes, |d| {
         d.spec.as_ref().and_then(|s| s.replicas)
     })
     .await?;
@@ -255,7 +259,7 @@ async fn statefulset(
     };
     let staging = ctx.handover.step(handover(view, plan, rollout)).await?;
     statefulset::set_partition(&mut desired, staging.partition.unwrap_or(pace.partition));
-    let applied = ensure_workload(ctx, view, desired, plan.replicas, changes, |s| {
+    let applied = ensure_workload(&ctx.writer, view, desired, plan.replicas, changes, |s| {
         s.spec.as_ref().and_then(|s| s.replicas)
     })
     .await?;
@@ -282,7 +286,7 @@ fn handover<'v>(view: &'v View<'_>, plan: &'v Pool, rollout: Rollout<'v>) -> han
 
 /// Applies the workload (`replicas` of them) and records it as created, scaled or updated.
 async fn ensure_workload<K: ChildKind>(
-    ctx: &Context,
+    writer: &Writer,
     view: &View<'_>,
     desired: K,
     replicas: i32,
@@ -290,7 +294,7 @@ async fn ensure_workload<K: ChildKind>(
     replicas_of: fn(&K) -> Option<i32>,
 ) -> Result<Arc<K>, Error> {
     let (instance, kind) = (view.instance, K::kind(&()));
-    let api = ctx.writer.api(instance.namespace);
+    let api = writer.api(instance.namespace);
     let applied = children::ensure(instance, desired, &view.source(), api).await?;
     if applied.changed {
         changes.workload();
@@ -366,7 +370,7 @@ struct Built<K> {
 trait Apply: Send {
     fn apply<'f>(
         self: Box<Self>,
-        ctx: &'f Context,
+        writer: &'f Writer,
         view: &'f View<'f>,
         changes: &'f mut Changes,
     ) -> BoxFuture<'f, Result<(), Error>>;
@@ -375,12 +379,12 @@ trait Apply: Send {
 impl<K: ChildKind> Apply for Built<K> {
     fn apply<'f>(
         self: Box<Self>,
-        ctx: &'f Context,
+        writer: &'f Writer,
         view: &'f View<'f>,
         changes: &'f mut Changes,
     ) -> BoxFuture<'f, Result<(), Error>> {
         Box::pin(async move {
-            let api = ctx.writer.api(view.instance.namespace);
+            let api = writer.api(view.instance.namespace);
             sync_child(view, &self.name, self.desired, &view.source(), api, changes).await
         })
     }
@@ -391,7 +395,7 @@ impl<K: ChildKind> Apply for Built<K> {
 /// not serve is a problem for the status, not an error: the first such kind is returned.
 async fn built(
     view: &View<'_>,
-    ctx: &Context,
+    writer: &Writer,
     changes: &mut Changes,
 ) -> Result<Option<Problem>, Error> {
     struct Collect<'i> {
@@ -432,7 +436,7 @@ async fn built(
     };
     each_kind(&mut collect);
     for child in collect.children.into_iter().chain(collect.last) {
-        child.apply(ctx, view, changes).await?;
+        child.apply(writer, view, changes).await?;
     }
     Ok(collect.unserved)
 }
@@ -454,7 +458,7 @@ fn unserved<K: ChildKind>(desired: &Desired<K>) -> Option<Problem> {
 /// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one
 /// where the cluster serves none is a problem for the status, not an error.
 async fn service_monitor(
-    ctx: &Context,
+    writer: &Writer,
     view: &View<'_>,
     changes: &mut Changes,
 ) -> Result<Option<Problem>, Error> {
@@ -470,10 +474,10 @@ async fn service_monitor(
         }));
     };
     let resource = service_monitor::api_resource();
-    let api = Api::namespaced_with(ctx.writer.client.clone(), instance.namespace, &resource);
+    let api = Api::namespaced_with(writer.client.clone(), instance.namespace, &resource);
     let source = view.source_of(store, &resource);
     if monitor.is_some() && children::cached(instance, instance.name, &source)?.is_none() {
-        unclaimed_service_monitor(ctx, instance, &resource).await?;
+        unclaimed_service_monitor(writer, instance, &resource).await?;
     }
     sync_child(view, instance.name, monitor, &source, api, changes).await?;
     Ok(None)
@@ -483,12 +487,12 @@ async fn service_monitor(
 /// created, its name is read once, and one that is not the operator's is refused as the foreign watches
 /// refuse the other kinds, instead of being taken over by the apply.
 async fn unclaimed_service_monitor(
-    ctx: &Context,
+    writer: &Writer,
     instance: &crate::resources::Instance<'_>,
     resource: &kube::api::ApiResource,
 ) -> Result<(), Error> {
     let api: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(ctx.writer.client.clone(), instance.namespace, resource);
+        Api::namespaced_with(writer.client.clone(), instance.namespace, resource);
     let existing = api
         .get_metadata_opt(instance.name)
         .await

@@ -7,7 +7,7 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::Event;
 
-use super::Context;
+use crate::store::Publisher;
 use crate::store::events::{normal, warning};
 
 /// Reason of the warning that credentials travel in the clear.
@@ -95,10 +95,10 @@ impl Changes {
         events
     }
 
-    /// Logs and publishes the events (best effort), and empties the record.
-    pub async fn publish(&mut self, ctx: &Context, reference: &ObjectReference) {
+    /// Logs and publishes the events through `events` (best effort), and empties the record.
+    pub async fn publish(&mut self, events: &Publisher, reference: &ObjectReference) {
         for event in self.events() {
-            ctx.writer.events.record(reference, event).await;
+            events.record(reference, event).await;
         }
         *self = Self::default();
     }

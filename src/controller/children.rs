@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 
-use super::Error;
+use super::error::Error;
 use crate::resources::{Instance, drift, labels};
 use crate::store::WriteError;
 use crate::store::cache::Cache;

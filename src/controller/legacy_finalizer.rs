@@ -13,7 +13,7 @@ use kube::api::{Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use super::Error;
+use super::error::Error;
 use crate::api::{FINALIZER, Memcached};
 
 /// The JSON patch that removes the legacy finalizer, testing that it is still where it was seen; `None`

@@ -6,18 +6,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Api;
 use kube::api::{Patch, PatchParams};
 use serde_json::json;
 use tracing::warn;
 
-use super::{Context, Error};
+use super::error::Error;
 use crate::api::{Drain, Memcached, Server, Workload};
-use crate::handover::{Hold, Holding};
+use crate::handover::{Handover, Hold, Holding};
 use crate::resources::scaling::{self, Step};
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, DRAINED_COST, Member};
 use crate::resources::{Instance, labels};
-use crate::store::WriteError;
+use crate::store::{WriteError, Writer};
 
 /// What this reconcile does about the pool.
 pub struct Pool {
@@ -41,8 +42,14 @@ pub struct Pool {
 /// Plans the pool from the instance's `pods` (see [`pods`]): the drain, the slots, the marks a
 /// Deployment's drained pods need, and the scale handover under a known key placement (the proxy's, or a
 /// declared client hashing; it holds the drained pods' removal, or the joining servers' publication,
-/// while its copies run).
-pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<Pod>]) -> Pool {
+/// while its copies run, as `handover` tells them); drains and copies are timed from `now`.
+pub fn plan(
+    handover: &Handover,
+    now: &Time,
+    mc: &Memcached,
+    instance: &Instance<'_>,
+    pods: &[Arc<Pod>],
+) -> Pool {
     let spec = instance.spec;
     let members: Vec<Member> = pods.iter().filter_map(|p| Member::of(p)).collect();
     let previous = mc.status.as_ref();
@@ -50,9 +57,8 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
     let published_before = i32::try_from(previous_servers.len())
         .ok()
         .filter(|n| *n > 0);
-    let now = (ctx.clock)();
-    let handover = spec.handover();
-    let scheme = spec.key_scheme().filter(|_| handover.enabled());
+    let warm = spec.handover();
+    let scheme = spec.key_scheme().filter(|_| warm.enabled());
     // Recorded in a drain that starts, for its handover (and a restarted operator's).
     let published_list: Vec<String> = match scheme {
         Some(_) => previous_servers
@@ -65,7 +71,7 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         size: spec.size,
         published_before,
         previous: previous.and_then(|s| s.drain.as_ref()),
-        now: &now,
+        now,
         drain_seconds: spec.drain_seconds(),
         removable: false,
         published_list: &published_list,
@@ -85,9 +91,9 @@ pub fn plan(ctx: &Context, mc: &Memcached, instance: &Instance<'_>, pods: &[Arc<
         instance,
         published: previous_servers,
         drain: pending.drain.as_ref(),
-        now: &now,
+        now,
     };
-    let hold = ctx.handover.hold(&holding, &mut servers);
+    let hold = handover.hold(&holding, &mut servers);
     let copying_down = hold.keeps_drained;
     if spec.workload == Workload::StatefulSet {
         // Shrinking a StatefulSet removes the highest ordinals: exactly the drained slots.
@@ -118,11 +124,11 @@ fn pool(plan: scaling::Plan, servers: Vec<Server>, marks: Vec<(String, bool)>, h
 /// Marks (or clears) the drained deletion cost on each pod in `marks`: a server-side apply of only that
 /// annotation, under the operator's field manager, so clearing it removes just what the operator set.
 pub async fn apply_marks(
-    ctx: &Context,
+    writer: &Writer,
     instance: &Instance<'_>,
     marks: &[(String, bool)],
 ) -> Result<(), Error> {
-    let api: Api<Pod> = ctx.writer.api(instance.namespace);
+    let api: Api<Pod> = writer.api(instance.namespace);
     let params = PatchParams::apply(labels::MANAGER_NAME).force();
     for (name, mark) in marks {
         let mut metadata = json!({"name": name});

@@ -15,15 +15,16 @@ use kube::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use super::apply;
 use super::changes::Changes;
+use super::context::Context;
+use super::error::Error;
 use super::legacy_finalizer;
 use super::report::{self, Outcome, first_status};
 use super::turns::{CLAIM_WITHIN, Reserved};
 use super::view::{Reads, Stop, View, latest};
-use super::{Context, Error};
 use crate::api::Memcached;
 use crate::resources::Instance;
 use crate::store::compact::Compact;
@@ -32,51 +33,66 @@ use crate::store::events::warning;
 /// Reconciles one instance. Idempotent and level-based: it never asks why it was called.
 ///
 /// Everything logged on the way carries the instance through the `reconcile` span (`memcached`,
-/// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it).
+/// `namespace`), inside kube's own `reconciling object` span (the object and what triggered it); the span
+/// ends with the reconcile's `outcome`: `reconciled`, `failed`, `waiting` (for a turn) or `yielded` (the
+/// turn given up after creating the workload, the rest in a second turn).
 ///
 /// It takes its turn first (see [`turns`](super::turns)): one reserved for it, or a free one. When none is
 /// free it ends at once and a task of its own waits for the turn (writing a new instance's first status
 /// meanwhile), then makes the instance due again with the turn reserved for it.
-pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let span = info_span!(
-        "reconcile",
+#[tracing::instrument(
+    skip_all,
+    fields(
         memcached = %mc.name_any(),
         namespace = %mc.metadata.namespace.as_deref().unwrap_or_default(),
-    );
-    async move {
-        let key = ObjectRef::from_obj(mc.as_ref());
-        let new = Reads::of(&ctx.stores, &mc).workload.is_none();
-        let (turn, mut pass) = match ctx.turns.claim(&key) {
-            Some(Reserved {
-                turn,
-                second: Some(changes),
-            }) => (turn, Pass::second(changes)),
-            Some(Reserved { turn, second: None }) => (turn, Pass::first()),
-            None if ctx.turns.waits(&key) => return Ok(Action::await_change()),
-            None => match ctx.turns.try_apply() {
-                Some(turn) => (turn, Pass::first()),
-                None => {
-                    wait_for_turn(mc, &ctx, key, Waited::First { new });
-                    return Ok(Action::await_change());
-                }
-            },
+        outcome = tracing::field::Empty,
+    ),
+)]
+pub async fn reconcile(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let key = ObjectRef::from_obj(mc.as_ref());
+    let new = Reads::of(&ctx.stores, &mc).workload.is_none();
+    let turns = &ctx.memory.turns;
+    let (turn, mut pass) = match turns.claim(&key) {
+        Some(Reserved {
+            turn,
+            second: Some(changes),
+        }) => (turn, Pass::second(changes)),
+        Some(Reserved { turn, second: None }) => (turn, Pass::first()),
+        None if turns.waits(&key) => return Ok(ended("waiting")),
+        None => match turns.try_apply() {
+            Some(turn) => (turn, Pass::first()),
+            None => {
+                wait_for_turn(mc, &ctx, key, Waited::First { new });
+                return Ok(ended("waiting"));
+            }
+        },
+    };
+    let first_pass = (new && pass.may_yield).then(|| turns.first_pass());
+    // Boxed: this part's state is allocated when the turn comes.
+    let result = Box::pin(reconcile_in_span(mc.clone(), ctx.clone(), &mut pass)).await;
+    drop(first_pass);
+    drop(turn);
+    if !pass.yielded || result.is_err() {
+        let outcome = if result.is_ok() {
+            "reconciled"
+        } else {
+            "failed"
         };
-        let first_pass = (new && pass.may_yield).then(|| ctx.turns.first_pass());
-        // Boxed: this part's state is allocated when the turn comes.
-        let result = Box::pin(reconcile_in_span(mc.clone(), ctx.clone(), &mut pass)).await;
-        drop(first_pass);
-        drop(turn);
-        if !pass.yielded || result.is_err() {
-            return result;
-        }
-        debug!(
-            "gave the turn up after creating the workload; the other children come in a second turn"
-        );
-        wait_for_turn(mc, &ctx, key, Waited::Second(pass.changes));
-        Ok(Action::await_change())
+        tracing::Span::current().record("outcome", outcome);
+        return result;
     }
-    .instrument(span)
-    .await
+    debug!(
+        "gave the turn up after creating the workload; the other children come in a second turn"
+    );
+    wait_for_turn(mc, &ctx, key, Waited::Second(pass.changes));
+    Ok(ended("yielded"))
+}
+
+/// Ends a reconcile that waits for a turn (`outcome` in its span): no requeue, the task that waits for
+/// the turn makes the instance due when it comes.
+fn ended(outcome: &'static str) -> Action {
+    tracing::Span::current().record("outcome", outcome);
+    Action::await_change()
 }
 
 /// The turn a waiter takes: a first one (for a new instance, counted among the new instances waiting, and
@@ -95,7 +111,7 @@ fn wait_for_turn(
     key: ObjectRef<Memcached>,
     waited: Waited,
 ) {
-    if !ctx.turns.enqueue(&key) {
+    if !ctx.memory.turns.enqueue(&key) {
         return;
     }
     let ctx = ctx.clone();
@@ -106,27 +122,27 @@ fn wait_for_turn(
                 Waited::First { new } => {
                     let wait = async {
                         if new {
-                            ctx.turns.apply_new().await
+                            ctx.memory.turns.apply_new().await
                         } else {
-                            ctx.turns.apply().await
+                            ctx.memory.turns.apply().await
                         }
                     };
                     let (_, turn) = tokio::join!(first_status(&mc, &ctx), wait);
                     (turn, None)
                 }
-                Waited::Second(changes) => (ctx.turns.second().await, Some(changes)),
+                Waited::Second(changes) => (ctx.memory.turns.second().await, Some(changes)),
             };
             if ctx.stores.memcacheds.get(&key).is_none() {
                 debug!("deleted while waiting for its turn");
-                ctx.turns.abandon(&key);
+                ctx.memory.turns.abandon(&key);
                 return;
             }
-            let id = ctx.turns.reserve(&key, Reserved { turn, second });
+            let id = ctx.memory.turns.reserve(&key, Reserved { turn, second });
             // The context is not kept alive for this: a stopped controller's turns go with it.
             let weak = Arc::downgrade(&ctx);
             drop((ctx, mc));
             tokio::time::sleep(CLAIM_WITHIN).await;
-            if weak.upgrade().is_some_and(|ctx| ctx.turns.expire(&key, id)) {
+            if weak.upgrade().is_some_and(|ctx| ctx.memory.turns.expire(&key, id)) {
                 warn!(within = ?CLAIM_WITHIN, "a turn reserved for the instance was not claimed; given back");
             }
         }
@@ -174,7 +190,7 @@ async fn reconcile_in_span(
     let result = reconcile_instance(mc.clone(), &ctx, pass).await;
     match &result {
         Ok(action) => {
-            ctx.backoff.reset(&key);
+            ctx.memory.backoff.reset(&key);
             ctx.metrics.reconciled(None);
             debug!(?action, "reconciled");
         }
@@ -207,7 +223,7 @@ async fn reconcile_instance(
         return Err(Error::Malformed("it has no namespace".into()));
     };
     let name = mc.name_any();
-    let mc = latest(ctx, mc);
+    let mc = latest(&ctx.stores, mc);
     let mc = ctx
         .writer
         .written
@@ -255,9 +271,9 @@ async fn reconcile_instance(
 /// before this failure was counted. Counting first and looking second leaves no window where both miss it.
 pub fn error_policy(mc: Arc<Memcached>, _error: &Error, ctx: Arc<Context>) -> Action {
     let key = ObjectRef::from_obj(mc.as_ref());
-    let delay = ctx.backoff.next_delay(&key);
+    let delay = ctx.memory.backoff.next_delay(&key);
     if ctx.stores.memcacheds.get(&key).is_none() {
-        ctx.backoff.reset(&key);
+        ctx.memory.backoff.reset(&key);
     }
     Action::requeue(delay)
 }
@@ -269,7 +285,16 @@ async fn apply(mc: &Memcached, ctx: &Context, pass: &mut Pass) -> Result<Action,
         // Nothing is applied until the spec changes: the pods keep running as they were, and retrying
         // cannot help, so report it and wait.
         Err(invalid) => Outcome::Held(invalid.into()),
-        Ok(instance) => match View::read(ctx, mc, &instance, &reads).await {
+        Ok(instance) => match View::read(
+            &ctx.stores,
+            &ctx.writer.written,
+            &ctx.memory.secrets,
+            mc,
+            &instance,
+            &reads,
+        )
+        .await
+        {
             Ok(view) => apply_children(ctx, &view, pass).await,
             Err(Stop::Held(problem)) => Outcome::Held(problem),
             Err(Stop::Failed(error)) => Outcome::Failed(error),
@@ -286,7 +311,7 @@ async fn apply_children(ctx: &Context, view: &View<'_>, pass: &mut Pass) -> Outc
     let applied = apply::children(ctx, view, &mut changes, pass.may_yield).await;
     if changes.workload_changed() && !carried_workload {
         // The workload's status, and so the instance's, moves on within a moment by itself.
-        ctx.pace.wrote(instance.namespace, instance.name);
+        ctx.memory.pace.wrote(instance.namespace, instance.name);
     }
     if matches!(&applied, Ok(applied) if applied.yielded) {
         // Published with the second pass's: one `Created` event for all the children.
@@ -294,7 +319,9 @@ async fn apply_children(ctx: &Context, view: &View<'_>, pass: &mut Pass) -> Outc
         pass.changes = changes;
     } else {
         // What was changed is recorded even when a later child failed.
-        changes.publish(ctx, &view.mc.object_ref(&())).await;
+        changes
+            .publish(&ctx.writer.events, &view.mc.object_ref(&()))
+            .await;
     }
     match applied {
         Ok(children) => Outcome::Applied(Box::new(children)),

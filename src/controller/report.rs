@@ -14,8 +14,10 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, warn};
 
+use super::context::Context;
+use super::error::Error;
+use super::settings::Settings;
 use super::view::{Reads, latest, proxy_workload};
-use super::{Context, Error};
 use crate::api::names::proxy_name;
 use crate::api::{Drain, Memcached, MemcachedStatus, Server};
 use crate::resources::{Instance, labels};
@@ -24,6 +26,7 @@ use crate::status::{
 };
 use crate::store::compact::Compact;
 use crate::store::events::warning;
+use crate::store::{Stores, Writer, Written};
 
 /// Writes the first status of an instance that has none (`Progressing=True`, `Creating`, its counts) while
 /// its reconcile waits for its turn, so that `kubectl get memcached` shows progress right after
@@ -36,10 +39,11 @@ pub(super) async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
         return;
     };
     let name = mc.name_any();
+    let cached = latest(&ctx.stores, mc.clone());
     let Some(mc) = ctx
         .writer
         .written
-        .fresher(&namespace, &name, &(), Some(latest(ctx, mc.clone())))
+        .fresher(&namespace, &name, &(), Some(cached))
         .object
     else {
         return;
@@ -47,7 +51,7 @@ pub(super) async fn first_status(mc: &Arc<Memcached>, ctx: &Context) {
     if mc.status.is_some() || Instance::new(&mc, &ctx.settings.defaults).is_err() {
         return;
     }
-    let _slot = ctx.turns.first_status().await;
+    let _slot = ctx.memory.turns.first_status().await;
     let reads = Reads::of(&ctx.stores, &mc);
     let workload =
         (reads.workload).unwrap_or_else(|| WorkloadStatus::pending(mc.spec.workload.as_str()));
@@ -102,7 +106,7 @@ pub(super) async fn outcome(
     match outcome {
         Outcome::Held(problem) => {
             let held = report(mc, ctx, workload, stored, Some(problem), selector).await?;
-            Ok(requeue_within(ctx, [held]))
+            Ok(requeue_within(&ctx.settings, [held]))
         }
         Outcome::Applied(children) => applied(mc, ctx, *children, selector).await,
         Outcome::Failed(error) => Err(fail(mc, ctx, error, workload, stored, selector).await),
@@ -144,15 +148,15 @@ async fn applied(
     };
     let workload = Some(applied.workload);
     let held = report(mc, ctx, workload, published, applied.problem, selector).await?;
-    Ok(requeue_within(ctx, [held, applied.wait]))
+    Ok(requeue_within(&ctx.settings, [held, applied.wait]))
 }
 
 /// The safety requeue, or sooner when something is due sooner (a held-back status, a drain).
-fn requeue_within<const N: usize>(ctx: &Context, due: [Option<Duration>; N]) -> Action {
+fn requeue_within<const N: usize>(settings: &Settings, due: [Option<Duration>; N]) -> Action {
     let after = due
         .into_iter()
         .flatten()
-        .fold(ctx.settings.requeue_after, Duration::min);
+        .fold(settings.requeue_after, Duration::min);
     Action::requeue(after)
 }
 
@@ -230,7 +234,7 @@ pub(super) async fn report(
         drain,
         problem,
         handovers,
-        proxy: observed_proxy(mc, ctx),
+        proxy: observed_proxy(mc, &ctx.stores, &ctx.writer.written),
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
     let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());
@@ -239,12 +243,13 @@ pub(super) async fn report(
     if mc.status.as_ref() == Some(&new) {
         return Ok(None);
     }
-    if let Some(left) = ctx.pace.hold(&namespace, &name, mc.status.as_ref(), &new) {
+    let pace = &ctx.memory.pace;
+    if let Some(left) = pace.hold(&namespace, &name, mc.status.as_ref(), &new) {
         debug!(?left, "status change held back");
         return Ok(Some(left));
     }
-    patch_status(mc, ctx, &new).await?;
-    ctx.pace.wrote(&namespace, &name);
+    patch_status(mc, &ctx.writer, &new).await?;
+    pace.wrote(&namespace, &name);
 
     // A new reason to be degraded is worth a Warning event; the same one again is not.
     let before = status::find(mc.status.as_ref(), DEGRADED);
@@ -258,13 +263,13 @@ pub(super) async fn report(
 }
 
 /// The proxy for the status, while `spec.proxy.enabled`: its Deployment as this operator last saw it.
-fn observed_proxy(mc: &Memcached, ctx: &Context) -> Option<ObservedProxy> {
+fn observed_proxy(mc: &Memcached, stores: &Stores, written: &Written) -> Option<ObservedProxy> {
     let proxy = mc.spec.proxy()?;
     Some(ObservedProxy {
         desired: proxy.replicas(),
         service: proxy_name(&mc.name_any()),
         port: mc.spec.container_port,
-        deployment: proxy_workload(ctx, mc),
+        deployment: proxy_workload(stores, written, mc),
     })
 }
 
@@ -273,12 +278,12 @@ fn observed_proxy(mc: &Memcached, ctx: &Context) -> Option<ObservedProxy> {
 /// own field manager, so it is never sent here (sending it would take it over).
 pub(super) async fn patch_status(
     mc: &Memcached,
-    ctx: &Context,
+    writer: &Writer,
     status: &MemcachedStatus,
 ) -> Result<(), Error> {
     let name = mc.name_any();
     // The answer is kept compact (read-your-writes); nothing else reads it.
-    let api: Api<Compact<Memcached>> = ctx.writer.api(&mc.namespace().unwrap_or_default());
+    let api: Api<Compact<Memcached>> = writer.api(&mc.namespace().unwrap_or_default());
     let status = MemcachedStatus {
         stats: None,
         ..status.clone()
@@ -296,6 +301,6 @@ pub(super) async fn patch_status(
         )
         .await
         .map_err(|source| Error::Status { name, source })?;
-    ctx.writer.written.remember(Arc::new(written), &());
+    writer.written.remember(Arc::new(written), &());
     Ok(())
 }

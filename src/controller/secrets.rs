@@ -11,15 +11,14 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Secret;
 use kube::ResourceExt;
 use kube::api::DeleteParams;
-use kube::runtime::reflector::ObjectRef;
 use zeroize::Zeroizing;
 
-use super::{Context, Error};
+use super::error::Error;
 use crate::api::names::served_auth_name;
 use crate::resources::secrets::{self, SecretRef};
 use crate::resources::{Instance, InvalidSpec, auth_file};
-use crate::store::Force;
 use crate::store::secrets::{KeyHashes, ReadError};
+use crate::store::{Force, SecretReader, Writer};
 
 /// The hashes the pod templates carry of the Secrets' content, keyed with the operator's digest key
 /// (`None` where nothing is hashed).
@@ -47,10 +46,9 @@ pub enum Resolved {
     Missing(InvalidSpec),
 }
 
-/// Resolves the Secrets `instance` references.
-pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved, Error> {
-    ctx.secrets
-        .naming(instance.namespace, instance.name, instance.spec);
+/// Resolves the Secrets `instance` references, read through `reader`.
+pub async fn resolve(reader: &SecretReader, instance: &Instance<'_>) -> Result<Resolved, Error> {
+    reader.naming(instance.namespace, instance.name, instance.spec);
     let refs = secrets::referenced(instance.spec);
     let mut contents = BTreeMap::new();
     let mut read = None;
@@ -64,7 +62,7 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
             .auth()
             .filter(|_| *auth_file)
             .map(|auth| (auth.key(), &mut read));
-        let hashes = key_hashes(ctx, instance.namespace, name, keep).await?;
+        let hashes = key_hashes(reader, instance.namespace, name, keep).await?;
         contents.insert(name.clone(), hashes);
     }
     let has_ca = instance
@@ -90,22 +88,22 @@ pub async fn resolve(ctx: &Context, instance: &Instance<'_>) -> Result<Resolved,
         Some(UserFile { hash, read })
     });
     Ok(Resolved::Ready(Hashes {
-        servers: keyed(ctx, instance, servers).await?,
-        proxy: keyed(ctx, instance, proxy).await?,
+        servers: keyed(reader, instance, servers).await?,
+        proxy: keyed(reader, instance, proxy).await?,
         auth_file,
     }))
 }
 
 /// `digest` keyed with the operator's digest key, for `instance` (its namespace and UID).
 async fn keyed(
-    ctx: &Context,
+    reader: &SecretReader,
     instance: &Instance<'_>,
     digest: Option<String>,
 ) -> Result<Option<String>, Error> {
     let Some(digest) = digest else {
         return Ok(None);
     };
-    let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
+    let key = reader.digest_key().await?;
     let owner = secrets::Owner {
         namespace: instance.namespace,
         uid: instance.uid(),
@@ -118,18 +116,17 @@ async fn keyed(
 /// missing, changed by someone, or its user part is not `user_file`'s (known from what this process
 /// wrote at its current version: after a restart, one apply per instance, which changes nothing when
 /// the content is the same); deleted when auth is off. A Secret of that name that is not the
-/// instance's is left alone, and the instance is not applied.
+/// instance's is left alone, and the instance is not applied. Written through `writer`; what this
+/// process wrote is kept in `reader`.
 pub async fn serve_auth_file(
-    ctx: &Context,
+    writer: &Writer,
+    reader: &SecretReader,
     instance: &Instance<'_>,
     user_file: Option<&UserFile>,
 ) -> Result<(), Error> {
     let namespace = instance.namespace;
     let name = served_auth_name(instance.name);
-    let live = ctx
-        .stores
-        .secrets
-        .get(&ObjectRef::new(&name).within(namespace));
+    let live = reader.cached(namespace, &name);
     if let Some(live) = &live
         && !live
             .owner_references()
@@ -144,25 +141,19 @@ pub async fn serve_auth_file(
     let (Some(auth), Some(user_file)) = (instance.spec.auth(), user_file) else {
         if live.is_some_and(|l| l.metadata.deletion_timestamp.is_none()) {
             let params = DeleteParams::background();
-            ctx.writer
-                .delete::<Secret>(namespace, &name, &params)
-                .await?;
+            writer.delete::<Secret>(namespace, &name, &params).await?;
         }
         return Ok(());
     };
     let version = live
         .as_ref()
         .and_then(|l| l.metadata.resource_version.clone());
-    if ctx
-        .secrets
-        .serves(namespace, &name, version.as_deref(), &user_file.hash)
-    {
+    if reader.serves(namespace, &name, version.as_deref(), &user_file.hash) {
         return Ok(());
     }
     let file = match &user_file.read {
         Some(file) => file.clone(),
-        None => match ctx
-            .secrets
+        None => match reader
             .value(namespace, &auth.secret_name, auth.key())
             .await
             .map_err(read_error)?
@@ -172,7 +163,7 @@ pub async fn serve_auth_file(
             None => return Ok(()),
         },
     };
-    let key = ctx.digest_key.bytes(&ctx.writer.client).await?;
+    let key = reader.digest_key().await?;
     let owner = secrets::Owner {
         namespace,
         uid: instance.uid(),
@@ -186,11 +177,11 @@ pub async fn serve_auth_file(
     } else {
         Force::No
     };
-    let applied: Secret = ctx.writer.apply(namespace, &name, &desired, force).await?;
+    let applied: Secret = writer.apply(namespace, &name, &desired, force).await?;
     drop(desired);
     if let Some(version) = applied.metadata.resource_version {
         let hash = secrets::hash_value(&file);
-        ctx.secrets.wrote_served(namespace, &name, version, hash);
+        reader.wrote_served(namespace, &name, version, hash);
     }
     Ok(())
 }
@@ -212,13 +203,12 @@ fn read_error(error: ReadError) -> Error {
 /// The per-key hashes of Secret `namespace/name` at its current version (read when not known yet); with
 /// `keep`, the value of that key goes to its slot when the Secret is read now.
 async fn key_hashes(
-    ctx: &Context,
+    reader: &SecretReader,
     namespace: &str,
     name: &str,
     keep: Option<(&str, &mut Option<Zeroizing<Vec<u8>>>)>,
 ) -> Result<Option<KeyHashes>, Error> {
-    let Some((hashes, value)) = ctx
-        .secrets
+    let Some((hashes, value)) = reader
         .hashes(namespace, name, keep.as_ref().map(|(key, _)| *key))
         .await
         .map_err(read_error)?

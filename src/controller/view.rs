@@ -13,14 +13,14 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::children::Source;
+use super::error::Error;
 use super::secrets::{self, Resolved};
-use super::{Context, Error};
 use crate::api::names::proxy_name;
 use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
 use crate::status::{Problem, WorkloadStatus};
 use crate::store::compact::Compactable;
-use crate::store::{Cache, ChildKind, Stores, Written};
+use crate::store::{Cache, ChildKind, SecretReader, Stores, Written};
 
 /// What every reconcile reads of its instance first, whether its spec is valid or not: its pods and the
 /// state of the workload it runs.
@@ -68,16 +68,20 @@ impl<'a> View<'a> {
     /// Reads what the reconcile of `instance` needs, or the outcome that stops it before anything is
     /// applied: a workload of the other kind (`spec.workload` changed on a live instance), a Secret or key
     /// that is missing (the Secret watch brings the instance back when it appears), or a failed read.
+    /// The children are read from `stores`, or from `written` where it holds a newer answer; the
+    /// Secrets' values through `reader`.
     pub async fn read(
-        ctx: &'a Context,
+        stores: &'a Stores,
+        written: &'a Written,
+        reader: &SecretReader,
         mc: &'a Memcached,
         instance: &'a Instance<'a>,
         reads: &'a Reads,
     ) -> Result<Self, Stop> {
-        if let Some(changed) = workload_changed(&ctx.stores, instance, mc) {
+        if let Some(changed) = workload_changed(stores, instance, mc) {
             return Err(Stop::Held(changed));
         }
-        let hashes = match secrets::resolve(ctx, instance).await {
+        let hashes = match secrets::resolve(reader, instance).await {
             Ok(Resolved::Ready(hashes)) => hashes,
             Ok(Resolved::Missing(missing)) => return Err(Stop::Held(missing.into())),
             Err(error) => return Err(Stop::Failed(error)),
@@ -89,8 +93,8 @@ impl<'a> View<'a> {
             secret_hash: hashes.servers,
             proxy_secret_hash: hashes.proxy,
             auth_file: hashes.auth_file,
-            stores: &ctx.stores,
-            written: &ctx.writer.written,
+            stores,
+            written,
         })
     }
 
@@ -141,8 +145,8 @@ fn pods(stores: &Stores, mc: &Memcached) -> Vec<Arc<Pod>> {
 /// operator's own status write, `written` has dropped its kept answer (the cache caught up), and the old
 /// copy, without that status, would be taken for the latest and the same status written again. The
 /// cache's current copy closes that window.
-pub(super) fn latest(ctx: &Context, mc: Arc<Memcached>) -> Arc<Memcached> {
-    ctx.stores
+pub(super) fn latest(stores: &Stores, mc: Arc<Memcached>) -> Arc<Memcached> {
+    stores
         .memcacheds
         .get(&ObjectRef::from_obj(mc.as_ref()))
         .unwrap_or(mc)
@@ -169,15 +173,19 @@ fn cached_workload(stores: &Stores, mc: &Memcached) -> Option<WorkloadStatus> {
 }
 
 /// The instance's proxy Deployment (`<name>-proxy`): the newer of its cached copy and the answer to this
-/// operator's last write of it; none when there is none, or it cannot be read.
-pub(super) fn proxy_workload(ctx: &Context, mc: &Memcached) -> Option<WorkloadStatus> {
+/// operator's last write of it (`written`); none when there is none, or it cannot be read.
+pub(super) fn proxy_workload(
+    stores: &Stores,
+    written: &Written,
+    mc: &Memcached,
+) -> Option<WorkloadStatus> {
     let namespace = mc.namespace().unwrap_or_default();
     let name = proxy_name(&mc.name_any());
-    let cached = (ctx.stores.children.deployments)
+    let cached = (stores.children.deployments)
         .get(&namespace, &name)
         .ok()
         .flatten();
-    let fresher = ctx.writer.written.fresher(&namespace, &name, &(), cached);
+    let fresher = written.fresher(&namespace, &name, &(), cached);
     fresher
         .object
         .map(|d: Arc<Deployment>| WorkloadStatus::from(d.as_ref()))

@@ -1,58 +1,33 @@
-//! The orchestrator: what the reconcile asks of warm handover, once per reconcile ([`Handover::step`]).
-//!
-//! The reconcile calls it once the published list is applied, in its workload step: a Deployment's
-//! after the Deployment, a StatefulSet's before it (the step decides the partition). Those two places
-//! are one call per reconcile; both come after the list because a scale-down's copies start once the
-//! shorter list is published, and a scale-up's joining servers, like a rollout's new server behind its
-//! gate, are held out of the list the reconcile just applied until their copies ended. The step:
-//!
-//! 1. the scale's copies ([`super::scale`]): started for the change the pool planned, reported per
-//!    target once they ended;
-//! 2. the rollout's: a Deployment's ([`super::rollout`]: copies into each new pod waiting behind its
-//!    gate, the gate opened when they end), or a StatefulSet's ([`super::spare`]: through the spare
-//!    server, and the partition that lets the next server go);
-//! 3. the progress of every running copy, for the status, and when to come back to show it.
-//!
-//! Every copy runs in the one registry ([`super::tasks`]). The decisions are the planner's
-//! ([`super::plan`]); this side reads the cache, makes the few writes they call for (a gate, the source's
-//! deletion cost, the spare pod), says what happened in events and counts each copy in the metrics.
+//! The engine under every warm handover, whatever caused it ([`super::scale`], [`super::rollout`],
+//! [`super::spare`]): the one registry of copies ([`super::tasks`]), the copies of a
+//! [`Transition`] prepared one way (each entry found among the pods that serve it, reached as the
+//! stats collector reaches a server), the gate opened on a pod, and the events and metrics.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::Stream;
-use k8s_openapi::api::apps::v1::StatefulSet;
-use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::Resource;
 use kube::api::Patch;
-use kube::runtime::reflector::ObjectRef;
 use serde_json::json;
 use tracing::debug;
 
 use super::copier::{Copier, Settings};
 use super::error::Error;
 use super::metrics::HandoverMetrics;
-use super::plan::rollout::{
-    GATE, add_template_gate as add_gate, template_gate_wanted as gate_wanted,
-};
-use super::plan::scale::{self as plan_scale, Change, Copies, Direction};
+use super::plan::rollout::GATE;
+use super::plan::scale::{Change, Copies};
 use super::tasks::{Prepared, Subject, Tasks};
 use super::transition::{Endpoints, Transition};
-use crate::api::{Drain, Memcached, Server, WarmHandover};
+use crate::api::{Memcached, WarmHandover};
 use crate::connection::{ServerNames, Target};
 use crate::resources::Instance;
-use crate::resources::rollout::Pace;
 use crate::resources::secrets::Owner;
-use crate::status::HandoverProgress;
 use crate::store::cache::Cache;
 use crate::store::events::{normal, warning};
 use crate::store::pod_index::still_at;
 use crate::store::{Clock, SecretReader, Writer};
-
-/// How often a reconcile comes back while a copy runs, to show its progress (status writes stay paced).
-pub const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 /// What warm handover needs of the operator, given once.
 pub struct Deps {
@@ -70,8 +45,9 @@ pub struct Deps {
     pub max_timeout_seconds: u64,
 }
 
-/// Warm handover, shared by every reconcile (the controller's context holds one).
-pub struct Handover {
+/// The machinery every cause of a handover shares: the registry of copies, the writes and events, the
+/// copies' preparation.
+pub(super) struct Engine {
     /// Every write (a gate, a source's deletion cost, the spare server) and event goes through it.
     pub(super) writer: Writer,
     pub(super) metrics: Arc<HandoverMetrics>,
@@ -84,70 +60,14 @@ pub struct Handover {
     max_timeout_seconds: u64,
 }
 
-/// What one reconcile hands the step: the instance, its server pods, the slots as this reconcile
-/// publishes them, the scale the pool planned, and the rollout's workload.
-pub struct View<'a> {
-    pub mc: &'a Memcached,
-    pub instance: &'a Instance<'a>,
-    pub pods: &'a [Arc<Pod>],
-    pub servers: &'a [Server],
-    /// What [`Handover::hold`] answered before the list was published.
-    pub hold: &'a Hold,
-    pub rollout: Rollout<'a>,
-}
-
-/// What the list's change is read from, before the list is published.
-pub struct Holding<'a> {
-    pub instance: &'a Instance<'a>,
-    /// The list clients used: `status.servers` as last published.
-    pub published: &'a [Server],
-    /// The drain in effect (a scale-down's), with the list clients used before it.
-    pub drain: Option<&'a Drain>,
-    pub now: &'a Time,
-}
-
-/// What the reconcile obeys before it publishes the list and applies the workload.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Hold {
-    /// The change of the published list whose keys the copies move (a scale's), to hand the step.
-    pub change: Option<Change>,
-    /// Whether the drained servers stay (their copies run): the workload keeps its replicas.
-    pub keeps_drained: bool,
-}
-
-/// The workload whose rollout hands over.
-pub enum Rollout<'a> {
-    Deployment,
-    StatefulSet {
-        /// The new pod template (the spare runs it).
-        template: Option<&'a PodTemplateSpec>,
-        /// The rollout's pace: the partition it would apply without a handover.
-        pace: &'a Pace,
-        /// The live StatefulSet (none before it exists).
-        live: Option<&'a StatefulSet>,
-    },
-}
-
-/// What the step leaves for the workload, the status and the requeue.
-#[derive(Debug, Default)]
-pub struct Step {
-    /// The copies running for the instance, by target slot.
-    pub progress: Vec<HandoverProgress>,
-    /// When to come back: a copy's progress, or the spare's start running late.
-    pub wait: Option<Duration>,
-    /// A StatefulSet's partition to apply: the pace's, or the live one while the server about to go is
-    /// copied to the spare.
-    pub partition: Option<i32>,
-}
-
 /// How a gate is opened: the condition's reason and message.
 pub(super) struct Opened {
     pub(super) reason: &'static str,
     pub(super) message: String,
 }
 
-impl Handover {
-    pub fn new(deps: Deps) -> Self {
+impl Engine {
+    pub(super) fn new(deps: Deps) -> Self {
         Self {
             secrets: deps.secrets,
             writer: deps.writer,
@@ -161,58 +81,13 @@ impl Handover {
     }
 
     /// A copy's (or a job's) time bound: `spec.handover.timeoutSeconds`, at most the operator's maximum.
-    pub fn timeout_seconds(&self, spec: &WarmHandover) -> u64 {
+    pub(super) fn timeout_seconds(&self, spec: &WarmHandover) -> u64 {
         spec.timeout_seconds().min(self.max_timeout_seconds)
-    }
-
-    /// The instances to reconcile because one of their copies ended; taken once, by the controller.
-    pub fn triggers(&self) -> impl Stream<Item = ObjectRef<Memcached>> + Send + 'static {
-        self.tasks.triggers()
-    }
-
-    /// Cancels the copies of an instance that is gone.
-    pub fn forget_instance(&self, namespace: &str, name: &str) {
-        self.tasks.forget_instance(namespace, name);
-    }
-
-    /// Before the list is published: the change of the list the assigned `servers` make over what
-    /// clients used (`holding`), and what it holds until its copies end (see [`Hold`]); joining servers
-    /// held back lose their address in `servers`. Nothing is held past the change's time bound.
-    pub fn hold(&self, holding: &Holding<'_>, servers: &mut [Server]) -> Hold {
-        let instance = holding.instance;
-        let handover = instance.spec.handover();
-        let scheme = instance.spec.key_scheme().filter(|_| handover.enabled());
-        let change = match holding.drain {
-            Some(drain) => plan_scale::scale_down(scheme, Some(drain), servers),
-            None => plan_scale::scale_up(scheme, holding.published, servers),
-        };
-        let holds = change.as_ref().is_some_and(|change| {
-            let copies = self.scale_copies(instance.namespace, instance.name, change);
-            let timeout = self.timeout_seconds(&handover);
-            plan_scale::holds(change, &copies, holding.now, timeout)
-        });
-        let direction = change.as_ref().map(|c| c.direction);
-        if holds && direction == Some(Direction::Up) {
-            plan_scale::withhold(holding.published, servers);
-        }
-        Hold {
-            keeps_drained: holds && direction == Some(Direction::Down),
-            change,
-        }
-    }
-
-    /// The readiness gate on the `desired` pod template, given the `live` one: added when a rollout
-    /// replaces the servers anyway and can be `warm` (see [`gate_wanted`]); the live template's gate kept
-    /// otherwise, so the gate alone never rolls the servers.
-    pub fn gate(&self, warm: bool, desired: &mut PodTemplateSpec, live: Option<&PodTemplateSpec>) {
-        if gate_wanted(warm, Some(&*desired), live) {
-            add_gate(desired);
-        }
     }
 
     /// Where the copies of the scale `change` are; [`Copies::NotStarted`] when the instance's scale
     /// copies are for another change, or there are none.
-    fn scale_copies(&self, namespace: &str, instance: &str, change: &Change) -> Copies {
+    pub(super) fn scale_copies(&self, namespace: &str, instance: &str, change: &Change) -> Copies {
         let key = (namespace.to_owned(), instance.to_owned(), Subject::Scale);
         self.tasks
             .with(&key, |job| {
@@ -220,37 +95,6 @@ impl Handover {
             })
             .flatten()
             .unwrap_or(Copies::NotStarted)
-    }
-
-    /// The handover step of one reconcile (see the module doc).
-    #[tracing::instrument(name = "handover", skip_all, fields(instance = view.instance.name))]
-    pub async fn step(&self, view: View<'_>) -> Result<Step, Error> {
-        let (namespace, name) = (view.instance.namespace, view.instance.name);
-        super::scale::step(self, &view).await?;
-        let mut wait = None;
-        let mut partition = None;
-        match view.rollout {
-            Rollout::Deployment => super::rollout::step(self, &view).await?,
-            Rollout::StatefulSet {
-                template,
-                pace,
-                live,
-            } => {
-                let staging = super::spare::step(self, &view, template, pace, live).await?;
-                partition = Some(staging.partition);
-                wait = staging.wait;
-            }
-        }
-        let progress = self.tasks.progress(namespace, name);
-        let wait = [wait, (!progress.is_empty()).then_some(PROGRESS_EVERY)]
-            .into_iter()
-            .flatten()
-            .min();
-        Ok(Step {
-            progress,
-            wait,
-            partition,
-        })
     }
 
     pub(super) fn now(&self) -> Time {

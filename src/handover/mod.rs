@@ -38,6 +38,7 @@ pub mod dump;
 mod engine;
 mod error;
 pub mod metrics;
+mod orchestrator;
 pub mod plan;
 pub mod progress;
 pub mod rate;
@@ -46,13 +47,16 @@ mod scale;
 mod spare;
 mod tasks;
 mod transition;
+mod view;
 
 pub use copier::{
     COPY_MEMORY_BOUND, Copier, DEFAULT_MAX_TIMEOUT_SECONDS, DEFAULT_REQUEST_TIMEOUT, KeyFilter,
     MAX_VALUE_BYTES, MIN_BYTES_PER_WINDOW, PROGRESS_WINDOW, Settings,
 };
-pub use engine::{Deps, Handover, Hold, Holding, PROGRESS_EVERY, Rollout, Step, View};
+pub use engine::Deps;
 pub use error::{CopyError, Error, Failure, Side};
+pub use orchestrator::{Handover, Holding, PROGRESS_EVERY, Step};
 pub use plan::rollout::GATE;
 pub use progress::{Progress, Snapshot};
 pub use tasks::MOST_COPIES;
+pub use view::{Hold, Rollout, View};

@@ -17,14 +17,15 @@ use kube::ResourceExt;
 use serde_json::json;
 use tracing::{info, warn};
 
-use super::engine::Handover;
-use super::engine::{Opened, View, pod_key};
+use super::engine::Engine;
+use super::engine::{Opened, pod_key};
 use super::error::{CopyError, Error, Failure};
 use super::plan::published;
 use super::plan::rollout::{SOURCE_COST, Takeover, takeover_lists, takeovers};
 use super::progress::Snapshot;
 use super::tasks::{Ended, Job, Meta, Prepared, State};
 use super::transition::{Transition, by_name, endpoints};
+use super::view::View;
 use crate::api::Memcached;
 use crate::resources::servers::{self, DELETION_COST_ANNOTATION, Member};
 use crate::store::Force;
@@ -32,7 +33,7 @@ use crate::store::Force;
 /// The Deployment rollout's part of the step: opens the gates of the pods whose copies ended,
 /// starts the copies for each pod newly waiting behind its gate (or opens its gate at once when there
 /// is nothing to copy, or `spec.handover.enabled` is false), and ends copies past their time bound.
-pub(super) async fn step(h: &Handover, view: &View<'_>) -> Result<(), Error> {
+pub(super) async fn step(h: &Engine, view: &View<'_>) -> Result<(), Error> {
     let (namespace, name) = (view.instance.namespace, view.instance.name);
     let members: Vec<Member> = view.pods.iter().filter_map(|p| Member::of(p)).collect();
     h.tasks.forget_gone(namespace, name, &members);
@@ -51,7 +52,7 @@ pub(super) async fn step(h: &Handover, view: &View<'_>) -> Result<(), Error> {
 /// Starts the copies into the waiting pod of `takeover`, or opens its gate when there is nothing to
 /// copy or the copies cannot start.
 async fn take_over(
-    h: &Handover,
+    h: &Engine,
     view: &View<'_>,
     members: &[Member],
     Takeover { pod, source }: Takeover,
@@ -114,7 +115,7 @@ async fn take_over(
 /// The copies the takeover of `slot` by `target` needs: the planner's for the published list with
 /// `target`'s address at that slot; the old server's every item when the slot publishes no address.
 async fn takeover_copies(
-    h: &Handover,
+    h: &Engine,
     view: &View<'_>,
     slot: i32,
     holder: &Member,
@@ -144,7 +145,7 @@ async fn takeover_copies(
 /// so in one event (`HandedOver`, or a `HandoverFailed` Warning). A gate that cannot be opened puts
 /// the job back, for the retry of the reconcile this error brings.
 pub(super) async fn finish(
-    h: &Handover,
+    h: &Engine,
     mc: &Memcached,
     (namespace, name): (&str, &str),
     pod: String,
@@ -171,7 +172,7 @@ pub(super) async fn finish(
 /// Gives the copy's source the [`SOURCE_COST`], so that the ReplicaSet controller removes exactly
 /// that pod once the new one is ready (its slot is the one the copies fill); once is enough. A source
 /// that went meanwhile needs none: the copy fails to reach it and ends cold.
-async fn mark_source(h: &Handover, namespace: &str, pods: &[Arc<Pod>], source: &str) {
+async fn mark_source(h: &Engine, namespace: &str, pods: &[Arc<Pod>], source: &str) {
     let marked = pods.iter().any(|p| {
         p.metadata.name.as_deref() == Some(source)
             && p.annotations()

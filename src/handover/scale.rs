@@ -17,12 +17,13 @@ use std::collections::BTreeMap;
 
 use tracing::{debug, info};
 
-use super::engine::{Handover, View};
+use super::engine::Engine;
 use super::error::{CopyError, Error, Failure};
 use super::plan::scale::{Change, past};
 use super::progress::Snapshot;
 use super::tasks::{Ended, Key, Meta, State, Subject};
 use super::transition::{Transition, endpoints};
+use super::view::View;
 
 /// What one target server got from its copies, for its event.
 #[derive(Debug, Default)]
@@ -110,7 +111,7 @@ impl Report {
 /// change the pool planned (if any) unless they run, ends them past their time bound, reports the
 /// targets whose copies ended (one `HandedOver` event, or a `HandoverFailed` Warning, per target
 /// server; the metrics per copy). Another change (or none) cancels the previous one's copies.
-pub(super) async fn step(h: &Handover, view: &View<'_>) -> Result<(), Error> {
+pub(super) async fn step(h: &Engine, view: &View<'_>) -> Result<(), Error> {
     let instance = view.instance;
     let key: Key = (
         instance.namespace.to_owned(),

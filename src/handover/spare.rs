@@ -17,12 +17,13 @@ use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use kube::api::DeleteParams;
 use tracing::{debug, info, warn};
 
-use super::engine::Handover;
-use super::engine::{Opened, View, pod_key};
+use super::engine::Engine;
+use super::engine::{Opened, pod_key};
 use super::error::Error;
 use super::plan::spare::{gate_pending, late, needed, ordinal, takes_from_spare, usable};
 use super::tasks::{Ended, Meta, Phase, Prepared, State};
 use super::transition::{Transition, by_name};
+use super::view::View;
 use crate::api::Memcached;
 use crate::resources::rollout::{self, Pace};
 use crate::resources::servers::Member;
@@ -61,7 +62,7 @@ enum Started {
 /// The StatefulSet rollout's part of the step, given the new pod `template`, the rollout's `pace`
 /// and the `live` StatefulSet (none before it exists).
 pub(super) async fn step(
-    h: &Handover,
+    h: &Engine,
     view: &View<'_>,
     template: Option<&PodTemplateSpec>,
     pace: &Pace,
@@ -80,7 +81,7 @@ pub(super) async fn step(
     Ok(Staging { partition, wait })
 }
 
-fn rolling<'a>(h: &Handover, view: &'a View<'a>, live: Option<&StatefulSet>) -> Rolling<'a> {
+fn rolling<'a>(h: &Engine, view: &'a View<'a>, live: Option<&StatefulSet>) -> Rolling<'a> {
     let instance = view.instance;
     let spare_name = spare::name(instance.name);
     let spare_pod = h
@@ -108,7 +109,7 @@ fn rolling<'a>(h: &Handover, view: &'a View<'a>, live: Option<&StatefulSet>) -> 
 }
 
 /// Copies that ended: to the spare, the slot it now holds; to a new pod, its gate.
-async fn report_ended(h: &Handover, r: &Rolling<'_>) -> Result<(), Error> {
+async fn report_ended(h: &Engine, r: &Rolling<'_>) -> Result<(), Error> {
     let (namespace, name) = (r.view.instance.namespace, r.view.instance.name);
     for (pod, job) in h.tasks.take_ended(namespace, name) {
         if pod != r.spare_name {
@@ -151,7 +152,7 @@ async fn report_ended(h: &Handover, r: &Rolling<'_>) -> Result<(), Error> {
 }
 
 /// New pods waiting behind their gate: the one the rollout just replaced takes the spare's items.
-async fn fill_waiting(h: &Handover, r: &Rolling<'_>) -> Result<(), Error> {
+async fn fill_waiting(h: &Engine, r: &Rolling<'_>) -> Result<(), Error> {
     let (namespace, name) = (r.view.instance.namespace, r.view.instance.name);
     let running = h.tasks.open(namespace, name);
     let staged = h
@@ -194,7 +195,7 @@ async fn fill_waiting(h: &Handover, r: &Rolling<'_>) -> Result<(), Error> {
 
 /// Starts the copy from the spare to `pod` for `slot`: `None` once it runs (or the pod has no IP
 /// yet), the gate to open when it cannot.
-async fn copy_from_spare(h: &Handover, r: &Rolling<'_>, pod: &Member, slot: i32) -> Option<Opened> {
+async fn copy_from_spare(h: &Engine, r: &Rolling<'_>, pod: &Member, slot: i32) -> Option<Opened> {
     let instance = r.view.instance;
     let target_ip = pod.ip.as_deref()?;
     let Some(spare_ip) = r.spare.as_ref().and_then(usable) else {
@@ -230,7 +231,7 @@ async fn copy_from_spare(h: &Handover, r: &Rolling<'_>, pod: &Member, slot: i32)
 
 /// The one copy of a whole server's `transition` between `pods` ((name, IP) each).
 async fn one(
-    h: &Handover,
+    h: &Engine,
     instance: &Instance<'_>,
     pods: [(&str, &str); 2],
     transition: Transition,
@@ -245,7 +246,7 @@ async fn one(
 }
 
 /// Starts the one copy of a job filling `pod` (a new server, or the spare) for `slot`.
-fn start_one(h: &Handover, r: &Rolling<'_>, pod: &str, slot: i32, prepared: Prepared) {
+fn start_one(h: &Engine, r: &Rolling<'_>, pod: &str, slot: i32, prepared: Prepared) {
     let instance = r.view.instance;
     let meta = Meta {
         slot,
@@ -261,7 +262,7 @@ fn start_one(h: &Handover, r: &Rolling<'_>, pod: &str, slot: i32, prepared: Prep
 /// The server the pace lets go next is copied to the spare first: the partition to apply, and when
 /// to come back for a spare still starting.
 async fn next_server(
-    h: &Handover,
+    h: &Engine,
     r: &Rolling<'_>,
     template: Option<&PodTemplateSpec>,
     pace: &Pace,
@@ -297,7 +298,7 @@ async fn next_server(
 /// The copy of server `ordinal` to the spare, started once the spare runs (created here when there
 /// is none).
 async fn stage(
-    h: &Handover,
+    h: &Engine,
     r: &Rolling<'_>,
     template: Option<&PodTemplateSpec>,
     ordinal: i32,
@@ -365,7 +366,7 @@ async fn stage(
 
 /// The spare goes once nothing is left for it to do.
 async fn retire_spare(
-    h: &Handover,
+    h: &Engine,
     r: &Rolling<'_>,
     pace: &Pace,
     update_revision: Option<&str>,
@@ -393,7 +394,7 @@ async fn retire_spare(
 }
 
 /// Lets server `ordinal` go without a copy, with a warning that says why.
-async fn stage_cold(h: &Handover, r: &Rolling<'_>, ordinal: i32, why: &str) {
+async fn stage_cold(h: &Engine, r: &Rolling<'_>, ordinal: i32, why: &str) {
     let instance = r.view.instance;
     let note = format!(
         "Handover of {}-{ordinal} (slot {ordinal}) ended cold: {why}",
@@ -406,7 +407,7 @@ async fn stage_cold(h: &Handover, r: &Rolling<'_>, ordinal: i32, why: &str) {
 
 /// A new pod that gets nothing from the spare: one `HandoverFailed` Warning saying why, and the
 /// gate's `Failed` condition to set.
-async fn cold(h: &Handover, mc: &Memcached, message: String) -> Opened {
+async fn cold(h: &Engine, mc: &Memcached, message: String) -> Opened {
     h.tell(mc, false, message.clone()).await;
     Opened {
         reason: "Failed",
@@ -417,7 +418,7 @@ async fn cold(h: &Handover, mc: &Memcached, message: String) -> Opened {
 /// Creates the spare server from the new pod `template` (server-side apply, the operator's field
 /// manager).
 async fn create_spare(
-    h: &Handover,
+    h: &Engine,
     instance: &Instance<'_>,
     template: &PodTemplateSpec,
 ) -> Result<(), Error> {
@@ -433,7 +434,7 @@ async fn create_spare(
 
 /// Deletes the spare server; one already gone needs nothing. A refusal is logged, not failed: it
 /// must not hold the instance's reconciles (the spare is garbage-collected with the instance anyway).
-async fn remove_spare(h: &Handover, namespace: &str, name: &str) -> Result<(), Error> {
+async fn remove_spare(h: &Engine, namespace: &str, name: &str) -> Result<(), Error> {
     let params = DeleteParams::default();
     match h.writer.delete::<Pod>(namespace, name, &params).await {
         Ok(true) => {

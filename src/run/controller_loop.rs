@@ -95,7 +95,7 @@ pub async fn run(
             ctx.handover.triggers(),
         ))
         // The instances whose turn, waited for outside the controller, came (see `turns`).
-        .reconcile_on(ctx.turns.due())
+        .reconcile_on(ctx.memory.turns.due())
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(
@@ -174,7 +174,7 @@ fn recoveries(
         (connectivity.recoveries(), ctx),
         |(mut recoveries, ctx)| async move {
             recoveries.changed().await.ok()?;
-            ctx.backoff.reset_all();
+            ctx.memory.backoff.reset_all();
             Some(((), (recoveries, ctx)))
         },
     )

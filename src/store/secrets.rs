@@ -31,7 +31,7 @@ use crate::api::names::served_auth_name;
 use crate::connection::{CertificateDigest, Credentials, TlsClient, TlsMaterial, matching_pair};
 use crate::resources::auth_file::OPERATOR_USER;
 use crate::resources::secrets::{KeyDigest, Owner, operator_password};
-use crate::store::digest_key::DigestKey;
+use crate::store::digest_key::{DigestKey, KeyError};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -133,6 +133,16 @@ impl SecretReader {
         self.cache.name(&instance, named(namespace, name, spec));
     }
 
+    /// The operator's digest key (see [`crate::store::digest_key`]), read or made when first needed.
+    pub async fn digest_key(&self) -> Result<&[u8], KeyError> {
+        self.digest_key.bytes(&self.client).await
+    }
+
+    /// Secret `namespace/name` as the metadata-only watch last saw it (`None`: it does not exist).
+    pub fn cached(&self, namespace: &str, name: &str) -> Option<Arc<PartialObjectMeta<Secret>>> {
+        self.store.get(&ObjectRef::new(name).within(namespace))
+    }
+
     /// Drops what is kept for instance `namespace/name`, which is gone.
     pub fn forget(&self, namespace: &str, name: &str) {
         self.cache.forget(&(namespace.to_owned(), name.to_owned()));
@@ -220,7 +230,7 @@ impl SecretReader {
 
     /// The current version of Secret `namespace/name` in the metadata cache (`None`: it does not exist).
     fn version(&self, namespace: &str, name: &str) -> Option<String> {
-        let meta = self.store.get(&ObjectRef::new(name).within(namespace))?;
+        let meta = self.cached(namespace, name)?;
         Some(meta.metadata.resource_version.clone().unwrap_or_default())
     }
 
@@ -320,11 +330,7 @@ impl SecretReader {
                 .await?;
         }
         if spec.auth().is_some() {
-            let key = self
-                .digest_key
-                .bytes(&self.client)
-                .await
-                .map_err(|error| error.to_string())?;
+            let key = self.digest_key().await.map_err(|error| error.to_string())?;
             let password = operator_password(key, owner);
             let credentials = Credentials::new(OPERATOR_USER, password.as_bytes())
                 .map_err(|error| format!("the operator's credentials: {error}"))?;

@@ -289,15 +289,15 @@ impl Session {
     pub fn start(cluster: &Cluster, settings: Settings, script: Vec<Exchange>, now: i64) -> Self {
         let (client, api) = Api::start(script, vec![]);
         let metrics = Arc::new(Metrics::default());
-        let mut ctx = Context::new(
+        let ctx = Context::new(
             client,
             settings,
             cluster.stores.clone(),
             metrics.clone(),
             Some("test".into()),
             Arc::new(move || Time(Timestamp::from_second(now).unwrap())),
-        );
-        ctx.digest_key = cluster.digest_key.clone();
+        )
+        .with_digest_key(cluster.digest_key.clone());
         Self {
             ctx: Arc::new(ctx),
             metrics,
@@ -326,9 +326,9 @@ impl Session {
 /// context's due stream, so once per context.
 pub async fn reconcile_in_turns(mc: Arc<Memcached>, ctx: Arc<Context>) -> Result<Action, Error> {
     use futures::StreamExt as _;
-    let mut due = Box::pin(ctx.turns.due());
+    let mut due = Box::pin(ctx.memory.turns.due());
     let mut answer = reconcile(mc.clone(), ctx.clone()).await;
-    while ctx.turns.queued() != (0, 0) {
+    while ctx.memory.turns.queued() != (0, 0) {
         due.next().await.expect("the turns outlive the wait");
         answer = reconcile(mc.clone(), ctx.clone()).await;
     }

@@ -99,7 +99,8 @@ async fn error_policy_backs_off_per_object_and_resets_on_success() {
     assert!(requeue_of(error_policy(Arc::new(other), &err, ctx.clone())) <= Duration::from_secs(1));
 
     // A successful reconcile (no writes needed) resets the count.
-    ctx.backoff
+    ctx.memory
+        .backoff
         .reset(&kube::runtime::reflector::ObjectRef::from_obj(mc.as_ref()));
     assert!(requeue_of(error_policy(mc, &err, ctx)) <= Duration::from_secs(1));
     cluster.pods.apply_watcher_event(&watcher::Event::InitDone);
@@ -121,7 +122,7 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     for _ in 0..3 {
         error_policy(Arc::new(mc.clone()), &err, ctx.clone());
     }
-    ctx.pace.wrote(NS, NAME);
+    ctx.memory.pace.wrote(NS, NAME);
     let mut written = mc.clone();
     written.metadata.resource_version = Some("5".into());
     ctx.writer
@@ -130,12 +131,16 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
     // What was kept of a Secret only this instance names (here, the served auth file it wrote).
     let served = (NS.to_owned(), format!("{NAME}-auth-file"));
     let named = std::collections::BTreeSet::from([served.clone()]);
-    ctx.secrets.cache().name(&(NS.into(), NAME.into()), named);
-    ctx.secrets
+    ctx.memory
+        .secrets
+        .cache()
+        .name(&(NS.into(), NAME.into()), named);
+    ctx.memory
+        .secrets
         .wrote_served(NS, &served.1, "3".into(), "hash".into());
-    assert_eq!(ctx.backoff.failures(&key), 3);
+    assert_eq!(ctx.memory.backoff.failures(&key), 3);
     assert_eq!(ctx.writer.written.len(), 1);
-    assert!(ctx.secrets.cache().holds(NS, &served.1));
+    assert!(ctx.memory.secrets.cache().holds(NS, &served.1));
 
     // The watch sees the deletion: the cache drops the instance, then the context forgets it.
     let mut deleted = mc.clone();
@@ -144,22 +149,25 @@ async fn a_deleted_instance_leaves_nothing_behind_in_memory() {
         .memcacheds
         .apply_watcher_event(&watcher::Event::Delete(deleted.clone()));
     ctx.forget(&deleted);
-    assert_eq!(ctx.backoff.failures(&key), 0);
+    assert_eq!(ctx.memory.backoff.failures(&key), 0);
     assert!(ctx.writer.written.is_empty());
-    assert!(ctx.secrets.cache().is_empty(), "its Secrets go with it");
+    assert!(
+        ctx.memory.secrets.cache().is_empty(),
+        "its Secrets go with it"
+    );
     let status = MemcachedStatus {
         replicas: 1,
         ..MemcachedStatus::default()
     };
     assert_eq!(
-        ctx.pace.hold(NS, NAME, None, &status),
+        ctx.memory.pace.hold(NS, NAME, None, &status),
         None,
         "no first-status wait or gap left"
     );
 
     // A reconcile that was under way fails after the deletion: its failure is not kept either.
     error_policy(Arc::new(mc), &err, ctx.clone());
-    assert_eq!(ctx.backoff.failures(&key), 0);
+    assert_eq!(ctx.memory.backoff.failures(&key), 0);
 }
 
 fn requeue_of(action: Action) -> Duration {
@@ -329,4 +337,57 @@ async fn a_request_without_answer_is_retried_quietly() {
         "still counted: {}",
         run.metrics.encode()
     );
+}
+
+/// Every reconcile runs in a `reconcile` span naming its instance, which ends with the reconcile's
+/// outcome: the warning a failure logs says which instance failed, and the span's end says `failed`.
+#[tokio::test]
+async fn the_reconcile_span_names_the_instance_and_ends_with_the_outcome() {
+    let logged = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let sink = logged.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_ansi(false)
+        .with_span_events(tracing_subscriber::fmt::format::FmtSpan::CLOSE)
+        .with_writer(move || Sink(sink.clone()))
+        .finish();
+    let _default = tracing::subscriber::set_default(subscriber);
+    let mut cluster = Cluster::new();
+    let run = run(
+        &mut cluster,
+        memcached(1),
+        vec![
+            expect(Method::PATCH, *DEPLOYMENTS)
+                .create()
+                .fail(500, "InternalError"),
+            event(),
+        ],
+    )
+    .await;
+    assert!(run.result.is_err());
+    let text = String::from_utf8(logged.lock().unwrap().clone()).unwrap();
+    let line = |words: &str| {
+        text.lines()
+            .find(|line| line.contains(words))
+            .unwrap_or_else(|| panic!("no line says {words:?}:\n{text}"))
+    };
+    let instance = format!("reconcile{{memcached={NAME} namespace={NS}");
+    assert!(line("reconcile failed").contains(&instance), "{text}");
+    // The reconcile span's own end (the handover step's span, inside it, ends first).
+    let end = line("controller::reconcile: close");
+    assert!(end.contains(&instance), "{text}");
+    assert!(end.contains("outcome=\"failed\""), "{text}");
+}
+
+/// What a test's subscriber writes, kept for the test to read.
+struct Sink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Sink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

@@ -8,12 +8,16 @@
 //! - the operator's layers only look down: `docs/architecture.md` lists the library's top-level modules
 //!   by layer, and a module may use modules of lower layers only (and its own module's parts); two
 //!   modules of one layer are peers that do not use each other. A top-level module missing from the
-//!   list fails too, so every new one is placed.
+//!   list fails too, so every new one is placed;
+//! - no file of a folder module imports from its folder's front file (`mod.rs`, or the `x.rs` beside
+//!   `x/`) or the front file of a folder further up: a child names the sibling that defines an item
+//!   (`super::instance::Instance`), never the front file's own item or re-export (`super::Instance`). The
+//!   front file keeps the docs, the `mod` lines and the `pub use` paths the rest of the crate imports.
 //!
 //! Read from the source text: every `crate::`, `super::` and `self::` path in code (comments and tests
 //! left out), `use` groups (`use super::{a, b::c}`) expanded, resolved to the deepest module file it
-//! names. A path to an enclosing module (`super::Context` from a child) is not an edge: a parent holding
-//! its children's shared types is the usual shape.
+//! names. For the layers and cycles, a path to an enclosing module is not an edge (the front-file rule
+//! above is what keeps children off their front files).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -81,6 +85,87 @@ fn the_operators_modules_only_use_lower_layers() {
         "imports of a module of the same or a higher layer:\n{}",
         upward.join("\n")
     );
+}
+
+/// Top-level modules whose folders' child files may still import from their front files: they are being
+/// restructured in branches that land with this one, and each entry goes when its branch is merged.
+const FRONT_FILE_IMPORTS_BEING_RESTRUCTURED: [&str; 4] =
+    ["controller", "handover", "manager", "run"];
+
+#[test]
+fn no_child_file_imports_from_its_front_file() {
+    let modules = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+    let mut offenders = Vec::new();
+    for (module, code) in &modules {
+        if FRONT_FILE_IMPORTS_BEING_RESTRUCTURED.contains(&module[0].as_str()) || is_test(module) {
+            continue;
+        }
+        for path in front_file_imports(module, code, &modules) {
+            offenders.push(format!("{}: {path}", module.join("::")));
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "child files naming an item of their folder's front file (`mod.rs`, or the `x.rs` beside `x/`) \
+         instead of the sibling file that defines it:\n{}",
+        offenders.join("\n")
+    );
+}
+
+#[test]
+fn an_item_of_a_front_file_is_found_and_a_sibling_module_is_not() {
+    let modules: BTreeMap<Module, String> = [
+        vec!["a".to_owned()],
+        vec!["a".to_owned(), "b".to_owned()],
+        vec!["a".to_owned(), "c".to_owned()],
+        vec!["a".to_owned(), "c".to_owned(), "d".to_owned()],
+        vec!["a".to_owned(), "c".to_owned(), "e".to_owned()],
+    ]
+    .into_iter()
+    .map(|module| (module, String::new()))
+    .collect();
+    let d = vec!["a".to_owned(), "c".to_owned(), "d".to_owned()];
+    let code = code(
+        "use super::{Front, e};\nuse super::super::{b::Aunts, Grand};\nuse super::*;\n\
+         fn f() { crate::a::c::g(); crate::a::b::h(); self::i() }\n// super::InAComment",
+    );
+    assert_eq!(
+        front_file_imports(&d, &code, &modules),
+        [
+            "super::Front",
+            "super::super::Grand",
+            "super::*",
+            "crate::a::c::g"
+        ]
+    );
+}
+
+/// Whether `module` is a test module of its parent (`tests.rs`, `option_tests.rs`, or a file under a
+/// `tests/` folder): those are part of the module they test and see its private items.
+fn is_test(module: &Module) -> bool {
+    module
+        .iter()
+        .any(|segment| segment == "tests" || segment.ends_with("_tests"))
+}
+
+/// The paths in `code` that name an item (not a module) of a module enclosing `module`: of its own
+/// folder's front file, or of the front file of a folder further up. The crate root is not a front file.
+fn front_file_imports(
+    module: &Module,
+    code: &str,
+    modules: &BTreeMap<Module, String>,
+) -> Vec<String> {
+    paths(code)
+        .into_iter()
+        .filter(|path| {
+            resolve(module, path, modules).is_some_and(|(target, item)| {
+                !target.is_empty()
+                    && target.len() < module.len()
+                    && module.starts_with(&target)
+                    && !item.is_empty()
+            })
+        })
+        .collect()
 }
 
 #[test]
@@ -193,28 +278,7 @@ fn code(source: &str) -> String {
 fn uses(module: &Module, code: &str, modules: &BTreeMap<Module, String>) -> BTreeSet<Module> {
     let mut targets = BTreeSet::new();
     for path in paths(code) {
-        let mut segments = path.split("::").map(str::trim);
-        let mut base: Module = match segments.next() {
-            Some("crate") => Vec::new(),
-            Some("self") => module.clone(),
-            Some("super") => module[..module.len().saturating_sub(1)].to_vec(),
-            _ => continue,
-        };
-        let mut segments = segments.peekable();
-        while segments.peek() == Some(&"super") {
-            segments.next();
-            base.pop();
-        }
-        let mut target = None;
-        for segment in segments {
-            base.push(segment.to_owned());
-            if modules.contains_key(&base) {
-                target = Some(base.clone());
-            } else {
-                break;
-            }
-        }
-        if let Some(target) = target
+        if let Some((target, _)) = resolve(module, &path, modules)
             && &target != module
             && !module.starts_with(&target)
         {
@@ -222,6 +286,37 @@ fn uses(module: &Module, code: &str, modules: &BTreeMap<Module, String>) -> BTre
         }
     }
     targets
+}
+
+/// The deepest module `path` (written in `module`) names, and the segments after it: empty when the path
+/// names a module, an item of that module (`Instance`, `Problem::Down`) otherwise. `None` for a path
+/// that does not start at `crate`, `super` or `self`.
+fn resolve<'p>(
+    module: &Module,
+    path: &'p str,
+    modules: &BTreeMap<Module, String>,
+) -> Option<(Module, Vec<&'p str>)> {
+    let mut segments = path.split("::").map(str::trim);
+    let mut base: Module = match segments.next() {
+        Some("crate") => Vec::new(),
+        Some("self") => module.clone(),
+        Some("super") => module[..module.len().saturating_sub(1)].to_vec(),
+        _ => return None,
+    };
+    let mut segments = segments.peekable();
+    while segments.peek() == Some(&"super") {
+        segments.next();
+        base.pop();
+    }
+    while let Some(&segment) = segments.peek() {
+        base.push(segment.to_owned());
+        if !modules.contains_key(&base) {
+            base.pop();
+            break;
+        }
+        segments.next();
+    }
+    Some((base, segments.collect()))
 }
 
 /// The paths in `code` that start at `crate`, `super` or `self`, with `use` groups expanded.
@@ -259,6 +354,8 @@ fn path_end(text: &str) -> usize {
                 }
             }
             c if depth > 0 || c.is_alphanumeric() || c == '_' || c == ':' => {}
+            // A glob, `super::*`: every item of the module.
+            '*' if text[..i].ends_with("::") => return i + 1,
             _ => return i,
         }
     }

@@ -270,7 +270,7 @@ pub struct Security {
 
     /// A NetworkPolicy that admits only the listed clients to memcached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub network_policy: Option<super::NetworkPolicyConfig>,
+    pub network_policy: Option<super::isolation::NetworkPolicyConfig>,
 }
 
 /// TLS for client connections (memcached `-Z`).

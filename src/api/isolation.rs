@@ -8,8 +8,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::{MAX_SIZE, MemcachedSpec};
-
 /// Default for `spec.autoscaling.minSize` (the HorizontalPodAutoscaler's own default).
 pub const DEFAULT_MIN_SIZE: i32 = 1;
 /// Most entries of `spec.security.networkPolicy.allowedClients`: bounds the object and its CEL cost.
@@ -132,23 +130,5 @@ pub struct AutoscalingConfig {
 impl AutoscalingConfig {
     pub fn min_size(&self) -> i32 {
         self.min_size.unwrap_or(DEFAULT_MIN_SIZE)
-    }
-}
-
-// Schema bounds repeat these numbers (attributes take literals); keep them in step.
-const _: () = assert!(MAX_SIZE == 64 && MAX_ALLOWED_CLIENTS == 32);
-
-impl MemcachedSpec {
-    /// NetworkPolicy settings, if a NetworkPolicy is wanted.
-    pub fn network_policy(&self) -> Option<&NetworkPolicyConfig> {
-        self.security
-            .as_ref()?
-            .network_policy
-            .as_ref()
-            .filter(|n| n.enabled)
-    }
-    /// Autoscaling settings, if an autoscaler is wanted.
-    pub fn autoscaling(&self) -> Option<&AutoscalingConfig> {
-        self.autoscaling.as_deref().filter(|a| a.enabled)
     }
 }

@@ -8,7 +8,7 @@
 
 use md5::{Digest, Md5};
 
-use super::Endpoint;
+use super::endpoint::Endpoint;
 
 /// `MEMCACHED_POINTS_PER_SERVER_KETAMA`: points per server of equal weight.
 const POINTS_PER_SERVER: u32 = 160;

@@ -10,7 +10,7 @@
 //! a `bytes` key's `repr`, `b'...'`); such keys are placed by their bytes, which no pymemcache client
 //! matches.
 
-use super::Endpoint;
+use super::endpoint::Endpoint;
 
 /// The node names, in slot order.
 #[derive(Clone, Debug, PartialEq)]

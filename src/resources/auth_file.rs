@@ -24,7 +24,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use zeroize::Zeroizing;
 
-use super::Instance;
+use super::instance::Instance;
 use crate::api::names::served_auth_name;
 
 /// memcached reads at most this many entries.

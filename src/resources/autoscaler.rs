@@ -17,7 +17,8 @@ use k8s_openapi::api::autoscaling::v2::{
 };
 use kube::Resource;
 
-use super::{Instance, InvalidSpec};
+use super::instance::Instance;
+use super::invalid_spec::InvalidSpec;
 use crate::api::{Memcached, MemcachedSpec};
 
 /// The autoscaler for `instance`, or `None` when none is wanted.

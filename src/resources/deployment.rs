@@ -6,7 +6,8 @@ use k8s_openapi::api::apps::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Instance, labels, pod};
+use super::instance::Instance;
+use super::{labels, pod};
 use crate::api::MemcachedSpec;
 
 pub use super::pod::{

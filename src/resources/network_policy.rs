@@ -24,7 +24,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelecto
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::deployment::METRICS_PORT;
-use super::{Instance, InvalidSpec, labels, proxy, spare};
+use super::instance::Instance;
+use super::invalid_spec::InvalidSpec;
+use super::{labels, proxy, spare};
 use crate::api::{AllowedClient, MemcachedSpec, NetworkPolicyConfig};
 
 /// The policy for `instance`, or `None` when none is wanted.

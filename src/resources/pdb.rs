@@ -4,7 +4,8 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Instance, labels};
+use super::instance::Instance;
+use super::labels;
 
 /// The budget for `instance`, or `None` when it should not have one: explicitly disabled, or (by default)
 /// while it runs at most one pod, where any budget would block node drains.

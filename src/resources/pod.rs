@@ -14,7 +14,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::{Instance, args, labels};
+use super::instance::Instance;
+use super::{args, labels};
 use crate::api::names::served_auth_name;
 use crate::api::{AntiAffinity, DEFAULT_EXPORTER_IMAGE, MemcachedSpec};
 

@@ -19,6 +19,7 @@
 //! pods, which hold no cache.
 
 pub mod access;
+mod metadata;
 pub mod routes;
 
 use std::collections::BTreeMap;
@@ -36,14 +37,16 @@ use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec}
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
+use super::instance::Instance;
 use super::pod::{
     PORT_NAME, RUN_AS_USER, SECRET_HASH_ANNOTATION, files, mount, requirements, restricted,
     tcp_probe,
 };
-use super::{Instance, args, labels};
+use super::{args, labels};
 use crate::api::Proxy;
 
 pub use crate::api::names::{PROXY_SUFFIX, proxy_name};
+pub(crate) use metadata::meta;
 
 /// Name of the proxy's memcached container.
 pub const PROXY_CONTAINER: &str = "proxy";
@@ -126,14 +129,6 @@ pub fn pdb(instance: &Instance<'_>) -> Option<PodDisruptionBudget> {
         }),
         status: None,
     })
-}
-
-/// The metadata of the proxy's children: named `<name>-proxy`, labelled and owned as every child.
-pub(crate) fn meta(instance: &Instance<'_>) -> ObjectMeta {
-    ObjectMeta {
-        name: Some(proxy_name(instance.name)),
-        ..instance.child_meta()
-    }
 }
 
 fn selector(instance: &Instance<'_>) -> LabelSelector {

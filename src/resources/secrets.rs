@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 
 use sha2::{Digest, Sha256};
 
-use super::{InvalidSpec, auth_file};
+use super::auth_file;
+use super::invalid_spec::InvalidSpec;
 use crate::api::MemcachedSpec;
 
 /// Reason when a referenced Secret does not exist.

@@ -17,8 +17,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
 
+use super::instance::Instance;
 use super::labels::{HANDOVER_GATE, TEMPLATE_HASH_LABEL};
-use super::{Instance, service};
+use super::service;
 use crate::api::Server;
 
 pub use crate::api::names::{CONFIG_MAP_SUFFIX, config_map_name};

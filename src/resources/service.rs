@@ -5,7 +5,8 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::deployment::{METRICS_PORT, METRICS_PORT_NAME, PORT_NAME};
-use super::{Instance, labels};
+use super::instance::Instance;
+use super::labels;
 
 pub use crate::api::names::{HEADLESS_SUFFIX, headless_name};
 

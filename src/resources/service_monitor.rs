@@ -5,7 +5,8 @@ use kube::api::{ApiResource, DynamicObject};
 use serde_json::json;
 
 use super::deployment::METRICS_PORT_NAME;
-use super::{Instance, labels};
+use super::instance::Instance;
+use super::labels;
 
 /// The ServiceMonitor resource.
 pub fn api_resource() -> ApiResource {

@@ -18,8 +18,9 @@
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::instance::Instance;
+use super::labels;
 use super::labels::HANDOVER_GATE;
-use super::{Instance, labels};
 
 /// The spare's name: `<name>-handover` (the StatefulSet's pods are `<name>-<ordinal>`).
 pub const SUFFIX: &str = "-handover";

@@ -7,7 +7,8 @@ use k8s_openapi::api::apps::v1::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use super::{Instance, labels, pod, service};
+use super::instance::Instance;
+use super::{labels, pod, service};
 
 /// The StatefulSet for `instance`: `replicas` servers (`spec.size`, or more while a scale-down drains).
 /// - `podManagementPolicy: Parallel`: pods start and stop together instead of one ordinal at a time

@@ -1,9 +1,16 @@
 //! Checks of the spec that the schema cannot express (or that servers older than CEL cannot run).
 //! A failure is reported as `Degraded` with reason `InvalidConfig` and nothing is applied, so a running
-//! instance keeps its last good pods until the spec is fixed.
+//! instance keeps its last good pods until the spec is fixed. [`Instance::new`] runs them all, with the
+//! check of the instance's name, before any builder sees the instance.
 
-use super::{InvalidSpec, memory, quantity};
-use crate::api::{MemcachedSpec, flags};
+use kube::Resource;
+
+use super::defaults::Defaults;
+use super::instance::Instance;
+use super::invalid_spec::InvalidSpec;
+use super::names::validate_child_name;
+use super::{memory, quantity};
+use crate::api::{Memcached, MemcachedSpec, flags};
 
 /// All checks, first failure wins.
 pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
@@ -17,6 +24,38 @@ pub fn validate(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     proxy(spec)?;
     super::network_policy::validate(spec)?;
     super::autoscaler::validate(spec)
+}
+
+impl<'a> Instance<'a> {
+    /// Validates `mc` for what only the operator can check (the schema covers the rest).
+    pub fn new(mc: &'a Memcached, defaults: &'a Defaults) -> Result<Self, InvalidSpec> {
+        let meta = mc.meta();
+        let (Some(name), Some(namespace)) = (meta.name.as_deref(), meta.namespace.as_deref())
+        else {
+            return Err(InvalidSpec {
+                reason: "InvalidObject",
+                message: "the Memcached object has no name or namespace".into(),
+            });
+        };
+        let owner = mc.controller_owner_ref(&()).ok_or_else(|| InvalidSpec {
+            reason: "InvalidObject",
+            message: "the Memcached object has no uid yet".into(),
+        })?;
+        validate_child_name(name, mc.spec.workload)?;
+        validate(&mc.spec)?;
+        Ok(Self {
+            name,
+            namespace,
+            spec: &mc.spec,
+            image: mc.image_or(&defaults.image),
+            default_image: &defaults.image,
+            operator_pods: defaults.operator_pods.as_ref(),
+            stats_collected: defaults.stats_collected,
+            operator_image: &defaults.operator_image,
+            proxy_secret_hash: None,
+            owner,
+        })
+    }
 }
 
 /// extraArgs, walked as memcached's getopt would (see `api::flags`), so that no spelling of a managed

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 
-use super::Instance;
+use super::instance::Instance;
 use crate::api::external::VerticalPodAutoscaler;
 
 /// The suffix of the names of the instances that ask for one: no spec field asks for this test-only kind,

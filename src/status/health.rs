@@ -3,7 +3,7 @@
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
 
-use super::Problem;
+use super::problem::Problem;
 
 /// Waiting reasons that mean the image cannot be pulled.
 const IMAGE_PULL_REASONS: &[&str] = &[

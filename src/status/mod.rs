@@ -5,19 +5,20 @@
 //! condition's `status` really changes, and messages leave out volatile details.
 
 mod health;
+mod problem;
 mod proxy;
 mod workload;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
+pub use problem::Problem;
 pub use proxy::{
     ALL_PROXIES_READY, NO_PROXY_READY, ObservedProxy, PROXY_CREATING, SOME_PROXIES_READY,
 };
 pub use workload::WorkloadStatus;
 
 use crate::api::{Drain, MemcachedStatus, Server};
-use crate::resources::InvalidSpec;
 use crate::resources::servers;
 
 /// Condition type: every desired pod is ready.
@@ -34,22 +35,6 @@ pub const CREATING: &str = "Creating";
 /// `Progressing` reason while warm-handover copies run (a Deployment rollout's new servers being filled
 /// from the servers they replace).
 pub const HANDING_OVER: &str = "HandingOver";
-
-/// Something wrong, as a condition reason (CamelCase) and a message for people.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Problem {
-    pub reason: String,
-    pub message: String,
-}
-
-impl From<InvalidSpec> for Problem {
-    fn from(e: InvalidSpec) -> Self {
-        Self {
-            reason: e.reason.to_owned(),
-            message: e.message,
-        }
-    }
-}
 
 /// What the reconciler observed for one instance.
 #[derive(Clone, Debug, Default)]

@@ -4,7 +4,7 @@
 //! The proxy serves as soon as one of its pods is ready (the Service `<name>-proxy` has an endpoint), so
 //! `ProxyAvailable` is true from the first ready pod; the reason tells whether all are.
 
-use super::WorkloadStatus;
+use super::workload::WorkloadStatus;
 use crate::api::ProxyStatus;
 
 /// `ProxyAvailable` reason while the proxy Deployment does not exist yet or its controller has not

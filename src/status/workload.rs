@@ -3,7 +3,8 @@
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 
-use super::{Problem, health};
+use super::health;
+use super::problem::Problem;
 
 /// The workload's counts and trouble, as its controller reports them.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -26,145 +26,49 @@
 //! without TLS and without `spec.security.auth.allowPlaintextStats`: [`super::in_clear`]) is logged
 //! once when that starts and once when it ends, never per collection.
 
-// Its parts: reading each pod under the bounds (`each`), the proxy pods (`proxies`), the `status.stats`
-// write (`status`) and the events it publishes (`events`).
+// Its parts: what the collector holds and shares between its tasks (`state`), reading each pod under the
+// bounds (`each`), the proxy pods (`proxies`), the `status.stats` write (`status`) and the events it
+// publishes (`events`).
 mod each;
 mod events;
 mod proxies;
+mod state;
 mod status;
 
-use each::{Gathered, Subject};
+use each::{Gathered, Subject, addresses};
 use events::reload_event;
 pub use events::{EVICTING, evicting_note};
 use proxies::ProxyReads;
+pub use state::{
+    Collector, IndexedPods, MAX_READS_IN_FLIGHT, MAX_WRITES_IN_FLIGHT, Network, READ_TIMEOUT,
+    Reader, Settings, Sources,
+};
 pub use status::{FIELD_MANAGER, stats_patch};
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
 
-use futures::future::BoxFuture;
-use k8s_openapi::api::core::v1::Pod;
-use kube::runtime::reflector::Store;
-use kube::{Client, ResourceExt};
-use tokio::sync::Semaphore;
+use kube::ResourceExt;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use super::client::{
-    CertificateDigest, ExpectedCertificate, Presented, ProxyReading, ReadError, Reading,
-    RefreshAnswer, ServerNames, Target,
+    CertificateDigest, ExpectedCertificate, Presented, RefreshAnswer, ServerNames, Target,
 };
-use super::episodes::{self, Counter, Episode};
+use super::episodes::{self, Counter};
 use super::in_clear;
-use super::metrics::{InstanceKey, OperandMetrics, PodSamples};
+use super::metrics::{InstanceKey, PodSamples};
 use super::proxy::ProxySample;
 use super::reload::{Observed, Outcome, Reload};
 use super::stats::Stats;
 use super::summary::{should_write, summarize, summarize_proxy};
 use crate::api::{CacheStats, Memcached};
 use crate::resources::secrets::Owner;
-use crate::resources::servers;
 use crate::store::pod_index::still_at;
 use crate::store::secrets::Transport;
-use crate::store::{Cache, PodIndex, Publisher, SecretReader, Writer};
-
-/// Longest time one server may take to answer (connect, TLS, auth, `stats`).
-pub const READ_TIMEOUT: Duration = Duration::from_secs(2);
-/// Most servers read at once, over all instances. At the [`READ_TIMEOUT`] that reads at least 16 dead
-/// servers a second, so even a thousand unreachable pods finish in about a minute, while a healthy
-/// server answers in about a millisecond; and it bounds the operator's open sockets.
-pub const MAX_READS_IN_FLIGHT: usize = 32;
-/// Most `status.stats` writes and events in flight at once. Writes are rare (only changes, at most one per
-/// instance per `--stats-status-interval`), but the first collection after a leader change may find every
-/// busy instance changed: this spreads that burst instead of sending one request per instance at once.
-pub const MAX_WRITES_IN_FLIGHT: usize = 8;
-/// Longest wait for a status write or an event, so a slow API server does not hold a collection.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// How often to collect and to write.
-#[derive(Clone, Debug)]
-pub struct Settings {
-    /// Time between collections (`--stats-interval`).
-    pub interval: Duration,
-    /// Shortest time between two `status.stats` writes of one instance (`--stats-status-interval`).
-    pub status_interval: Duration,
-    /// The cluster's DNS domain (`--cluster-domain`): the suffix of the Service names a server's
-    /// certificate may be valid for ([`ServerNames`]).
-    pub cluster_domain: String,
-}
-
-/// Reads one server. The operator's is [`Network`]; tests may give their own.
-pub trait Reader: Send + Sync + 'static {
-    fn read(
-        &self,
-        target: Target,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<Reading, ReadError>>;
-
-    /// Reads one proxy pod.
-    fn read_proxy(
-        &self,
-        target: Target,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<ProxyReading, ReadError>>;
-}
-
-/// Reads over the network with [`super::client::read`].
-pub struct Network;
-
-impl Reader for Network {
-    fn read(
-        &self,
-        target: Target,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<Reading, ReadError>> {
-        Box::pin(async move { super::client::read(&target, timeout).await })
-    }
-
-    fn read_proxy(
-        &self,
-        target: Target,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<ProxyReading, ReadError>> {
-        Box::pin(async move { super::client::read_proxy(&target, timeout).await })
-    }
-}
-
-/// What the collector reads from.
-pub struct Sources {
-    pub client: Client,
-    pub memcacheds: Store<Memcached>,
-    pub pods: IndexedPods,
-    /// The one reader of the Secrets' values: the TLS material and the operator's credentials.
-    pub secrets: SecretReader,
-}
-
-/// The pod cache and its index by instance (see [`PodIndex`]).
-#[derive(Clone)]
-pub struct IndexedPods {
-    pub store: Cache<Pod>,
-    pub index: PodIndex,
-}
-
-/// What the collector remembers of one instance between collections.
-#[derive(Default)]
-struct InstanceState {
-    /// When this replica last wrote its `status.stats`.
-    last_write: Option<Instant>,
-    /// Per pod: uptime and evictions at the previous collection.
-    counters: BTreeMap<String, Counter>,
-    episode: Episode,
-    /// Why (some of) its servers could not be read at the previous collection, as logged.
-    problem: Option<String>,
-    /// Whether this replica said that the operator presents the server certificate as its client
-    /// certificate (`clientAuth` without `clientSecretName`).
-    identity_noted: bool,
-    /// Servers still presenting a rotated certificate's predecessor.
-    reload: Reload,
-}
 
 /// What the reads of one instance gave.
 struct Reads {
@@ -184,49 +88,7 @@ struct Next {
     reloaded: Outcome,
 }
 
-/// The collector. Shared by its collection tasks.
-pub struct Collector {
-    settings: Settings,
-    /// The `status.stats` writes and the events go through it.
-    writer: Writer,
-    memcacheds: Store<Memcached>,
-    pods: IndexedPods,
-    secrets: SecretReader,
-    metrics: Arc<OperandMetrics>,
-    reader: Arc<dyn Reader>,
-    permits: Arc<Semaphore>,
-    /// Bounds writes in flight ([`MAX_WRITES_IN_FLIGHT`]).
-    writes: Semaphore,
-    state: Mutex<HashMap<InstanceKey, InstanceState>>,
-}
-
 impl Collector {
-    pub fn new(
-        settings: Settings,
-        sources: Sources,
-        metrics: Arc<OperandMetrics>,
-        events: Arc<Publisher>,
-        reader: Arc<dyn Reader>,
-    ) -> Self {
-        Self {
-            settings,
-            secrets: sources.secrets,
-            // Its own read-your-writes: nothing it writes is read back.
-            writer: Writer {
-                client: sources.client,
-                written: Arc::default(),
-                events,
-            },
-            memcacheds: sources.memcacheds,
-            pods: sources.pods,
-            metrics,
-            reader,
-            permits: Arc::new(Semaphore::new(MAX_READS_IN_FLIGHT)),
-            writes: Semaphore::new(MAX_WRITES_IN_FLIGHT),
-            state: Mutex::default(),
-        }
-    }
-
     /// Collects every `interval`, the first time at once, until `shutdown`; then removes the operand
     /// series (a replica that stopped leading no longer knows them).
     pub async fn run(self: Arc<Self>, shutdown: impl Future<Output = ()>) {
@@ -271,10 +133,6 @@ impl Collector {
         // their Secrets goes when the controller forgets them: see `crate::store::secrets`.)
         self.metrics.retain_instances(|key| live.contains(key));
         self.lock_state().retain(|key, _| live.contains(key));
-    }
-
-    fn lock_state(&self) -> std::sync::MutexGuard<'_, HashMap<InstanceKey, InstanceState>> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     async fn collect_instance(self: Arc<Self>, key: InstanceKey, mc: Arc<Memcached>) {
@@ -534,22 +392,6 @@ impl Collector {
             problem,
         }
     }
-}
-
-/// Of `pods`, the ready, non-terminating ones with an address: (pod name, podIP:port), by name.
-fn addresses(pods: &[Arc<Pod>], port: u16) -> Vec<(String, SocketAddr)> {
-    let mut addresses: Vec<_> = pods.iter().filter_map(|pod| address(pod, port)).collect();
-    addresses.sort();
-    addresses
-}
-
-/// `podIP:port` of a ready, non-terminating pod with an address.
-fn address(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
-    if pod.metadata.deletion_timestamp.is_some() || !servers::is_ready(pod) {
-        return None;
-    }
-    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
-    Some((pod.name_any(), SocketAddr::new(ip, port)))
 }
 
 fn log_problem((namespace, name): &InstanceKey, before: Option<&str>, now: Option<&str>) {

@@ -5,7 +5,7 @@
 
 use thiserror::Error;
 
-use super::{Flag, HasArg, Policy, by_long_prefix, by_short, sub_option};
+use super::table::{Flag, HasArg, Policy, by_long_prefix, by_short, sub_option};
 
 /// Why an extraArgs element is refused. `index` is its position in extraArgs and `arg` the element as
 /// written, so the Degraded message points at what the user typed.

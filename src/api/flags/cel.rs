@@ -17,7 +17,7 @@
 //! What it cannot see (positional arguments, unknown `-o` sub-options, a missing value at the end) makes
 //! memcached exit rather than run with a managed setting changed; the operator reports those.
 
-use super::{FLAGS, HasArg, Policy, SUB_OPTIONS};
+use super::table::{FLAGS, HasArg, Policy, SUB_OPTIONS};
 
 /// Letters of allowed options that take the given kind of argument.
 fn letters(has_arg: HasArg) -> String {

@@ -15,30 +15,7 @@
 //! `super::startup`, which sees the whole command line.
 
 use super::cnum::{c_atof, c_atoi};
-use super::{Policy, SUB_OPTIONS, SubOption};
-
-/// What values memcached starts with, for one sub-option.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum Accepts {
-    /// No value; memcached ignores one.
-    Ignored,
-    /// An integer read with `atoi`, in `min..=max`.
-    Int { min: i64, max: i64 },
-    /// A number read with `atof`, above 0 and at most `max`. Spellings `atof` reads but this does
-    /// not (hexadecimal, `inf`, `nan`: `nan` passes memcached's comparisons) are refused.
-    Positive { max: Option<f64> },
-    /// Decimal digits (`safe_strtoul`), at most `max`.
-    Count { max: u64 },
-    /// A decimal number, digits with an optional fraction (`safe_strtod`).
-    Decimal,
-    /// One of these words, exactly.
-    OneOf(&'static [&'static str]),
-    /// `slab_sizes`: sizes in bytes joined by `-` (the bounds depend on other options: `startup`).
-    SlabSizes,
-    /// `slab_chunk_max`: bytes before memcached 1.6.24, kilobytes since (at most 1024); a value both
-    /// read as a chunk size dividing the 1 MiB slab page is a power of two from 1 to 1024.
-    SlabChunkMax,
-}
+use super::table::{Accepts, Policy, SUB_OPTIONS, SubOption};
 
 /// Most classes `slab_sizes` may list: memcached exits at the 63rd (`MAX_NUMBER_OF_SLAB_CLASSES - 1`).
 pub const MAX_SLAB_SIZES: usize = 62;

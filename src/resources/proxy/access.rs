@@ -15,9 +15,10 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 
-use super::super::Instance;
+use super::super::instance::Instance;
 use super::super::pod::files;
-use super::{meta, proxy_name};
+use super::metadata::meta;
+use crate::api::names::proxy_name;
 
 /// Where the writer's containers find their token, the cluster's CA and their namespace: where every
 /// Kubernetes client looks in a pod.

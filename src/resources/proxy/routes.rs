@@ -26,8 +26,9 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::{Deserialize, Serialize};
 
-use super::super::Instance;
+use super::super::instance::Instance;
 use super::super::servers::published_addresses;
+use super::metadata::meta;
 use crate::api::{MAX_SIZE, Server};
 use crate::hashing::Endpoint;
 
@@ -147,7 +148,7 @@ pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> Option<ConfigM
         backend_tls: instance.spec.tls().is_some(),
     };
     Some(ConfigMap {
-        metadata: super::meta(instance),
+        metadata: meta(instance),
         data: Some(BTreeMap::from([(DATA_KEY.to_owned(), route.to_data())])),
         ..ConfigMap::default()
     })

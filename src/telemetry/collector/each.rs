@@ -1,13 +1,19 @@
 //! One read per pod, servers' or proxies' alike: each in its own task under the collector's bound on reads
-//! in flight, counted by result, and gathered by pod with a problem naming those that failed.
+//! in flight, counted by result, and gathered by pod with a problem naming those that failed; and which
+//! pods are read: the ready ones with an address ([`addresses`]).
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use tokio::task::JoinSet;
 use tracing::debug;
 
-use super::Collector;
+use super::state::Collector;
+use crate::resources::servers;
 use crate::telemetry::client::ReadError;
 
 /// What is read: the words of the log line and of the problem.
@@ -76,4 +82,20 @@ impl Collector {
         });
         Gathered { readings, problem }
     }
+}
+
+/// Of `pods`, the ready, non-terminating ones with an address: (pod name, podIP:port), by name.
+pub(super) fn addresses(pods: &[Arc<Pod>], port: u16) -> Vec<(String, SocketAddr)> {
+    let mut addresses: Vec<_> = pods.iter().filter_map(|pod| address(pod, port)).collect();
+    addresses.sort();
+    addresses
+}
+
+/// `podIP:port` of a ready, non-terminating pod with an address.
+fn address(pod: &Pod, port: u16) -> Option<(String, SocketAddr)> {
+    if pod.metadata.deletion_timestamp.is_some() || !servers::is_ready(pod) {
+        return None;
+    }
+    let ip: IpAddr = pod.status.as_ref()?.pod_ip.as_deref()?.parse().ok()?;
+    Some((pod.name_any(), SocketAddr::new(ip, port)))
 }

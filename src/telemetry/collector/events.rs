@@ -8,7 +8,7 @@ use kube::Resource;
 use kube::runtime::events::{Event, EventType};
 use tracing::{info, warn};
 
-use super::{Collector, WRITE_TIMEOUT};
+use super::state::{Collector, WRITE_TIMEOUT};
 use crate::api::Memcached;
 use crate::telemetry::metrics::InstanceKey;
 use crate::telemetry::reload::{self, Outcome};

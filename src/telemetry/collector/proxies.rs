@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 
-use super::each::{Gathered, Subject};
-use super::{Collector, READ_TIMEOUT, addresses};
+use super::each::{Gathered, Subject, addresses};
+use super::state::{Collector, READ_TIMEOUT};
 use crate::api::Memcached;
 use crate::connection::ServerNames;
 use crate::resources::proxy::proxy_name;

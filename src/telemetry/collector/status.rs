@@ -5,7 +5,7 @@ use kube::Resource;
 use serde_json::json;
 use tracing::warn;
 
-use super::{Collector, WRITE_TIMEOUT};
+use super::state::{Collector, WRITE_TIMEOUT};
 use crate::api::{CacheStats, Memcached};
 use crate::telemetry::metrics::InstanceKey;
 

@@ -87,17 +87,12 @@ fn the_operators_modules_only_use_lower_layers() {
     );
 }
 
-/// Top-level modules whose folders' child files may still import from their front files: they are being
-/// restructured in branches that land with this one, and each entry goes when its branch is merged.
-const FRONT_FILE_IMPORTS_BEING_RESTRUCTURED: [&str; 4] =
-    ["controller", "handover", "manager", "run"];
-
 #[test]
 fn no_child_file_imports_from_its_front_file() {
     let modules = modules(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
     let mut offenders = Vec::new();
     for (module, code) in &modules {
-        if FRONT_FILE_IMPORTS_BEING_RESTRUCTURED.contains(&module[0].as_str()) || is_test(module) {
+        if is_test(module) {
             continue;
         }
         for path in front_file_imports(module, code, &modules) {

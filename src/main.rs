@@ -118,12 +118,17 @@ fn proxy_config(args: memcached_operator::proxy_config::ProxyConfigArgs) -> Exit
 /// failure logs (a WARN line for every watch cut short; with kube's own HTTP stack, which a kubeconfig's
 /// `proxy-url` selects (see [`memcached_operator::manager::transport`]), an ERROR line for every refused
 /// connection too): during an API-server outage they repeat several times a second, and the operator
-/// reports the outage itself, once, and counts every failure in its metrics. Directives, or `debug` and
-/// `trace`, are taken as given.
+/// reports the outage itself, once, and counts every failure in its metrics. Likewise kube's watcher's
+/// WARN line for every refused (403) watch attempt: a restarted API server refuses every watch until its
+/// authorizer has synced (46 lines in one envtest restart), and the operator names a watch that stays
+/// refused itself, once per run of failures (`run::watch_retry`). Directives, or `debug` and `trace`,
+/// are taken as given.
 fn log_directives(level: &str) -> String {
     let plain = ["error", "warn", "info"].contains(&level.trim().to_ascii_lowercase().as_str());
     if plain {
-        format!("{level},kube_client::client=error,kube_client::client::builder=off")
+        format!(
+            "{level},kube_client::client=error,kube_client::client::builder=off,kube_runtime::watcher=error"
+        )
     } else {
         level.to_owned()
     }
@@ -154,6 +159,10 @@ mod tests {
             assert!(directives.starts_with(level), "{directives}");
             assert!(
                 directives.contains("kube_client::client::builder=off"),
+                "{directives}"
+            );
+            assert!(
+                directives.contains("kube_runtime::watcher=error"),
                 "{directives}"
             );
             assert!(

@@ -97,6 +97,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     let watches = run::watch(
         &watch_client,
         &metrics,
+        &connectivity,
         args.namespace.as_deref(),
         shutdown.clone(),
     )

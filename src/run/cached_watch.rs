@@ -11,8 +11,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use serde::de::DeserializeOwned;
 
-use super::watch_retry::retrying;
-use crate::metrics::Metrics;
+use super::watch_retry::{Retries, retrying};
 use crate::store::cache::{Cache, cache};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::written::Written;
@@ -43,7 +42,7 @@ where
 /// cache, and the stream of touched objects (deletions included, so a deleted child triggers its owner and
 /// is recreated). `observe` sees every event just before the cache does, `settled` just after.
 pub(super) fn cached<K>(
-    metrics: &Arc<Metrics>,
+    retries: &Retries,
     resource: &'static str,
     api: Api<Compact<K>>,
     config: watcher::Config,
@@ -60,8 +59,8 @@ where
     K::DynamicType: Clone + Eq + std::hash::Hash + Send + Sync,
 {
     let (cache, mut writer) = cache::<K>();
-    let (objects, bytes) = metrics.cache_gauges(resource);
-    let stream = retrying(metrics, resource, watcher(api, config))
+    let (objects, bytes) = retries.metrics.cache_gauges(resource);
+    let stream = retrying(retries, resource, watcher(api, config))
         .inspect_ok(observe)
         .inspect_ok(move |event| {
             writer.apply_watcher_event(event);
@@ -77,7 +76,7 @@ where
 /// A trimmed, cached watch of `K` as it is (the Secrets' metadata): its store, and the stream of touched
 /// objects. `observe` sees every event (trimmed) just before the cache does.
 pub(super) fn reflected<K>(
-    metrics: &Arc<Metrics>,
+    retries: &Retries,
     resource: &'static str,
     api: Api<K>,
     config: watcher::Config,
@@ -94,7 +93,7 @@ where
 {
     let writer = reflector::store::Writer::new(dyntype);
     let store = writer.as_reader();
-    let stream = retrying(metrics, resource, watcher(api, config))
+    let stream = retrying(retries, resource, watcher(api, config))
         .modify(trim)
         .inspect_ok(observe)
         .reflect(writer)

@@ -37,12 +37,13 @@ use kube::{Api, Client, Resource};
 use tokio::sync::watch;
 
 use super::cached_watch::{Watched, api, cached, forgets_seen, from_cache, reflected};
+use super::connectivity::Connectivity;
 use super::discovery;
 use super::first_lists::{Synced, children_synced};
 use super::permissions;
 use super::service_monitors::watch_service_monitors;
 use super::triggers::owners;
-use super::watch_retry::retrying;
+use super::watch_retry::{Retries, retrying};
 use crate::api::Memcached;
 use crate::metrics::Metrics;
 use crate::resources::labels;
@@ -104,7 +105,7 @@ impl Watches {
 struct ChildWatches<'a> {
     client: &'a Client,
     namespace: Option<&'a str>,
-    metrics: &'a Arc<Metrics>,
+    retries: &'a Retries,
     config: &'a watcher::Config,
     written: &'a Arc<Written>,
     /// Kinds not watched, their caches empty and complete: those the operator may not list (see
@@ -120,7 +121,7 @@ impl MakeCache for ChildWatches<'_> {
             return empty_and_complete();
         }
         let (cache, stream) = cached(
-            self.metrics,
+            self.retries,
             K::URL_PATH_SEGMENT,
             api::<Compact<K>>(self.client, self.namespace),
             self.config.clone(),
@@ -152,7 +153,7 @@ fn empty_and_complete<K: ChildKind>() -> Cache<K> {
 struct ForeignWatches<'a> {
     client: &'a Client,
     namespace: Option<&'a str>,
-    metrics: &'a Arc<Metrics>,
+    retries: &'a Retries,
     config: &'a watcher::Config,
     unwatched: &'a BTreeSet<&'static str>,
     builder: &'a mut foreign::Builder,
@@ -170,21 +171,24 @@ impl EachKind for ForeignWatches<'_> {
         let resource = Box::leak(format!("unmanaged {}", K::URL_PATH_SEGMENT).into_boxed_str());
         let config = self.config.clone().labels(&foreign::unmanaged_selector());
         let api = api::<PartialObjectMeta<K>>(self.client, self.namespace);
-        let events = retrying(self.metrics, resource, watcher(api, config));
+        let events = retrying(self.retries, resource, watcher(api, config));
         let stream = self.builder.watch::<K, _>(events, self.instances.clone());
         self.triggers.push(stream.boxed());
     }
 }
 
 /// Starts the watches of everything the reconciler reads (in `namespace`, or all), except the instances'
-/// own, which [`run`] starts: their caches fill from here on. Watches end with `shutdown`.
+/// own, which [`run`] starts: their caches fill from here on. Their retries wait less when `connectivity`
+/// sees the API server grant requests again (see [`super::watch_retry`]). Watches end with `shutdown`.
 pub async fn watch(
     client: &Client,
     metrics: &Arc<Metrics>,
+    connectivity: &Connectivity,
     namespace: Option<&str>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) -> Watches {
     let (ns, metrics) = (namespace, metrics.clone());
+    let retries = Retries::new(metrics.clone(), connectivity);
     let written = Arc::new(Written::default());
     let secret_cache = SecretCache::default();
     let shutdown = shutdown.boxed().shared();
@@ -198,7 +202,7 @@ pub async fn watch(
     let mut child_watches = ChildWatches {
         client,
         namespace: ns,
-        metrics: &metrics,
+        retries: &retries,
         config: &children,
         written: &written,
         unwatched: &unwatched,
@@ -211,7 +215,7 @@ pub async fn watch(
     let (pods, pod_stream) = {
         let index = pod_index.clone();
         cached(
-            &metrics,
+            &retries,
             "pods",
             api::<Compact<Pod>>(client, ns),
             children.clone(),
@@ -220,7 +224,7 @@ pub async fn watch(
     };
     // Secrets: metadata only, and every Secret in scope, since users name their own Secrets.
     let (secrets, secret_stream) = reflected(
-        &metrics,
+        &retries,
         "secrets",
         api::<PartialObjectMeta<Secret>>(client, ns),
         from_cache(watcher::Config::default()),
@@ -230,9 +234,9 @@ pub async fn watch(
         // of Secrets (what was read of their values, and what it wrote there) ends with them.
         secret_cache.observer(),
     );
-    let (foreign, foreign_streams) = watch_foreign(client, ns, &metrics, &memcacheds, &unwatched);
+    let (foreign, foreign_streams) = watch_foreign(client, ns, &retries, &memcacheds, &unwatched);
     let (service_monitors, service_monitor_stream) =
-        watch_service_monitors(client, ns, &metrics, children, &written, shutdown.clone()).await;
+        watch_service_monitors(client, ns, &retries, children, &written, shutdown.clone()).await;
 
     let stores = Stores {
         memcacheds: memcacheds.clone(),
@@ -268,7 +272,7 @@ pub async fn watch(
 fn watch_foreign(
     client: &Client,
     ns: Option<&str>,
-    metrics: &Arc<Metrics>,
+    retries: &Retries,
     memcacheds: &reflector::Store<Memcached>,
     unwatched: &BTreeSet<&'static str>,
 ) -> (Foreign, BoxStream<'static, ObjectRef<Memcached>>) {
@@ -277,7 +281,7 @@ fn watch_foreign(
     let mut foreign_watches = ForeignWatches {
         client,
         namespace: ns,
-        metrics,
+        retries,
         config: &unmanaged,
         unwatched,
         builder: &mut foreign,
@@ -390,11 +394,12 @@ mod tests {
                 discovery(server, served)
             );
             let (metrics, written) = (Arc::new(Metrics::default()), Arc::new(Written::default()));
+            let retries = Retries::new(metrics.clone(), &Connectivity::new(metrics));
             let config = watcher::Config::default();
             let mut watches = ChildWatches {
                 client,
                 namespace: Some("ns"),
-                metrics: &metrics,
+                retries: &retries,
                 config: &config,
                 written: &written,
                 unwatched: &unserved,

@@ -17,12 +17,18 @@
 //! the operator names the missing CRD and how to install it in one warning, repeated at most every
 //! [`Connectivity::CRD_REPORT_EVERY`], and on `/readyz`, until a list succeeds
 //! ([`Connectivity::crd_served`]); it starts reconciling then, by itself.
+//!
+//! The API server may also answer and refuse: right after a restart it answers 403 to every request until
+//! its RBAC authorizer has synced (a second or more), and 5xx while it is starting. The first request it
+//! grants (2xx) after any refused, failed or unanswered one is a resumption ([`Connectivity::resumptions`]):
+//! every watch waiting to retry retries at once instead of sleeping out its delay (see
+//! [`super::watch_retry`]).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 use crate::observe::{Observer, Outcome, Sent, error_chain};
@@ -37,6 +43,8 @@ pub struct Connectivity {
     state: Mutex<State>,
     /// Bumped every time the API server answers again after it was unavailable.
     recoveries: watch::Sender<u64>,
+    /// Bumped every time the API server grants a request after one was refused or got no answer.
+    resumptions: watch::Sender<u64>,
     metrics: Arc<Metrics>,
 }
 
@@ -48,6 +56,8 @@ struct State {
     unavailable_since: Option<Instant>,
     /// While the Memcached CRD is missing: when that was last reported.
     crd_reported: Option<Instant>,
+    /// Whether a request was refused (401, 403, 429, 5xx) or got no answer since one was last granted.
+    refused: bool,
 }
 
 impl Connectivity {
@@ -64,8 +74,10 @@ impl Connectivity {
                 last_answer: None,
                 unavailable_since: None,
                 crd_reported: None,
+                refused: false,
             }),
             recoveries: watch::Sender::new(0),
+            resumptions: watch::Sender::new(0),
             metrics,
         }
     }
@@ -78,6 +90,28 @@ impl Connectivity {
     /// Counts up once per recovery; subscribers re-check what the outage may have left undone.
     pub fn recoveries(&self) -> watch::Receiver<u64> {
         self.recoveries.subscribe()
+    }
+
+    /// Counts up once per resumption: the first request granted (2xx) after one was refused or got no
+    /// answer. Subscribers (the watches' retries) retry what waits for the API server now.
+    pub fn resumptions(&self) -> watch::Receiver<u64> {
+        self.resumptions.subscribe()
+    }
+
+    /// Records a request the API server granted (2xx).
+    pub fn granted(&self) {
+        let resumed = std::mem::take(&mut self.lock().refused);
+        if resumed {
+            debug!(
+                "the API server grants requests again; every watch waiting to retry retries now"
+            );
+            self.resumptions.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// Records a request the API server refused or did not answer.
+    pub fn refused(&self) {
+        self.lock().refused = true;
     }
 
     /// Records an answered request (at `now`).
@@ -171,10 +205,21 @@ impl Observer for Arc<Connectivity> {
     fn observe(&self, _sent: &Sent, outcome: Outcome<'_>, now: Instant) {
         match outcome {
             Outcome::Answered(status, _) if status.is_server_error() => {
+                self.refused();
                 self.failed(now, &format!("HTTP {status}"));
             }
-            Outcome::Answered(..) => self.answered(now),
-            Outcome::Failed(error) => self.failed(now, &error_chain(error)),
+            Outcome::Answered(status, _) => {
+                self.answered(now);
+                if status.is_success() {
+                    self.granted();
+                } else if matches!(status.as_u16(), 401 | 403 | 429) {
+                    self.refused();
+                }
+            }
+            Outcome::Failed(error) => {
+                self.refused();
+                self.failed(now, &error_chain(error));
+            }
         }
     }
 }
@@ -282,6 +327,54 @@ mod tests {
         use kube::CustomResourceExt;
         let name = crate::api::Memcached::crd_name();
         assert!(CRD_MISSING.contains(&format!("({name})")), "{CRD_MISSING}");
+    }
+
+    /// One request through the client's layer, answered with `status`.
+    async fn answered_with(c: &Arc<Connectivity>, status: u16) {
+        let mut service = ObserveLayer::new(c.clone()).layer(tower::service_fn(
+            move |_req: Request<()>| async move {
+                Ok::<_, BoxError>(Response::builder().status(status).body(()).unwrap())
+            },
+        ));
+        let request = Request::builder().uri("/x").body(()).unwrap();
+        service.ready().await.unwrap().call(request).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_first_request_granted_after_a_refusal_is_a_resumption() {
+        let (_, c) = connectivity();
+        let c = Arc::new(c);
+        let mut resumptions = c.resumptions();
+        answered_with(&c, 200).await;
+        assert!(
+            !resumptions.has_changed().unwrap(),
+            "nothing was refused before"
+        );
+        // A restarted API server whose authorizer is not warm yet: 403 to everything, then 200.
+        answered_with(&c, 403).await;
+        answered_with(&c, 403).await;
+        assert!(c.available(), "a 403 is an answer");
+        assert!(!resumptions.has_changed().unwrap());
+        answered_with(&c, 200).await;
+        assert_eq!(
+            *resumptions.borrow_and_update(),
+            1,
+            "the first grant after the 403s"
+        );
+        answered_with(&c, 201).await;
+        assert!(
+            !resumptions.has_changed().unwrap(),
+            "one per run of refusals"
+        );
+        answered_with(&c, 503).await;
+        answered_with(&c, 404).await;
+        assert!(!resumptions.has_changed().unwrap(), "a 404 grants nothing");
+        answered_with(&c, 200).await;
+        assert_eq!(
+            *resumptions.borrow_and_update(),
+            2,
+            "a 5xx is a refusal too"
+        );
     }
 
     #[tokio::test]

@@ -11,6 +11,7 @@
 //! - [`first_lists`]: no reconcile before every cache holds its first complete list;
 //! - [`controller_loop`]: the instances' watch and the controller's run;
 //! - [`watch_retry`]: a watch's retries, counted;
+//! - [`retry_pause`]: the pause between them, cut short when the API server grants requests again;
 //! - [`connectivity`]: whether the API server answers, from what the requests saw.
 
 mod cached_watch;
@@ -20,6 +21,7 @@ pub mod controller_loop;
 mod discovery;
 mod first_lists;
 mod permissions;
+mod retry_pause;
 mod service_monitors;
 pub mod triggers;
 mod watch_retry;

@@ -12,7 +12,7 @@ use tracing::info;
 
 use super::cached_watch::{Watched, cached, forgets_seen};
 use super::discovery::served;
-use crate::metrics::Metrics;
+use super::watch_retry::Retries;
 use crate::resources::service_monitor;
 use crate::store::cache::Cache;
 use crate::store::compact::Compact;
@@ -22,7 +22,7 @@ use crate::store::written::Written;
 pub(super) async fn watch_service_monitors(
     client: &Client,
     ns: Option<&str>,
-    metrics: &Arc<Metrics>,
+    retries: &Retries,
     config: watcher::Config,
     written: &Arc<Written>,
     shutdown: Shared<BoxFuture<'static, ()>>,
@@ -45,6 +45,6 @@ pub(super) async fn watch_service_monitors(
         None => Api::<Compact<DynamicObject>>::all_with(client.clone(), &service_monitor),
     };
     let observers = forgets_seen(written, &service_monitor);
-    let (store, stream) = cached(metrics, "servicemonitors", api, config, observers);
+    let (store, stream) = cached(retries, "servicemonitors", api, config, observers);
     (Some(store), Some(stream.boxed()))
 }

@@ -82,8 +82,9 @@ async fn run_reconciles_leads_and_shuts_down_cleanly() {
             );
         }
         let mut all = of(&requests, &Method::GET, path);
-        // The start-up probe of an optional kind (may the operator list it at all?): one list of one
-        // object, no selector.
+        // The start-up probe of an optional kind (may the operator list it at all?), and of the first
+        // required kind (does the API server grant the operator anything?): one list of one object, no
+        // selector.
         let before = all.len();
         all.retain(|r| !(r.param("limit") == Some("1") && r.param("labelSelector").is_none()));
         let probes = before - all.len();

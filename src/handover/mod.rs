@@ -6,18 +6,22 @@
 //!   replaced pod, a scale, both), and the decisions around it: the Deployment's handover gate and
 //!   takeovers ([`plan::rollout`]), the StatefulSet rollout's spare server ([`plan::spare`]), the scale's
 //!   change and how long it waits ([`plan::scale`]);
-//! - [`Handover`], the orchestrator the controller holds. The reconcile calls [`Handover::step`] once,
-//!   in its workload step, with a [`View`] of the instance; the pool plan also reads a scale's copies
-//!   ([`Handover::scale_copies`]), the watches take [`Handover::triggers`], and an instance that is
-//!   gone has its copies cancelled ([`Handover::forget_instance`]). The step starts the
-//!   copies the planner asks for, opens the gates and steps the spare when they end, and says so in
-//!   events (`HandedOver`, `HandoverFailed`) and [`metrics`]; it needs no more of the operator than
-//!   its [`Deps`] (client, event publisher, metrics, the Secret and pod caches, the cluster domain, a
-//!   clock) and fails with its own [`Error`];
+//! - [`Handover`], the orchestrator the controller holds (`orchestrator`), asked at two moments of a
+//!   reconcile: before the list is published, [`Handover::hold`] (the change of the list a scale makes,
+//!   and what it holds while its copies run) and [`Handover::gate`] (the readiness gate on the pod
+//!   template); once the list is applied, [`Handover::step`], with a [`View`] of the instance, which
+//!   answers a [`Step`]. The watches take [`Handover::triggers`], and an instance that is gone has its
+//!   copies cancelled ([`Handover::forget_instance`]). It needs no more of the operator than its
+//!   [`Deps`] (client, event publisher, metrics, the Secret and pod caches, the cluster domain, a clock)
+//!   and fails with its own [`Error`];
+//! - the causes, plain functions over one engine (`engine`): `scale` (a scale's copies), `rollout` (a
+//!   Deployment rollout's takeovers and gates), `spare` (a StatefulSet rollout's spare server). Each is a
+//!   change of the servers that hold the keys (`transition`), whose copies the engine prepares one way
+//!   and says so in events (`HandedOver`, `HandoverFailed`) and [`metrics`];
 //! - one registry of running copies (`tasks`), shared by rollouts, scales and the spare: every copy in
 //!   a task of its own, at most [`MOST_COPIES`] at once, cancelled when its pod or instance goes or the
 //!   operator stops;
-//! - the copy engine: one [`Copier`] copies one source server to one target server:
+//! - the copy: one [`Copier`] ([`copier`]) copies one source server to one target server:
 //!   [`dump`] (the source's items, listed by `lru_crawler metadump all`, read a line at a time),
 //!   [`copy`](mod@copy) (each batch of keys fetched from the source with `mg`: value, client flags,
 //!   remaining TTL; and stored on the target with `ms` in add mode, so a value a client wrote on the

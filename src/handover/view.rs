@@ -17,7 +17,7 @@ pub struct View<'a> {
     pub instance: &'a Instance<'a>,
     pub pods: &'a [Arc<Pod>],
     pub servers: &'a [Server],
-    /// What [`Handover::hold`] answered before the list was published.
+    /// What [`Handover::hold`](super::Handover::hold) answered before the list was published.
     pub hold: &'a Hold,
     pub rollout: Rollout<'a>,
 }

@@ -55,7 +55,7 @@ use crate::store::pod_index::PodIndex;
 use crate::store::written::Written;
 use crate::store::{SecretCache, Stores};
 
-/// The caches, filling, and the watches that feed them: what [`run`] drives the controller with, and what
+/// The caches, filling, and the watches that feed them: what [`run`](super::run) drives the controller with, and what
 /// others (the stats collector) read meanwhile.
 pub struct Watches {
     /// The caches the reconciler and the stats collector read.
@@ -178,7 +178,7 @@ impl EachKind for ForeignWatches<'_> {
 }
 
 /// Starts the watches of everything the reconciler reads (in `namespace`, or all), except the instances'
-/// own, which [`run`] starts: their caches fill from here on. Their retries wait less when `connectivity`
+/// own, which [`run`](super::run) starts: their caches fill from here on. Their retries wait less when `connectivity`
 /// sees the API server grant requests again (see [`super::watch_retry`]). Watches end with `shutdown`.
 pub async fn watch(
     client: &Client,

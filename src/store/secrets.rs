@@ -54,7 +54,7 @@ pub struct Transport {
 }
 
 /// Told the TLS Secret's certificate (or why it cannot be loaded) and CA as read, gives the CA to trust
-/// besides (the previous one, during a rotation: see [`super::reload::Reload`]).
+/// besides (the previous one, during a rotation: see `telemetry::reload::Reload`).
 pub type TrustPrevious<'a> =
     &'a (dyn Fn(Result<CertificateDigest, String>, Option<&[u8]>) -> Option<Vec<u8>> + Sync);
 

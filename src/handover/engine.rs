@@ -13,7 +13,8 @@ use kube::api::Patch;
 use serde_json::json;
 use tracing::debug;
 
-use super::copier::{Copier, Settings};
+use super::bounds::Settings;
+use super::copier::Copier;
 use super::error::Error;
 use super::metrics::HandoverMetrics;
 use super::plan::rollout::GATE;

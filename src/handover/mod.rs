@@ -36,6 +36,7 @@
 //! stops answering ends it with a [`Failure`] that says why and how far it got. Dropping the future
 //! cancels the copy (its connections close).
 
+pub mod bounds;
 pub mod copier;
 pub mod copy;
 pub mod dump;
@@ -53,10 +54,11 @@ mod tasks;
 mod transition;
 mod view;
 
-pub use copier::{
-    COPY_MEMORY_BOUND, Copier, DEFAULT_MAX_TIMEOUT_SECONDS, DEFAULT_REQUEST_TIMEOUT, KeyFilter,
+pub use bounds::{
+    COPY_MEMORY_BOUND, DEFAULT_MAX_TIMEOUT_SECONDS, DEFAULT_REQUEST_TIMEOUT, KeyFilter,
     MAX_VALUE_BYTES, MIN_BYTES_PER_WINDOW, PROGRESS_WINDOW, Settings,
 };
+pub use copier::Copier;
 pub use engine::Deps;
 pub use error::{CopyError, Error, Failure, Side};
 pub use orchestrator::{Handover, Holding, PROGRESS_EVERY, Step};

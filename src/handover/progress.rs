@@ -46,7 +46,7 @@ pub struct Snapshot {
     /// Items whose key the copy's filter did not select (keys that stay where they are).
     pub filtered: u64,
     /// Items the copy cannot take: a key no text command can name (a binary key of more than 186
-    /// bytes, stored through the binary protocol), a value larger than [`super::copier::MAX_VALUE_BYTES`], or
+    /// bytes, stored through the binary protocol), a value larger than [`super::bounds::MAX_VALUE_BYTES`], or
     /// one larger than the size the dump listed for it (rewritten larger since, or not memcached's).
     pub skipped: u64,
     /// Value bytes stored on the target.

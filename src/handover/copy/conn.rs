@@ -5,7 +5,7 @@ use std::future::Future;
 
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
-use super::super::copier::Settings;
+use super::super::bounds::Settings;
 use super::super::error::{CopyError, Side};
 use crate::connection::{self, LINE_REPLY_LIMIT, Stream, Target, classify};
 

@@ -7,7 +7,7 @@
 //! in order), so a copy costs two round trips per batch, not per item.
 //!
 //! What the source answers is the tenant's (its own image): nothing it sends makes the copy hold more than
-//! [`COPY_MEMORY_BOUND`](crate::handover::copier::COPY_MEMORY_BOUND). A copy holds at any time:
+//! [`COPY_MEMORY_BOUND`](crate::handover::bounds::COPY_MEMORY_BOUND). A copy holds at any time:
 //! - one line, at most [`MAX_LINE_BYTES`] (a dump's) or [`LINE_REPLY_LIMIT`] (an answer's);
 //! - one batch's keys (at most [`Settings::batch_items`] of at most `wire::MAX_KEY_BYTES`) and values:
 //!   a value is read into memory only when it is no larger than the size the dump listed for it (a
@@ -26,7 +26,7 @@ use std::time::Instant;
 use tokio::io::AsyncReadExt;
 
 use crate::connection::{self, LINE_REPLY_LIMIT, Target};
-use crate::handover::copier::{KeyFilter, MAX_VALUE_BYTES, Settings};
+use crate::handover::bounds::{KeyFilter, MAX_VALUE_BYTES, Settings};
 use crate::handover::dump::{self, DumpItem, DumpLine, MAX_LINE_BYTES};
 use crate::handover::error::{CopyError, Side};
 use crate::handover::progress::Progress;

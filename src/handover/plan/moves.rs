@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use crate::api::Server;
-use crate::handover::copier::KeyFilter;
+use crate::handover::bounds::KeyFilter;
 use crate::hashing::{Handover, InvalidEntry, KeyMove, Scheme};
 
 /// One copy of a change: the keys owned by `old[source]` before and by `new[target]` after.

@@ -1,6 +1,7 @@
 use super::*;
 use crate::connection::Target;
-use crate::handover::copier::{Settings, refused_copier};
+use crate::handover::bounds::Settings;
+use crate::handover::copier::refused_copier;
 use futures::StreamExt;
 use k8s_openapi::jiff::Timestamp;
 

@@ -1,7 +1,7 @@
 use super::super::sweep;
 use super::super::wire::MAX_KEY_BYTES;
 use super::*;
-use crate::handover::copier::COPY_MEMORY_BOUND;
+use crate::handover::bounds::COPY_MEMORY_BOUND;
 
 #[test]
 fn what_a_copy_holds_adds_up_under_its_bound() {

@@ -54,12 +54,6 @@ const NEEDED: &[(&str, &str, &[&str], &str)] = &[
          servers load, `<name>-auth-file` (applied, deleted when auth is turned off)",
     ),
     (
-        "monitoring.coreos.com",
-        "servicemonitors",
-        &["get", "list", "watch", "create", "patch", "delete"],
-        "get_metadata_opt before the first apply (controller/apply.rs); as the children otherwise",
-    ),
-    (
         "events.k8s.io",
         "events",
         &["create", "patch"],

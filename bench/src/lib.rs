@@ -216,11 +216,15 @@ pub struct Restart {
     pub peak_rss_mib: f64,
 }
 
-/// The collections of the operator's kinds of children, from its table.
+/// The collections of the operator's kinds of children, from its table (the CRDs' not installed).
 fn children() -> Vec<fake_apiserver::collections::Collection> {
+    use memcached_operator::store::Served;
     memcached_operator::store::kind_names()
         .into_iter()
-        .map(|k| fake_apiserver::collections::Collection::new(k.api_version, k.plural, k.kind))
+        .map(|k| {
+            fake_apiserver::collections::Collection::new(k.api_version, k.plural, k.kind)
+                .of_crd(k.served == Served::IfInstalled)
+        })
         .collect()
 }
 

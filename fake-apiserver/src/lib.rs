@@ -30,7 +30,7 @@
 //! - finalizers and graceful deletion (a delete is immediate), garbage collection of owned objects;
 //! - controllers: nothing makes pods or reports workloads (the bench's `kubelet` does, through
 //!   [`Store::on_change`]);
-//! - discovery beyond the ServiceMonitor API's group, authentication and authorization (the token is
+//! - discovery beyond one group/version's resources, authentication and authorization (the token is
 //!   recorded, not checked), TokenReview and SubjectAccessReview.
 //!
 //! A request to any other path gets a 404 `Status`, recorded, so a test can fail on it.
@@ -81,8 +81,9 @@ pub struct Options {
     /// Served behind a door that can close and open again ([`Fake::outage`], [`Fake::back`]): one more
     /// relay per connection, which the benchmark does without.
     pub outages: bool,
-    /// The cluster serves the ServiceMonitor API (`monitoring.coreos.com/v1`).
-    pub service_monitors: bool,
+    /// The plurals of the children's collections of a CRD ([`collections::Collection::crd`]) whose CRD
+    /// the cluster has installed: the others are not served.
+    pub installed: Vec<&'static str>,
     /// The collections of the kinds of children the operator creates, served beside the fake's own
     /// ([`collections::OWN`]): the caller builds them from the operator's table of kinds.
     pub children: Vec<collections::Collection>,
@@ -112,7 +113,7 @@ impl Fake {
     /// Serves an empty fake (no object of any kind) on a free loopback port.
     pub async fn start(options: Options) -> Result<Arc<Self>, Error> {
         let mut store = Store::serving(&options.children);
-        store.settings.service_monitors = options.service_monitors;
+        store.settings.installed = options.installed;
         let api = Arc::new(Api {
             store: Mutex::new(store),
             latency: options.latency,

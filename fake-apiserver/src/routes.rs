@@ -1,11 +1,11 @@
-//! What each request gets: the verbs of every collection, the status subresource, discovery of the
-//! ServiceMonitor API, and the 404s of a missing CRD or of anything the fake does not serve.
+//! What each request gets: the verbs of every collection, the status subresource, discovery of a
+//! group/version's resources, and the 404s of a missing CRD or of anything the fake does not serve.
 
 use axum::http::{Method, StatusCode};
 use serde_json::{Value, json};
 
 use crate::apply::apply;
-use crate::collections::{MONITORING, OPERATOR_GROUP};
+use crate::collections::OPERATOR_GROUP;
 use crate::path::{self, Target};
 use crate::request::Req;
 use crate::selector::Selector;
@@ -65,7 +65,7 @@ pub(crate) fn answer(store: &mut Store, req: &Req) -> Answer {
     let Some(collection) = store.find(&target.api_version, target.plural) else {
         return not_served(req);
     };
-    if collection.api_version == MONITORING && !store.settings.service_monitors {
+    if !store.serves(&collection) {
         return not_served(req);
     }
     if target.subresource.is_some_and(|sub| sub != "status") {
@@ -211,14 +211,15 @@ fn write(
     store.update(plural, obj).map(|obj| (StatusCode::OK, obj))
 }
 
-/// A read of a path that names no collection: the ServiceMonitor API's discovery document when the
-/// cluster serves it, a 404 otherwise.
+/// A read of a path that names no collection: the discovery document of a group/version
+/// (`/apis/<group>/<version>`) that serves a collection, a 404 otherwise (a CRD not installed).
 fn discovery(store: &Store, req: &Req) -> Answer {
-    let monitoring = format!("/apis/{MONITORING}");
-    if req.method != Method::GET || req.path != monitoring {
-        return not_served(req);
-    }
-    if !store.settings.service_monitors {
+    let group_version = match req.path.trim_matches('/').split('/').collect::<Vec<_>>()[..] {
+        ["apis", group, version] if req.method == Method::GET => format!("{group}/{version}"),
+        _ => return not_served(req),
+    };
+    let served = store.served_in(&group_version);
+    if served.is_empty() {
         return Refusal::new(
             StatusCode::NOT_FOUND,
             "NotFound",
@@ -226,11 +227,16 @@ fn discovery(store: &Store, req: &Req) -> Answer {
         )
         .into();
     }
+    let resources: Vec<Value> = served
+        .iter()
+        .map(|c| {
+            json!({"name": c.plural, "singularName": c.kind.to_lowercase(), "namespaced": true,
+                   "kind": c.kind, "verbs": ["get", "list", "watch", "create", "patch", "delete"]})
+        })
+        .collect();
     Answer::Json(
         StatusCode::OK,
-        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": MONITORING,
-               "resources": [{"name": "servicemonitors", "singularName": "servicemonitor",
-                              "namespaced": true, "kind": "ServiceMonitor",
-                              "verbs": ["get", "list", "watch", "create", "patch", "delete"]}]}),
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": group_version,
+               "resources": resources}),
     )
 }

@@ -1,8 +1,9 @@
 //! Applying an instance's children, in a fixed order: the auth file the servers load (with
 //! `spec.security.auth`, see [`super::secrets::serve_auth_file`]), the drain marks, the server list ConfigMap, the
 //! workload, then every kind the table builds ([`crate::store::kinds`], in its order: Services,
-//! PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler) and the ServiceMonitor. Only what differs
-//! is sent, optional children no longer wanted are removed, and what changed is recorded.
+//! PodDisruptionBudget, NetworkPolicy, HorizontalPodAutoscaler, ..., the ServiceMonitor last). Only what
+//! differs is sent, optional children no longer wanted are removed, a kind the cluster does not serve is
+//! a status problem, and what changed is recorded.
 //!
 //! The server list goes before the workload, so a scale-down is published before any server is removed;
 //! it exists only once there was a server to publish. A new instance may give its turn up after its
@@ -31,9 +32,7 @@ use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
-use crate::resources::{
-    Instance, deployment, labels, pod, proxy, rollout, servers, service_monitor, statefulset,
-};
+use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
@@ -110,8 +109,7 @@ pub(super) async fn children(
         matches!(step, Step::Drained { .. })
     })
     .await;
-    let unserved = built(view, writer, changes).await?;
-    children.problem = unserved.or(service_monitor(writer, view, changes).await?);
+    children.problem = built(view, writer, changes).await?;
     Ok(children)
 }
 
@@ -453,63 +451,6 @@ fn unserved<K: ChildKind>(desired: &Desired<K>) -> Option<Problem> {
             api_version = K::API_VERSION,
         ),
     })
-}
-
-/// The ServiceMonitor, outside the table: an API the cluster may not serve. A spec that asks for one
-/// where the cluster serves none is a problem for the status, not an error.
-async fn service_monitor(
-    writer: &Writer,
-    view: &View<'_>,
-    changes: &mut Changes,
-) -> Result<Option<Problem>, Error> {
-    let instance = view.instance;
-    let monitor = service_monitor::service_monitor(instance);
-    let Some(store) = view.service_monitors() else {
-        return Ok(monitor.is_some().then(|| Problem {
-            reason: "ServiceMonitorUnavailable".into(),
-            message: "spec.monitoring.serviceMonitor is enabled, but the cluster did not serve \
-                      monitoring.coreos.com/v1 ServiceMonitor when the operator started; install the \
-                      Prometheus Operator CRDs and restart the operator, or disable the ServiceMonitor"
-                .into(),
-        }));
-    };
-    let resource = service_monitor::api_resource();
-    let api = Api::namespaced_with(writer.client.clone(), instance.namespace, &resource);
-    let source = view.source_of(store, &resource);
-    if monitor.is_some() && children::cached(instance, instance.name, &source)?.is_none() {
-        unclaimed_service_monitor(writer, instance, &resource).await?;
-    }
-    sync_child(view, instance.name, monitor, &source, api, changes).await?;
-    Ok(None)
-}
-
-/// ServiceMonitors have no foreign watch (an optional API, asked for by few instances): before one is
-/// created, its name is read once, and one that is not the operator's is refused as the foreign watches
-/// refuse the other kinds, instead of being taken over by the apply.
-async fn unclaimed_service_monitor(
-    writer: &Writer,
-    instance: &crate::resources::Instance<'_>,
-    resource: &kube::api::ApiResource,
-) -> Result<(), Error> {
-    let api: Api<kube::api::DynamicObject> =
-        Api::namespaced_with(writer.client.clone(), instance.namespace, resource);
-    let existing = api
-        .get_metadata_opt(instance.name)
-        .await
-        .map_err(|source| Error::Read {
-            kind: resource.kind.clone(),
-            name: instance.name.to_owned(),
-            source,
-        })?;
-    match existing {
-        Some(object) if crate::store::foreign::is_foreign(&object, instance.uid()) => {
-            Err(Error::NotManaged {
-                kind: resource.kind.clone(),
-                name: instance.name.to_owned(),
-            })
-        }
-        _ => Ok(()),
-    }
 }
 
 /// Applies the child `name` as `desired`, or deletes it when nothing is desired (and the cache shows

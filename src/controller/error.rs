@@ -19,15 +19,6 @@ pub enum Error {
         source: kube::Error,
     },
 
-    /// A read by name that a write depends on (whether a ServiceMonitor of that name exists).
-    #[error("failed to read {kind} {name}: {source}")]
-    Read {
-        kind: String,
-        name: String,
-        #[source]
-        source: kube::Error,
-    },
-
     /// The key of the Secrets' hash could not be read or made (see [`crate::store::digest_key`]).
     #[error(transparent)]
     DigestKey(#[from] KeyError),
@@ -67,7 +58,6 @@ impl Error {
             Self::Write(error) => error.kind(),
             Self::SecretRead { .. } => "secret",
             Self::DigestKey(_) => "digest_key",
-            Self::Read { .. } => "read",
             Self::ForeignOwner { .. } => "foreign_owner",
             Self::NotManaged { .. } => "not_managed",
             Self::Status { .. } => "status",
@@ -82,7 +72,6 @@ impl Error {
     pub fn unanswered(&self) -> bool {
         let source = match self {
             Self::SecretRead { source, .. }
-            | Self::Read { source, .. }
             | Self::DigestKey(KeyError::Api { source, .. })
             | Self::Status { source, .. }
             | Self::Finalizer(source) => source,

@@ -71,7 +71,7 @@ pub(super) struct Children {
     pub drain: Option<Drain>,
     /// The instance's pods as the plan read them (decoded once per reconcile).
     pub pods: Vec<Arc<Pod>>,
-    /// A problem that does not stop the rest (a ServiceMonitor the cluster cannot serve).
+    /// A problem that does not stop the rest (a child of a kind the cluster does not serve).
     pub problem: Option<Problem>,
     /// The warm-handover copies running.
     pub handovers: Vec<HandoverProgress>,

@@ -4,13 +4,12 @@
 //! Reading it is the reconcile's first step; what stops it there (a workload of the other kind, a
 //! missing Secret) is reported as the reconcile's outcome, and nothing is applied.
 
-use std::hash::Hash;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::Pod;
+use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
 use super::children::Source;
 use super::error::Error;
@@ -100,20 +99,10 @@ impl<'a> View<'a> {
 
     /// Where children of the table's kind `K` are read from.
     pub fn source<K: ChildKind>(&self) -> Source<'a, K> {
-        self.source_of(K::cache(&self.stores.children), &())
-    }
-
-    /// Where children kept in `store` are read from (a kind outside the table, such as ServiceMonitors).
-    pub fn source_of<'s, K>(&self, store: &'s Cache<K>, dt: &'s K::DynamicType) -> Source<'s, K>
-    where
-        'a: 's,
-        K: Resource + 'static,
-        K::DynamicType: Eq + Hash,
-    {
         Source {
-            store,
+            store: K::cache(&self.stores.children),
             written: self.written,
-            dt,
+            dt: &(),
             foreign: &self.stores.foreign,
         }
     }
@@ -121,11 +110,6 @@ impl<'a> View<'a> {
     /// Whether the cluster served `K`'s API when the operator started (see `store::kinds::Served`).
     pub fn served<K: crate::store::kinds::ChildKind>(&self) -> bool {
         self.stores.children.served::<K>()
-    }
-
-    /// The cluster's ServiceMonitors, when it serves their API.
-    pub fn service_monitors(&self) -> Option<&'a Cache<kube::api::DynamicObject>> {
-        self.stores.service_monitors.as_ref()
     }
 }
 

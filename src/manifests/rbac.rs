@@ -52,8 +52,9 @@ fn rule(group: &str, resources: &[&str], verbs: &[&str]) -> PolicyRule {
 ///   created or deleted, and no other verb is added (`update` and `deletecollection` stay out).
 /// - PodDisruptionBudgets, NetworkPolicies, HorizontalPodAutoscalers and ServiceMonitors: like
 ///   Deployments, and deleted when a spec turns them off. Creating an autoscaler needs no right on its
-///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions. ServiceMonitors
-///   are read by name (`get`) before one is created, having no watch of others' (`controller::apply`).
+///   target: the HPA controller scales the Memcached with its own (`*/scale`) permissions. The
+///   ServiceMonitors' rule is granted whether or not the cluster serves their API (a CRD's); the
+///   operator uses it only where it does.
 /// - Secrets: watched by metadata (to notice a referenced Secret's change; RBAC cannot grant metadata
 ///   alone, and a tenant may reference any Secret of its namespace, so no label or name narrows it), and
 ///   read (`get`) when one an instance references changes (TLS, auth) and for the digest key.
@@ -86,11 +87,6 @@ pub fn manager_role() -> ClusterRole {
                 rule(
                     "",
                     &["secrets"],
-                    &["get", "list", "watch", "create", "patch", "delete"],
-                ),
-                rule(
-                    "monitoring.coreos.com",
-                    &["servicemonitors"],
                     &["get", "list", "watch", "create", "patch", "delete"],
                 ),
                 rule("events.k8s.io", &["events"], &["create", "patch"]),

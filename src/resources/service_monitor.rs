@@ -1,46 +1,38 @@
-//! The Prometheus Operator ServiceMonitor for the exporter. Its API (`monitoring.coreos.com/v1`) is not
-//! part of Kubernetes, so the object is dynamic and only applied where that API is served.
+//! The Prometheus Operator ServiceMonitor for the exporter. Its API (`monitoring.coreos.com/v1`) is a
+//! CRD's, so the kinds table applies it only where the cluster serves that API (`Served::IfInstalled`).
 
-use kube::api::{ApiResource, DynamicObject};
-use serde_json::json;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
 use super::deployment::METRICS_PORT_NAME;
 use super::instance::Instance;
 use super::labels;
-
-/// The ServiceMonitor resource.
-pub fn api_resource() -> ApiResource {
-    ApiResource {
-        group: "monitoring.coreos.com".to_owned(),
-        version: "v1".to_owned(),
-        api_version: "monitoring.coreos.com/v1".to_owned(),
-        kind: "ServiceMonitor".to_owned(),
-        plural: "servicemonitors".to_owned(),
-    }
-}
+use crate::api::external::{Endpoint, NamespaceSelector, ServiceMonitor, ServiceMonitorSpec};
 
 /// The ServiceMonitor for `instance`, or `None` when none is wanted. It selects the instance's client
 /// Service (the only one with the metrics port) in the instance's namespace.
-pub fn service_monitor(instance: &Instance<'_>) -> Option<DynamicObject> {
+pub fn service_monitor(instance: &Instance<'_>) -> Option<ServiceMonitor> {
     let config = instance.spec.service_monitor()?;
-    let mut obj = DynamicObject::new(instance.name, &api_resource()).within(instance.namespace);
-    let mut meta = instance.child_meta();
+    let mut metadata = instance.child_meta();
     let mut all_labels = config.labels.clone();
     all_labels.extend(labels::common_labels(instance.name));
-    meta.labels = Some(all_labels);
-    obj.metadata = meta;
-    let mut endpoint = json!({"port": METRICS_PORT_NAME, "path": "/metrics"});
-    if let Some(interval) = &config.interval {
-        endpoint["interval"] = json!(interval);
-    }
-    obj.data = json!({
-        "spec": {
-            "selector": {"matchLabels": labels::selector_labels(instance.name)},
-            "namespaceSelector": {"matchNames": [instance.namespace]},
-            "endpoints": [endpoint],
-        }
-    });
-    Some(obj)
+    metadata.labels = Some(all_labels);
+    Some(ServiceMonitor {
+        metadata,
+        spec: ServiceMonitorSpec {
+            selector: LabelSelector {
+                match_labels: Some(labels::selector_labels(instance.name)),
+                ..LabelSelector::default()
+            },
+            namespace_selector: Some(NamespaceSelector {
+                match_names: vec![instance.namespace.to_owned()],
+            }),
+            endpoints: vec![Endpoint {
+                port: Some(METRICS_PORT_NAME.to_owned()),
+                path: Some("/metrics".to_owned()),
+                interval: config.interval.clone(),
+            }],
+        },
+    })
 }
 
 #[cfg(test)]
@@ -49,6 +41,7 @@ mod tests {
     use crate::api::{ExporterConfig, MemcachedSpec, Monitoring, ServiceMonitorConfig};
     use crate::resources::Defaults;
     use crate::resources::testing::memcached;
+    use serde_json::json;
 
     #[test]
     fn selects_the_client_service_metrics_port() {

@@ -22,7 +22,6 @@ use super::watch_retry::retrying_memcacheds;
 use crate::api::Memcached;
 use crate::controller::{Context, Settings, error_policy, system_clock};
 use crate::metrics::Metrics;
-use crate::resources::service_monitor;
 use crate::store::compact::trim_instance;
 
 /// Where and how to run the controller.
@@ -58,7 +57,6 @@ pub async fn run(
     } = watches;
     let stopped_unlisted = stopped_before_listing(shutdown.clone(), mc_listed);
     let memcacheds = stores.memcacheds.clone();
-    let service_monitor = service_monitor::api_resource();
     let ctx = Arc::new(Context::sharing(
         client,
         options.settings,
@@ -76,15 +74,11 @@ pub async fn run(
         "starting controller"
     );
     let instances = memcacheds.clone();
-    let mut controller = Controller::for_stream(mc_stream, memcacheds)
+    let controller = Controller::for_stream(mc_stream, memcacheds)
         .watches_stream(streams.pods, pod_owner)
         .watches_stream(streams.secrets, move |secret| {
             referencing(&instances.state(), &secret)
-        });
-    if let Some(stream) = streams.service_monitors {
-        controller = controller.owns_stream_with(stream, service_monitor);
-    }
-    let controller = controller
+        })
         // Unbounded here: the reconciles take turns themselves, in order, and wait for them outside the
         // controller (see `turns`).
         .with_config(ControllerConfig::default())

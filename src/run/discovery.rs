@@ -1,5 +1,5 @@
 //! Which APIs the cluster serves, of those it may not (CRDs'): asked once at start, before the watches
-//! are made, for the ServiceMonitors and for each kind of the table of [`Served::IfInstalled`].
+//! are made, for each kind of the table of [`Served::IfInstalled`] (the ServiceMonitor).
 
 use futures::future::{BoxFuture, Shared};
 use kube::Client;
@@ -39,7 +39,7 @@ pub(super) async fn unserved_kinds(
 /// Whether the cluster serves `plural` in `api_version` (a group's). Asked until it answers (an operator
 /// started during an API-server outage must not decide "not served" from a refused connection), or until
 /// shutdown; an error that a retry cannot fix (403, other 4xx) counts as not served.
-pub(super) async fn served(
+async fn served(
     client: &Client,
     api_version: &str,
     plural: &str,

@@ -54,9 +54,6 @@ pub(super) fn children_synced(stores: &Stores, shutdown: Shared<BoxFuture<'stati
                 .map(|ready| ready.map_err(|_| crate::store::cache::WriterDropped))
                 .boxed(),
         ]);
-        if let Some(store) = &stores.service_monitors {
-            waits.push(store.wait_until_ready().boxed());
-        }
         let foreign = stores
             .foreign
             .ready()

@@ -7,7 +7,6 @@
 //! - [`cached_watch`]: one kind's retried watch, the cache it fills and the stream of what it touched;
 //! - [`triggers`]: which instances a changed child, pod or Secret triggers;
 //! - [`discovery`]: whether the cluster serves an API it may not (a CRD's), asked at start;
-//! - [`service_monitors`]: the ServiceMonitors' watch, where the cluster serves their API;
 //! - [`first_lists`]: no reconcile before every cache holds its first complete list;
 //! - [`controller_loop`]: the instances' watch and the controller's run;
 //! - [`watch_retry`]: a watch's retries, counted;
@@ -22,7 +21,6 @@ mod discovery;
 mod first_lists;
 mod permissions;
 mod retry_pause;
-mod service_monitors;
 pub mod triggers;
 mod watch_retry;
 

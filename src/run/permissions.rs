@@ -20,7 +20,7 @@ use kube::api::{ListParams, PartialObjectMeta};
 use kube::{Api, Client};
 use tracing::warn;
 
-use crate::store::kinds::{ChildKind, EachKind, each_kind};
+use crate::store::kinds::{ChildKind, EachKind, Unserved, each_kind};
 
 /// What a probe's list got.
 #[derive(Debug, PartialEq)]
@@ -30,12 +30,18 @@ enum Answer {
 }
 
 /// The optional kinds (by URL path segment, `serviceaccounts`) whose list the API server refuses (403)
-/// to the operator in `namespace` (or cluster-wide). A kind the probe cannot decide (an outage, another
+/// to the operator in `namespace` (or cluster-wide), of those the cluster serves (not `unserved`: no
+/// request for an API that is not there). A kind the probe cannot decide (an outage, another
 /// error, a server that refuses every kind) counts as allowed: its watch retries as every watch does.
-pub async fn forbidden_kinds(client: &Client, namespace: Option<&str>) -> BTreeSet<&'static str> {
+pub async fn forbidden_kinds(
+    client: &Client,
+    namespace: Option<&str>,
+    unserved: &Unserved,
+) -> BTreeSet<&'static str> {
     let mut probes = Probes {
         client,
         namespace,
+        unserved,
         control: None,
         probes: Vec::new(),
     };
@@ -72,6 +78,7 @@ type Probe = (&'static str, BoxFuture<'static, Answer>);
 struct Probes<'a> {
     client: &'a Client,
     namespace: Option<&'a str>,
+    unserved: &'a Unserved,
     /// The list of the first required kind.
     control: Option<Probe>,
     /// The lists of the optional kinds.
@@ -80,7 +87,8 @@ struct Probes<'a> {
 
 impl EachKind for Probes<'_> {
     fn kind<K: ChildKind>(&mut self) {
-        if !K::OPTIONAL && self.control.is_some() {
+        let skipped = self.unserved.contains(K::URL_PATH_SEGMENT);
+        if skipped || (!K::OPTIONAL && self.control.is_some()) {
             return;
         }
         let api: Api<PartialObjectMeta<K>> = match self.namespace {
@@ -142,18 +150,20 @@ mod tests {
 
     async fn forbidden_where(
         refuses: impl Fn(&str) -> bool + Send + 'static,
+        unserved: Unserved,
     ) -> (BTreeSet<&'static str>, Vec<String>) {
         let (service, server) = mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "ns");
         let served = tokio::spawn(serve(server, refuses));
-        let forbidden = forbidden_kinds(&client, Some("ns")).await;
+        let forbidden = forbidden_kinds(&client, Some("ns"), &unserved).await;
         drop(client);
         (forbidden, served.await.unwrap())
     }
 
     #[tokio::test]
     async fn an_optional_kind_the_role_leaves_out_is_forbidden() {
-        let (forbidden, asked) = forbidden_where(|path| path.ends_with("/roles")).await;
+        let (forbidden, asked) =
+            forbidden_where(|path| path.ends_with("/roles"), Unserved::new()).await;
         assert_eq!(forbidden, BTreeSet::from(["roles"]));
         assert_eq!(
             asked[0], "/apis/apps/v1/namespaces/ns/deployments",
@@ -165,8 +175,24 @@ mod tests {
     /// unwatched for that, and the control probe is the only request made.
     #[tokio::test]
     async fn nothing_is_forbidden_while_the_server_refuses_everything() {
-        let (forbidden, asked) = forbidden_where(|_| true).await;
+        let (forbidden, asked) = forbidden_where(|_| true, Unserved::new()).await;
         assert!(forbidden.is_empty(), "{forbidden:?}");
         assert_eq!(asked, ["/apis/apps/v1/namespaces/ns/deployments"]);
+    }
+
+    /// A kind whose API the cluster does not serve is not asked for: its list would only be a 404.
+    #[tokio::test]
+    async fn a_kind_the_cluster_does_not_serve_is_not_probed() {
+        let unserved = Unserved::from(["servicemonitors"]);
+        let (forbidden, asked) = forbidden_where(|_| false, unserved).await;
+        assert!(forbidden.is_empty(), "{forbidden:?}");
+        assert!(
+            asked.iter().all(|path| !path.ends_with("/servicemonitors")),
+            "{asked:?}"
+        );
+        assert!(
+            asked.iter().any(|path| path.ends_with("/roles")),
+            "{asked:?}"
+        );
     }
 }

@@ -27,7 +27,6 @@ use std::sync::{Arc, LazyLock, Mutex};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
-use kube::api::DynamicObject;
 use serde::de::{DeserializeOwned, IgnoredAny, MapAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
@@ -39,8 +38,6 @@ use crate::resources::servers::DELETION_COST_ANNOTATION;
 pub trait Compactable: Resource + Clone + Serialize + DeserializeOwned + 'static {
     /// Top-level fields (besides `apiVersion`, `kind` and `metadata`) left out of the cached copy.
     const UNREAD: &'static [&'static str] = &[];
-    /// Whether `apiVersion` and `kind` are kept too: only for types that do not know their own.
-    const TYPE_IN_BODY: bool = false;
     /// Whether labels and annotations stay in the struct (read on every event) instead of the text.
     const LABELS_IN_META: bool = false;
     /// Drops from the metadata kept in the struct what the operator never reads of this kind.
@@ -56,10 +53,6 @@ impl Compactable for Memcached {
     fn trim_rest(metadata: &mut ObjectMeta) {
         metadata.annotations = None;
     }
-}
-/// A dynamic object knows its type only from its content.
-impl Compactable for DynamicObject {
-    const TYPE_IN_BODY: bool = true;
 }
 /// A pod's spec is the largest part of it and is never read: slots, status and stats read its metadata
 /// and status. Of its annotations only the drained pod-deletion cost is read (it tells whether a drained
@@ -86,8 +79,8 @@ pub struct Compact<K> {
     /// kinds labels and annotations); the rest of the metadata is in `body`. The uid is in the text: nothing
     /// reads a child's uid on its events.
     metadata: ObjectMeta,
-    /// A JSON object of every top-level field but `metadata`, the unread ones and (for typed kinds)
-    /// `apiVersion` and `kind`, packed.
+    /// A JSON object of every top-level field but `metadata`, `apiVersion`, `kind` and the unread ones,
+    /// packed.
     body: Packed,
     kind: PhantomData<fn() -> K>,
 }
@@ -241,8 +234,8 @@ fn split<K: Compactable>(
 /// Whether the cached copy keeps top-level field `key`.
 fn kept<K: Compactable>(key: &str) -> bool {
     match key {
-        "metadata" => false,
-        "apiVersion" | "kind" => K::TYPE_IN_BODY,
+        // Every kind cached knows its own type.
+        "metadata" | "apiVersion" | "kind" => false,
         _ => !K::UNREAD.contains(&key),
     }
 }
@@ -468,28 +461,6 @@ mod tests {
         assert_eq!(
             compact.decode().unwrap().status.unwrap().ready_replicas,
             Some(1)
-        );
-    }
-
-    #[test]
-    fn dynamic_objects_keep_their_content() {
-        let monitor = json!({
-            "apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-            "metadata": {"name": "cache", "namespace": "ns"},
-            "spec": {"endpoints": [{"port": "metrics"}]}
-        });
-        let compact: Compact<DynamicObject> = serde_json::from_value(monitor).unwrap();
-        let decoded = compact.decode().unwrap();
-        assert_eq!(decoded.data["spec"]["endpoints"][0]["port"], "metrics");
-        assert_eq!(decoded.metadata.name.as_deref(), Some("cache"));
-        let types = decoded.types.as_ref().expect("its type is kept");
-        assert_eq!(
-            (types.api_version.as_str(), types.kind.as_str()),
-            ("monitoring.coreos.com/v1", "ServiceMonitor")
-        );
-        assert_eq!(
-            Compact::encode(&decoded).unwrap().decode().unwrap(),
-            decoded
         );
     }
 

@@ -60,9 +60,7 @@ where
 {
     fn holds(&self, namespace: &str, name: &str, owner_uid: &str) -> bool {
         self.get(&ObjectRef::new(name).within(namespace))
-            .is_some_and(|object| {
-                !managed(object.as_ref()) && !controlled_by(object.as_ref(), owner_uid)
-            })
+            .is_some_and(|object| is_foreign(object.as_ref(), owner_uid))
     }
 
     fn ready(&self) -> BoxFuture<'static, bool> {
@@ -169,8 +167,8 @@ fn trim<K>(object: &mut PartialObjectMeta<K>) {
 }
 
 /// Whether `object` is foreign to the instance of uid `owner_uid`: not labelled as the operator's, and
-/// not controlled by that instance. For a kind without a foreign watch, read by name when needed.
-pub fn is_foreign<K>(object: &PartialObjectMeta<K>, owner_uid: &str) -> bool {
+/// not controlled by that instance.
+fn is_foreign<K>(object: &PartialObjectMeta<K>, owner_uid: &str) -> bool {
     !managed(object) && !controlled_by(object, owner_uid)
 }
 

@@ -13,8 +13,11 @@
 //! asks for such a child is Degraded (`<Kind>Unavailable`) instead of failing. Such kinds' Rust types, which
 //! k8s-openapi does not carry, live in `api::external`.
 //!
-//! Not in the table: pods (created by the workloads, indexed per instance and never applied), Secrets (the
-//! users'), and ServiceMonitors (still watched as dynamic objects apart, where the cluster serves them).
+//! The ServiceMonitor (the Prometheus Operator's) is such a kind, and the last entry: applied after the
+//! Service it selects.
+//!
+//! Not in the table: pods (created by the workloads, indexed per instance and never applied) and Secrets
+//! (the users').
 
 use std::collections::BTreeSet;
 use std::fmt::Debug;
@@ -30,6 +33,7 @@ use k8s_openapi::api::rbac::v1::{Role as RbacRole, RoleBinding};
 use super::cache::Cache;
 use super::compact::Compactable;
 use crate::api::Workload;
+use crate::api::external::ServiceMonitor;
 #[cfg(test)]
 use crate::api::external::VerticalPodAutoscaler;
 use crate::api::names::config_map_name;
@@ -37,7 +41,7 @@ use crate::api::names::proxy_name;
 use crate::resources::proxy::{self, access};
 #[cfg(test)]
 use crate::resources::vertical_pod_autoscaler;
-use crate::resources::{Instance, autoscaler, network_policy, pdb, service};
+use crate::resources::{Instance, autoscaler, network_policy, pdb, service, service_monitor};
 
 /// How the reconcile applies a kind of child.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -132,6 +136,8 @@ pub struct KindName {
     /// The collection's name in paths (`deployments`).
     pub plural: &'static str,
     pub kind: &'static str,
+    /// Whether the cluster may not serve it (a fake serves it only when told the CRD is installed).
+    pub served: Served,
 }
 
 /// The name of each kind, in the table's order.
@@ -143,6 +149,7 @@ pub fn kind_names() -> Vec<KindName> {
                 api_version: K::API_VERSION,
                 plural: K::URL_PATH_SEGMENT,
                 kind: K::KIND,
+                served: K::SERVED,
             });
         }
     }
@@ -263,6 +270,10 @@ child_kinds! {
     vertical_pod_autoscalers: VerticalPodAutoscaler, optional: true, deletes: true, role: Role::Built,
         served: IfInstalled,
         built: |instance| named(instance, vertical_pod_autoscaler::vertical_pod_autoscaler(instance));
+    /// The Prometheus Operator's ServiceMonitor for the exporter, a CRD's kind: last, after the Service it
+    /// selects.
+    service_monitors: ServiceMonitor, optional: true, deletes: true, role: Role::Built,
+        served: IfInstalled, built: |instance| named(instance, service_monitor::service_monitor(instance));
 }
 
 /// The proxy's one child of a kind, named `<name>-proxy`, or none.
@@ -299,7 +310,8 @@ mod tests {
             KindName {
                 api_version: "apps/v1",
                 plural: "deployments",
-                kind: "Deployment"
+                kind: "Deployment",
+                served: Served::Always,
             }
         );
     }
@@ -322,6 +334,7 @@ mod tests {
                 ("rbac.authorization.k8s.io", "roles", true),
                 ("rbac.authorization.k8s.io", "rolebindings", true),
                 ("autoscaling.k8s.io", "verticalpodautoscalers", true),
+                ("monitoring.coreos.com", "servicemonitors", true),
             ]
         );
     }

@@ -28,14 +28,16 @@ pub mod writer;
 pub mod written;
 
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use kube::api::{DynamicObject, PartialObjectMeta};
+use kube::api::PartialObjectMeta;
 use kube::runtime::reflector::Store;
 
 pub use cache::{Cache, CacheWriter, Footprint, cache};
 pub use compact::{Compact, Compactable};
 pub use events::{Publisher, REPORTER};
 pub use foreign::Foreign;
-pub use kinds::{ChildCaches, ChildKind, EachKind, KindName, MakeCache, each_kind, kind_names};
+pub use kinds::{
+    ChildCaches, ChildKind, EachKind, KindName, MakeCache, Served, Unserved, each_kind, kind_names,
+};
 pub use pod_index::PodIndex;
 pub use secrets::{SecretCache, SecretReader};
 pub use writer::{Clock, Force, WriteError, Writer};
@@ -57,8 +59,6 @@ pub struct Stores {
     pub secrets: Store<PartialObjectMeta<Secret>>,
     /// What was read of the Secrets' values, for every reader of them (see [`secrets`]).
     pub secret_cache: SecretCache,
-    /// ServiceMonitors, when the cluster serves their API (checked once at start).
-    pub service_monitors: Option<Cache<DynamicObject>>,
     /// Objects with a child's name that the operator does not manage (see [`foreign`]).
     pub foreign: Foreign,
 }

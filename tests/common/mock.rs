@@ -20,20 +20,21 @@ pub use k8s_openapi::api::networking::v1::NetworkPolicy;
 pub use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 pub use k8s_openapi::jiff::Timestamp;
-pub use kube::api::{DynamicObject, PartialObjectMeta, PartialObjectMetaExt};
+pub use kube::api::{PartialObjectMeta, PartialObjectMetaExt};
 pub use kube::client::Body;
 pub use kube::runtime::controller::Action;
 pub use kube::runtime::reflector::{self, store::Writer};
 pub use kube::runtime::watcher;
 pub use kube::{Client, Resource};
+pub use memcached_operator::api::external::ServiceMonitor;
 pub use memcached_operator::api::{FINALIZER, Memcached, MemcachedSpec, MemcachedStatus};
 pub use memcached_operator::controller::{Context, Error, Settings, error_policy, reconcile};
 pub use memcached_operator::metrics::Metrics;
 pub use memcached_operator::store::digest_key::{DigestKey, KeyLocation};
 pub use memcached_operator::store::foreign;
 pub use memcached_operator::store::{
-    Cache, CacheWriter, ChildCaches, ChildKind, Compact, Compactable, MakeCache, PodIndex, Stores,
-    cache,
+    Cache, CacheWriter, ChildCaches, ChildKind, Compact, Compactable, MakeCache, PodIndex, Served,
+    Stores, Unserved, cache, kind_names,
 };
 pub use serde_json::{Value, json};
 pub use tower_test::mock;
@@ -56,8 +57,7 @@ pub static NETWORK_POLICIES: LazyLock<&str> = LazyLock::new(|| object_path::<Net
 pub static AUTOSCALERS: LazyLock<&str> =
     LazyLock::new(|| object_path::<HorizontalPodAutoscaler>(NAME));
 pub const PODS: &str = "/api/v1/namespaces/default/pods";
-pub const SERVICE_MONITORS: &str =
-    "/apis/monitoring.coreos.com/v1/namespaces/default/servicemonitors/cache";
+pub static SERVICE_MONITORS: LazyLock<&str> = LazyLock::new(|| object_path::<ServiceMonitor>(NAME));
 pub const MEMCACHED: &str = "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache";
 pub const STATUS: &str =
     "/apis/cache.example.com/v1alpha1/namespaces/default/memcacheds/cache/status";
@@ -90,18 +90,19 @@ pub struct Cluster {
     children: ChildWriters,
     pub pods: CacheWriter<Pod>,
     pub secrets: Writer<PartialObjectMeta<Secret>>,
-    pub service_monitors: Option<CacheWriter<DynamicObject>>,
     /// The key of the Secrets' hash: a fixed one, as if read before; a scenario replaces it with
     /// [`DigestKey::new`] to see it read or made.
     pub digest_key: DigestKey,
-    /// Same-named Deployments and ConfigMaps the operator does not manage.
+    /// Same-named Deployments, ConfigMaps and ServiceMonitors the operator does not manage.
     pub foreign_deployments: Writer<PartialObjectMeta<Deployment>>,
     pub foreign_config_maps: Writer<PartialObjectMeta<ConfigMap>>,
+    pub foreign_service_monitors: Writer<PartialObjectMeta<ServiceMonitor>>,
 }
 
-/// The writers of the children's caches, one per kind of the table, by type.
+/// The writers of the children's caches, one per kind of the table, by type, and the kinds the cluster
+/// does not serve.
 #[derive(Default)]
-struct ChildWriters(HashMap<TypeId, Box<dyn Any + Send>>);
+struct ChildWriters(HashMap<TypeId, Box<dyn Any + Send>>, Unserved);
 
 impl MakeCache for ChildWriters {
     /// A cache that has had its initial (empty) list, as when the operator's watches have synced.
@@ -111,10 +112,25 @@ impl MakeCache for ChildWriters {
         self.0.insert(TypeId::of::<K>(), Box::new(writer));
         reader
     }
+
+    fn unserved(&self) -> Unserved {
+        self.1.clone()
+    }
 }
 
 impl Cluster {
+    /// A cluster that serves no CRD: the table's kinds of [`Served::IfInstalled`] (the ServiceMonitor)
+    /// are not served.
     pub fn new() -> Self {
+        Self::serving(false)
+    }
+
+    /// A cluster that serves every kind of the table, the CRDs' too.
+    pub fn with_crds() -> Self {
+        Self::serving(true)
+    }
+
+    fn serving(crds: bool) -> Self {
         fn synced<K>() -> (reflector::Store<K>, Writer<K>)
         where
             K: kube::Resource<DynamicType = ()> + Clone + 'static,
@@ -128,12 +144,20 @@ impl Cluster {
         pods.apply_watcher_event(&watcher::Event::InitDone);
         let (secrets_r, secrets) = synced();
         let mut children = ChildWriters::default();
+        if !crds {
+            let if_installed = kind_names()
+                .into_iter()
+                .filter(|k| k.served == Served::IfInstalled);
+            children.1 = if_installed.map(|k| k.plural).collect();
+        }
         let caches = ChildCaches::build(&mut children);
         let mut foreign = foreign::Builder::default();
         let mut foreign_deployments = foreign.store::<Deployment>();
         foreign_deployments.apply_watcher_event(&watcher::Event::InitDone);
         let mut foreign_config_maps = foreign.store::<ConfigMap>();
         foreign_config_maps.apply_watcher_event(&watcher::Event::InitDone);
+        let mut foreign_service_monitors = foreign.store::<ServiceMonitor>();
+        foreign_service_monitors.apply_watcher_event(&watcher::Event::InitDone);
         Self {
             stores: Stores {
                 memcacheds: memcacheds_r,
@@ -143,17 +167,16 @@ impl Cluster {
                 secrets: secrets_r,
                 // Shared by every reconcile, as in the operator, so Secrets are read once per version.
                 secret_cache: Default::default(),
-                service_monitors: None,
                 foreign: foreign.build(),
             },
             memcacheds,
             children,
             pods,
             secrets,
-            service_monitors: None,
             digest_key: DigestKey::fixed(TEST_DIGEST_KEY),
             foreign_deployments,
             foreign_config_maps,
+            foreign_service_monitors,
         }
     }
     /// A child of any kind of the table in its cache, as its watch would put it there.
@@ -186,20 +209,10 @@ impl Cluster {
         self.foreign_config_maps
             .apply_watcher_event(&watcher::Event::Apply(unmanaged(name)));
     }
-    /// A cluster that serves the ServiceMonitor API.
-    pub fn with_service_monitors() -> Self {
-        let mut cluster = Self::new();
-        let (reader, mut writer) = cache();
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        cluster.stores.service_monitors = Some(reader);
-        cluster.service_monitors = Some(writer);
-        cluster
-    }
-    pub fn service_monitor(&mut self, sm: DynamicObject) {
-        self.service_monitors
-            .as_mut()
-            .unwrap()
-            .apply_watcher_event(&watcher::Event::Apply(compact(&sm)));
+    /// Someone else's ServiceMonitor named `name`, in the instance's namespace.
+    pub fn foreign_service_monitor(&mut self, name: &str) {
+        self.foreign_service_monitors
+            .apply_watcher_event(&watcher::Event::Apply(unmanaged(name)));
     }
     pub fn secret(&mut self, name: &str, version: &str) {
         let meta: PartialObjectMeta<Secret> = serde_json::from_value(json!({

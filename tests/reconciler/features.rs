@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn every_feature_on_applies_each_child_then_settles_with_no_request() {
-    let mut cluster = Cluster::with_service_monitors();
+    let mut cluster = Cluster::with_crds();
     let deployment = create_full(&mut cluster, 3).await;
 
     let pod = &deployment["spec"]["template"]["spec"];
@@ -170,7 +170,7 @@ async fn a_service_monitor_without_its_api_is_a_condition_not_an_error_loop() {
 
 #[tokio::test]
 async fn the_service_monitor_is_removed_when_turned_off() {
-    let mut cluster = Cluster::with_service_monitors();
+    let mut cluster = Cluster::with_crds();
     create_full(&mut cluster, 1).await;
     let mut mc = full(1);
     mc.spec.monitoring.as_mut().unwrap().service_monitor = None;
@@ -178,7 +178,7 @@ async fn the_service_monitor_is_removed_when_turned_off() {
         &mut cluster,
         mc,
         vec![
-            expect(Method::DELETE, SERVICE_MONITORS).reply(
+            expect(Method::DELETE, *SERVICE_MONITORS).reply(
                 StatusCode::OK,
                 json!({"kind": "Status", "status": "Success"}),
             ),

@@ -82,9 +82,7 @@ pub(crate) async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
         [
             expect(Method::PATCH, *NETWORK_POLICIES).create(),
             expect(Method::PATCH, *AUTOSCALERS).create(),
-            // No foreign watch for ServiceMonitors: the name is read once before one is created.
-            expect(Method::GET, SERVICE_MONITORS).fail(404, "NotFound"),
-            expect(Method::PATCH, SERVICE_MONITORS).create(),
+            expect(Method::PATCH, *SERVICE_MONITORS).create(),
         ],
     );
     script.extend(children);
@@ -116,13 +114,8 @@ pub(crate) async fn create_full(cluster: &mut Cluster, size: i32) -> Value {
     cluster.child::<HorizontalPodAutoscaler>(
         serde_json::from_value(as_stored(&seen[i + 1].body)).unwrap(),
     );
-    assert_eq!(
-        seen[i + 2].method,
-        Method::GET,
-        "the ServiceMonitor's name, read"
-    );
-    cluster.service_monitor(serde_json::from_value(as_stored(&seen[i + 3].body)).unwrap());
-    let event = &seen[i + 4].body;
+    cluster.child::<ServiceMonitor>(serde_json::from_value(as_stored(&seen[i + 2].body)).unwrap());
+    let event = &seen[i + 3].body;
     assert_eq!(event["reason"], "Created");
     assert_eq!(
         event["note"],

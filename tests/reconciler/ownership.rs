@@ -92,23 +92,22 @@ async fn a_same_named_server_list_the_operator_does_not_manage_is_left_alone() {
     );
 }
 
-/// A ServiceMonitor of the instance's name that is not the operator's is left alone: the instance says
-/// whose it is, and nothing is applied to it (an unforced apply would have taken it over, owner reference
-/// and all, and garbage collection would delete it with the instance).
+/// A ServiceMonitor of the instance's name that is not the operator's (seen by its foreign watch, as
+/// every kind of the table) is left alone: the instance says whose it is, and nothing is applied to it
+/// (an unforced apply would have taken it over, owner reference and all, and garbage collection would
+/// delete it with the instance).
 #[tokio::test]
 async fn a_foreign_service_monitor_of_the_same_name_is_not_taken_over() {
-    let mut cluster = Cluster::with_service_monitors();
+    let mut cluster = Cluster::with_crds();
     let mc = with_spec(
         1,
         json!({"monitoring": {"exporter": {"enabled": true},
                                                "serviceMonitor": {"enabled": true}}}),
     );
-    let theirs = json!({"apiVersion": "monitoring.coreos.com/v1", "kind": "ServiceMonitor",
-        "metadata": {"name": "cache", "namespace": NS, "labels": {"team": "web"}}});
+    cluster.foreign_service_monitor(NAME);
     let mut script = created_children(*DEPLOYMENTS, 1);
     script.pop();
     script.extend([
-        expect(Method::GET, SERVICE_MONITORS).reply(StatusCode::OK, theirs),
         event(),
         expect(Method::PATCH, STATUS).apply(),
         event(),

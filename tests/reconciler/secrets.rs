@@ -5,7 +5,7 @@ use super::*;
 
 #[tokio::test]
 async fn a_changed_secret_rolls_the_pods() {
-    let mut cluster = Cluster::with_service_monitors();
+    let mut cluster = Cluster::with_crds();
     let before = create_full(&mut cluster, 1).await;
     let mc = settle_status(&mut cluster, full(1)).await;
 
@@ -189,7 +189,7 @@ async fn a_digest_key_the_operator_may_not_make_is_degraded_and_names_it() {
 /// is Degraded, and the message says what is wrong without quoting the file.
 #[tokio::test]
 async fn an_auth_file_memcached_would_misread_is_not_rolled_out() {
-    let mut cluster = Cluster::with_service_monitors();
+    let mut cluster = Cluster::with_crds();
     create_full(&mut cluster, 1).await;
     let mc = settle_status(&mut cluster, full(1)).await;
 

@@ -6,7 +6,6 @@ use serde_json::Value;
 
 use crate::cluster::paths::{
     APPLY, DEPLOYMENT, DIGEST_KEY, EVENTS, HEADLESS, LEASE, LEASES, MONITORING, PDB, SERVICE,
-    SERVICE_MONITORS,
 };
 
 pub const MANAGED: &str = "app.kubernetes.io/managed-by=memcached-operator";
@@ -72,8 +71,8 @@ pub fn only_lease_requests(fake: &Fake) -> bool {
 }
 
 /// Nothing was asked of a path the fake does not serve, and nothing was refused, except reads of what
-/// the operator creates when it is missing: the Lease, the digest key, a ServiceMonitor (read by name
-/// before it is created, as ServiceMonitors have no foreign watch).
+/// the operator creates when it is missing (the Lease, the digest key) and the discovery of a CRD's API
+/// the cluster does not serve.
 pub fn assert_no_unexpected_requests(fake: &Fake) {
     let unexpected: Vec<String> = fake
         .requests()
@@ -84,14 +83,7 @@ pub fn assert_no_unexpected_requests(fake: &Fake) {
             // Discovery of an API group the cluster does not serve.
             let no_service_monitors = r.status == 404 && r.is(&Method::GET, MONITORING);
             let key_not_made_yet = r.status == 404 && r.is(&Method::GET, DIGEST_KEY);
-            let monitor_not_made_yet = r.status == 404
-                && r.method == Method::GET
-                && r.path.starts_with(&format!("{SERVICE_MONITORS}/"));
-            refused
-                && !lease_not_created_yet
-                && !no_service_monitors
-                && !key_not_made_yet
-                && !monitor_not_made_yet
+            refused && !lease_not_created_yet && !no_service_monitors && !key_not_made_yet
         })
         .map(Req::line)
         .collect();

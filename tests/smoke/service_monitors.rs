@@ -1,11 +1,11 @@
-//! ServiceMonitors follow what the cluster serves: applied where monitoring.coreos.com/v1 is served,
-//! never asked for where it is not.
+//! ServiceMonitors, the table's kind of a CRD, follow what the cluster serves: watched and applied as
+//! every kind of the table where monitoring.coreos.com/v1 is served, never asked for where it is not.
 
 use axum::http::Method;
 use fake_apiserver::Req;
 use serde_json::json;
 
-use crate::checks::{MANAGED, assert_created, lines, of};
+use crate::checks::{MANAGED, UNMANAGED, assert_created, lines, of};
 use crate::cluster::paths::{SERVICE_MONITORS, STATUS};
 use crate::cluster::world::{World, memcached};
 use crate::harness::run_once;
@@ -16,19 +16,22 @@ async fn service_monitors_follow_what_the_cluster_serves() {
     instance["spec"]["monitoring"] =
         json!({"exporter": {"enabled": true}, "serviceMonitor": {"enabled": true}});
 
-    // Served: listed and watched by label, and one applied for the instance.
+    // Served: listed and watched by label (the operator's own, and others' of a child's name), and one
+    // applied for the instance.
     let world = World {
         memcacheds: vec![instance.clone()],
-        service_monitors: Some(vec![]),
+        installed: vec![SERVICE_MONITORS.rsplit('/').next().unwrap()],
         ..World::default()
     };
     let requests = run_once(world, "monitors-served").await;
-    let lists: Vec<_> = of(&requests, &Method::GET, SERVICE_MONITORS)
-        .into_iter()
-        .filter(|r| !r.is_watch())
-        .collect();
-    assert_eq!(lists.len(), 1, "{}", lines(&requests));
-    assert_eq!(lists[0].param("labelSelector"), Some(MANAGED));
+    let lists = |selector| {
+        of(&requests, &Method::GET, SERVICE_MONITORS)
+            .into_iter()
+            .filter(|r| !r.is_watch() && r.param("labelSelector") == Some(selector))
+            .count()
+    };
+    assert_eq!(lists(MANAGED), 1, "{}", lines(&requests));
+    assert_eq!(lists(UNMANAGED), 1, "{}", lines(&requests));
     let applied = of(
         &requests,
         &Method::PATCH,

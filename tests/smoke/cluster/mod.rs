@@ -40,7 +40,7 @@ async fn serve(world: World, lease: Option<Value>, tls: bool) -> Arc<Fake> {
     let fake = Fake::start(Options {
         tls,
         outages: true,
-        service_monitors: world.service_monitors.is_some(),
+        installed: world.installed.clone(),
         children: kinds::collections(),
         ..Options::default()
     })

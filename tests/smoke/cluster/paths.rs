@@ -16,7 +16,7 @@ pub static STATEFULSETS: LazyLock<&str> = LazyLock::new(collection_path::<Statef
 pub static CONFIGMAPS: LazyLock<&str> = LazyLock::new(collection_path::<ConfigMap>);
 pub static SERVICES: LazyLock<&str> = LazyLock::new(collection_path::<Service>);
 pub static PDBS: LazyLock<&str> = LazyLock::new(collection_path::<PodDisruptionBudget>);
-/// The collection of every kind of child, in the table's order.
+/// The collection of every kind of child every cluster serves (no CRD's), in the table's order.
 pub static CHILDREN: LazyLock<Vec<&str>> = LazyLock::new(collection_paths);
 pub const PODS: &str = "/api/v1/namespaces/default/pods";
 pub const SECRETS: &str = "/api/v1/namespaces/default/secrets";

@@ -16,8 +16,9 @@ pub struct World {
     pub pods: Vec<Value>,
     /// Full Secrets: the operator lists and watches them metadata-only, and gets them whole by name.
     pub secrets: Vec<Value>,
-    /// ServiceMonitors, or `None` when the cluster does not serve their API.
-    pub service_monitors: Option<Vec<Value>>,
+    /// The kinds of CRDs the cluster serves, by plural (a kind of the operator's table that the cluster
+    /// may not serve is served only when named here).
+    pub installed: Vec<&'static str>,
     /// List paths answered only after this delay, as a large list or a busy API server would be.
     pub slow_lists: Vec<(&'static str, Duration)>,
 }
@@ -30,7 +31,7 @@ impl Default for World {
             children: vec![],
             pods: vec![],
             secrets: vec![],
-            service_monitors: None,
+            installed: vec![],
             slow_lists: vec![],
         }
     }
@@ -55,7 +56,6 @@ impl World {
             ("memcacheds", self.memcacheds),
             ("pods", self.pods),
             ("secrets", self.secrets),
-            ("servicemonitors", self.service_monitors.unwrap_or_default()),
         ];
         for (plural, objects) in collections {
             for obj in objects {

@@ -104,10 +104,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
     .await;
     // The operand stats collector: its own task, reading the same caches once they are filled, stopped
     // with the controller.
+    // One key per process, shared by the reconciles and the collector: its Secret is read once.
+    let digest_key = DigestKey::new(digest_key_location(&args, &config));
     let collector = (!args.stats_interval.is_zero()).then(|| {
         spawn_collector(
             &args,
-            digest_key_location(&args, &config),
+            digest_key.clone(),
             &watches,
             &client,
             &metrics,
@@ -119,6 +121,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         namespace: args.namespace.clone(),
         settings: settings(&args, &config, collector.is_some()),
         reporter_instance: Some(identity),
+        digest_key,
     };
     let controller = run::run(
         watches,
@@ -253,7 +256,7 @@ async fn lead(
 /// Starts the operand stats collector over the watches' caches.
 fn spawn_collector(
     args: &RunArgs,
-    digest_key: KeyLocation,
+    digest_key: DigestKey,
     watches: &run::Watches,
     client: &Client,
     metrics: &Arc<Metrics>,
@@ -278,7 +281,7 @@ fn spawn_collector(
                 client.clone(),
                 stores.secrets.clone(),
                 stores.secret_cache.clone(),
-                DigestKey::new(digest_key),
+                digest_key,
             ),
         },
         metrics.operand(),

@@ -23,6 +23,7 @@ use crate::api::Memcached;
 use crate::controller::{Context, Settings, error_policy, system_clock};
 use crate::metrics::Metrics;
 use crate::store::compact::trim_instance;
+use crate::store::digest_key::DigestKey;
 
 /// Where and how to run the controller.
 pub struct RunOptions {
@@ -32,6 +33,8 @@ pub struct RunOptions {
     pub settings: Settings,
     /// Identity of this replica in the events it records (the pod name).
     pub reporter_instance: Option<String>,
+    /// The process's one digest key (the stats collector shares it: read once per process).
+    pub digest_key: DigestKey,
 }
 
 /// Runs the controller over `watches` until shutdown (theirs); in-flight reconciles finish first.
@@ -57,15 +60,18 @@ pub async fn run(
     } = watches;
     let stopped_unlisted = stopped_before_listing(shutdown.clone(), mc_listed);
     let memcacheds = stores.memcacheds.clone();
-    let ctx = Arc::new(Context::sharing(
-        client,
-        options.settings,
-        stores,
-        metrics,
-        options.reporter_instance,
-        system_clock(),
-        written,
-    ));
+    let ctx = Arc::new(
+        Context::sharing(
+            client,
+            options.settings,
+            stores,
+            metrics,
+            options.reporter_instance,
+            system_clock(),
+            written,
+        )
+        .with_digest_key(options.digest_key),
+    );
     let mc_stream = instances(&ctx, &connectivity, mc_api, mc_writer, mc_listed_tx);
 
     info!(

@@ -8,7 +8,7 @@ use super::each::{Gathered, Subject, addresses};
 use super::state::{Collector, READ_TIMEOUT};
 use crate::api::Memcached;
 use crate::connection::ServerNames;
-use crate::resources::proxy::proxy_name;
+use crate::resources::proxy::{proxy_name, stats_port};
 use crate::store::pod_index::still_at;
 use crate::store::secrets::Transport;
 use crate::telemetry::client::{ProxyReading, Target};
@@ -61,7 +61,7 @@ impl Collector {
         (namespace, name): &InstanceKey,
         mc: &Memcached,
     ) -> Vec<(String, SocketAddr)> {
-        let Ok(port) = u16::try_from(mc.spec.container_port) else {
+        let Ok(port) = u16::try_from(stats_port(&mc.spec)) else {
             return Vec::new();
         };
         if mc.spec.proxy().is_none() {

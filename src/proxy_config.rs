@@ -165,7 +165,7 @@ impl Files {
 
     /// Writes them into `dir`, each atomically: the library and the CA bundle before the configuration
     /// that needs them.
-    fn write(&self, dir: &Path) -> std::io::Result<()> {
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
         if let Some(ca) = &self.client_ca {
             write_atomically(&dir.join(identities::LIBRARY_FILE), identities::LIBRARY)?;
             write_atomically(&dir.join(identities::CA_FILE), ca)?;

@@ -63,6 +63,9 @@ pub const MAX_PREFIXES: usize = 8;
 pub const MAX_PREFIX_LEN: usize = 128;
 /// Default key of the client CA Secret.
 pub const DEFAULT_CLIENT_CA_KEY: &str = "ca.crt";
+/// Message of [`IDENTITIES_UNIQUE_RULE`].
+pub const IDENTITIES_UNIQUE_MESSAGE: &str =
+    "spec.proxy.access.identities need distinct names and distinct commonNames";
 /// Rule on `identities`: names and certificate names are unique.
 const IDENTITIES_UNIQUE_RULE: &str = "self.all(i, self.exists_one(j, j.name == i.name)) \
      && self.all(i, self.exists_one(j, (has(j.commonName) ? j.commonName : j.name) \
@@ -128,7 +131,7 @@ pub struct ProxyAccess {
     #[schemars(length(min = 1, max = 32))]
     #[schemars(extend("x-kubernetes-validations" = [{
         "rule": IDENTITIES_UNIQUE_RULE,
-        "message": "identities need distinct names and distinct commonNames"
+        "message": IDENTITIES_UNIQUE_MESSAGE
     }]))]
     pub identities: Vec<ProxyIdentity>,
 }

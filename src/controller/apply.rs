@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
@@ -177,7 +177,11 @@ async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) ->
     let instance = view.instance;
     let source = view.source();
     let api = writer.api(instance.namespace);
-    match proxy::routes::config_map(instance, published) {
+    let routed = match instance.spec.workload {
+        Workload::StatefulSet if instance.spec.proxy().is_some() => pod_routes(view, published)?,
+        _ => published.to_vec(),
+    };
+    match proxy::routes::config_map(instance, &routed) {
         Some(routes) => {
             children::ensure(instance, routes, &source, api).await?;
         }
@@ -186,6 +190,37 @@ async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) ->
         }
     }
     Ok(())
+}
+
+/// A StatefulSet's published slots as the proxy's route lists them: by their ready pods' addresses, not
+/// their DNS names (see [`servers::route_servers`]); a slot whose pod is not ready keeps the address the
+/// route as last written (the cached ConfigMap, against the previous `status.servers`) gave it.
+fn pod_routes(view: &View<'_>, published: &[Server]) -> Result<Vec<Server>, Error> {
+    let instance = view.instance;
+    let source = view.source();
+    let live: Option<Arc<ConfigMap>> =
+        children::cached(instance, &proxy::proxy_name(instance.name), &source)?;
+    let written = live
+        .as_deref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(proxy::routes::DATA_KEY))
+        .and_then(|data| proxy::routes::Route::parse(data).ok())
+        .map(|route| route.servers)
+        .unwrap_or_default();
+    let before = view
+        .mc
+        .status
+        .as_ref()
+        .map(|s| s.servers.as_slice())
+        .unwrap_or_default();
+    let routed = servers::routed_by_slot(before, &written);
+    let members: Vec<servers::Member> = view
+        .pods
+        .iter()
+        .filter_map(|p| servers::Member::of(p))
+        .collect();
+    let port = instance.spec.container_port;
+    Ok(servers::route_servers(published, &members, port, &routed))
 }
 
 /// The Deployment, with the handover gate on its template while a rollout can be warm, and the copies

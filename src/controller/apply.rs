@@ -174,7 +174,8 @@ async fn server_list(writer: &Writer, view: &View<'_>, published: &[Server]) -> 
 /// proxy before its servers go. Created with the proxy (over an empty list, if need be: its pods wait
 /// for it), deleted with it. Not an event either: it changes with the list.
 async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
-    let instance = view.instance;
+    // With access control the route carries the client CA and the trust epoch the Deployment records.
+    let instance = &view.instance.with_proxy_access(proxy_access(view)?);
     let source = view.source();
     let api = writer.api(instance.namespace);
     let routed = match instance.spec.workload {

@@ -212,8 +212,10 @@ fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
 
 /// Whether `identities` have distinct names and distinct common names (`IDENTITIES_UNIQUE_RULE`).
 fn distinct(identities: &[crate::api::ProxyIdentity]) -> bool {
-    let names: std::collections::BTreeSet<&str> = identities.iter().map(|i| i.name.as_str()).collect();
-    let common: std::collections::BTreeSet<&str> = identities.iter().map(|i| i.common_name()).collect();
+    let names: std::collections::BTreeSet<&str> =
+        identities.iter().map(|i| i.name.as_str()).collect();
+    let common: std::collections::BTreeSet<&str> =
+        identities.iter().map(|i| i.common_name()).collect();
     names.len() == identities.len() && common.len() == identities.len()
 }
 
@@ -232,7 +234,11 @@ fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         crate::api::PROXY_HASHING_MESSAGE
     } else if proxy.access.is_some() && spec.tls().is_none() {
         crate::api::PROXY_ACCESS_TLS_MESSAGE
-    } else if proxy.access.as_ref().is_some_and(|access| !distinct(&access.identities)) {
+    } else if proxy
+        .access
+        .as_ref()
+        .is_some_and(|access| !distinct(&access.identities))
+    {
         crate::api::IDENTITIES_UNIQUE_MESSAGE
     } else {
         return Ok(());

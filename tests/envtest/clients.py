@@ -11,7 +11,8 @@ tells users to:
               pymemcache Client per published server, in list order
   plain       one plain pymemcache Client of the one address given (the proxy's, tests/envtest/proxy.rs);
               over TLS when the request has `tls_ca` (a PEM CA: the server's certificate is verified
-              against it and the host name given)
+              against it and the host name given), presenting the client certificate `tls_cert` (PEM,
+              with its key `tls_key`) when given; keys start with `key_prefix` when given
 
 One JSON request on stdin, one JSON answer on stdout:
 
@@ -21,6 +22,9 @@ One JSON request on stdin, one JSON answer on stdout:
    "hosts": {"name": "ip", ...}}
       -> {"library": "...", "keys": N, "hits": n, "seconds": s}   (fill: hits = keys stored)
 
+  {"op": "raw", "servers": [proxy], "commands": ["get k\r\n", ...], "tls_ca": .., "tls_cert": ..}
+      -> {"answers": ["...", ...]}   (each command on a new connection: its first line, or "closed",
+                                      or "error: ..." when the connection or handshake failed)
   {"op": "held", "servers": [...], "keys": N, "value_len": L}
       -> {"held": [[i, ...], ...]}   (per server, asked alone: the indexes of the keys it holds)
   {"op": "watch", "hashing": "plain", "servers": [proxy], "keys": N, "value_len": L, "seconds": S}
@@ -53,8 +57,11 @@ MS_REC = 0x4000
 MS_PRIVATE = 0x40000
 
 
+KEY_PREFIX = ""
+
+
 def key(i):
-    return f"real-client-key-{i:05}"
+    return f"{KEY_PREFIX}real-client-key-{i:05}"
 
 
 def value(i, length):
@@ -169,16 +176,13 @@ class Jump:
 class Plain:
     """One plain pymemcache Client of the one address given (the proxy's): no hashing, no list."""
 
-    def __init__(self, servers, tls_ca=None):
-        import ssl
-
+    def __init__(self, servers, tls_ca=None, tls_cert=None):
         import pymemcache
         from pymemcache.client.base import Client
 
         self.library = f"pymemcache {pymemcache.__version__} Client"
         (server,) = read_servers(servers)
-        context = ssl.create_default_context(cadata=tls_ca) if tls_ca else None
-        self.client = Client(server, tls_context=context)
+        self.client = Client(server, tls_context=tls_context(tls_ca, tls_cert))
 
     def set_many(self, items):
         # noreply=False: pymemcache's default sends sets without waiting for answers and reports none
@@ -189,9 +193,51 @@ class Plain:
         return {k: v.decode() for k, v in self.client.get_many(keys).items()}
 
 
-def client(hashing, servers, tls_ca=None):
+def tls_context(tls_ca, tls_cert):
+    """A client TLS context trusting `tls_ca`, presenting `tls_cert` (certificate and key PEM), or None."""
+    import ssl
+
+    if not tls_ca:
+        return None
+    context = ssl.create_default_context(cadata=tls_ca)
+    if tls_cert:
+        with tempfile.NamedTemporaryFile("w", suffix=".pem") as f:
+            f.write(tls_cert["cert"] + tls_cert["key"])
+            f.flush()
+            context.load_cert_chain(f.name)
+    return context
+
+
+def raw(request):
+    """Each command on a new connection to the one server: the first line of its answer."""
+    import socket
+
+    (server,) = read_servers(request["servers"])
+    host, port = server
+    context = tls_context(request.get("tls_ca"), request.get("tls_cert"))
+    answers = []
+    for command in request["commands"]:
+        try:
+            s = socket.create_connection((host, port), timeout=5)
+            if context:
+                s = context.wrap_socket(s, server_hostname=host)
+            s.sendall(command.encode())
+            data = b""
+            while b"\n" not in data:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                data += chunk
+            s.close()
+            answers.append(data.split(b"\r\n")[0].decode() if data else "closed")
+        except (OSError, ValueError) as e:
+            answers.append(f"error: {type(e).__name__}: {e}")
+    return {"answers": answers}
+
+
+def client(hashing, servers, tls_ca=None, tls_cert=None):
     if hashing == "plain":
-        return Plain(servers, tls_ca)
+        return Plain(servers, tls_ca, tls_cert)
     if hashing == "ketama":
         return Libmemcached(servers, {"ketama_weighted": True})
     if hashing == "modula":
@@ -267,8 +313,12 @@ def watch(request):
 
 
 def run(request):
+    global KEY_PREFIX
+    KEY_PREFIX = request.get("key_prefix", "")
     if request.get("hosts"):
         stand_in_dns(request["hosts"])
+    if request["op"] == "raw":
+        return raw(request)
     if request["op"] == "held":
         return held(request)
     if request["op"] == "watch":
@@ -277,7 +327,7 @@ def run(request):
         # A list the libraries accept (nothing is connected): the library is importable and configurable.
         return {"library": client(request["hashing"], ["127.0.0.1:11211"]).library}
     started = time.monotonic()
-    c = client(request["hashing"], request["servers"], request.get("tls_ca"))
+    c = client(request["hashing"], request["servers"], request.get("tls_ca"), request.get("tls_cert"))
     n, length = request["keys"], request["value_len"]
     done = 0
     for first in range(0, n, BATCH):

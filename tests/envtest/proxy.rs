@@ -16,6 +16,7 @@
 //! the proxy to have reloaded it (its `proxy_config_reloads` counting the change and then staying still).
 //! Meanwhile a [`RouteWatch`] times each change of the route ConfigMap to the proxy's reload of it.
 
+mod access;
 mod server_loss;
 mod statefulset;
 mod tls;

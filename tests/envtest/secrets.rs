@@ -9,7 +9,7 @@ use kube::api::{Patch, PatchParams};
 
 use crate::{FIELD_MANAGER, Scenario};
 
-async fn apply(s: &Scenario, name: &str, type_: &str, data: BTreeMap<String, ByteString>) {
+pub async fn apply(s: &Scenario, name: &str, type_: &str, data: BTreeMap<String, ByteString>) {
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(name.to_owned()),

@@ -114,17 +114,14 @@ pub fn command_line(
     line
 }
 
-/// A `-l` value (`[notls:]<address>[:<port>]`, comma-separated) on the pod's IP: every address (`*`) and
-/// the pod's loopback (`127.0.0.1`) become the pod's IP, which the stand-in's pods listen on instead
-/// (they share the machine's network); `notls:` and ports stay.
+/// A `-l` value (`[notls:|btls:|mtls:][proto[..]:][tag[..]:]<address>[:<port>]`, comma-separated) on
+/// the pod's IP: every address (`*`) and the pod's loopback (`127.0.0.1`) become the pod's IP, which the
+/// stand-in's pods listen on instead (they share the machine's network); the prefixes and ports stay.
 pub fn listen_on(value: &str, ip: Ipv4Addr) -> String {
     value
         .split(',')
         .map(|entry| {
-            let (prefix, rest) = match entry.strip_prefix("notls:") {
-                Some(rest) => ("notls:", rest),
-                None => ("", entry),
-            };
+            let (prefix, rest) = split_prefixes(entry);
             let (host, port) = match rest.rsplit_once(':') {
                 Some((host, port)) if !host.contains(':') => (host, Some(port)),
                 _ => (rest, None),
@@ -138,6 +135,25 @@ pub fn listen_on(value: &str, ip: Ipv4Addr) -> String {
         })
         .collect::<Vec<_>>()
         .join(",")
+}
+
+/// An entry of `-l` as (its TLS, protocol and tag prefixes, the address with its port).
+fn split_prefixes(entry: &str) -> (&str, &str) {
+    let mut rest = entry;
+    for tls in ["notls:", "btls:", "mtls:"] {
+        if let Some(after) = rest.strip_prefix(tls) {
+            rest = after;
+            break;
+        }
+    }
+    for bracketed in ["proto[", "tag["] {
+        if rest.starts_with(bracketed)
+            && let Some(end) = rest.find("]:")
+        {
+            rest = &rest[end + 2..];
+        }
+    }
+    (&entry[..entry.len() - rest.len()], rest)
 }
 
 /// Rewrites a pod's paths and loopback to the stand-in's: each (mount path, local directory) of the
@@ -494,6 +510,13 @@ mod tests {
         assert_eq!(
             listen_on("[::1]:5,notls:10.0.0.1", ip),
             "[::1]:5,notls:10.0.0.1"
+        );
+        assert_eq!(
+            listen_on(
+                "mtls:tag[client]:*:11211,btls:*:11298,notls:127.0.0.1:11299",
+                ip
+            ),
+            "mtls:tag[client]:127.1.0.7:11211,btls:127.1.0.7:11298,notls:127.1.0.7:11299"
         );
     }
 

@@ -452,9 +452,21 @@ fn with_access_clients_need_a_certificate_and_the_operator_has_its_own_listener(
     assert_eq!(template[identities::EPOCH_ANNOTATION], "e1");
     // The init container waits for the route of that epoch; the sidecar takes any.
     let init = &pod.init_containers.as_ref().unwrap()[0];
-    assert!(init.args.as_ref().unwrap().contains(&"--trust-epoch=e1".to_owned()));
+    assert!(
+        init.args
+            .as_ref()
+            .unwrap()
+            .contains(&"--trust-epoch=e1".to_owned())
+    );
     let sidecar = &pod.containers[1];
-    assert!(!sidecar.args.as_ref().unwrap().iter().any(|a| a.starts_with("--trust-epoch")));
+    assert!(
+        !sidecar
+            .args
+            .as_ref()
+            .unwrap()
+            .iter()
+            .any(|a| a.starts_with("--trust-epoch"))
+    );
 }
 
 #[test]
@@ -520,7 +532,14 @@ fn with_access_the_operator_alone_reaches_the_stats_listener() {
     assert_eq!(port(&rules[1]), Some(IntOrString::Int(11298)));
     let operator = rules[1].from.as_ref().unwrap();
     assert_eq!(operator.len(), 1);
-    assert!(operator[0].namespace_selector.is_some(), "the operator's pods only");
+    assert!(
+        operator[0].namespace_selector.is_some(),
+        "the operator's pods only"
+    );
     let clients = rules[0].from.as_ref().unwrap();
-    assert_eq!(clients.len(), 1, "the namespace's pods, without the operator's");
+    assert_eq!(
+        clients.len(),
+        1,
+        "the namespace's pods, without the operator's"
+    );
 }

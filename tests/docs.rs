@@ -73,6 +73,25 @@ fn operations_guide_covers_metrics_flags_conditions_and_the_legacy_finalizer() {
     assert!(guide.contains(api::FINALIZER));
 }
 
+/// `text` with every inline code span (between single backticks on one line) blanked: a regular
+/// expression in one (`[a-z]([-a-z]*)`) is no link.
+fn without_code_spans(text: &str) -> String {
+    text.lines()
+        .map(|line| {
+            let mut inside = false;
+            line.chars()
+                .map(|c| {
+                    if c == '`' {
+                        inside = !inside;
+                    }
+                    if inside { ' ' } else { c }
+                })
+                .collect::<String>()
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Relative links between the docs (and from the README) point at files that exist, and a link to a
 /// section of a markdown file at a heading it has.
 #[test]
@@ -86,7 +105,7 @@ fn doc_links_resolve() {
         "docs/architecture.md",
         "charts/memcached-operator/README.md",
     ] {
-        let text = read(doc);
+        let text = without_code_spans(&read(doc));
         let base = repo(doc).parent().unwrap().to_path_buf();
         for (i, _) in text.match_indices("](") {
             let rest = &text[i + 2..];

@@ -7,6 +7,7 @@
 //! `MEMCACHED_PROXY_BINARY`; the test passes with a message saying so when it is unset (CI has none).
 //! The same binary runs the backend, as a plain server.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -18,6 +19,7 @@ use memcached_operator::proxy_config::Files;
 use memcached_operator::resources::proxy::identities::{ClientCa, RouteAccess, RouteIdentity};
 use memcached_operator::resources::proxy::routes::{Route, render};
 use memcached_operator::resources::proxy::{ops_port, proxy_args_in};
+use memcached_operator::telemetry::proxy::{AccessCounters, AccessNames, parse_access};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
@@ -294,6 +296,23 @@ fn identities_reach_their_prefixes_only_and_changes_apply_in_place() {
     assert!(
         reply.contains("STAT user_access_unknown_refused 1\r\n"),
         "{reply}"
+    );
+    // What the collector keeps of it: the spec's identities and `unknown`, with their exact counts
+    // (orders: 9 requests, of which 5 denied; reports: 3 and 2; the stranger's one request).
+    let access: memcached_operator::api::ProxyAccess = serde_json::from_value(serde_json::json!({
+        "clientCA": {"secretName": "clients"},
+        "identities": [{"name": "orders", "prefixes": ["orders:"]}],
+    }))
+    .unwrap();
+    let kept = parse_access(reply.as_bytes(), &AccessNames::of(&access)).unwrap();
+    let counted = |requests, refused| AccessCounters { requests, refused };
+    assert_eq!(
+        kept,
+        BTreeMap::from([
+            ("orders".to_owned(), counted(9, 5)),
+            ("unknown".to_owned(), counted(1, 1)),
+        ]),
+        "reports is not in this spec: left out"
     );
     assert!(ask(&mut stats, "stats\r\n").contains("STAT proxy_conn_requests"));
     assert_eq!(ask(&mut stats, "get orders:1\r\n"), refused);

@@ -51,7 +51,7 @@ fn traffic(port: u16, count: usize) -> usize {
 
 async fn read(port: u16) -> ProxyReading {
     let address = SocketAddr::from(([127, 0, 0, 1], port));
-    read_proxy(&Target::plain(address), Duration::from_secs(2))
+    read_proxy(&Target::plain(address), Duration::from_secs(2), None)
         .await
         .expect("the proxy's stats")
 }

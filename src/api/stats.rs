@@ -90,4 +90,33 @@ pub struct ProxyStats {
     /// Ready, non-terminating proxy pods with an address in the latest collection.
     #[schemars(range(min = 0))]
     pub proxies_ready: i32,
+
+    /// With access control (`spec.proxy.access`): per identity of the spec, and `unknown` (verified
+    /// certificates naming no identity), its requests and refusals since each proxy pod started, summed
+    /// over the pods read, by name. Only names the spec has (at most 32, and `unknown`); an identity no
+    /// pod read reports yet is left out. Absent without access control or when no pod could be read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 33))]
+    pub identities: Vec<IdentityStats>,
+}
+
+/// One identity's requests and refusals through the proxy (`status.stats.proxy.identities`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IdentityStats {
+    /// The identity's name (`spec.proxy.access.identities[].name`), or `unknown`.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+
+    /// Its requests, allowed or refused (`user_access_<name>_requests` of `stats proxy`), since each
+    /// proxy pod started, summed over the pods read. For `unknown`, whose every request is refused, its
+    /// refusals.
+    #[schemars(range(min = 0))]
+    pub requests: i64,
+
+    /// Its requests the proxy refused (a key outside its prefixes, a write of a read-only identity, or
+    /// for `unknown` every request: `user_access_<name>_refused`), since each proxy pod started, summed
+    /// over the pods read.
+    #[schemars(range(min = 0))]
+    pub refusals: i64,
 }

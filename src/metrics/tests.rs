@@ -155,6 +155,11 @@ fn record_operand_samples(operand: &OperandMetrics) {
             address: "10.0.0.1:11211".to_owned(),
             down: false,
         }],
+        access: [(
+            "orders".to_owned(),
+            crate::telemetry::proxy::AccessCounters::default(),
+        )]
+        .into(),
     };
     operand.set_proxies(
         ("ns".into(), "read".into()),

@@ -21,7 +21,7 @@ pub use crate::connection::{
     LinkError, ServerNames, Target, TlsClient, TlsError, TlsMaterial, matching_pair,
 };
 
-use super::proxy::{self, ProxyCounters};
+use super::proxy::{self, AccessCounters, AccessNames, ProxyCounters};
 use super::stats::{self, MAX_REPLY_BYTES, ParseError, Stats};
 
 /// What one read gave: the stats and, over TLS, what the server presented.
@@ -32,11 +32,13 @@ pub struct Reading {
 }
 
 /// What one read of a proxy pod gave: its counters, the backends it marks down (by label, how many of
-/// its worker threads do), and over TLS what it presented.
+/// its worker threads do), with access control the counters of each identity it was asked for (by name;
+/// empty without), and over TLS what it presented.
 #[derive(Clone, Debug)]
 pub struct ProxyReading {
     pub counters: ProxyCounters,
     pub down: std::collections::BTreeMap<String, u64>,
+    pub access: std::collections::BTreeMap<String, AccessCounters>,
     pub certificate: Option<Presented>,
 }
 
@@ -109,23 +111,40 @@ pub async fn read_stats(target: &Target, timeout: Duration) -> Result<Stats, Rea
 }
 
 /// [`read`] of a proxy pod: the same connection and bounds, then `stats` and `stats proxybe`
-/// ([`super::proxy`]). No `refresh_certs`: a proxy's certificate is not the servers'.
-pub async fn read_proxy(target: &Target, timeout: Duration) -> Result<ProxyReading, ReadError> {
-    tokio::time::timeout(timeout, proxy_exchange(target))
+/// ([`super::proxy`]); with `access` (the instance has access control), `stats proxy` too, of which
+/// only the counters of `access`'s identities are kept. No `refresh_certs`: a proxy's certificate is not
+/// the servers'.
+pub async fn read_proxy(
+    target: &Target,
+    timeout: Duration,
+    access: Option<&AccessNames>,
+) -> Result<ProxyReading, ReadError> {
+    tokio::time::timeout(timeout, proxy_exchange(target, access))
         .await
         .unwrap_or(Err(ReadError::Timeout(timeout)))
 }
 
-async fn proxy_exchange(target: &Target) -> Result<ProxyReading, ReadError> {
+async fn proxy_exchange(
+    target: &Target,
+    access: Option<&AccessNames>,
+) -> Result<ProxyReading, ReadError> {
     let connection::Connection {
         mut stream,
         presented,
     } = connection::open(target).await?;
     let counters = proxy::parse_counters(&read_reply(&mut stream, b"stats\r\n").await?)?;
     let down = proxy::parse_down(&read_reply(&mut stream, b"stats proxybe\r\n").await?)?;
+    let access = match access {
+        Some(names) => {
+            let reply = read_reply(&mut stream, b"stats proxy\r\n").await?;
+            proxy::parse_access(&reply, names)?
+        }
+        None => std::collections::BTreeMap::new(),
+    };
     Ok(ProxyReading {
         counters,
         down,
+        access,
         certificate: presented.map(|digest| Presented {
             digest,
             refresh: None,

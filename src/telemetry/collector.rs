@@ -1,6 +1,7 @@
 //! The stats collector: every `--stats-interval`, the `stats` of every ready server of every instance,
 //! into the operand metrics, `status.stats` and eviction events; and, when the proxy is on, its pods'
-//! `stats` and `stats proxybe` into the proxy's metrics and `status.stats.proxy` ([`proxies`]).
+//! `stats` and `stats proxybe` (and with `spec.proxy.access`, `stats proxy`: per identity counters) into
+//! the proxy's metrics and `status.stats.proxy` ([`proxies`]).
 //!
 //! It runs as its own task in the leading replica (it is started by the controller, which only the
 //! leader runs) and shares nothing with the reconciler but the caches it reads: a slow or dead server
@@ -229,7 +230,7 @@ impl Collector {
                 }
                 let (mut reads, mut proxy) = tokio::join!(
                     self.read_all(key, servers, &transport),
-                    self.read_proxies(key, proxies, &transport)
+                    self.read_proxies(key, mc, proxies, &transport)
                 );
                 reads.problem = match (reads.problem, proxy.problem.take()) {
                     (Some(servers), Some(proxies)) => Some(format!("{servers}; {proxies}")),

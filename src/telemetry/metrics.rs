@@ -22,7 +22,7 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use super::proxy::ProxySample;
+use super::proxy::{AccessCounters, ProxySample};
 use super::stats::Stats;
 
 /// (namespace, instance name).
@@ -271,6 +271,10 @@ const PROXY_SERIES: &[Series<ProxySample>] = &[
 
 /// The per-backend gauge of a proxy pod.
 const BACKEND_DOWN: &str = "memcached_proxy_backend_down";
+/// The per identity counters of a proxy pod with access control (without `_total`, which the encoder
+/// adds): requests, and those refused.
+const ACCESS_REQUESTS: &str = "memcached_proxy_access_requests";
+const ACCESS_REFUSALS: &str = "memcached_proxy_access_refusals";
 
 /// The name of every operand sample the operator can expose, as a query names it (`_total` on counters):
 /// `memcached_up` and the names of [`SERIES`], so dashboards and alerts can be checked against what this
@@ -280,6 +284,8 @@ pub fn series_names() -> Vec<String> {
         "memcached_up".to_owned(),
         "memcached_proxy_up".to_owned(),
         BACKEND_DOWN.to_owned(),
+        format!("{ACCESS_REQUESTS}_total"),
+        format!("{ACCESS_REFUSALS}_total"),
     ];
     let counted = |name: &str, counter: bool| {
         if counter {
@@ -396,6 +402,53 @@ fn encode_backends(
     Ok(())
 }
 
+/// One access family: its name, its help, and the counter it reads.
+type AccessFamily = (&'static str, &'static str, fn(&AccessCounters) -> u64);
+
+/// Encodes [`ACCESS_REQUESTS`] and [`ACCESS_REFUSALS`]: per proxy pod read, one series per identity it
+/// reported (`identity`: a name of the spec or `unknown`, see [`super::proxy::parse_access`]), with the
+/// pod's counters since it started, as the other proxy counters: a restarted pod starts again from 0 (a
+/// counter reset to `rate()`), a pod gone takes its series with it, and a query sums over `pod`.
+fn encode_access(
+    encoder: &mut DescriptorEncoder,
+    proxies: &BTreeMap<InstanceKey, ProxySamples>,
+) -> Result<(), std::fmt::Error> {
+    let any = proxies
+        .values()
+        .flat_map(BTreeMap::values)
+        .flatten()
+        .any(|sample| !sample.access.is_empty());
+    if !any {
+        return Ok(());
+    }
+    let families: [AccessFamily; 2] = [
+        (
+            ACCESS_REQUESTS,
+            "Requests of the identity through the proxy (spec.proxy.access), allowed or refused, since the proxy pod started",
+            |c| c.requests,
+        ),
+        (
+            ACCESS_REFUSALS,
+            "Requests of the identity the proxy refused (a key outside its prefixes, a write of a read-only identity; every request of identity unknown), since the proxy pod started",
+            |c| c.refused,
+        ),
+    ];
+    for (name, help, value) in families {
+        let mut family = encoder.encode_descriptor(name, help, None, MetricType::Counter)?;
+        for (key, pods) in proxies {
+            for (pod, sample) in pods {
+                let Some(sample) = sample else { continue };
+                for (identity, counters) in &sample.access {
+                    let mut labels = labels(key, pod, &[]);
+                    labels.push(("identity", identity));
+                    ConstCounter::new(value(counters)).encode(family.encode_family(&labels)?)?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl Collector for OperandMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let samples = self.samples.lock().unwrap_or_else(|e| e.into_inner());
@@ -419,6 +472,7 @@ impl Collector for OperandMetrics {
             )?;
             encode_series(&mut encoder, PROXY_SERIES, &proxies)?;
             encode_backends(&mut encoder, &proxies)?;
+            encode_access(&mut encoder, &proxies)?;
         }
         Ok(())
     }
@@ -540,6 +594,7 @@ mod tests {
                     down: true,
                 },
             ],
+            access: BTreeMap::new(),
         };
         metrics.set_proxies(
             key("ns", "cache"),
@@ -578,6 +633,121 @@ mod tests {
         assert_eq!(encode(&metrics), "# EOF\n");
         metrics.set_proxies(key("ns", "cache"), [("p".to_owned(), None)].into());
         metrics.retain_instances(|k| k != &key("ns", "cache"));
+        assert_eq!(encode(&metrics), "# EOF\n");
+    }
+
+    fn access_sample(counts: &[(&str, u64, u64)]) -> ProxySample {
+        use crate::telemetry::proxy::ProxyCounters;
+        ProxySample {
+            counters: ProxyCounters::default(),
+            backends: Vec::new(),
+            access: counts
+                .iter()
+                .map(|&(name, requests, refused)| {
+                    (name.to_owned(), AccessCounters { requests, refused })
+                })
+                .collect(),
+        }
+    }
+
+    /// The value of the sample `series` in `text`, if there.
+    fn value(text: &str, series: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+    }
+
+    #[test]
+    fn access_series_are_per_pod_and_identity_and_follow_restarts_and_pods_gone() {
+        let metrics = Arc::new(OperandMetrics::default());
+        let pods = |a: ProxySample, b: Option<ProxySample>| -> ProxySamples {
+            let mut pods = ProxySamples::from([("cache-proxy-a".to_owned(), Some(a))]);
+            if let Some(b) = b {
+                pods.insert("cache-proxy-b".to_owned(), Some(b));
+            }
+            pods
+        };
+        let series = |name: &str, pod: &str, identity: &str| {
+            format!(
+                "{name}_total{{namespace=\"ns\",memcached=\"cache\",pod=\"{pod}\",identity=\"{identity}\"}}"
+            )
+        };
+        let (requests, refusals) = (ACCESS_REQUESTS, ACCESS_REFUSALS);
+
+        // Without access control: no family at all.
+        metrics.set_proxies(key("ns", "cache"), pods(access_sample(&[]), None));
+        assert!(!encode(&metrics).contains("access"), "{}", encode(&metrics));
+
+        metrics.set_proxies(
+            key("ns", "cache"),
+            pods(
+                access_sample(&[("orders", 9, 5), ("unknown", 1, 1)]),
+                Some(access_sample(&[("orders", 4, 0)])),
+            ),
+        );
+        let text = encode(&metrics);
+        assert!(
+            text.contains("# TYPE memcached_proxy_access_requests counter"),
+            "{text}"
+        );
+        assert!(
+            text.contains("# TYPE memcached_proxy_access_refusals counter"),
+            "{text}"
+        );
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-a", "orders")),
+            Some(9)
+        );
+        assert_eq!(
+            value(&text, &series(refusals, "cache-proxy-a", "orders")),
+            Some(5)
+        );
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-b", "orders")),
+            Some(4)
+        );
+        assert_eq!(
+            value(&text, &series(refusals, "cache-proxy-a", "unknown")),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-b", "unknown")),
+            None
+        );
+
+        // Pod b restarted: its counters start again from 0, in its own series, which `rate()` reads as
+        // a reset; pod a's series are untouched (a sum over pods in the operator would fall instead,
+        // and read as a reset of every pod's counts). Pod a's `unknown` not reported: its series go.
+        metrics.set_proxies(
+            key("ns", "cache"),
+            pods(
+                access_sample(&[("orders", 12, 6)]),
+                Some(access_sample(&[("orders", 1, 0)])),
+            ),
+        );
+        let text = encode(&metrics);
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-a", "orders")),
+            Some(12)
+        );
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-b", "orders")),
+            Some(1)
+        );
+        assert!(!text.contains("identity=\"unknown\""), "{text}");
+
+        // Pod b gone, or unread: only its series go.
+        let mut unread = pods(access_sample(&[("orders", 13, 6)]), None);
+        unread.insert("cache-proxy-b".to_owned(), None);
+        metrics.set_proxies(key("ns", "cache"), unread);
+        let text = encode(&metrics);
+        assert_eq!(
+            value(&text, &series(requests, "cache-proxy-a", "orders")),
+            Some(13)
+        );
+        assert!(!text.contains("pod=\"cache-proxy-b\",identity"), "{text}");
+
+        // The instance gone: every series goes.
+        metrics.retain_instances(|_| false);
         assert_eq!(encode(&metrics), "# EOF\n");
     }
 }

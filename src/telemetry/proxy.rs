@@ -17,8 +17,15 @@
 //!
 //! Requests a backend failure turned away are answered `SERVER_ERROR backend failure` and are counted
 //! nowhere but in `proxy_conn_requests`.
+//!
+//! With access control (`spec.proxy.access`), `stats proxy` also carries the counters the operator's Lua
+//! keeps per identity ([`crate::resources::proxy::identities::LIBRARY`]): `user_access_<name>_requests`
+//! (every request of the identity) and `user_access_<name>_refused` (those denied), and
+//! `user_access_unknown_refused` (verified certificates that name no identity), all since the proxy
+//! started. [`parse_access`] keeps only the identities it is given (the spec's, and [`UNKNOWN_IDENTITY`]),
+//! so what a proxy answers never adds a name the spec does not have.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::stats::{self, Field, ParseError};
 use crate::api::Server;
@@ -87,6 +94,105 @@ pub fn parse_down(reply: &[u8]) -> Result<BTreeMap<String, u64>, ParseError> {
     Ok(down)
 }
 
+/// The identity under which `stats proxy` counts the refusals of verified certificates that name no
+/// identity (`user_access_unknown_refused`).
+pub const UNKNOWN_IDENTITY: &str = "unknown";
+/// The prefix of the per identity stats in `stats proxy` (`user_` is memcached's, `access_` the Lua's).
+const ACCESS_PREFIX: &[u8] = b"user_access_";
+/// The suffix of an identity's requests counter.
+const REQUESTS_SUFFIX: &[u8] = b"_requests";
+/// The suffix of an identity's refusals counter.
+const REFUSED_SUFFIX: &[u8] = b"_refused";
+
+/// One identity's counters in `stats proxy`, since the proxy pod started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AccessCounters {
+    /// Requests of the identity, allowed or not (`user_access_<name>_requests`); for
+    /// [`UNKNOWN_IDENTITY`], whose requests are all refused, its refusals.
+    pub requests: u64,
+    /// Requests of the identity that were denied (`user_access_<name>_refused`).
+    pub refused: u64,
+}
+
+/// The identities [`parse_access`] keeps: the spec's names (at most
+/// [`MAX_IDENTITIES`](crate::api::MAX_IDENTITIES)) and [`UNKNOWN_IDENTITY`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AccessNames(BTreeSet<String>);
+
+impl AccessNames {
+    /// The names of `access`'s identities (the first [`MAX_IDENTITIES`](crate::api::MAX_IDENTITIES):
+    /// the schema allows no more), and [`UNKNOWN_IDENTITY`].
+    pub fn of(access: &crate::api::ProxyAccess) -> Self {
+        let mut names: BTreeSet<String> = access
+            .identities
+            .iter()
+            .take(crate::api::MAX_IDENTITIES)
+            .map(|identity| identity.name.clone())
+            .collect();
+        names.insert(UNKNOWN_IDENTITY.to_owned());
+        Self(names)
+    }
+
+    /// The names, sorted.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.0.iter().map(String::as_str)
+    }
+
+    fn get(&self, name: &[u8]) -> Option<&String> {
+        let name = std::str::from_utf8(name).ok()?;
+        self.0.get(name)
+    }
+}
+
+/// The per identity counters of a whole `stats proxy` reply, for the identities of `names` that it
+/// reports (an identity the proxy has not loaded yet is left out, not zero). Every other stat is ignored,
+/// whatever its value: memcached's own, an identity the spec no longer names (memcached keeps a stat of a
+/// reloaded-away route), any name a peer invents. A kept counter that is not an unsigned decimal, or that
+/// appears twice, is an error, as in [`parse_counters`].
+pub fn parse_access(
+    reply: &[u8],
+    names: &AccessNames,
+) -> Result<BTreeMap<String, AccessCounters>, ParseError> {
+    let mut counters: BTreeMap<String, AccessCounters> = BTreeMap::new();
+    let mut seen: BTreeSet<(String, bool)> = BTreeSet::new();
+    stats::entries(reply, |name, value| {
+        let Some(rest) = name.strip_prefix(ACCESS_PREFIX) else {
+            return Ok(());
+        };
+        let (identity, refused, stat) = if let Some(id) = rest.strip_suffix(REQUESTS_SUFFIX) {
+            (id, false, "user_access_<identity>_requests")
+        } else if let Some(id) = rest.strip_suffix(REFUSED_SUFFIX) {
+            (id, true, "user_access_<identity>_refused")
+        } else {
+            return Ok(());
+        };
+        let Some(identity) = names.get(identity) else {
+            return Ok(());
+        };
+        let count = stats::parse_u64(value).ok_or_else(|| ParseError::BadNumber {
+            name: stat,
+            value: stats::excerpt(value),
+        })?;
+        if !seen.insert((identity.clone(), refused)) {
+            return Err(ParseError::DuplicateStat(stat));
+        }
+        let entry = counters.entry(identity.clone()).or_default();
+        match refused {
+            true => entry.refused = count,
+            false => entry.requests = count,
+        }
+        Ok(())
+    })?;
+    // Every request of a certificate naming no identity is refused: the Lua counts only the refusals.
+    let unknown_requests = (UNKNOWN_IDENTITY.to_owned(), false);
+    if let Some(unknown) = counters.get_mut(UNKNOWN_IDENTITY)
+        && !seen.contains(&unknown_requests)
+    {
+        unknown.requests = unknown.refused;
+    }
+    Ok(counters)
+}
+
 /// One backend of the proxy's pool, as one proxy pod sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Backend {
@@ -98,11 +204,13 @@ pub struct Backend {
     pub down: bool,
 }
 
-/// What one proxy pod gave: its counters and each published backend, down or not.
+/// What one proxy pod gave: its counters, each published backend, down or not, and with access control
+/// the counters of each identity it reports ([`parse_access`]; empty without access control).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProxySample {
     pub counters: ProxyCounters,
     pub backends: Vec<Backend>,
+    pub access: BTreeMap<String, AccessCounters>,
 }
 
 /// The published servers (`status.servers`, those with an address), in slot order, each marked down when
@@ -265,5 +373,111 @@ mod tests {
         for end in 0..DOWN_BE.len() {
             assert_eq!(parse_down(&DOWN_BE[..end]), Err(ParseError::Truncated));
         }
+    }
+
+    /// `stats proxy` of memcached 1.6.45 with the operator's access library (the run of
+    /// tests/proxy_access.rs): identities `orders` and `reports`, and a certificate naming neither.
+    const ACCESS: &[u8] =
+        include_bytes!("../../tests/fixtures/memcached-proxy-stats-proxy-access.txt");
+
+    fn names(identities: &[&str]) -> AccessNames {
+        let access: crate::api::ProxyAccess = serde_json::from_value(serde_json::json!({
+            "clientCA": {"secretName": "clients"},
+            "identities": identities
+                .iter()
+                .map(|name| serde_json::json!({"name": name, "prefixes": ["p:"]}))
+                .collect::<Vec<_>>(),
+        }))
+        .unwrap();
+        AccessNames::of(&access)
+    }
+
+    fn counted(requests: u64, refused: u64) -> AccessCounters {
+        AccessCounters { requests, refused }
+    }
+
+    #[test]
+    fn the_captured_reply_gives_each_identitys_counters() {
+        assert_eq!(
+            parse_access(ACCESS, &names(&["orders", "reports"])),
+            Ok(BTreeMap::from([
+                ("orders".to_owned(), counted(9, 5)),
+                ("reports".to_owned(), counted(3, 2)),
+                ("unknown".to_owned(), counted(1, 1)),
+            ]))
+        );
+    }
+
+    #[test]
+    fn only_the_specs_identities_are_kept() {
+        // `reports` left the spec (the proxy still counts it until it restarts): not kept; `billing`
+        // is in the spec but not loaded by the proxy yet: absent, not zero.
+        assert_eq!(
+            parse_access(ACCESS, &names(&["orders", "billing"])),
+            Ok(BTreeMap::from([
+                ("orders".to_owned(), counted(9, 5)),
+                ("unknown".to_owned(), counted(1, 1)),
+            ]))
+        );
+        // A hostile or confused answer adds no name, whatever it says (or says twice).
+        let mut hostile =
+            b"STAT user_access_orders_requests 1\r\nSTAT user_access_orders_refused 0\r\n".to_vec();
+        for i in 0..500 {
+            hostile.extend(
+                format!(
+                    "STAT user_access_x{i}_requests {i}\r\nSTAT user_access_x{i}_refused x\r\n"
+                )
+                .as_bytes(),
+            );
+        }
+        hostile.extend(b"STAT user_access_x1_requests 1\r\nSTAT user_access_orders_other 1\r\nSTAT user_access__refused 1\r\nSTAT user_access_ORDERS_refused 1\r\nEND\r\n");
+        let parsed = parse_access(&hostile, &names(&["orders"])).unwrap();
+        assert_eq!(
+            parsed,
+            BTreeMap::from([("orders".to_owned(), counted(1, 0))])
+        );
+        // At most the spec's 32 identities and `unknown`.
+        let many: Vec<String> = (0..40).map(|i| format!("id{i}")).collect();
+        let many: Vec<&str> = many.iter().map(String::as_str).collect();
+        assert_eq!(names(&many).names().count(), crate::api::MAX_IDENTITIES + 1);
+    }
+
+    #[test]
+    fn bad_kept_counters_are_errors() {
+        let names = names(&["orders"]);
+        assert_eq!(
+            parse_access(b"STAT user_access_orders_refused -1\r\nEND\r\n", &names),
+            Err(ParseError::BadNumber {
+                name: "user_access_<identity>_refused",
+                value: "-1".to_owned()
+            })
+        );
+        assert_eq!(
+            parse_access(
+                b"STAT user_access_orders_requests 1\r\nSTAT user_access_orders_requests 2\r\nEND\r\n",
+                &names
+            ),
+            Err(ParseError::DuplicateStat("user_access_<identity>_requests"))
+        );
+        assert_eq!(
+            parse_access(b"ERROR\r\n", &names),
+            Err(ParseError::ServerError("ERROR".to_owned()))
+        );
+        for end in 0..ACCESS.len() {
+            assert_eq!(
+                parse_access(&ACCESS[..end], &names),
+                Err(ParseError::Truncated)
+            );
+        }
+    }
+
+    #[test]
+    fn an_identity_named_unknown_keeps_its_own_requests() {
+        let reply =
+            b"STAT user_access_unknown_requests 4\r\nSTAT user_access_unknown_refused 3\r\nEND\r\n";
+        assert_eq!(
+            parse_access(reply, &names(&["unknown"])),
+            Ok(BTreeMap::from([("unknown".to_owned(), counted(4, 3))]))
+        );
     }
 }

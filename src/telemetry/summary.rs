@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use super::proxy::ProxySample;
 use super::stats::Stats;
-use crate::api::{CacheStats, ProxyStats};
+use crate::api::{CacheStats, IdentityStats, ProxyStats};
 
 /// Summarises one collection of an instance: `ready` servers were there to read, `read` are the stats of
 /// those that answered, `proxy` the proxy's summary ([`summarize_proxy`]). `None` when no server and no
@@ -47,12 +47,27 @@ pub fn summarize_proxy(ready: usize, read: &[ProxySample]) -> Option<ProxyStats>
         .collect();
     backends_down.sort_unstable();
     backends_down.dedup();
+    // By name: the samples hold only names of the spec (and `unknown`), so this is bounded by it.
+    let mut identities: std::collections::BTreeMap<&str, (u64, u64)> = Default::default();
+    for (name, counters) in read.iter().flat_map(|sample| sample.access.iter()) {
+        let (requests, refused) = identities.entry(name).or_default();
+        *requests = requests.saturating_add(counters.requests);
+        *refused = refused.saturating_add(counters.refused);
+    }
     Some(ProxyStats {
         requests: any.then(|| count(sum(|s| s.counters.requests))),
         backend_errors: any.then(|| count(sum(|s| s.counters.backend_failures))),
         backends_down,
         proxies_read: small(read.len()),
         proxies_ready: small(ready),
+        identities: identities
+            .into_iter()
+            .map(|(name, (requests, refused))| IdentityStats {
+                name: name.to_owned(),
+                requests: count(requests),
+                refusals: count(refused),
+            })
+            .collect(),
     })
 }
 
@@ -90,7 +105,9 @@ pub fn should_write(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::proxy::{Backend, ProxyCounters};
+    use std::collections::BTreeMap;
+
+    use crate::telemetry::proxy::{AccessCounters, Backend, ProxyCounters};
 
     fn server(hits: u64, misses: u64, bytes: u64, limit: u64, items: u64) -> Stats {
         Stats {
@@ -154,6 +171,7 @@ mod tests {
                     down: down.contains(&slot),
                 })
                 .collect(),
+            access: BTreeMap::new(),
         }
     }
 
@@ -169,6 +187,7 @@ mod tests {
                 backends_down: vec![1, 2],
                 proxies_read: 2,
                 proxies_ready: 3,
+                identities: Vec::new(),
             })
         );
         assert_eq!(summarize_proxy(0, &[]), None, "no proxy pod ready");
@@ -182,6 +201,59 @@ mod tests {
         );
         let with_proxy = summarize(0, &[], summary.clone()).expect("a proxy to speak of");
         assert_eq!((with_proxy.servers_ready, with_proxy.proxy), (0, summary));
+    }
+
+    fn access(counts: &[(&str, u64, u64)]) -> BTreeMap<String, AccessCounters> {
+        counts
+            .iter()
+            .map(|&(name, requests, refused)| {
+                (name.to_owned(), AccessCounters { requests, refused })
+            })
+            .collect()
+    }
+
+    #[test]
+    fn identities_sum_over_the_pods_read_by_name() {
+        let mut a = proxy(20, 0, &[]);
+        a.access = access(&[("orders", 9, 5), ("reports", 3, 2), ("unknown", 1, 1)]);
+        let mut b = proxy(7, 0, &[]);
+        // A pod that has not loaded `reports` yet.
+        b.access = access(&[("orders", 4, 0), ("unknown", 0, 0)]);
+        let summary = summarize_proxy(3, &[a.clone(), b]).unwrap();
+        let identity = |name: &str, requests, refusals| IdentityStats {
+            name: name.to_owned(),
+            requests,
+            refusals,
+        };
+        assert_eq!(
+            summary.identities,
+            [
+                identity("orders", 13, 5),
+                identity("reports", 3, 2),
+                identity("unknown", 1, 1)
+            ]
+        );
+        assert_eq!(
+            summarize_proxy(1, &[proxy(20, 0, &[])]).unwrap().identities,
+            [],
+            "without access control: none"
+        );
+    }
+
+    #[test]
+    fn identity_counters_change_the_summary_only_with_the_requests() {
+        // Every request an identity counter counts is a request the proxy received: a summary whose
+        // identities changed has changed requests too, so per identity counters add no status write.
+        let mut before = proxy(20, 0, &[]);
+        before.access = access(&[("orders", 9, 5)]);
+        let mut after = proxy(21, 0, &[]);
+        after.access = access(&[("orders", 10, 6)]);
+        let (before, after) = (
+            summarize_proxy(1, &[before]).unwrap(),
+            summarize_proxy(1, &[after]).unwrap(),
+        );
+        assert_ne!(before.requests, after.requests);
+        assert_ne!(before.identities, after.identities);
     }
 
     #[test]

@@ -553,7 +553,9 @@ async fn the_reconciler_keeps_its_hands_off_status_stats() {
 #[test]
 fn every_operand_metric_is_documented() {
     use memcached_operator::telemetry::metrics::OperandMetrics;
-    use memcached_operator::telemetry::proxy::{Backend, ProxyCounters, ProxySample};
+    use memcached_operator::telemetry::proxy::{
+        AccessCounters, Backend, ProxyCounters, ProxySample,
+    };
     use memcached_operator::telemetry::stats::Stats;
     let metrics = std::sync::Arc::new(OperandMetrics::default());
     metrics.set_instance(
@@ -567,6 +569,7 @@ fn every_operand_metric_is_documented() {
             address: "10.0.0.1:11211".to_owned(),
             down: false,
         }],
+        access: [("orders".to_owned(), AccessCounters::default())].into(),
     };
     metrics.set_proxies(
         ("ns".into(), "cache".into()),
@@ -584,7 +587,7 @@ fn every_operand_metric_is_documented() {
             );
         }
     }
-    assert_eq!(names.len(), 19, "{text}");
+    assert_eq!(names.len(), 21, "{text}");
 }
 
 /// A rotated TLS Secret reaches the running (real) memcached without a restart: the collector sees the

@@ -58,6 +58,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedServerUnreadable",
         "MemcachedProxyBackendDown",
         "MemcachedProxyUnavailable",
+        "MemcachedProxyAccessRefusals",
         "MemcachedStatsReadsFailing",
         "MemcachedInstanceDegraded",
         "MemcachedHandoverFailed",

@@ -275,6 +275,47 @@ fn a_proxy_with_no_ready_pod_for_5_minutes_pages_from_the_leaders_series_only() 
 }
 
 #[test]
+fn an_identity_refused_a_tenth_of_its_requests_for_10_minutes_alerts_by_identity() {
+    let counter = |name: &str, pod: &str, identity: &str, values: &str| {
+        json!({"series": format!(
+            "memcached_proxy_access_{name}_total{{namespace=\"ns\",memcached=\"a\",pod=\"{pod}\",identity=\"{identity}\"}}"
+        ), "values": values})
+    };
+    let firing = |eval_time: &str| {
+        json!({"expr": "count by (identity) (ALERTS{alertname=\"MemcachedProxyAccessRefusals\", alertstate=\"firing\"})",
+               "eval_time": eval_time,
+               "exp_samples": [{"labels": "{identity=\"orders\"}", "value": 1}]})
+    };
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [
+            // `orders`, 1 request a second on each of two proxy pods; p-1 refuses 0.3 a second of them
+            // from 11 m to 41 m (15 % of the identity's requests); p-2 restarts at 26 m (a counter reset,
+            // which must neither stop nor start the alert).
+            counter("requests", "p-1", "orders", "0+60x60"),
+            counter("refusals", "p-1", "orders", "0x10 0+18x30 540x20"),
+            counter("requests", "p-2", "orders", "0+60x25 0+60x35"),
+            counter("refusals", "p-2", "orders", "0x60"),
+            // `reports`: 10 requests a second, 1 % refused throughout: below the share.
+            counter("requests", "p-1", "reports", "0+600x60"),
+            counter("refusals", "p-1", "reports", "0+6x60"),
+            // `unknown`: every request refused, but one every 2 minutes: below the floor.
+            counter("requests", "p-1", "unknown", "0+0.5x60"),
+            counter("refusals", "p-1", "unknown", "0+0.5x60"),
+        ],
+        "promql_expr_test": [
+            alerts_at("10m", "MemcachedProxyAccessRefusals", None),
+            alerts_at("18m", "MemcachedProxyAccessRefusals", None),
+            alerts_at("25m", "MemcachedProxyAccessRefusals", Some("warning")),
+            firing("25m"),
+            firing("30m"),
+            firing("40m"),
+            alerts_at("50m", "MemcachedProxyAccessRefusals", None),
+        ],
+    }));
+}
+
+#[test]
 fn an_operator_not_scraped_yet_warns_and_does_not_page() {
     // No series of the operator at all (no ServiceMonitor, or 403 on every scrape) for an hour.
     test_rules(json!({

@@ -160,6 +160,8 @@ fn dashboard_draws_the_instances_and_the_operator() {
         "memcached_proxy_requests_total",                       // proxy requests
         "memcached_proxy_backend_failures_total",               // proxy backend failures
         "memcached_proxy_backend_down",                         // servers the proxy marks down
+        "memcached_proxy_access_requests_total",                // proxy requests by identity
+        "memcached_proxy_access_refusals_total",                // proxy refusals by identity
         "memcached_operator_handover_failures_total",           // handover failures by reason
     ] {
         assert!(used.contains(metric), "no panel draws {metric}");

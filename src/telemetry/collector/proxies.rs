@@ -1,5 +1,7 @@
 //! The collector's reads of the proxy pods (`spec.proxy`): the same transport, timeout and bound on reads
-//! in flight as the servers', `stats` and `stats proxybe` on one connection ([`super::super::proxy`]).
+//! in flight as the servers', `stats` and `stats proxybe` on one connection ([`super::super::proxy`]);
+//! with access control (`spec.proxy.access`, read on the operator's own listener), `stats proxy` too, for
+//! the counters of the spec's identities ([`access_names`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -10,6 +12,7 @@ use k8s_openapi::api::core::v1::Pod;
 use super::each::{Gathered, Subject, addresses};
 use super::state::{Collector, READ_TIMEOUT};
 use crate::api::Memcached;
+use crate::api::MemcachedSpec;
 use crate::connection::ServerNames;
 use crate::resources::proxy::{proxy_name, stats_port};
 use crate::resources::servers::{entry, is_ready};
@@ -17,7 +20,7 @@ use crate::store::pod_index::still_at;
 use crate::store::secrets::Transport;
 use crate::telemetry::client::{ProxyReading, Target};
 use crate::telemetry::metrics::{InstanceKey, ProxySamples};
-use crate::telemetry::proxy::{ProxySample, backends};
+use crate::telemetry::proxy::{AccessNames, ProxySample, backends};
 
 /// What the reads of one instance's proxy pods gave.
 #[derive(Default)]
@@ -53,6 +56,7 @@ impl ProxyReads {
                 let sample = reading.map(|reading| ProxySample {
                     backends: backends(published, routed, &reading.down),
                     counters: reading.counters,
+                    access: reading.access,
                 });
                 (pod, sample)
             })
@@ -115,11 +119,13 @@ impl Collector {
     pub(super) async fn read_proxies(
         &self,
         (namespace, name): &InstanceKey,
+        mc: &Memcached,
         proxies: &[(String, SocketAddr)],
         transport: &Transport,
     ) -> ProxyReads {
         let service = proxy_name(name);
         let domain = &self.settings.cluster_domain;
+        let access = access_names(&mc.spec);
         let mut reads = Vec::new();
         for (pod, address) in proxies {
             let names = match transport.tls {
@@ -137,7 +143,8 @@ impl Collector {
                 still_the_pod: Some(still_at(&self.pods.store, namespace, pod, address.ip())),
                 certificate: None,
             };
-            reads.push((pod.clone(), self.reader.read_proxy(target, READ_TIMEOUT)));
+            let read = self.reader.read_proxy(target, READ_TIMEOUT, access.clone());
+            reads.push((pod.clone(), read));
         }
         let subject = Subject {
             stats: "memcached proxy stats",
@@ -148,11 +155,52 @@ impl Collector {
     }
 }
 
+/// The identities whose counters to read, when the instance's proxy has access control: as
+/// [`stats_port`] decides to read the operator's own listener (access needs TLS), the spec's identities
+/// and `unknown`. `None` otherwise: no `stats proxy` is sent.
+pub(super) fn access_names(spec: &MemcachedSpec) -> Option<AccessNames> {
+    let access = spec.proxy()?.access.as_ref()?;
+    spec.tls()?;
+    Some(AccessNames::of(access))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::api::{MemcachedSpec, MemcachedStatus, Server};
     use crate::resources::testing::memcached;
+
+    fn spec(value: serde_json::Value) -> MemcachedSpec {
+        serde_json::from_value(value).unwrap()
+    }
+
+    #[test]
+    fn stats_proxy_is_read_only_with_access_control() {
+        let access = serde_json::json!({
+            "clientCA": {"secretName": "clients"},
+            "identities": [{"name": "orders", "prefixes": ["o:"]}, {"name": "reports", "prefixes": ["r:"]}],
+        });
+        let tls = serde_json::json!({"tls": {"secretName": "cache-tls"}});
+        assert_eq!(
+            access_names(&spec(serde_json::json!({"proxy": {"enabled": true}}))),
+            None
+        );
+        assert_eq!(
+            access_names(&spec(
+                serde_json::json!({"proxy": {"enabled": false, "access": access}, "security": tls})
+            )),
+            None,
+            "the proxy off"
+        );
+        let names = access_names(&spec(
+            serde_json::json!({"proxy": {"enabled": true, "access": access}, "security": tls}),
+        ))
+        .expect("access control on");
+        assert_eq!(
+            names.names().collect::<Vec<_>>(),
+            ["orders", "reports", "unknown"]
+        );
+    }
 
     fn pod(name: &str, ip: &str, ready: bool) -> Arc<Pod> {
         let status = if ready { "True" } else { "False" };

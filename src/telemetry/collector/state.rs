@@ -17,6 +17,7 @@ use crate::store::{Cache, PodIndex, Publisher, SecretReader, Writer};
 use crate::telemetry::client::{self, ProxyReading, ReadError, Reading, Target};
 use crate::telemetry::episodes::{Counter, Episode};
 use crate::telemetry::metrics::{InstanceKey, OperandMetrics};
+use crate::telemetry::proxy::AccessNames;
 use crate::telemetry::reload::Reload;
 
 /// Longest time one server may take to answer (connect, TLS, auth, `stats`).
@@ -52,11 +53,12 @@ pub trait Reader: Send + Sync + 'static {
         timeout: Duration,
     ) -> BoxFuture<'static, Result<Reading, ReadError>>;
 
-    /// Reads one proxy pod.
+    /// Reads one proxy pod; with `access`, its per identity counters too (see [`client::read_proxy`]).
     fn read_proxy(
         &self,
         target: Target,
         timeout: Duration,
+        access: Option<AccessNames>,
     ) -> BoxFuture<'static, Result<ProxyReading, ReadError>>;
 }
 
@@ -76,8 +78,9 @@ impl Reader for Network {
         &self,
         target: Target,
         timeout: Duration,
+        access: Option<AccessNames>,
     ) -> BoxFuture<'static, Result<ProxyReading, ReadError>> {
-        Box::pin(async move { client::read_proxy(&target, timeout).await })
+        Box::pin(async move { client::read_proxy(&target, timeout, access.as_ref()).await })
     }
 }
 

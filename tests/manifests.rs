@@ -982,6 +982,11 @@ fn cel_rules_agree_with_the_operator_checks() {
                    "security": {"tls": {"secretName": "t"}}}),
             false,
         ),
+        (
+            json!({"proxy": {"enabled": true, "image": "i", "access": access(&[("unknown", Some("u"))])},
+                   "security": {"tls": {"secretName": "t"}}}),
+            false,
+        ),
     ];
     for (spec, valid) in cases {
         let object = json!({"apiVersion": "cache.example.com/v1alpha1", "kind": "Memcached",

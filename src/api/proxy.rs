@@ -61,13 +61,17 @@ pub const MAX_IDENTITIES: usize = 32;
 pub const MAX_PREFIXES: usize = 8;
 /// Longest key prefix (memcached keys are at most 250 bytes).
 pub const MAX_PREFIX_LEN: usize = 128;
+/// The name metrics and the status give certificates of the client CA that name no identity.
+pub const UNKNOWN_IDENTITY: &str = "unknown";
 /// Default key of the client CA Secret.
 pub const DEFAULT_CLIENT_CA_KEY: &str = "ca.crt";
 /// Message of [`IDENTITIES_UNIQUE_RULE`].
-pub const IDENTITIES_UNIQUE_MESSAGE: &str =
-    "spec.proxy.access.identities need distinct names and distinct commonNames";
+pub const IDENTITIES_UNIQUE_MESSAGE: &str = "spec.proxy.access.identities need distinct names and \
+     distinct commonNames, and no identity may be named unknown (metrics report certificates that name no \
+     identity as identity=\"unknown\")";
 /// Rule on `identities`: names and certificate names are unique.
-const IDENTITIES_UNIQUE_RULE: &str = "self.all(i, self.exists_one(j, j.name == i.name)) \
+const IDENTITIES_UNIQUE_RULE: &str = "self.all(i, i.name != 'unknown') \
+     && self.all(i, self.exists_one(j, j.name == i.name)) \
      && self.all(i, self.exists_one(j, (has(j.commonName) ? j.commonName : j.name) \
      == (has(i.commonName) ? i.commonName : i.name)))";
 
@@ -154,7 +158,8 @@ pub struct ClientCa {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ProxyIdentity {
-    /// The identity's name, as metrics and `status.stats.proxy` report it (a DNS label).
+    /// The identity's name, as metrics and `status.stats.proxy` report it (a DNS label; not `unknown`,
+    /// which names certificates of the CA that name no identity).
     #[schemars(
         length(min = 1, max = 63),
         regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")

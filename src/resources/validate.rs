@@ -216,7 +216,9 @@ fn distinct(identities: &[crate::api::ProxyIdentity]) -> bool {
         identities.iter().map(|i| i.name.as_str()).collect();
     let common: std::collections::BTreeSet<&str> =
         identities.iter().map(|i| i.common_name()).collect();
-    names.len() == identities.len() && common.len() == identities.len()
+    names.len() == identities.len()
+        && common.len() == identities.len()
+        && !names.contains(crate::api::UNKNOWN_IDENTITY)
 }
 
 /// The proxy's limits, as the CEL rules on `spec` state them (`api::proxy`).

@@ -96,7 +96,7 @@ pub fn parse_down(reply: &[u8]) -> Result<BTreeMap<String, u64>, ParseError> {
 
 /// The identity under which `stats proxy` counts the refusals of verified certificates that name no
 /// identity (`user_access_unknown_refused`).
-pub const UNKNOWN_IDENTITY: &str = "unknown";
+pub const UNKNOWN_IDENTITY: &str = crate::api::UNKNOWN_IDENTITY;
 /// The prefix of the per identity stats in `stats proxy` (`user_` is memcached's, `access_` the Lua's).
 const ACCESS_PREFIX: &[u8] = b"user_access_";
 /// The suffix of an identity's requests counter.

@@ -257,6 +257,9 @@ fn check_identity(identity: &RouteIdentity) -> Result<(), &'static str> {
     {
         return Err("an identity's name is not a DNS label");
     }
+    if name == crate::api::UNKNOWN_IDENTITY {
+        return Err("an identity is named unknown");
+    }
     let cn = &identity.common_name;
     if cn.is_empty() || cn.chars().count() > MAX_COMMON_NAME || cn.chars().any(char::is_control) {
         return Err("an identity's common name is empty, too long or has control characters");

@@ -292,7 +292,13 @@ pub fn proxy_args_in(port: i32, dir: &str, tls_dir: Option<&str>, access: bool) 
         ));
     }
     if access {
-        options.push_str(&format!(",ssl_ca_cert={dir}/{}", identities::CA_FILE));
+        // The session cache gives resumed sessions a context: without one, OpenSSL refuses a client that
+        // resumes a session on a listener that verifies certificates (memcached 1.6.45 answers with an
+        // `internal_error` alert), which rustls, Go and Java clients do by default.
+        options.push_str(&format!(
+            ",ssl_ca_cert={dir}/{},ssl_session_cache",
+            identities::CA_FILE
+        ));
     }
     let mut proxy_args = vec![
         "-p".to_owned(),

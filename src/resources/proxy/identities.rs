@@ -10,7 +10,8 @@
 //!   routelib route, `route_access`, that finds the identity of the certificate's name and lets a
 //!   request through only when its key starts with one of the identity's prefixes (and, for a read-only
 //!   identity, when the command only reads). Multi-gets are split by the proxy into one request per key,
-//!   so each key is checked. Every other command a client sends (`stats`, `watch`, `version`) is answered
+//!   so each key is checked. A meta command with a base64 key (flag `b`) is refused: the key checked
+//!   would be its encoding, not the key stored. Every other command a client sends (`stats`, `watch`, `version`) is answered
 //!   with an error by a hook on the client listener; the commands memcached's proxy does not parse
 //!   (`flush_all`, `lru_crawler`, `verbosity`, `shutdown`, `refresh_certs`, ...) close the connection.
 //! - The operator's own `stats` reads go to a second TLS listener without client certificates (the
@@ -324,13 +325,23 @@ local WRITES <const> = {
     [mcp.CMD_REPLACE] = true, [mcp.CMD_PREPEND] = true, [mcp.CMD_GAT] = true,
     [mcp.CMD_GATS] = true,
 }
+-- Meta commands whose key may be base64 (flag b): the key checked would not be the key stored.
+local META <const> = {
+    [mcp.CMD_MG] = true, [mcp.CMD_MS] = true, [mcp.CMD_MD] = true, [mcp.CMD_MA] = true,
+    [mcp.CMD_ME] = true,
+}
 local DENIED <const> = "CLIENT_ERROR access denied\r\n"
 local REFUSED <const> = "CLIENT_ERROR command not allowed through this proxy\r\n"
 
-local function allowed(id, key, cmd)
+local function allowed(id, r)
+    local cmd = r:command()
     if id.read_only and WRITES[cmd] then
         return false
     end
+    if META[cmd] and r:has_flag("b") then
+        return false
+    end
+    local key = r:key()
     for _, prefix in ipairs(id.prefixes) do
         if string.sub(key, 1, #prefix) == prefix then
             return true
@@ -348,7 +359,7 @@ local function route_access_f(rctx, arg)
             return DENIED
         end
         stat(id.requests, 1)
-        if not allowed(id, r:key(), r:command()) then
+        if not allowed(id, r) then
             stat(id.refused, 1)
             return DENIED
         end

@@ -428,7 +428,7 @@ fn with_access_clients_need_a_certificate_and_the_operator_has_its_own_listener(
             "proxy_config=routelib:/etc/memcached-proxy/access.lua,\
              proxy_arg=/etc/memcached-proxy/proxy.lua,\
              ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key,\
-             ssl_ca_cert=/etc/memcached-proxy/client-ca.crt",
+             ssl_ca_cert=/etc/memcached-proxy/client-ca.crt,ssl_session_cache",
             "-P",
             "/etc/memcached-proxy/memcached.pid",
             "-Z",

@@ -35,6 +35,7 @@ pub mod operand;
 pub mod process;
 pub mod progress;
 pub mod proxy_hop;
+pub mod proxy_load;
 pub mod real;
 pub mod record;
 

@@ -36,6 +36,7 @@ use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWrite
 use tokio::net::TcpStream;
 use tracing::{info, warn};
 
+use crate::resources::proxy::identities;
 use crate::resources::proxy::routes::{CONFIG_KEY, DATA_KEY, Route, RouteError, render};
 
 /// How long the sidecar waits for memcached to count a reload (it applies one within a second).
@@ -65,6 +66,10 @@ pub struct ProxyConfigArgs {
     /// memcached's pid file: after each write, memcached gets SIGHUP (the sidecar).
     #[arg(long, conflicts_with = "once")]
     pub pid_file: Option<PathBuf>,
+    /// With access control (the init container): write nothing before the route carries this trust
+    /// epoch, so that memcached never starts trusting a CA the Secret no longer holds.
+    #[arg(long, conflicts_with = "pid_file")]
+    pub trust_epoch: Option<String>,
     /// Where memcached's `stats` are read to confirm a reload: `host:port`.
     #[arg(long, env = "PROXY_STATS_ADDRESS", default_value = "127.0.0.1:11211")]
     pub stats_address: String,
@@ -81,11 +86,10 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<()> {
         .default_backoff()
         .applied_objects()
         .boxed();
-    let path = args.dir.join(CONFIG_KEY);
     // The sidecar starts after the init container wrote the configuration memcached started with.
     let mut written = match args.once {
         true => None,
-        false => std::fs::read_to_string(&path).ok(),
+        false => Files::read(&args.dir),
     };
     loop {
         let config_map = match configs.try_next().await {
@@ -96,20 +100,27 @@ pub async fn run(args: ProxyConfigArgs) -> anyhow::Result<()> {
                 continue;
             }
         };
-        let text = match configuration(&config_map, &args.config_map) {
-            Ok(text) => text,
+        let files = match configuration(&config_map, &args.config_map) {
+            Ok(files) => files,
             Err(refusal) => {
                 warn!(config_map = %args.config_map, %refusal,
                     "not writing a route configuration; the last good one stays");
                 continue;
             }
         };
-        if written.as_deref() == Some(text.as_str()) {
+        if let Some(epoch) = &args.trust_epoch
+            && files.epoch.as_ref() != Some(epoch)
+        {
+            info!(config_map = %args.config_map, %epoch,
+                "waiting for the route of this pod's trust epoch");
             continue;
         }
-        write_atomically(&path, &text)?;
-        written = Some(text);
-        info!(path = %path.display(), "wrote the route configuration");
+        if written.as_ref() == Some(&files) {
+            continue;
+        }
+        files.write(&args.dir)?;
+        written = Some(files);
+        info!(dir = %args.dir.display(), "wrote the route configuration");
         if args.once {
             return Ok(());
         }
@@ -130,17 +141,60 @@ pub enum Refusal {
     Invalid(#[from] RouteError),
 }
 
-/// The configuration to write for the route ConfigMap `config_map` (named `name`): rendered here from
-/// its route data ([`DATA_KEY`]), checked first; nothing else of the ConfigMap is read, so no code in it
-/// reaches memcached.
-pub fn configuration(config_map: &ConfigMap, name: &str) -> Result<String, Refusal> {
+/// The files memcached reads: the route configuration and, with access control, the client CA bundle
+/// (and the trust epoch it belongs to) and the access library.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Files {
+    pub config: String,
+    pub client_ca: Option<String>,
+    pub epoch: Option<String>,
+}
+
+impl Files {
+    /// What a previous writer of this pod left in `dir` (the sidecar starts after the init container).
+    fn read(dir: &Path) -> Option<Self> {
+        let config = std::fs::read_to_string(dir.join(CONFIG_KEY)).ok()?;
+        let client_ca = std::fs::read_to_string(dir.join(identities::CA_FILE)).ok();
+        let epoch = std::fs::read_to_string(dir.join(EPOCH_FILE)).ok();
+        Some(Self {
+            config,
+            client_ca,
+            epoch,
+        })
+    }
+
+    /// Writes them into `dir`, each atomically: the library and the CA bundle before the configuration
+    /// that needs them.
+    pub fn write(&self, dir: &Path) -> std::io::Result<()> {
+        if let Some(ca) = &self.client_ca {
+            write_atomically(&dir.join(identities::LIBRARY_FILE), identities::LIBRARY)?;
+            write_atomically(&dir.join(identities::CA_FILE), ca)?;
+        }
+        if let Some(epoch) = &self.epoch {
+            write_atomically(&dir.join(EPOCH_FILE), epoch)?;
+        }
+        write_atomically(&dir.join(CONFIG_KEY), &self.config)
+    }
+}
+
+/// The file recording the trust epoch of the CA bundle written, beside it.
+const EPOCH_FILE: &str = "client-ca.epoch";
+
+/// The files to write for the route ConfigMap `config_map` (named `name`): rendered here from its route
+/// data ([`DATA_KEY`]), checked first; nothing else of the ConfigMap is read, so no code in it reaches
+/// memcached.
+pub fn configuration(config_map: &ConfigMap, name: &str) -> Result<Files, Refusal> {
     let data = config_map
         .data
         .as_ref()
         .and_then(|d| d.get(DATA_KEY))
         .ok_or(Refusal::Missing)?;
     let route = Route::parse(data)?;
-    Ok(render(name, &route))
+    Ok(Files {
+        config: render(name, &route),
+        client_ca: route.access.as_ref().map(|a| a.client_ca.clone()),
+        epoch: route.access.as_ref().map(|a| a.epoch.clone()),
+    })
 }
 
 /// Writes `text` to a temporary file beside `path` and renames it over `path`: memcached never reads a
@@ -301,6 +355,7 @@ mod tests {
         Route {
             servers: servers.iter().map(|s| (*s).to_owned()).collect(),
             backend_tls: false,
+            access: None,
         }
         .to_data()
     }
@@ -312,7 +367,9 @@ mod tests {
             (CONFIG_KEY, evil.clone()),
             (DATA_KEY, route(&["10.0.0.7:11211"])),
         ]);
-        let text = configuration(&both, "cache-proxy").expect("rendered from the data");
+        let text = configuration(&both, "cache-proxy")
+            .expect("rendered from the data")
+            .config;
         assert!(!text.contains("os.execute"), "{text}");
         assert_eq!(
             text,

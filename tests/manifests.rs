@@ -653,9 +653,9 @@ fn cel_rules_compile_and_are_bounded() {
     rule_nodes(&schema, "openAPIV3Schema".into(), &mut nodes);
     assert_eq!(
         nodes.len(),
-        8,
+        9,
         "root (metadata.name), spec (workload), memcached, highAvailability, podDisruptionBudget, \
-         monitoring, allowedClients[], autoscaling"
+         monitoring, allowedClients[], autoscaling, proxy.access.identities"
     );
     for (path, node) in nodes {
         let compiled = compile_schema(node);
@@ -742,6 +742,17 @@ fn cel_refuses_statefulset_names_too_long_for_the_revision_label() {
 /// reports as InvalidConfig, on every server) agree case by case.
 #[test]
 fn cel_rules_agree_with_the_operator_checks() {
+    // `spec.proxy.access` with identities of these names (and common names).
+    fn access(identities: &[(&str, Option<&str>)]) -> Value {
+        let identities: Vec<Value> = identities
+            .iter()
+            .map(|(name, cn)| match cn {
+                Some(cn) => json!({"name": name, "commonName": cn, "prefixes": ["p:"]}),
+                None => json!({"name": name, "prefixes": ["p:"]}),
+            })
+            .collect();
+        json!({"clientCA": {"secretName": "ca"}, "identities": identities})
+    }
     use kube::core::cel::Validator;
     use memcached_operator::resources::validate::validate as operator_check;
     let schema = schema();
@@ -947,6 +958,29 @@ fn cel_rules_agree_with_the_operator_checks() {
         (
             json!({"security": {"tls": {"secretName": "t"}}, "proxy": {"replicas": 2}}),
             true,
+        ),
+        (
+            json!({"proxy": {"enabled": true, "access": access(&[("a", None), ("b", None)])}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": false, "access": access(&[("a", None)])}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true, "image": "i", "access": access(&[("a", None), ("b", None)])},
+                   "security": {"tls": {"secretName": "t"}}}),
+            true,
+        ),
+        (
+            json!({"proxy": {"enabled": true, "image": "i", "access": access(&[("a", None), ("a", Some("x"))])},
+                   "security": {"tls": {"secretName": "t"}}}),
+            false,
+        ),
+        (
+            json!({"proxy": {"enabled": true, "image": "i", "access": access(&[("a", Some("b")), ("b", None)])},
+                   "security": {"tls": {"secretName": "t"}}}),
+            false,
         ),
     ];
     for (spec, valid) in cases {

@@ -7,6 +7,7 @@
 //! test passes with a message saying so when it is unset or missing (CI has none). The same binary runs
 //! the servers.
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
@@ -102,7 +103,11 @@ async fn a_stopped_server_is_marked_down_in_its_slot_and_up_again_when_it_answer
         "each set and get counted, the operator's reads not"
     );
     assert!(healthy.down.is_empty(), "{healthy:?}");
-    assert!(backends(&published, &healthy.down).iter().all(|b| !b.down));
+    assert!(
+        backends(&published, &BTreeMap::new(), &healthy.down)
+            .iter()
+            .all(|b| !b.down)
+    );
 
     // Slot 1's server stops: its keys fail, and the proxy marks it down.
     drop(servers.pop());
@@ -111,7 +116,7 @@ async fn a_stopped_server_is_marked_down_in_its_slot_and_up_again_when_it_answer
     let down = read(proxy_port).await;
     assert!(down.counters.backend_failures > 0, "{down:?}");
     assert!(down.counters.backends_marked_bad > 0, "{down:?}");
-    let marks: Vec<(i32, bool)> = backends(&published, &down.down)
+    let marks: Vec<(i32, bool)> = backends(&published, &BTreeMap::new(), &down.down)
         .iter()
         .map(|b| (b.slot, b.down))
         .collect();

@@ -131,7 +131,7 @@ pub fn run(options: &HopOptions) -> Result<HopReport, String> {
     .map_err(|e| format!("cannot write the route configuration: {e}"))?;
     let proxy_port = free_port()?;
     let dir = scratch.path().to_string_lossy();
-    let mut args = proxy_args_in(i32::from(proxy_port), &dir, false);
+    let mut args = proxy_args_in(i32::from(proxy_port), &dir, None, false);
     // The port is given again by `start`, and the listener limited to loopback.
     args.drain(..2);
     args.extend(options.proxy_args.iter().cloned());

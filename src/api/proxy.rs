@@ -48,6 +48,29 @@ pub const PROXY_TLS_IMAGE_MESSAGE: &str = "spec.proxy.image is required with spe
      configuration with \"cannot set mcp.backend_use_tls: TLS support not compiled\"); give an image built \
      with --enable-proxy-tls";
 
+/// CEL rule on `spec`: access control needs the proxy to serve TLS, which client certificates are part of.
+pub const PROXY_ACCESS_TLS_RULE: &str = "!has(self.proxy) || !has(self.proxy.enabled) \
+     || !self.proxy.enabled || !has(self.proxy.access) \
+     || (has(self.security) && has(self.security.tls))";
+/// Message of [`PROXY_ACCESS_TLS_RULE`].
+pub const PROXY_ACCESS_TLS_MESSAGE: &str = "spec.proxy.access requires spec.security.tls: clients prove \
+     who they are with TLS client certificates, which the proxy checks on its TLS listener";
+/// Most identities of `spec.proxy.access`.
+pub const MAX_IDENTITIES: usize = 32;
+/// Most key prefixes of one identity.
+pub const MAX_PREFIXES: usize = 8;
+/// Longest key prefix (memcached keys are at most 250 bytes).
+pub const MAX_PREFIX_LEN: usize = 128;
+/// Default key of the client CA Secret.
+pub const DEFAULT_CLIENT_CA_KEY: &str = "ca.crt";
+/// Message of [`IDENTITIES_UNIQUE_RULE`].
+pub const IDENTITIES_UNIQUE_MESSAGE: &str =
+    "spec.proxy.access.identities need distinct names and distinct commonNames";
+/// Rule on `identities`: names and certificate names are unique.
+const IDENTITIES_UNIQUE_RULE: &str = "self.all(i, self.exists_one(j, j.name == i.name)) \
+     && self.all(i, self.exists_one(j, (has(j.commonName) ? j.commonName : j.name) \
+     == (has(i.commonName) ? i.commonName : i.name)))";
+
 /// The proxy tier (`spec.proxy`). Off unless `enabled`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -83,6 +106,92 @@ pub struct Proxy {
     /// limit of 256Mi; keys given here replace those defaults one by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<Box<ResourceRequirements>>,
+
+    /// Who may use the proxy, and for which keys (see docs/clients.md, "Separate key spaces behind one
+    /// proxy"). With access set, the proxy accepts only clients presenting a TLS certificate signed by
+    /// `clientCA`, maps the certificate's common name to one of `identities`, and lets that identity read
+    /// and write only keys starting with one of its prefixes; every command that is not a key's read or
+    /// write (`stats`, `watch`, `flush_all`, ...) is refused to clients. Changed identities and added CAs
+    /// reach the running proxy within seconds; a CA removed from the Secret replaces the proxy's pods
+    /// (memcached keeps trusting a CA it has loaded until it restarts). Requires `spec.security.tls`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<ProxyAccess>,
+}
+
+/// Access control through the proxy (`spec.proxy.access`): client certificates and key prefixes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyAccess {
+    /// The CA that signs the clients' certificates: a Secret of the instance's namespace and its key
+    /// (PEM, one or more certificates; several during a rotation).
+    #[serde(rename = "clientCA")]
+    pub client_ca: ClientCa,
+
+    /// The identities allowed through, each by its certificate's common name.
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": IDENTITIES_UNIQUE_RULE,
+        "message": IDENTITIES_UNIQUE_MESSAGE
+    }]))]
+    pub identities: Vec<ProxyIdentity>,
+}
+
+/// The Secret holding the client CA (`spec.proxy.access.clientCA`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClientCa {
+    /// Name of the Secret, in the instance's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: String,
+
+    /// Key of the Secret holding the CA certificates (PEM). Default `ca.crt`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub key: Option<String>,
+}
+
+/// One identity allowed through the proxy.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyIdentity {
+    /// The identity's name, as metrics and `status.stats.proxy` report it (a DNS label).
+    #[schemars(
+        length(min = 1, max = 63),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub name: String,
+
+    /// The common name (CN) of the client certificate that is this identity. Default: `name`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^[^\x00-\x1f\x7f]+$"))]
+    pub common_name: Option<String>,
+
+    /// The key prefixes this identity may read and write (a key is allowed when it starts with one).
+    #[schemars(length(min = 1, max = 8))]
+    #[schemars(extend("items" = {"type": "string", "minLength": 1, "maxLength": 128,
+        "pattern": "^[^\\s\\x00-\\x1f\\x7f]+$"}))]
+    pub prefixes: Vec<String>,
+
+    /// Reads only: writes, deletes, touches and counters are refused. Default false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub read_only: bool,
+}
+
+impl ProxyAccess {
+    /// The key of the client CA Secret.
+    pub fn ca_key(&self) -> &str {
+        self.client_ca
+            .key
+            .as_deref()
+            .unwrap_or(DEFAULT_CLIENT_CA_KEY)
+    }
+}
+
+impl ProxyIdentity {
+    /// The certificate common name of this identity.
+    pub fn common_name(&self) -> &str {
+        self.common_name.as_deref().unwrap_or(&self.name)
+    }
 }
 
 /// The proxy as last seen (`status.proxy`), while `spec.proxy.enabled`: its pods' counts and the address

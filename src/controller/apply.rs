@@ -9,6 +9,7 @@
 //! it exists only once there was a server to publish. A new instance may give its turn up after its
 //! workload (see [`super::turns`]).
 
+use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -16,14 +17,14 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
 use tracing::info;
 
 use super::changes::Changes;
-use super::children::{self, Source};
+use super::children::{self, Source, cached};
 use super::context::Context;
 use super::error::Error;
 use super::pool::{self, Pool};
@@ -31,6 +32,8 @@ use super::report::{self, Children, Published};
 use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
+use crate::resources::proxy::identities::{EPOCH_ANNOTATION, Material, TRUSTED_ANNOTATION, trust};
+use crate::resources::proxy::proxy_name;
 use crate::resources::scaling::Step;
 use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
@@ -174,7 +177,11 @@ async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) ->
     let instance = view.instance;
     let source = view.source();
     let api = writer.api(instance.namespace);
-    match proxy::routes::config_map(instance, published) {
+    let routed = match instance.spec.workload {
+        Workload::StatefulSet if instance.spec.proxy().is_some() => pod_routes(view, published)?,
+        _ => published.to_vec(),
+    };
+    match proxy::routes::config_map(instance, &routed) {
         Some(routes) => {
             children::ensure(instance, routes, &source, api).await?;
         }
@@ -183,6 +190,37 @@ async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) ->
         }
     }
     Ok(())
+}
+
+/// A StatefulSet's published slots as the proxy's route lists them: by their ready pods' addresses, not
+/// their DNS names (see [`servers::route_servers`]); a slot whose pod is not ready keeps the address the
+/// route as last written (the cached ConfigMap, against the previous `status.servers`) gave it.
+fn pod_routes(view: &View<'_>, published: &[Server]) -> Result<Vec<Server>, Error> {
+    let instance = view.instance;
+    let source = view.source();
+    let live: Option<Arc<ConfigMap>> =
+        children::cached(instance, &proxy::proxy_name(instance.name), &source)?;
+    let written = live
+        .as_deref()
+        .and_then(|c| c.data.as_ref())
+        .and_then(|d| d.get(proxy::routes::DATA_KEY))
+        .and_then(|data| proxy::routes::Route::parse(data).ok())
+        .map(|route| route.servers)
+        .unwrap_or_default();
+    let before = view
+        .mc
+        .status
+        .as_ref()
+        .map(|s| s.servers.as_slice())
+        .unwrap_or_default();
+    let routed = servers::routed_by_slot(before, &written);
+    let members: Vec<servers::Member> = view
+        .pods
+        .iter()
+        .filter_map(|p| servers::Member::of(p))
+        .collect();
+    let port = instance.spec.container_port;
+    Ok(servers::route_servers(published, &members, port, &routed))
 }
 
 /// The Deployment, with the handover gate on its template while a rollout can be warm, and the copies
@@ -421,10 +459,12 @@ async fn built(
             }
         }
     }
-    // The proxy's Deployment carries the hash of what the proxy reads of the Secrets.
+    // The proxy's Deployment carries the hash of what the proxy reads of the Secrets, and with access
+    // control the CAs its pods may trust.
     let instance = view
         .instance
-        .with_proxy_secret_hash(view.proxy_secret_hash.clone());
+        .with_proxy_secret_hash(view.proxy_secret_hash.clone())
+        .with_proxy_access(proxy_access(view)?);
     let mut collect = Collect {
         instance: &instance,
         view,
@@ -437,6 +477,38 @@ async fn built(
         child.apply(writer, view, changes).await?;
     }
     Ok(collect.unserved)
+}
+
+/// With `spec.proxy.access`: the client CA read and the trust to record, from what the live proxy
+/// Deployment records (see `resources::proxy::identities::trust`).
+fn proxy_access(view: &View<'_>) -> Result<Option<Material>, Error> {
+    let Some(ca) = &view.client_ca else {
+        return Ok(None);
+    };
+    let instance = view.instance;
+    let live = cached::<Deployment>(instance, &proxy_name(instance.name), &view.source())?;
+    let annotation = |annotations: Option<&BTreeMap<String, String>>, key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let previous = live.map(|deployment| {
+        let template = deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.metadata.as_ref())
+            .and_then(|meta| meta.annotations.as_ref());
+        (
+            annotation(deployment.metadata.annotations.as_ref(), TRUSTED_ANNOTATION),
+            annotation(template, EPOCH_ANNOTATION),
+        )
+    });
+    let previous = previous.as_ref().map(|(t, e)| (t.as_str(), e.as_str()));
+    Ok(Some(Material {
+        ca: ca.clone(),
+        trust: trust(previous, ca),
+    }))
 }
 
 /// The status problem of an instance whose `desired` children are of a kind the cluster did not serve at

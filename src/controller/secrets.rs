@@ -15,6 +15,7 @@ use zeroize::Zeroizing;
 
 use super::error::Error;
 use crate::api::names::served_auth_name;
+use crate::resources::proxy::identities::ClientCa;
 use crate::resources::secrets::{self, SecretRef};
 use crate::resources::{Instance, InvalidSpec, auth_file};
 use crate::store::secrets::{KeyHashes, ReadError};
@@ -29,6 +30,8 @@ pub struct Hashes {
     pub proxy: Option<String>,
     /// With `spec.security.auth`: the user's auth file, for [`serve_auth_file`].
     pub auth_file: Option<UserFile>,
+    /// With `spec.proxy.access`: the client CA the proxy trusts.
+    pub client_ca: Option<ClientCa>,
 }
 
 /// The user's auth file as the reconcile knows it: the hash of its value and, when its Secret was read
@@ -87,11 +90,51 @@ pub async fn resolve(reader: &SecretReader, instance: &Instance<'_>) -> Result<R
         let hash = keys.get(auth.key())?.hash.clone();
         Some(UserFile { hash, read })
     });
+    let client_ca = match client_ca(reader, instance).await? {
+        Ok(ca) => ca,
+        Err(problem) => return Ok(Resolved::Missing(problem)),
+    };
     Ok(Resolved::Ready(Hashes {
         servers: keyed(reader, instance, servers).await?,
         proxy: keyed(reader, instance, proxy).await?,
         auth_file,
+        client_ca,
     }))
+}
+
+/// The client CA of `spec.proxy.access` (`None` without it), or the problem that holds the instance: the
+/// Secret or its key missing, or a bundle the proxy could not load.
+async fn client_ca(
+    reader: &SecretReader,
+    instance: &Instance<'_>,
+) -> Result<Result<Option<ClientCa>, InvalidSpec>, Error> {
+    let Some(access) = instance.spec.proxy().and_then(|p| p.access.as_ref()) else {
+        return Ok(Ok(None));
+    };
+    let (name, key) = (&access.client_ca.secret_name, access.ca_key());
+    let value = reader
+        .public_value(instance.namespace, name, key)
+        .await
+        .map_err(read_error)?;
+    let field = "spec.proxy.access.clientCA";
+    let Some(value) = value else {
+        return Ok(Err(InvalidSpec {
+            reason: "ClientCAMissing",
+            message: format!(
+                "{field}: Secret {}/{name} or its key {key} does not exist",
+                instance.namespace
+            ),
+        }));
+    };
+    Ok(ClientCa::parse(&value)
+        .map(Some)
+        .map_err(|error| InvalidSpec {
+            reason: "ClientCAInvalid",
+            message: format!(
+                "{field}: key {key} of Secret {}/{name} cannot be the proxy's client CA: {error}",
+                instance.namespace
+            ),
+        }))
 }
 
 /// `digest` keyed with the operator's digest key, for `instance` (its namespace and UID).

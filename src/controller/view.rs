@@ -17,6 +17,7 @@ use super::secrets::{self, Resolved};
 use crate::api::names::proxy_name;
 use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
+use crate::resources::proxy::identities::ClientCa;
 use crate::status::{Problem, WorkloadStatus};
 use crate::store::compact::Compactable;
 use crate::store::{Cache, ChildKind, SecretReader, Stores, Written};
@@ -59,6 +60,8 @@ pub(super) struct View<'a> {
     pub proxy_secret_hash: Option<String>,
     /// With `spec.security.auth`: the user's auth file (see `secrets::serve_auth_file`).
     pub auth_file: Option<secrets::UserFile>,
+    /// With `spec.proxy.access`: the client CA the proxy trusts.
+    pub client_ca: Option<ClientCa>,
     stores: &'a Stores,
     written: &'a Written,
 }
@@ -92,6 +95,7 @@ impl<'a> View<'a> {
             secret_hash: hashes.servers,
             proxy_secret_hash: hashes.proxy,
             auth_file: hashes.auth_file,
+            client_ca: hashes.client_ca,
             stores,
             written,
         })

@@ -6,6 +6,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::defaults::OperatorPods;
 use super::labels;
+use super::proxy::identities::Material;
 use crate::api::MemcachedSpec;
 
 /// A validated instance: everything the builders need, with the checks the schema cannot express done.
@@ -29,6 +30,10 @@ pub struct Instance<'a> {
     /// [`proxy`](super::proxy)): set by the reconcile once it has read the Secrets
     /// ([`Self::with_proxy_secret_hash`]); `None` when the proxy reads none.
     pub proxy_secret_hash: Option<String>,
+    /// With `spec.proxy.access`: the client CA read from its Secret and the trust the proxy Deployment
+    /// records (see [`identities`](super::proxy::identities)); set by the reconcile
+    /// ([`Self::with_proxy_access`]).
+    pub proxy_access: Option<Material>,
     /// The controller owner reference every child carries (set by [`Instance::new`]).
     pub(super) owner: OwnerReference,
 }
@@ -38,6 +43,14 @@ impl<'a> Instance<'a> {
     pub fn with_proxy_secret_hash(&self, hash: Option<String>) -> Self {
         Self {
             proxy_secret_hash: hash,
+            ..self.clone()
+        }
+    }
+
+    /// This instance, with `access` as [`Self::proxy_access`].
+    pub fn with_proxy_access(&self, access: Option<Material>) -> Self {
+        Self {
+            proxy_access: access,
             ..self.clone()
         }
     }

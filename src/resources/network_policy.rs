@@ -4,7 +4,8 @@
 //! With the proxy on, the listed clients are admitted to the proxy's pods only, and the servers admit on
 //! the memcached port the proxy's pods (and the operator's, as below) instead of the listed clients:
 //! clients that skip the proxy are cut off, which is the point of putting the proxy in front. The proxy's
-//! pods admit the operator's too while it reads their stats.
+//! pods admit the operator's too while it reads their stats (with `spec.proxy.access`, on the port of its
+//! own stats listener only: clients never reach it).
 //!
 //! Ingress only: egress is left alone, so pods keep DNS and whatever else a sidecar needs. The instance's
 //! own pods get no rule of their own: memcached servers never talk to each other (clients hash keys
@@ -80,9 +81,27 @@ pub fn network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
 /// and kubelet probes come from the node.
 pub fn proxy_network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
     let config = instance.spec.network_policy()?;
-    instance.spec.proxy()?;
+    let proxy_spec = instance.spec.proxy()?;
     let mut clients = allowed_clients(config);
-    clients.extend(operator(instance, instance.stats_collected));
+    let port = instance.spec.container_port;
+    let stats_port = proxy::stats_port(instance.spec);
+    // With access control the operator reads stats on a port of its own, which only it may reach.
+    let ingress = match proxy_spec.access.is_some() && stats_port != port {
+        true => {
+            let operator: Vec<_> = operator(instance, instance.stats_collected)
+                .into_iter()
+                .collect();
+            let mut rules = vec![rule(port, clients)];
+            if !operator.is_empty() {
+                rules.push(rule(stats_port, operator));
+            }
+            rules
+        }
+        false => {
+            clients.extend(operator(instance, instance.stats_collected));
+            vec![rule(port, clients)]
+        }
+    };
     Some(NetworkPolicy {
         metadata: proxy::meta(instance),
         spec: Some(NetworkPolicySpec {
@@ -91,7 +110,7 @@ pub fn proxy_network_policy(instance: &Instance<'_>) -> Option<NetworkPolicy> {
                 ..LabelSelector::default()
             }),
             policy_types: Some(vec!["Ingress".to_owned()]),
-            ingress: Some(vec![rule(instance.spec.container_port, clients)]),
+            ingress: Some(ingress),
             egress: None,
         }),
     })

@@ -19,6 +19,7 @@
 //! pods, which hold no cache.
 
 pub mod access;
+pub mod identities;
 mod metadata;
 pub mod routes;
 
@@ -68,8 +69,23 @@ pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
 /// server's new address rolls no proxy pod.
 pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
     let proxy = instance.spec.proxy()?;
+    let trust = instance.proxy_access.as_ref().map(|access| &access.trust);
+    let mut metadata = meta(instance);
+    if let Some(trust) = trust {
+        metadata.annotations = Some(BTreeMap::from([(
+            identities::TRUSTED_ANNOTATION.to_owned(),
+            trust.trusted.clone(),
+        )]));
+    }
+    let mut annotations = BTreeMap::new();
+    if let Some(hash) = &instance.proxy_secret_hash {
+        annotations.insert(SECRET_HASH_ANNOTATION.to_owned(), hash.clone());
+    }
+    if let Some(trust) = trust {
+        annotations.insert(identities::EPOCH_ANNOTATION.to_owned(), trust.epoch.clone());
+    }
     Some(Deployment {
-        metadata: meta(instance),
+        metadata,
         spec: Some(DeploymentSpec {
             replicas: Some(proxy.replicas()),
             selector: selector(instance),
@@ -84,9 +100,7 @@ pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
             template: PodTemplateSpec {
                 metadata: Some(ObjectMeta {
                     labels: Some(labels::proxy_labels(instance.name)),
-                    annotations: instance.proxy_secret_hash.as_ref().map(|hash| {
-                        BTreeMap::from([(SECRET_HASH_ANNOTATION.to_owned(), hash.clone())])
-                    }),
+                    annotations: (!annotations.is_empty()).then_some(annotations),
                     ..ObjectMeta::default()
                 }),
                 spec: Some(pod_spec(instance, proxy)),
@@ -191,22 +205,32 @@ fn pod_spec(instance: &Instance<'_>, proxy: &Proxy) -> PodSpec {
 /// memcached in proxy mode, with routelib (built into memcached) reading the generated configuration.
 fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
     let port = instance.spec.container_port;
+    let access = instance.proxy_access.is_some();
     let mut mounts = vec![config_mount()];
     if instance.spec.tls().is_some() {
         mounts.push(mount(TLS_VOLUME, args::TLS_DIR));
+    }
+    let mut ports = vec![ContainerPort {
+        name: Some(PORT_NAME.to_owned()),
+        container_port: port,
+        protocol: Some("TCP".to_owned()),
+        ..ContainerPort::default()
+    }];
+    if access {
+        ports.push(ContainerPort {
+            name: Some(OPS_PORT_NAME.to_owned()),
+            container_port: ops_port(port),
+            protocol: Some("TCP".to_owned()),
+            ..ContainerPort::default()
+        });
     }
     Container {
         name: PROXY_CONTAINER.to_owned(),
         image: Some(proxy.image_or(instance.default_image).to_owned()),
         image_pull_policy: Some("IfNotPresent".to_owned()),
         command: Some(vec!["memcached".to_owned()]),
-        args: Some(proxy_args(port, instance.spec.tls().is_some())),
-        ports: Some(vec![ContainerPort {
-            name: Some(PORT_NAME.to_owned()),
-            container_port: port,
-            protocol: Some("TCP".to_owned()),
-            ..ContainerPort::default()
-        }]),
+        args: Some(proxy_args(port, instance.spec.tls().is_some(), access)),
+        ports: Some(ports),
         readiness_probe: Some(tcp_probe(PORT_NAME, 1, 5, 2)),
         liveness_probe: Some(tcp_probe(PORT_NAME, 10, 10, 5)),
         resources: Some(proxy_resources(proxy)),
@@ -219,25 +243,56 @@ fn proxy_container(instance: &Instance<'_>, proxy: &Proxy) -> Container {
 /// With TLS on, the proxy's plain-text listener on the pod's loopback, for `stats` only.
 pub const LOOPBACK_STATS_PORT: i32 = 11299;
 
+/// Name of the proxy container's port for the operator's `stats` with access control on.
+pub const OPS_PORT_NAME: &str = "ops";
+
+/// The port of the operator's `stats` listener with access control on: [`identities::OPS_PORT`], or the
+/// next one when the instance's port is that one.
+pub fn ops_port(port: i32) -> i32 {
+    if port == identities::OPS_PORT {
+        identities::OPS_PORT + 1
+    } else {
+        identities::OPS_PORT
+    }
+}
+
+/// The port where the operator reads a proxy pod's `stats`: the clients' port, or with access control on
+/// the operator's own ([`ops_port`]).
+pub fn stats_port(spec: &crate::api::MemcachedSpec) -> i32 {
+    match spec.proxy().and_then(|proxy| proxy.access.as_ref()) {
+        Some(_) if spec.tls().is_some() => ops_port(spec.container_port),
+        _ => spec.container_port,
+    }
+}
+
 /// `-p <port> -o proxy_config=routelib,proxy_arg=<config> -P <pid file>`, in [`CONFIG_DIR`]; with
 /// `tls`, the certificate and key the servers serve too (`ssl_chain_cert`, `ssl_key`, in
-/// [`args::TLS_DIR`]) and `-Z`: clients must speak TLS.
-pub fn proxy_args(port: i32, tls: bool) -> Vec<String> {
-    proxy_args_in(port, CONFIG_DIR, tls)
+/// [`args::TLS_DIR`]) and `-Z`: clients must speak TLS; with `access` (which needs `tls`), client
+/// certificates too ([`identities`]).
+pub fn proxy_args(port: i32, tls: bool, access: bool) -> Vec<String> {
+    proxy_args_in(port, CONFIG_DIR, tls.then_some(args::TLS_DIR), access)
 }
 
 /// The proxy's arguments with the configuration and the pid file in `dir` (the pod's is [`CONFIG_DIR`];
-/// the bench of the hop runs the same arguments in a directory of its own).
-pub fn proxy_args_in(port: i32, dir: &str, tls: bool) -> Vec<String> {
+/// the bench of the hop runs the same arguments in a directory of its own), and with TLS the
+/// certificate and key in `tls_dir`.
+pub fn proxy_args_in(port: i32, dir: &str, tls_dir: Option<&str>, access: bool) -> Vec<String> {
+    let access = access && tls_dir.is_some();
+    let library = match access {
+        true => format!(":{dir}/{}", identities::LIBRARY_FILE),
+        false => String::new(),
+    };
     let mut options = format!(
-        "proxy_config=routelib,proxy_arg={dir}/{}",
+        "proxy_config=routelib{library},proxy_arg={dir}/{}",
         routes::CONFIG_KEY
     );
-    if tls {
-        let dir = args::TLS_DIR;
+    if let Some(tls_dir) = tls_dir {
         options.push_str(&format!(
-            ",ssl_chain_cert={dir}/tls.crt,ssl_key={dir}/tls.key"
+            ",ssl_chain_cert={tls_dir}/tls.crt,ssl_key={tls_dir}/tls.key"
         ));
+    }
+    if access {
+        options.push_str(&format!(",ssl_ca_cert={dir}/{}", identities::CA_FILE));
     }
     let mut proxy_args = vec![
         "-p".to_owned(),
@@ -247,15 +302,21 @@ pub fn proxy_args_in(port: i32, dir: &str, tls: bool) -> Vec<String> {
         "-P".to_owned(),
         format!("{dir}/{PID_FILE}"),
     ];
-    if tls {
+    if tls_dir.is_some() {
         // Every address as without `-l` (`*`), over TLS; and the loopback in the clear on a port of its
         // own, for the configuration writer's `stats` (it confirms reloads there and holds no certificate).
+        // With access control, the clients' listener requires a client certificate and is tagged for
+        // the access hooks, and the operator reads `stats` on a listener of its own.
         let loopback = loopback_stats_port(port);
-        proxy_args.extend([
-            "-Z".to_owned(),
-            "-l".to_owned(),
-            format!("*,notls:127.0.0.1:{loopback}"),
-        ]);
+        let listeners = match access {
+            true => format!(
+                "mtls:tag[{}]:*:{port},btls:*:{},notls:127.0.0.1:{loopback}",
+                identities::CLIENT_TAG,
+                ops_port(port)
+            ),
+            false => format!("*,notls:127.0.0.1:{loopback}"),
+        };
+        proxy_args.extend(["-Z".to_owned(), "-l".to_owned(), listeners]);
     }
     proxy_args
 }
@@ -302,6 +363,9 @@ fn config_container(instance: &Instance<'_>, once: bool) -> Container {
     ];
     if once {
         args.push("--once".to_owned());
+        if let Some(access) = &instance.proxy_access {
+            args.push(format!("--trust-epoch={}", access.trust.epoch));
+        }
     } else {
         args.push(format!("--pid-file={CONFIG_DIR}/{PID_FILE}"));
     }

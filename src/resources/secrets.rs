@@ -136,6 +136,19 @@ pub fn proxy_referenced(spec: &MemcachedSpec) -> Vec<SecretRef> {
     }]
 }
 
+/// The client CA Secret of `spec.proxy.access`, while the proxy is on. Its content is in no pod
+/// template's hash: the proxy loads it in place (see `resources::proxy::identities`).
+pub fn access_referenced(spec: &MemcachedSpec) -> Option<SecretRef> {
+    let access = spec.proxy()?.access.as_ref()?;
+    Some(SecretRef {
+        name: access.client_ca.secret_name.clone(),
+        keys: vec![access.ca_key().to_owned()],
+        field: "spec.proxy.access.clientCA.secretName",
+        auth_file: false,
+        tls: false,
+    })
+}
+
 /// [`digest`] of what the proxy reads ([`proxy_referenced`]), the TLS Secret's content included.
 pub fn proxy_digest(
     namespace: &str,

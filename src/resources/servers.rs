@@ -2,7 +2,8 @@
 //!
 //! Every server has a slot `0 … size-1` that does not move, so the ordered list clients hash keys over
 //! changes as little as possible:
-//! - StatefulSet: slot = ordinal, address = the pod's stable DNS name behind the headless Service;
+//! - StatefulSet: slot = ordinal, address = the pod's stable DNS name behind the headless Service (the
+//!   proxy's route lists the ready pods' addresses instead, in the same slot order: [`route_servers`]);
 //! - Deployment: the operator assigns pods to slots and keeps the assignment in `status.servers`; a
 //!   replacement pod takes the slot of the pod it replaces, and the slot's address (`podIP:port`) changes
 //!   only once the replacement is ready.
@@ -217,6 +218,60 @@ pub fn stable_address(instance: &Instance<'_>, slot: i32) -> String {
         namespace = instance.namespace,
         port = instance.spec.container_port,
     )
+}
+
+/// The backends of the proxy's route for a StatefulSet: `published` (the slots, in slot order) with the
+/// address of each slot that has one replaced by its pod's `ip:port` while the pod is ready. A slot whose
+/// pod is not ready (restarting, or replaced and not ready yet) keeps its address in `routed` (the route
+/// as last written, by slot: see [`routed_by_slot`]), as a Deployment's slot keeps its last address; one
+/// that has none there keeps its DNS name.
+///
+/// Not the DNS names: memcached's proxy (1.6.45) resolves a backend's name with a blocking
+/// `getaddrinfo` on the worker thread that owns the connection, at every reconnect, so a slow resolver
+/// stalls every client of that worker; and a restarting pod's name answers NXDOMAIN until the pod is
+/// ready, during which its slot's requests hang instead of failing (measured with `hack/proxy-names.py`:
+/// docs/clients.md, "How the proxy names a StatefulSet's servers"). The published list (`<name>-servers`)
+/// keeps the names: direct clients rely on them.
+pub fn route_servers(
+    published: &[Server],
+    members: &[Member],
+    port: i32,
+    routed: &BTreeMap<i32, String>,
+) -> Vec<Server> {
+    published
+        .iter()
+        .map(|server| {
+            let ready_pod = server
+                .pod
+                .as_deref()
+                .and_then(|pod| members.iter().find(|m| m.name == pod && !m.terminating))
+                .and_then(|m| m.address(port));
+            let address = server.address.as_ref().map(|name| {
+                ready_pod
+                    .or_else(|| routed.get(&server.slot).cloned())
+                    .unwrap_or_else(|| name.clone())
+            });
+            Server {
+                address,
+                ..server.clone()
+            }
+        })
+        .collect()
+}
+
+/// The route as last written (`route`, its backends in order) by slot: its backends are the slots
+/// `published` then (those with an address, in slot order), position by position. Empty when the two
+/// do not have as many: then which backend was which slot is not known.
+pub fn routed_by_slot(published: &[Server], route: &[String]) -> BTreeMap<i32, String> {
+    let slots: Vec<i32> = published
+        .iter()
+        .filter(|s| s.address.is_some())
+        .map(|s| s.slot)
+        .collect();
+    if slots.len() != route.len() {
+        return BTreeMap::new();
+    }
+    slots.into_iter().zip(route.iter().cloned()).collect()
 }
 
 /// The live pods that hold none of `servers`' slots: on a Deployment mid-drain, the ones to remove.

@@ -53,6 +53,7 @@ impl<'a> Instance<'a> {
             stats_collected: defaults.stats_collected,
             operator_image: &defaults.operator_image,
             proxy_secret_hash: None,
+            proxy_access: None,
             owner,
         })
     }
@@ -209,6 +210,13 @@ fn monitoring(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     Ok(())
 }
 
+/// Whether `identities` have distinct names and distinct common names (`IDENTITIES_UNIQUE_RULE`).
+fn distinct(identities: &[crate::api::ProxyIdentity]) -> bool {
+    let names: std::collections::BTreeSet<&str> = identities.iter().map(|i| i.name.as_str()).collect();
+    let common: std::collections::BTreeSet<&str> = identities.iter().map(|i| i.common_name()).collect();
+    names.len() == identities.len() && common.len() == identities.len()
+}
+
 /// The proxy's limits, as the CEL rules on `spec` state them (`api::proxy`).
 fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
     let Some(proxy) = spec.proxy() else {
@@ -222,6 +230,10 @@ fn proxy(spec: &MemcachedSpec) -> Result<(), InvalidSpec> {
         crate::api::PROXY_TLS_IMAGE_MESSAGE
     } else if spec.client_hashing() != crate::api::ClientHashing::Unknown {
         crate::api::PROXY_HASHING_MESSAGE
+    } else if proxy.access.is_some() && spec.tls().is_none() {
+        crate::api::PROXY_ACCESS_TLS_MESSAGE
+    } else if proxy.access.as_ref().is_some_and(|access| !distinct(&access.identities)) {
+        crate::api::IDENTITIES_UNIQUE_MESSAGE
     } else {
         return Ok(());
     };

@@ -39,6 +39,7 @@ pub fn referencing(
         .filter(|mc| mc.metadata.namespace.as_deref() == namespace)
         .filter(|mc| {
             secrets::referenced(&mc.spec).iter().any(|r| r.name == name)
+                || secrets::access_referenced(&mc.spec).is_some_and(|r| r.name == name)
                 || mc.metadata.name.as_deref().map(served_auth_name).as_deref() == Some(name)
         })
         .map(|mc| ObjectRef::from_obj(mc.as_ref()))

@@ -70,8 +70,13 @@ pub fn named(namespace: &str, name: &str, spec: &MemcachedSpec) -> BTreeSet<Secr
     let auth = spec
         .auth()
         .map(|a| [a.secret_name.clone(), served_auth_name(name)]);
+    let access = spec
+        .proxy()
+        .and_then(|p| p.access.as_ref())
+        .map(|a| a.client_ca.secret_name.clone());
     tls.into_iter()
         .chain(client)
+        .chain(access)
         .chain(auth.into_iter().flatten())
         .map(|secret| (namespace.to_owned(), secret))
         .collect()
@@ -226,6 +231,33 @@ impl SecretReader {
                 ..Default::default()
             };
         });
+    }
+
+    /// The value of `key` of Secret `namespace/name` at its current version, kept with the Secret like
+    /// the TLS keys (for public material: a CA bundle); `None` when the Secret or the key is missing.
+    pub async fn public_value(
+        &self,
+        namespace: &str,
+        name: &str,
+        key: &str,
+    ) -> Result<Option<Vec<u8>>, ReadError> {
+        let Some(version) = self.version(namespace, name) else {
+            return Ok(None);
+        };
+        let secret = (namespace.to_owned(), name.to_owned());
+        let known = self
+            .cache
+            .with(&secret, |entry| {
+                let current = entry.version == version && entry.hashes.is_some();
+                (current && entry.wanted.contains(key))
+                    .then(|| entry.values.get(key).map(|value| value.to_vec()))
+            })
+            .flatten();
+        if let Some(value) = known {
+            return Ok(value);
+        }
+        let read = self.read(&secret, version, &[key], None).await?;
+        Ok(read.and_then(|read| read.values.get(key).map(|value| value.to_vec())))
     }
 
     /// The current version of Secret `namespace/name` in the metadata cache (`None`: it does not exist).

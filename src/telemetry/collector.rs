@@ -155,7 +155,14 @@ impl Collector {
         self.metrics
             .set_instance(key.clone(), reads.samples.clone());
         let read: Vec<Stats> = reads.samples.values().flatten().cloned().collect();
-        let proxy_samples = proxy_reads.samples(&mc);
+        let pods = self.pods.index.pods(&self.pods.store, &key.0, &key.1);
+        let routed = {
+            let mut state = self.lock_state();
+            let routed = &mut state.entry(key.clone()).or_default().routed;
+            proxies::remember_routed(routed, &mc, &pods);
+            routed.clone()
+        };
+        let proxy_samples = proxy_reads.samples(&mc, &routed);
         let proxy_read: Vec<ProxySample> = proxy_samples.values().flatten().cloned().collect();
         self.metrics.set_proxies(key.clone(), proxy_samples);
         let proxy = summarize_proxy(proxies.len(), &proxy_read);

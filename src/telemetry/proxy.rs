@@ -106,10 +106,17 @@ pub struct ProxySample {
 }
 
 /// The published servers (`status.servers`, those with an address), in slot order, each marked down when
-/// `down` (a `stats proxybe` reply, by routelib's label) names it. Labels of backends no longer published
-/// (a reload under way) are left out, so the backends are always the list's: their number is bounded by
+/// `down` (a `stats proxybe` reply, by routelib's label) names it, or names its slot's address in
+/// `routed` (slot to `ip:port`): the proxy's route lists a StatefulSet's servers by their pods' addresses,
+/// not by the published DNS names. Labels of backends no longer published (a
+/// reload under way) are left out, so the backends are always the list's: their number is bounded by
 /// the instance's size.
-pub fn backends(published: &[Server], down: &BTreeMap<String, u64>) -> Vec<Backend> {
+pub fn backends(
+    published: &[Server],
+    routed: &BTreeMap<i32, String>,
+    down: &BTreeMap<String, u64>,
+) -> Vec<Backend> {
+    let named = |address: &str| down.contains_key(&backend_label(address));
     published
         .iter()
         .filter_map(|server| {
@@ -117,7 +124,7 @@ pub fn backends(published: &[Server], down: &BTreeMap<String, u64>) -> Vec<Backe
             Some(Backend {
                 slot: server.slot,
                 address: address.to_owned(),
-                down: down.contains_key(&backend_label(address)),
+                down: named(address) || routed.get(&server.slot).is_some_and(|a| named(a)),
             })
         })
         .collect()
@@ -219,7 +226,7 @@ mod tests {
     fn backends_are_the_published_list_marked_by_routelibs_labels() {
         let server = |slot: i32, address: Option<&str>| Server {
             slot,
-            pod: None,
+            pod: Some(format!("cache-{slot}")),
             address: address.map(str::to_owned),
             ready: true,
         };
@@ -228,19 +235,28 @@ mod tests {
             server(1, None),
             server(2, Some("[fd00::2]:11211")),
             server(3, Some("cache-3.cache-headless.ns.svc:11211")),
+            server(4, Some("cache-4.cache-headless.ns.svc:11211")),
         ];
         let down = parse_down(
-            b"STAT bad_fd00::2:11211 4\r\nSTAT bad_10.9.9.9:11211 1\r\nSTAT bad_cache-3.cache-headless.ns.svc:11211 1\r\nEND\r\n",
+            b"STAT bad_fd00::2:11211 4\r\nSTAT bad_10.9.9.9:11211 1\r\nSTAT bad_cache-3.cache-headless.ns.svc:11211 1\r\nSTAT bad_10.0.0.4:11211 1\r\nEND\r\n",
         )
         .unwrap();
-        let marks: Vec<(i32, bool)> = backends(&published, &down)
-            .iter()
-            .map(|b| (b.slot, b.down))
-            .collect();
+        let marks = |routed: &BTreeMap<i32, String>| -> Vec<(i32, bool)> {
+            backends(&published, routed, &down)
+                .iter()
+                .map(|b| (b.slot, b.down))
+                .collect()
+        };
         assert_eq!(
-            marks,
-            [(0, false), (2, true), (3, true)],
+            marks(&BTreeMap::new()),
+            [(0, false), (2, true), (3, true), (4, false)],
             "an unpublished slot and a label of no published server are left out"
+        );
+        let routed = BTreeMap::from([(4, "10.0.0.4:11211".to_owned())]);
+        assert_eq!(
+            marks(&routed),
+            [(0, false), (2, true), (3, true), (4, true)],
+            "a slot the route lists by its pod's address"
         );
     }
 

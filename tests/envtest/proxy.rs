@@ -157,7 +157,25 @@ async fn stat(address: &str, name: &str) -> Result<u64, String> {
     value.parse().map_err(|_| format!("{name} {value}"))
 }
 
-/// Waits until the route ConfigMap lists `list`'s servers and the proxy has loaded it: its reload count
+/// The proxy's route over `list`: the published servers, a StatefulSet's DNS names by their pods'
+/// addresses (the route lists pods' addresses: see `servers::route_servers`).
+fn routed(list: &Published) -> Vec<String> {
+    list.servers
+        .iter()
+        .map(|server| {
+            let Some((host, port)) = server.rsplit_once(':') else {
+                return server.clone();
+            };
+            match (list.hosts.get(host), port.parse::<i32>()) {
+                (Some(ip), Ok(port)) => memcached_operator::resources::servers::entry(ip, port),
+                _ => server.clone(),
+            }
+        })
+        .collect()
+}
+
+/// Waits until the route ConfigMap lists `list`'s servers (by their pods' addresses: [`routed`]) and the
+/// proxy has loaded it: its reload count
 /// at least `at_least` (one past the last count when the route changed) and still for two seconds (a
 /// reload lands within a second of the writer's signal). Returns the reload count.
 async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, at_least: u64) -> u64 {
@@ -174,7 +192,7 @@ async fn proxy_follows(s: &Scenario, proxy: &str, list: &Published, at_least: u6
                 .unwrap_or_default();
             let route = memcached_operator::resources::proxy::routes::Route::parse(&data)
                 .map_err(|e| format!("{e}: {data}"))?;
-            (route.servers == list.servers).then_some(()).ok_or(data)
+            (route.servers == routed(list)).then_some(()).ok_or(data)
         },
     )
     .await;

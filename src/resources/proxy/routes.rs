@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use super::super::instance::Instance;
 use super::super::servers::published_addresses;
+use super::identities::{self, RouteAccess};
 use super::metadata::meta;
 use crate::api::{MAX_SIZE, Server};
 use crate::hashing::Endpoint;
@@ -39,7 +40,7 @@ pub const DATA_KEY: &str = "route.json";
 /// Most servers a route may list: twice the most an instance has.
 pub const MAX_SERVERS: usize = 2 * MAX_SIZE as usize;
 /// Most bytes of a route's data.
-pub const MAX_ROUTE_BYTES: usize = 64 * 1024;
+pub const MAX_ROUTE_BYTES: usize = 256 * 1024;
 /// Longest address: a DNS name of 253 characters, `:`, a port of 5 digits.
 pub const MAX_ADDRESS_LEN: usize = 253 + 1 + 5;
 
@@ -50,6 +51,9 @@ pub const MAX_ADDRESS_LEN: usize = 253 + 1 + 5;
 pub struct Route {
     pub servers: Vec<String>,
     pub backend_tls: bool,
+    /// With `spec.proxy.access`: the client CA and identities ([`identities`](super::identities)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access: Option<RouteAccess>,
 }
 
 /// Why route data is refused. The messages quote nothing of the data but its sizes and a server's
@@ -64,6 +68,8 @@ pub enum RouteError {
     TooManyServers(usize),
     #[error("server {index} of the route is not an address: {problem}")]
     BadAddress { index: usize, problem: &'static str },
+    #[error("the route's access control is refused: {0}")]
+    BadAccess(&'static str),
 }
 
 impl Route {
@@ -85,6 +91,9 @@ impl Route {
         }
         for (index, address) in route.servers.iter().enumerate() {
             check_address(address).map_err(|problem| RouteError::BadAddress { index, problem })?;
+        }
+        if let Some(access) = &route.access {
+            access.check().map_err(RouteError::BadAccess)?;
         }
         Ok(route)
     }
@@ -146,6 +155,12 @@ pub fn config_map(instance: &Instance<'_>, servers: &[Server]) -> Option<ConfigM
             .map(str::to_owned)
             .collect(),
         backend_tls: instance.spec.tls().is_some(),
+        access: instance
+            .spec
+            .proxy()
+            .and_then(|proxy| proxy.access.as_ref())
+            .zip(instance.proxy_access.as_ref())
+            .map(|(access, material)| RouteAccess::new(access, material)),
     };
     Some(ConfigMap {
         metadata: meta(instance),
@@ -170,6 +185,7 @@ fn route(addresses: &[&str], backend_tls: bool) -> Route {
     Route {
         servers: addresses.iter().map(|a| (*a).to_owned()).collect(),
         backend_tls,
+        access: None,
     }
 }
 
@@ -183,7 +199,14 @@ pub fn render(name: &str, route: &Route) -> String {
         name.replace(|c: char| c.is_control(), " ")
     );
     if route.servers.is_empty() {
-        lua.push_str("routes{\n    default = route_null{},\n}\n");
+        match &route.access {
+            Some(access) => lua.push_str(&identities::render_routes(
+                access,
+                "route_null{}",
+                lua_string,
+            )),
+            None => lua.push_str("routes{\n    default = route_null{},\n}\n"),
+        }
         return lua;
     }
     if route.backend_tls {
@@ -199,9 +222,14 @@ pub fn render(name: &str, route: &Route) -> String {
             lua_string(&host)
         );
     }
-    lua.push_str(
-        "        },\n    },\n}\nroutes{\n    default = route_direct{ child = \"servers\" },\n}\n",
-    );
+    lua.push_str("        },\n    },\n}\n");
+    let direct = "route_direct{ child = \"servers\" }";
+    match &route.access {
+        Some(access) => lua.push_str(&identities::render_routes(access, direct, lua_string)),
+        None => {
+            let _ = write!(lua, "routes{{\n    default = {direct},\n}}\n");
+        }
+    }
     lua
 }
 
@@ -305,6 +333,7 @@ routes{
         let route = Route {
             servers: vec!["10.0.0.7:11211".into(), "[fd00::1]:11211".into()],
             backend_tls: true,
+            access: None,
         };
         let data = route.to_data();
         assert_eq!(Route::parse(&data), Ok(route.clone()));
@@ -359,6 +388,7 @@ routes{
             Route {
                 servers,
                 backend_tls: false,
+                access: None,
             }
             .to_data()
         };

@@ -374,3 +374,153 @@ fn a_rotated_certificate_rolls_the_proxy_pods() {
         "h1"
     );
 }
+
+fn access_spec() -> MemcachedSpec {
+    serde_json::from_value(serde_json::json!({
+        "size": 3,
+        "proxy": {
+            "enabled": true,
+            "image": "registry.example.com/memcached-proxy-tls:1.6.45",
+            "access": {
+                "clientCA": {"secretName": "clients-ca"},
+                "identities": [
+                    {"name": "orders", "prefixes": ["orders:"]},
+                    {"name": "reports", "commonName": "reports.example", "prefixes": ["orders:"],
+                     "readOnly": true}
+                ]
+            }
+        },
+        "security": {"tls": {"secretName": "cache-tls"}, "networkPolicy": {"enabled": true}}
+    }))
+    .unwrap()
+}
+
+fn material(trusted: &str, epoch: &str) -> identities::Material {
+    identities::Material {
+        ca: identities::ClientCa {
+            pem: "-----BEGIN CERTIFICATE-----\nMA==\n-----END CERTIFICATE-----\n".to_owned(),
+            fingerprints: vec![trusted.to_owned()],
+        },
+        trust: identities::Trust {
+            trusted: trusted.to_owned(),
+            epoch: epoch.to_owned(),
+        },
+    }
+}
+
+fn with_access<T>(build: impl FnOnce(&Instance<'_>) -> T) -> T {
+    with(access_spec(), |instance| {
+        build(&instance.with_proxy_access(Some(material("00aa", "e1"))))
+    })
+}
+
+#[test]
+fn with_access_clients_need_a_certificate_and_the_operator_has_its_own_listener() {
+    let deployment = with_access(|i| deployment(i).unwrap());
+    let pod = pod_spec_of(&deployment);
+    let proxy = &pod.containers[0];
+    assert_eq!(
+        proxy.args.as_deref().unwrap(),
+        [
+            "-p",
+            "11211",
+            "-o",
+            "proxy_config=routelib:/etc/memcached-proxy/access.lua,\
+             proxy_arg=/etc/memcached-proxy/proxy.lua,\
+             ssl_chain_cert=/etc/memcached/tls/tls.crt,ssl_key=/etc/memcached/tls/tls.key,\
+             ssl_ca_cert=/etc/memcached-proxy/client-ca.crt",
+            "-P",
+            "/etc/memcached-proxy/memcached.pid",
+            "-Z",
+            "-l",
+            "mtls:tag[client]:*:11211,btls:*:11298,notls:127.0.0.1:11299"
+        ]
+    );
+    let ports: Vec<(Option<&str>, i32)> = proxy
+        .ports
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|p| (p.name.as_deref(), p.container_port))
+        .collect();
+    assert_eq!(ports, [(Some("memcached"), 11211), (Some("ops"), 11298)]);
+    // The Deployment records the CAs its pods may trust, the template the epoch they start under.
+    let annotations = deployment.metadata.annotations.as_ref().unwrap();
+    assert_eq!(annotations[identities::TRUSTED_ANNOTATION], "00aa");
+    let template = deployment.spec.as_ref().unwrap().template.metadata.as_ref();
+    let template = template.unwrap().annotations.as_ref().unwrap();
+    assert_eq!(template[identities::EPOCH_ANNOTATION], "e1");
+    // The init container waits for the route of that epoch; the sidecar takes any.
+    let init = &pod.init_containers.as_ref().unwrap()[0];
+    assert!(init.args.as_ref().unwrap().contains(&"--trust-epoch=e1".to_owned()));
+    let sidecar = &pod.containers[1];
+    assert!(!sidecar.args.as_ref().unwrap().iter().any(|a| a.starts_with("--trust-epoch")));
+}
+
+#[test]
+fn a_new_trust_epoch_rolls_the_pods_and_added_cas_do_not() {
+    let template = |trusted: &str, epoch: &str| {
+        with(access_spec(), |instance| {
+            let instance = instance.with_proxy_access(Some(material(trusted, epoch)));
+            deployment(&instance).unwrap().spec.unwrap().template
+        })
+    };
+    assert_eq!(template("00aa", "e1"), template("00aa,11bb", "e1"));
+    assert_ne!(template("00aa", "e1"), template("11bb", "e2"));
+}
+
+#[test]
+fn the_route_carries_the_identities_and_the_ca_it_was_given() {
+    let config_map = with_access(|i| routes::config_map(i, &[]).unwrap());
+    let data = &config_map.data.as_ref().unwrap()[routes::DATA_KEY];
+    let route: routes::Route = serde_json::from_str(data).unwrap();
+    let access = route.access.unwrap();
+    assert_eq!(access.epoch, "e1");
+    assert!(access.client_ca.contains("BEGIN CERTIFICATE"));
+    let identities: Vec<(&str, &str, bool)> = access
+        .identities
+        .iter()
+        .map(|i| (i.name.as_str(), i.common_name.as_str(), i.read_only))
+        .collect();
+    assert_eq!(
+        identities,
+        [
+            ("orders", "orders", false),
+            ("reports", "reports.example", true)
+        ]
+    );
+    // Without the CA read (the reconcile holds the instance then), no access part, nothing to load.
+    let config_map = with(access_spec(), |i| routes::config_map(i, &[]).unwrap());
+    assert!(!config_map.data.unwrap()[routes::DATA_KEY].contains("access"));
+}
+
+#[test]
+fn with_access_the_operator_alone_reaches_the_stats_listener() {
+    let spec = access_spec();
+    assert_eq!(stats_port(&spec), 11298);
+    let mut other = spec.clone();
+    other.container_port = 11298;
+    assert_eq!(stats_port(&other), 11299, "never the clients' port");
+    assert_eq!(stats_port(&tls_spec()), 11211);
+    let mc = memcached("cache", access_spec());
+    let defaults = Defaults {
+        operator_pods: Some(crate::resources::defaults::OperatorPods {
+            namespace: "operators".into(),
+        }),
+        ..Defaults::default()
+    };
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let policy = crate::resources::network_policy::proxy_network_policy(&instance).unwrap();
+    let rules = policy.spec.unwrap().ingress.unwrap();
+    assert_eq!(rules.len(), 2);
+    let port = |rule: &k8s_openapi::api::networking::v1::NetworkPolicyIngressRule| {
+        rule.ports.as_ref().unwrap()[0].port.clone()
+    };
+    assert_eq!(port(&rules[0]), Some(IntOrString::Int(11211)));
+    assert_eq!(port(&rules[1]), Some(IntOrString::Int(11298)));
+    let operator = rules[1].from.as_ref().unwrap();
+    assert_eq!(operator.len(), 1);
+    assert!(operator[0].namespace_selector.is_some(), "the operator's pods only");
+    let clients = rules[0].from.as_ref().unwrap();
+    assert_eq!(clients.len(), 1, "the namespace's pods, without the operator's");
+}

@@ -215,6 +215,86 @@ fn statefulset_slots_are_ordinals_at_stable_names() {
 }
 
 #[test]
+fn the_proxy_routes_to_ready_pods_addresses_and_keeps_a_not_ready_slots_last_one() {
+    let (mc, defaults) = (sts(), Defaults::default());
+    let instance = Instance::new(&mc, &defaults).unwrap();
+    let name = |slot: i32| stable_address(&instance, slot);
+    let pods = [
+        member("cache-0", "10.0.0.1", true, 1),
+        member("cache-1", "10.0.0.2", true, 1),
+        member("cache-2", "10.0.0.3", false, 1),
+    ];
+    let servers = assign_statefulset(&instance, &[], &pods, 3);
+    let routed = route_servers(&servers, &pods, 11211, &BTreeMap::new());
+    assert_eq!(
+        published_addresses(&routed),
+        ["10.0.0.1:11211", "10.0.0.2:11211"],
+        "slot order; a slot never ready is in neither list"
+    );
+    assert_eq!(
+        published_addresses(&servers),
+        [name(0), name(1)],
+        "the published list keeps the names"
+    );
+    let written: Vec<String> = published_addresses(&routed)
+        .into_iter()
+        .map(str::to_owned)
+        .collect();
+    let by_slot = routed_by_slot(&servers, &written);
+    assert_eq!(by_slot.get(&1).map(String::as_str), Some("10.0.0.2:11211"));
+
+    // Slot 0's pod replaced (not ready, a new IP), slot 1's restarting (terminating counts as gone),
+    // slot 2's ready for the first time.
+    let mut terminating = member("cache-1", "10.0.0.2", true, 1);
+    terminating.terminating = true;
+    let pods = [
+        member("cache-0", "10.0.0.7", false, 9),
+        terminating,
+        member("cache-2", "10.0.0.3", true, 1),
+    ];
+    let next = assign_statefulset(&instance, &servers, &pods, 3);
+    let routed = route_servers(&next, &pods, 11211, &by_slot);
+    assert_eq!(
+        published_addresses(&routed),
+        ["10.0.0.1:11211", "10.0.0.2:11211", "10.0.0.3:11211"],
+        "not-ready slots keep their last address, in place"
+    );
+    assert_eq!(
+        routed.iter().map(|s| (s.slot, s.ready)).collect::<Vec<_>>(),
+        next.iter().map(|s| (s.slot, s.ready)).collect::<Vec<_>>()
+    );
+
+    // The replacement ready: its new address.
+    let pods = [member("cache-0", "10.0.0.7", true, 9)];
+    let routed = route_servers(&next, &pods, 11211, &by_slot);
+    assert_eq!(routed[0].address.as_deref(), Some("10.0.0.7:11211"));
+
+    // Nothing known of a not-ready slot (no route yet, or one that does not match): its DNS name.
+    let routed = route_servers(&next, &[], 11211, &BTreeMap::new());
+    assert_eq!(published_addresses(&routed), [name(0), name(1), name(2)]);
+}
+
+#[test]
+fn a_route_that_does_not_match_the_published_slots_says_nothing_of_them() {
+    let published = [
+        server(0, "cache-0", "cache-0.x:11211", true),
+        Server {
+            slot: 1,
+            ..Server::default()
+        },
+        server(2, "cache-2", "cache-2.x:11211", false),
+    ];
+    let route = ["10.0.0.1:11211".to_owned(), "10.0.0.3:11211".to_owned()];
+    assert_eq!(
+        routed_by_slot(&published, &route),
+        BTreeMap::from([(0, route[0].clone()), (2, route[1].clone())]),
+        "positions are the published slots, a slot without an address skipped"
+    );
+    assert!(routed_by_slot(&published, &route[..1]).is_empty());
+    assert!(routed_by_slot(&[], &route).is_empty());
+}
+
+#[test]
 fn config_map_content_is_exact() {
     let mc = memcached("cache", MemcachedSpec::default());
     let defaults = Defaults::default();

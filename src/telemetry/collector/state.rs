@@ -112,6 +112,8 @@ pub(super) struct InstanceState {
     pub(super) identity_noted: bool,
     /// Servers still presenting a rotated certificate's predecessor.
     pub(super) reload: Reload,
+    /// Per slot: the address its pod last had while ready (see `proxies::remember_routed`).
+    pub(super) routed: BTreeMap<i32, String>,
 }
 
 /// The collector. Shared by its collection tasks.

@@ -173,8 +173,18 @@ pub(crate) fn version(binary: &Path) -> String {
 
 /// Starts memcached on loopback `port` (UDP off) with `args`, and waits for it to accept.
 pub(crate) fn start(binary: &Path, port: u16, args: &[String]) -> Result<Process, String> {
+    start_on(binary, "127.0.0.1", port, args)
+}
+
+/// [`start`] with the listeners `listen` (`-l`), which must include loopback `port`.
+pub(crate) fn start_on(
+    binary: &Path,
+    listen: &str,
+    port: u16,
+    args: &[String],
+) -> Result<Process, String> {
     let child = Command::new(binary)
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
+        .args(["-l", listen, "-p", &port.to_string(), "-U", "0"])
         // Refused as root without a user to run as (ignored otherwise).
         .args(["-u", "nobody"])
         .args(args)

@@ -11,8 +11,14 @@
 //! and the answers per second achieved; the proxy's added latency is its figure minus the direct path's.
 //!
 //! Two groups: plain text (direct to the server, through the proxy), and TLS (direct to a server
-//! serving TLS, through a proxy serving TLS to clients and speaking TLS to the server, as the operator
-//! runs it with `spec.security.tls`), with certificates made at run time in the scratch directory.
+//! serving TLS; through a proxy serving TLS to clients and speaking TLS to the server, as the operator
+//! runs it with `spec.security.tls`; and through a proxy with access control as with
+//! `spec.proxy.access`: the operator's arguments (an `mtls:` client listener tagged `client`, its
+//! access library after routelib, the client CA) and its route rendered with one identity, the common
+//! name of the bench's client certificate, allowed the bench's key prefix, so every key is checked and
+//! passes). The CA, the servers' certificate and the client's are made at run time in the scratch
+//! directory. A request that fails (a refused key, an error) fails the run: every answer is compared
+//! with the one expected.
 
 use std::fmt;
 use std::io::{self, Read, Write};
@@ -24,19 +30,24 @@ use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memcached_operator::resources::args::TLS_DIR;
-use memcached_operator::resources::proxy::{proxy_args_in, routes};
+use memcached_operator::proxy_config::Files;
+use memcached_operator::resources::proxy::identities::{
+    CLIENT_TAG, ClientCa, RouteAccess, RouteIdentity,
+};
+use memcached_operator::resources::proxy::proxy_args_in;
+use memcached_operator::resources::proxy::routes::{self, Route};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
 };
 use serde::Serialize;
+use tokio_rustls::rustls::client::Resumption;
 use tokio_rustls::rustls::crypto::ring;
-use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio_rustls::rustls::{ClientConfig, ClientConnection, RootCertStore};
 
 use crate::process::Scratch;
-use crate::proxy_hop::{binaries, free_port, start, version};
+use crate::proxy_hop::{binaries, free_port, start, start_on, version};
 
 /// Requests each connection keeps in flight while the capacity is measured.
 pub const CAPACITY_WINDOW: usize = 8;
@@ -220,6 +231,9 @@ pub struct LoadReport {
     pub proxy_version: String,
     pub proxy_args: Vec<String>,
     pub proxy_tls_args: Vec<String>,
+    pub proxy_access_args: Vec<String>,
+    /// TLS handshakes tried again after the server refused them.
+    pub handshake_retries: usize,
     pub connections: usize,
     pub capacity_window: usize,
     pub seconds: f64,
@@ -230,10 +244,19 @@ pub struct LoadReport {
     pub groups: Vec<Group>,
 }
 
-/// The certificates of a TLS run, in the scratch directory, and the client's configuration.
+/// The certificates of a TLS run, in the scratch directory, and the client's configurations.
 struct Pki {
+    /// The CA's certificate (PEM): it signs the servers' and the client's.
+    ca: String,
+    /// Without a client certificate.
     client: Arc<ClientConfig>,
+    /// With the client certificate of common name [`CLIENT_CN`].
+    identified: Arc<ClientConfig>,
 }
+
+/// The client certificate's common name, an identity allowed [`PREFIX`].
+const CLIENT_CN: &str = "bench.clients";
+const PREFIX: &str = "bench:";
 
 /// Makes a CA, one serving certificate for 127.0.0.1 (the server's and the proxy's, as the operator's
 /// proxy serves the instance's certificate) and writes them as `tls.crt`, `tls.key` and `ca.crt` in `dir`.
@@ -267,34 +290,70 @@ fn pki(dir: &Path) -> Result<Pki, String> {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
             .map_err(|e| format!("cannot open {name} to memcached: {e}"))?;
     }
+    let mut params =
+        CertificateParams::new(Vec::<String>::new()).map_err(failed("client certificate"))?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, CLIENT_CN);
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let client_key = KeyPair::generate().map_err(failed("client key"))?;
+    let client_cert = params
+        .signed_by(&client_key, &ca)
+        .map_err(failed("client certificate"))?;
     let mut roots = RootCertStore::empty();
     roots
         .add(ca.der().clone())
         .map_err(|e| format!("cannot trust the CA: {e}"))?;
-    let client = ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let builder = || {
+        ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
+            .with_safe_default_protocol_versions()
+            .map(|b| b.with_root_certificates(roots.clone()))
+            .map_err(|e| e.to_string())
+    };
+    let mut client = builder()?.with_no_client_auth();
+    let mut identified = builder()?
+        .with_client_auth_cert(
+            vec![CertificateDer::from(client_cert.der().to_vec())],
+            PrivateKeyDer::try_from(client_key.serialize_der())
+                .map_err(|e| format!("the client key: {e}"))?,
+        )
+        .map_err(|e| format!("the client certificate: {e}"))?;
+    // Every connection a full handshake: memcached 1.6.45's mTLS listener answers a resumed session
+    // (rustls offers the ticket of the connection before) with an `internal_error` alert.
+    client.resumption = Resumption::disabled();
+    identified.resumption = Resumption::disabled();
     Ok(Pki {
+        ca: ca.pem(),
         client: Arc::new(client),
+        identified: Arc::new(identified),
     })
 }
 
 /// The proxy's arguments as the operator gives them, for the bench: the port is given by
-/// [`start`] (loopback only), so `-p` and any `-l` go; the TLS files are the scratch directory's.
-fn bench_args(args: Vec<String>, dir: &str, extra: &[String]) -> Vec<String> {
+/// [`start_on`], so `-p` goes, and so does `-l`; returned apart: the clients' listener of the operator's
+/// `-l` (with access control, `mtls:tag[client]:…`) on loopback, without the operator's own listeners
+/// (`stats`, reloads), which the bench does not use; else `127.0.0.1`.
+fn bench_args(args: Vec<String>, extra: &[String]) -> (String, Vec<String>) {
     let mut out = Vec::with_capacity(args.len());
+    let mut listen = "127.0.0.1".to_owned();
     let mut args = args.into_iter();
     while let Some(arg) = args.next() {
-        if arg == "-p" || arg == "-l" {
-            args.next();
-            continue;
+        match arg.as_str() {
+            "-p" => {
+                args.next();
+            }
+            "-l" => {
+                if let Some(clients) = args.next().as_deref().and_then(|l| l.split(',').next())
+                    && clients.starts_with("mtls:")
+                {
+                    listen = clients.replace(":*:", ":127.0.0.1:");
+                }
+            }
+            _ => out.push(arg),
         }
-        out.push(arg.replace(TLS_DIR, dir));
     }
     out.extend(extra.iter().cloned());
-    out
+    (listen, out)
 }
 
 /// Starts the servers and proxies, measures each group, and stops them.
@@ -326,9 +385,13 @@ pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
     )
     .map_err(|e| format!("cannot write the route configuration: {e}"))?;
     let proxy_port = free_port()?;
-    let proxy_args = bench_args(
-        proxy_args_in(i32::from(proxy_port), &plain_dir.to_string_lossy(), false),
-        &dir,
+    let (_, proxy_args) = bench_args(
+        proxy_args_in(
+            i32::from(proxy_port),
+            &plain_dir.to_string_lossy(),
+            None,
+            false,
+        ),
         &options.proxy_args,
     );
     let _proxy = start(&proxy_binary, proxy_port, &proxy_args)?;
@@ -345,36 +408,101 @@ pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
     )
     .map_err(|e| format!("cannot write the TLS route configuration: {e}"))?;
     let tls_proxy_port = free_port()?;
-    let proxy_tls_args = bench_args(
-        proxy_args_in(i32::from(tls_proxy_port), &tls_dir.to_string_lossy(), true),
-        &dir,
+    let (_, proxy_tls_args) = bench_args(
+        proxy_args_in(
+            i32::from(tls_proxy_port),
+            &tls_dir.to_string_lossy(),
+            Some(&dir),
+            false,
+        ),
         &options.proxy_args,
     );
     let _tls_proxy = start(&proxy_binary, tls_proxy_port, &proxy_tls_args)?;
 
+    // Access control: the same, plus client certificates of the CA required on the clients' listener
+    // and the operator's access library checking each key against the identity of the certificate's
+    // common name (one identity, the bench's keys' prefix), in files as its configuration writer
+    // writes them.
+    let access_dir = scratch.path().join("access");
+    std::fs::create_dir_all(&access_dir).map_err(|e| e.to_string())?;
+    std::fs::set_permissions(&access_dir, std::fs::Permissions::from_mode(0o1777))
+        .map_err(|e| e.to_string())?;
+    let bundle = ClientCa::parse(pki.ca.as_bytes()).map_err(|e| format!("the client CA: {e}"))?;
+    let access = RouteAccess {
+        epoch: "b0".to_owned(),
+        client_ca: bundle.pem.clone(),
+        identities: vec![RouteIdentity {
+            name: "bench".to_owned(),
+            common_name: CLIENT_CN.to_owned(),
+            prefixes: vec![PREFIX.to_owned()],
+            read_only: false,
+        }],
+    };
+    let route = Route {
+        servers: vec![address.clone()],
+        backend_tls: true,
+        access: Some(access.clone()),
+    };
+    Route::parse(&route.to_data()).map_err(|e| e.to_string())?;
+    Files {
+        config: routes::render("bench", &route),
+        client_ca: Some(access.client_ca.clone()),
+        epoch: Some(access.epoch.clone()),
+    }
+    .write(&access_dir)
+    .map_err(|e| format!("cannot write the access configuration: {e}"))?;
+    for entry in std::fs::read_dir(&access_dir)
+        .map_err(|e| e.to_string())?
+        .flatten()
+    {
+        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o644));
+    }
+    let access_port = free_port()?;
+    let (access_listen, proxy_access_args) = bench_args(
+        proxy_args_in(
+            i32::from(access_port),
+            &access_dir.to_string_lossy(),
+            Some(&dir),
+            true,
+        ),
+        &options.proxy_args,
+    );
+    if !access_listen.contains(&format!("tag[{CLIENT_TAG}]")) {
+        return Err(format!(
+            "the operator's access listener is not tagged {CLIENT_TAG}: {access_listen}"
+        ));
+    }
+    let _access_proxy = start_on(
+        &proxy_binary,
+        &access_listen,
+        access_port,
+        &proxy_access_args,
+    )?;
+
     let plain: [(&'static str, u16, Option<Arc<ClientConfig>>); 2] =
         [("direct", plain_port, None), ("proxy", proxy_port, None)];
-    let tls: [(&'static str, u16, Option<Arc<ClientConfig>>); 2] = [
+    let tls: [(&'static str, u16, Option<Arc<ClientConfig>>); 3] = [
         ("direct TLS", tls_port, Some(pki.client.clone())),
         ("proxy TLS", tls_proxy_port, Some(pki.client.clone())),
+        (
+            "proxy mTLS+access",
+            access_port,
+            Some(pki.identified.clone()),
+        ),
     ];
     let groups = vec![
         group("plain", &plain, options, None)?,
-        group(
-            "TLS",
-            &tls,
-            options,
-            Some(
-                "proxy mTLS with access control: not in the product yet (spec.proxy.access)"
-                    .to_owned(),
-            ),
-        )?,
+        group("TLS", &tls, options, None)?,
     ];
     Ok(LoadReport {
         server_version: version(&server_binary),
         proxy_version: version(&proxy_binary),
         proxy_args,
         proxy_tls_args,
+        handshake_retries: HANDSHAKE_RETRIES.load(Ordering::Relaxed),
+        proxy_access_args: std::iter::once(format!("-l {access_listen}"))
+            .chain(proxy_access_args)
+            .collect(),
         connections: options.connections,
         capacity_window: CAPACITY_WINDOW,
         seconds: options.seconds,
@@ -525,6 +653,27 @@ fn timed_out(e: &io::Error) -> bool {
     )
 }
 
+/// TLS handshakes refused by a server and tried again.
+static HANDSHAKE_RETRIES: AtomicUsize = AtomicUsize::new(0);
+
+/// [`connect`], its handshake tried up to 5 times.
+fn connect_retrying(
+    port: u16,
+    tls: Option<&Arc<ClientConfig>>,
+) -> Result<(Writer, Reader), String> {
+    let mut tries = 0;
+    loop {
+        match connect(port, tls) {
+            Err(e) if e.starts_with("TLS handshake") && tries < 4 => {
+                tries += 1;
+                HANDSHAKE_RETRIES.fetch_add(1, Ordering::Relaxed);
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
 /// The writing half of a connection.
 struct Writer {
     socket: TcpStream,
@@ -672,7 +821,7 @@ fn measure(
 ) -> Result<Samples, String> {
     let connections = options.connections.max(1);
     let halves = (0..connections)
-        .map(|_| connect(port, tls))
+        .map(|_| connect_retrying(port, tls))
         .collect::<Result<Vec<_>, _>>()?;
     let (request, answer) = workload.exchange();
     let (request, answer) = (Arc::new(request), Arc::new(answer));
@@ -879,6 +1028,12 @@ impl fmt::Display for LoadReport {
             self.proxy_args.join(" ")
         )?;
         writeln!(f, "TLS proxy: {}", self.proxy_tls_args.join(" "))?;
+        writeln!(f, "access proxy: {}", self.proxy_access_args.join(" "))?;
+        writeln!(
+            f,
+            "TLS handshakes refused and tried again: {}",
+            self.handshake_retries
+        )?;
         writeln!(
             f,
             "latency per request (a batch of 8 gets, a 10-key multi-get) from its write to its answer's \
@@ -990,21 +1145,24 @@ mod tests {
 
     #[test]
     fn the_operators_arguments_lose_their_listeners_and_pod_paths() {
-        let args = bench_args(
-            proxy_args_in(11211, "/scratch/tls", true),
-            "/scratch",
-            &["-t".to_owned(), "2".to_owned()],
+        let extra = ["-t".to_owned(), "2".to_owned()];
+        let (listen, args) = bench_args(
+            proxy_args_in(11211, "/scratch/tls", Some("/scratch"), false),
+            &extra,
         );
-        assert!(
-            !args
-                .iter()
-                .any(|a| a == "-p" || a == "-l" || a.contains(TLS_DIR))
-        );
+        assert_eq!(listen, "127.0.0.1");
+        assert!(!args.iter().any(|a| a == "-p" || a == "-l"));
         assert!(
             args.iter()
                 .any(|a| a.contains("ssl_chain_cert=/scratch/tls.crt"))
         );
         assert_eq!(args[args.len() - 2..], ["-t", "2"]);
+        let (listen, args) = bench_args(
+            proxy_args_in(11211, "/scratch/access", Some("/scratch"), true),
+            &extra,
+        );
+        assert_eq!(listen, "mtls:tag[client]:127.0.0.1:11211");
+        assert!(args.iter().any(|a| a.contains("access.lua")));
     }
 
     #[test]

@@ -129,6 +129,10 @@ bench-warm: ## Measure warm handovers on a real control plane (needs KUBEBUILDER
 # ($$MEMCACHED_PROXY_BINARY, 1.6.23+ built with --enable-proxy) running the operator's arguments and route
 # configuration, for the bench's client and pymemcache; skipped with a message without the binaries.
 # ARGS="--samples 20000" or ARGS="--proxy-arg=-t --proxy-arg=2" to try a proxy setting.
+# ARGS=--open-loop: offered rates instead of one waiting client (plain gets, 8 pipelined gets, 10-key
+# multi-gets; plain text and TLS): the direct path's capacity, then --steps of it (default 10,50,80 %)
+# to each path, p50/p99 and the proxy's added latency in µs; --connections 4, --step-seconds 1,
+# --rounds 2, --json.
 .PHONY: bench-proxy
 bench-proxy: ## Measure the proxy's hop: get latency direct and through the proxy (needs MEMCACHED_PROXY_BINARY).
 	$(CARGO) run --quiet --release --package bench -- --proxy-hop $(ARGS)

@@ -21,7 +21,9 @@
 //! real control plane with real memcached servers.
 //!
 //! `--proxy-hop` ([`proxy_hop`]) measures what the proxy's hop costs a client: get latency direct to a
-//! memcached server and through a proxy-capable memcached running the operator's route configuration.
+//! memcached server and through a proxy-capable memcached running the operator's route configuration;
+//! with `--open-loop` ([`proxy_load`]), at fixed offered rates (10, 50, 80 % of the direct path's
+//! capacity) for gets, pipelined gets and multi-gets, over plain text, TLS and TLS with access control.
 //!
 //! `--http-flood` ([`http_flood`]) measures whether the operator's probes and `/metrics` stay answered
 //! under a flood of idle and reconnecting connections.
@@ -35,6 +37,7 @@ pub mod operand;
 pub mod process;
 pub mod progress;
 pub mod proxy_hop;
+pub mod proxy_load;
 pub mod real;
 pub mod record;
 

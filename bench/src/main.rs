@@ -129,6 +129,24 @@ struct Cli {
     /// --proxy-arg=1 (repeatable), to try a setting.
     #[arg(long = "proxy-arg", allow_hyphen_values = true, requires = "proxy_hop")]
     proxy_args: Vec<String>,
+    /// With --proxy-hop: instead of one waiting client, an open loop as memcached's maintainers measure
+    /// their proxy: for plain gets, 8 pipelined gets and 10-key multi-gets, the direct path's capacity,
+    /// then --steps of it offered at a fixed rate to each path (plain text and TLS, direct and through
+    /// the proxy), p50 and p99 per request and the proxy's added latency (--json for JSON).
+    #[arg(long, requires = "proxy_hop")]
+    open_loop: bool,
+    /// With --open-loop: client connections, each with a writer and a reader thread.
+    #[arg(long, default_value_t = 4, requires = "open_loop")]
+    connections: usize,
+    /// With --open-loop: the offered rates, in percent of the direct path's capacity.
+    #[arg(long, value_delimiter = ',', default_values_t = [10u32, 50, 80], requires = "open_loop")]
+    steps: Vec<u32>,
+    /// With --open-loop: counted seconds of each measurement (after half a second of warm-up).
+    #[arg(long, default_value_t = 1.0, requires = "open_loop")]
+    step_seconds: f64,
+    /// With --open-loop: measurements of each path at each step, the paths alternating (pooled).
+    #[arg(long, default_value_t = 2, requires = "open_loop")]
+    rounds: usize,
     /// Instead of the convergence of --instances: the operator's probe and /metrics servers (in this
     /// process, on loopback) under a flood of --idle and --reconnecting connections to each, from
     /// --sources loopback addresses; /healthz and /metrics latencies and failures.
@@ -344,6 +362,16 @@ fn proxy_hop(cli: &Cli) -> ExitCode {
     if let Err(why) = bench::proxy_hop::binaries() {
         eprintln!("skipped: {why}");
         return ExitCode::SUCCESS;
+    }
+    if cli.open_loop {
+        let options = bench::proxy_load::LoadOptions {
+            connections: cli.connections.max(1),
+            steps: cli.steps.clone(),
+            seconds: cli.step_seconds.max(0.1),
+            rounds: cli.rounds.max(1),
+            proxy_args: cli.proxy_args.clone(),
+        };
+        return print_report(bench::proxy_load::run(&options), cli.json);
     }
     let options = bench::proxy_hop::HopOptions {
         samples: cli.samples.max(1),

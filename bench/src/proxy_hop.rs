@@ -83,7 +83,7 @@ pub struct HopReport {
 }
 
 /// A child process killed when dropped.
-struct Process(Child);
+pub(crate) struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -156,14 +156,14 @@ pub fn run(options: &HopOptions) -> Result<HopReport, String> {
     })
 }
 
-fn free_port() -> Result<u16, String> {
+pub(crate) fn free_port() -> Result<u16, String> {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(|e| format!("no free port: {e}"))
 }
 
-fn version(binary: &Path) -> String {
+pub(crate) fn version(binary: &Path) -> String {
     Command::new(binary)
         .arg("-V")
         .output()
@@ -172,9 +172,19 @@ fn version(binary: &Path) -> String {
 }
 
 /// Starts memcached on loopback `port` (UDP off) with `args`, and waits for it to accept.
-fn start(binary: &Path, port: u16, args: &[String]) -> Result<Process, String> {
+pub(crate) fn start(binary: &Path, port: u16, args: &[String]) -> Result<Process, String> {
+    start_on(binary, "127.0.0.1", port, args)
+}
+
+/// [`start`] with the listeners `listen` (`-l`), which must include loopback `port`.
+pub(crate) fn start_on(
+    binary: &Path,
+    listen: &str,
+    port: u16,
+    args: &[String],
+) -> Result<Process, String> {
     let child = Command::new(binary)
-        .args(["-l", "127.0.0.1", "-p", &port.to_string(), "-U", "0"])
+        .args(["-l", listen, "-p", &port.to_string(), "-U", "0"])
         // Refused as root without a user to run as (ignored otherwise).
         .args(["-u", "nobody"])
         .args(args)

@@ -279,8 +279,9 @@ fn check_identity(identity: &RouteIdentity) -> Result<(), &'static str> {
     Ok(())
 }
 
-/// The routelib routes of the client listener: `child` (a routelib route expression) behind
-/// `route_access` with `access`'s identities, keyed by common name. Strings go through `quote`.
+/// The routelib routes of the client listener: `child` (a routelib route expression, or a pool's name as
+/// a Lua string) behind `route_access` with `access`'s identities, keyed by common name. Strings go
+/// through `quote`.
 pub fn render_routes(access: &RouteAccess, child: &str, quote: impl Fn(&str) -> String) -> String {
     let mut lua = format!(
         "routes{{\n    tag = {},\n    default = route_access{{\n        identities = {{\n",

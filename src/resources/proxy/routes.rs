@@ -225,7 +225,9 @@ pub fn render(name: &str, route: &Route) -> String {
     lua.push_str("        },\n    },\n}\n");
     let direct = "route_direct{ child = \"servers\" }";
     match &route.access {
-        Some(access) => lua.push_str(&identities::render_routes(access, direct, lua_string)),
+        // The access route sends an allowed request to the pool itself: one function generator per
+        // request, as without access control.
+        Some(access) => lua.push_str(&identities::render_routes(access, "\"servers\"", lua_string)),
         None => {
             let _ = write!(lua, "routes{{\n    default = {direct},\n}}\n");
         }

@@ -242,7 +242,11 @@ fn identities_reach_their_prefixes_only_and_changes_apply_in_place() {
     assert_eq!(ask(&mut o, "delete reports:1\r\n"), denied);
     assert_eq!(ask(&mut o, "mg reports:1 v\r\n"), denied);
     // A base64 key (meta flag b) is not checked by its encoding: refused whatever it decodes to.
-    assert_eq!(ask(&mut o, "mg b3JkZXJzOjE= b v\r\n"), denied, "orders:1 in base64");
+    assert_eq!(
+        ask(&mut o, "mg b3JkZXJzOjE= b v\r\n"),
+        denied,
+        "orders:1 in base64"
+    );
     assert_eq!(ask(&mut o, "mg orders:1 v\r\n"), "VA 2\r\n");
     // A multi-get is split per key: the refused key's answer is an error line in the stream.
     assert_eq!(
@@ -375,6 +379,22 @@ fn identities_reach_their_prefixes_only_and_changes_apply_in_place() {
         connect(port, &server_ca, Some(&forged)).is_ok(),
         "memcached 1.6.45 keeps a loaded CA after SIGHUP; if this fails, it no longer does"
     );
+
+    // Access control turned off: until its pod is replaced, the proxy serves the plain route to every
+    // client that still gets through its TLS listener (the library no longer refuses anything).
+    route.access = None;
+    Files {
+        config: render("cache-proxy", &route),
+        client_ca: None,
+        epoch: None,
+    }
+    .write(dir)
+    .unwrap();
+    hup(pid);
+    within_two_seconds(|| {
+        let mut c = connect(port, &server_ca, Some(&orders)).unwrap();
+        ask(&mut c, "get reports:1\r\n").ends_with("END\r\n")
+    });
 }
 
 fn connect_ops(port: u16, server_ca: &Ca) -> StreamOwned<ClientConnection, TcpStream> {

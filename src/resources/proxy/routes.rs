@@ -227,7 +227,11 @@ pub fn render(name: &str, route: &Route) -> String {
     match &route.access {
         // The access route sends an allowed request to the pool itself: one function generator per
         // request, as without access control.
-        Some(access) => lua.push_str(&identities::render_routes(access, "\"servers\"", lua_string)),
+        Some(access) => lua.push_str(&identities::render_routes(
+            access,
+            "\"servers\"",
+            lua_string,
+        )),
         None => {
             let _ = write!(lua, "routes{{\n    default = {direct},\n}}\n");
         }

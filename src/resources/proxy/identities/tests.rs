@@ -125,3 +125,9 @@ fn routes_quote_every_value_and_tag_the_client_listener() {
          true },\n        },\n        child = route_null{},\n    },\n}\n"
     );
 }
+
+#[test]
+fn the_library_tags_what_the_routes_tag() {
+    assert!(LIBRARY.contains(&format!("local CLIENT <const> = \"{CLIENT_TAG}\"")));
+    assert!(LIBRARY.contains("register_route_handlers({ \"access\" })"));
+}

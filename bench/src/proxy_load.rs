@@ -318,8 +318,9 @@ fn pki(dir: &Path) -> Result<Pki, String> {
                 .map_err(|e| format!("the client key: {e}"))?,
         )
         .map_err(|e| format!("the client certificate: {e}"))?;
-    // Every connection a full handshake: memcached 1.6.45's mTLS listener answers a resumed session
-    // (rustls offers the ticket of the connection before) with an `internal_error` alert.
+    // Every connection a full handshake, on every path alike (the proxy with access control resumes
+    // sessions since it runs with memcached's session cache; without it, memcached refused a resumed
+    // session with an `internal_error` alert when it verifies client certificates).
     client.resumption = Resumption::disabled();
     identified.resumption = Resumption::disabled();
     Ok(Pki {

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Result, bail};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use crate::net::free_port;
+use crate::net::free_ports;
 use crate::process::{Process, tail};
 
 /// A running operator process.
@@ -42,9 +42,11 @@ impl Operator {
         let has = |flag: &str| args.iter().any(|a| a.starts_with(flag));
         let mut cmd = Command::new(binary);
         cmd.arg("run").args(args);
+        // Chosen together: two ports picked one after the other can be the same one.
+        let [metrics_free, probe_free] = free_ports::<2>()?;
         let mut metrics_port = None;
         if !has("--metrics-bind-address") {
-            let port = free_port()?;
+            let port = metrics_free;
             cmd.arg(format!("--metrics-bind-address=127.0.0.1:{port}"));
             if !has("--metrics-secure") {
                 // Plain HTTP on loopback, for scenarios that only read the figures; a scenario that
@@ -55,7 +57,7 @@ impl Operator {
         }
         let mut probe_port = None;
         if !has("--health-probe-bind-address") {
-            let port = free_port()?;
+            let port = probe_free;
             cmd.arg(format!("--health-probe-bind-address=127.0.0.1:{port}"));
             probe_port = Some(port);
         }

@@ -27,7 +27,7 @@ pub use controllers::CONTROLLERS;
 
 use crate::assets::Assets;
 use crate::audit::AuditLog;
-use crate::net::{free_port, wait_for_listener};
+use crate::net::{free_port, free_ports, wait_for_listener};
 use crate::pki::{Pki, random_token, write_file};
 use crate::process::Process;
 use apiserver::ApiServerConfig;
@@ -129,7 +129,7 @@ impl ControlPlane {
             .with_context(|| format!("cannot create {}", dir.display()))?;
         let extra_names: Vec<String> = options.node_address.iter().map(|a| a.to_string()).collect();
         let pki = Pki::create(&dir.join("pki"), &extra_names)?;
-        let (etcd_port, etcd_peer_port, port) = (free_port()?, free_port()?, free_port()?);
+        let [etcd_port, etcd_peer_port, port] = free_ports::<3>()?;
         let server = format!("https://127.0.0.1:{port}");
         let token_file = dir.join("tokens.csv");
         let mut tokens = String::new();

@@ -23,7 +23,9 @@
 //! `--proxy-hop` ([`proxy_hop`]) measures what the proxy's hop costs a client: get latency direct to a
 //! memcached server and through a proxy-capable memcached running the operator's route configuration;
 //! with `--open-loop` ([`proxy_load`]), at fixed offered rates (10, 50, 80 % of the direct path's
-//! capacity) for gets, pipelined gets and multi-gets, over plain text, TLS and TLS with access control.
+//! capacity) for gets, pipelined gets and multi-gets, over plain text, TLS and TLS with access control;
+//! with `--cost` ([`proxy_cost`]), the proxy's own CPU time and round trip per request, TLS proxy
+//! against the proxy with access control.
 //!
 //! `--http-flood` ([`http_flood`]) measures whether the operator's probes and `/metrics` stay answered
 //! under a flood of idle and reconnecting connections.
@@ -36,8 +38,11 @@ pub mod kubelet;
 pub mod operand;
 pub mod process;
 pub mod progress;
+pub mod proxy_cost;
 pub mod proxy_hop;
 pub mod proxy_load;
+pub mod proxy_rig;
+pub mod proxy_wire;
 pub mod real;
 pub mod record;
 

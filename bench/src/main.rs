@@ -135,6 +135,11 @@ struct Cli {
     /// the proxy), p50 and p99 per request and the proxy's added latency (--json for JSON).
     #[arg(long, requires = "proxy_hop")]
     open_loop: bool,
+    /// With --proxy-hop: instead of latency under load, the proxy's own cost per request, the TLS proxy
+    /// against the proxy with access control: its CPU time (every thread, user and kernel) and the
+    /// round trip, one request in flight, for gets, 8 pipelined gets and 10-key multi-gets (--json).
+    #[arg(long, requires = "proxy_hop", conflicts_with = "open_loop")]
+    cost: bool,
     /// With --open-loop: client connections, each with a writer and a reader thread.
     #[arg(long, default_value_t = 4, requires = "open_loop")]
     connections: usize,
@@ -362,6 +367,9 @@ fn proxy_hop(cli: &Cli) -> ExitCode {
     if let Err(why) = bench::proxy_hop::binaries() {
         eprintln!("skipped: {why}");
         return ExitCode::SUCCESS;
+    }
+    if cli.cost {
+        return print_report(bench::proxy_cost::run(&cli.proxy_args), cli.json);
     }
     if cli.open_loop {
         let options = bench::proxy_load::LoadOptions {

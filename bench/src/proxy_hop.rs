@@ -85,6 +85,12 @@ pub struct HopReport {
 /// A child process killed when dropped.
 pub(crate) struct Process(Child);
 
+impl Process {
+    pub(crate) fn id(&self) -> u32 {
+        self.0.id()
+    }
+}
+
 impl Drop for Process {
     fn drop(&mut self) {
         let _ = self.0.kill();

@@ -10,50 +10,29 @@
 //! request was written. The p50 and p99 of those times, per request (per batch of 8 or per multi-get),
 //! and the answers per second achieved; the proxy's added latency is its figure minus the direct path's.
 //!
-//! Two groups: plain text (direct to the server, through the proxy), and TLS (direct to a server
-//! serving TLS; through a proxy serving TLS to clients and speaking TLS to the server, as the operator
-//! runs it with `spec.security.tls`; and through a proxy with access control as with
-//! `spec.proxy.access`: the operator's arguments (an `mtls:` client listener tagged `client`, its
-//! access library after routelib, the client CA) and its route rendered with one identity, the common
-//! name of the bench's client certificate, allowed the bench's key prefix, so every key is checked and
-//! passes). The CA, the servers' certificate and the client's are made at run time in the scratch
-//! directory. A request that fails (a refused key, an error) fails the run: every answer is compared
-//! with the one expected.
+//! Two groups ([`crate::proxy_rig`] prepares the servers and proxies): plain text (direct to the server,
+//! through the proxy), and TLS (direct to a server serving TLS; through a proxy serving TLS and speaking
+//! it to the server; through a proxy with access control). A request that fails (a refused key, an
+//! error) fails the run: every answer is compared with the one expected.
 
 use std::fmt;
-use std::io::{self, Read, Write};
-use std::net::{IpAddr, Ipv4Addr, TcpStream};
-use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
+use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender, sync_channel};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use memcached_operator::proxy_config::Files;
-use memcached_operator::resources::proxy::identities::{
-    CLIENT_TAG, ClientCa, RouteAccess, RouteIdentity,
-};
-use memcached_operator::resources::proxy::proxy_args_in;
-use memcached_operator::resources::proxy::routes::{self, Route};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
-    KeyPair,
-};
 use serde::Serialize;
-use tokio_rustls::rustls::client::Resumption;
-use tokio_rustls::rustls::crypto::ring;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::{ClientConfig, ClientConnection, RootCertStore};
+use tokio_rustls::rustls::ClientConfig;
 
-use crate::process::Scratch;
-use crate::proxy_hop::{binaries, free_port, start, start_on, version};
+use crate::proxy_hop::version;
+use crate::proxy_rig::Rig;
+use crate::proxy_wire::{
+    HANDSHAKE_RETRIES, Reader, STALL, Workload, Writer, connect_retrying, store, timed_out,
+};
 
 /// Requests each connection keeps in flight while the capacity is measured.
 pub const CAPACITY_WINDOW: usize = 8;
-/// Keys read (`bench:hop:0` to `bench:hop:9`), each holding a value of [`VALUE_BYTES`].
-const KEYS: usize = 10;
-const VALUE_BYTES: usize = 100;
 /// Time of each measurement before any answer is counted (connections, caches, backend connections).
 const WARM_UP: Duration = Duration::from_millis(500);
 /// Rates tried for the direct path's capacity, each [`CAPACITY_BACK_OFF`] of the one before.
@@ -72,8 +51,6 @@ pub fn sustains(offered: f64, measured: &PathFigures) -> bool {
 
 /// How long after the counted time the answers still outstanding are waited for.
 const DRAIN: Duration = Duration::from_secs(1);
-/// With no answer for this long, a measurement fails.
-const STALL: Duration = Duration::from_secs(10);
 
 /// What to run.
 #[derive(Clone, Debug)]
@@ -88,74 +65,6 @@ pub struct LoadOptions {
     pub rounds: usize,
     /// Extra arguments for the proxy, after the operator's.
     pub proxy_args: Vec<String>,
-}
-
-/// One request of a workload: what is written, and the answer expected (always the same bytes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Workload {
-    /// `get bench:hop:0`.
-    Get,
-    /// `get bench:hop:0` … `get bench:hop:7`, written at once; the request is the batch.
-    Pipelined8,
-    /// `get bench:hop:0 … bench:hop:9`.
-    MultiGet10,
-}
-
-impl Workload {
-    pub const ALL: [Workload; 3] = [Workload::Get, Workload::Pipelined8, Workload::MultiGet10];
-
-    fn name(self) -> &'static str {
-        match self {
-            Workload::Get => "get",
-            Workload::Pipelined8 => "8 pipelined gets",
-            Workload::MultiGet10 => "10-key multi-get",
-        }
-    }
-
-    /// Keys read by one request.
-    pub fn keys(self) -> usize {
-        match self {
-            Workload::Get => 1,
-            Workload::Pipelined8 => 8,
-            Workload::MultiGet10 => 10,
-        }
-    }
-
-    /// The request's bytes and its answer's.
-    fn exchange(self) -> (Vec<u8>, Vec<u8>) {
-        let value = |k: usize| {
-            format!(
-                "VALUE {} 0 {VALUE_BYTES}\r\n{}\r\n",
-                key(k),
-                "v".repeat(VALUE_BYTES)
-            )
-        };
-        match self {
-            Workload::Get => (
-                format!("get {}\r\n", key(0)).into_bytes(),
-                format!("{}END\r\n", value(0)).into_bytes(),
-            ),
-            Workload::Pipelined8 => (
-                (0..8)
-                    .map(|k| format!("get {}\r\n", key(k)))
-                    .collect::<String>()
-                    .into_bytes(),
-                (0..8)
-                    .map(|k| format!("{}END\r\n", value(k)))
-                    .collect::<String>()
-                    .into_bytes(),
-            ),
-            Workload::MultiGet10 => (
-                format!("get {}\r\n", (0..10).map(key).collect::<Vec<_>>().join(" ")).into_bytes(),
-                format!("{}END\r\n", (0..10).map(value).collect::<String>()).into_bytes(),
-            ),
-        }
-    }
-}
-
-fn key(k: usize) -> String {
-    format!("bench:hop:{k}")
 }
 
 /// One path's figures at one offered rate: answers per second, p50 and p99 in microseconds.
@@ -244,251 +153,25 @@ pub struct LoadReport {
     pub groups: Vec<Group>,
 }
 
-/// The certificates of a TLS run, in the scratch directory, and the client's configurations.
-struct Pki {
-    /// The CA's certificate (PEM): it signs the servers' and the client's.
-    ca: String,
-    /// Without a client certificate.
-    client: Arc<ClientConfig>,
-    /// With the client certificate of common name [`CLIENT_CN`].
-    identified: Arc<ClientConfig>,
-}
-
-/// The client certificate's common name, an identity allowed [`PREFIX`].
-const CLIENT_CN: &str = "bench.clients";
-const PREFIX: &str = "bench:";
-
-/// Makes a CA, one serving certificate for 127.0.0.1 (the server's and the proxy's, as the operator's
-/// proxy serves the instance's certificate) and writes them as `tls.crt`, `tls.key` and `ca.crt` in `dir`.
-fn pki(dir: &Path) -> Result<Pki, String> {
-    fn failed(what: &'static str) -> impl Fn(rcgen::Error) -> String {
-        move |e| format!("cannot make the {what}: {e}")
-    }
-    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(failed("CA"))?;
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params
-        .distinguished_name
-        .push(DnType::CommonName, "bench CA");
-    let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().map_err(failed("CA key"))?)
-        .map_err(failed("CA"))?;
-    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .map_err(failed("serving certificate"))?;
-    params.distinguished_name.push(DnType::CommonName, "bench");
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let key = KeyPair::generate().map_err(failed("serving key"))?;
-    let serving = params
-        .signed_by(&key, &ca)
-        .map_err(failed("serving certificate"))?;
-    for (name, pem) in [
-        ("tls.crt", serving.pem()),
-        ("tls.key", key.serialize_pem()),
-        ("ca.crt", ca.pem()),
-    ] {
-        let path = dir.join(name);
-        std::fs::write(&path, pem).map_err(|e| format!("cannot write {name}: {e}"))?;
-        // memcached reads them as nobody.
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644))
-            .map_err(|e| format!("cannot open {name} to memcached: {e}"))?;
-    }
-    let mut params =
-        CertificateParams::new(Vec::<String>::new()).map_err(failed("client certificate"))?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, CLIENT_CN);
-    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-    let client_key = KeyPair::generate().map_err(failed("client key"))?;
-    let client_cert = params
-        .signed_by(&client_key, &ca)
-        .map_err(failed("client certificate"))?;
-    let mut roots = RootCertStore::empty();
-    roots
-        .add(ca.der().clone())
-        .map_err(|e| format!("cannot trust the CA: {e}"))?;
-    let builder = || {
-        ClientConfig::builder_with_provider(Arc::new(ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map(|b| b.with_root_certificates(roots.clone()))
-            .map_err(|e| e.to_string())
-    };
-    let mut client = builder()?.with_no_client_auth();
-    let mut identified = builder()?
-        .with_client_auth_cert(
-            vec![CertificateDer::from(client_cert.der().to_vec())],
-            PrivateKeyDer::try_from(client_key.serialize_der())
-                .map_err(|e| format!("the client key: {e}"))?,
-        )
-        .map_err(|e| format!("the client certificate: {e}"))?;
-    // Every connection a full handshake, on every path alike (the proxy with access control resumes
-    // sessions since it runs with memcached's session cache; without it, memcached refused a resumed
-    // session with an `internal_error` alert when it verifies client certificates).
-    client.resumption = Resumption::disabled();
-    identified.resumption = Resumption::disabled();
-    Ok(Pki {
-        ca: ca.pem(),
-        client: Arc::new(client),
-        identified: Arc::new(identified),
-    })
-}
-
-/// The proxy's arguments as the operator gives them, for the bench: the port is given by
-/// [`start_on`], so `-p` goes, and so does `-l`; returned apart: the clients' listener of the operator's
-/// `-l` (with access control, `mtls:tag[client]:…`) on loopback, without the operator's own listeners
-/// (`stats`, reloads), which the bench does not use; else `127.0.0.1`.
-fn bench_args(args: Vec<String>, extra: &[String]) -> (String, Vec<String>) {
-    let mut out = Vec::with_capacity(args.len());
-    let mut listen = "127.0.0.1".to_owned();
-    let mut args = args.into_iter();
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "-p" => {
-                args.next();
-            }
-            "-l" => {
-                if let Some(clients) = args.next().as_deref().and_then(|l| l.split(',').next())
-                    && clients.starts_with("mtls:")
-                {
-                    listen = clients.replace(":*:", ":127.0.0.1:");
-                }
-            }
-            _ => out.push(arg),
-        }
-    }
-    out.extend(extra.iter().cloned());
-    (listen, out)
-}
-
 /// Starts the servers and proxies, measures each group, and stops them.
 pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
-    let (server_binary, proxy_binary) = binaries()?;
     let load_before = load_average();
-    let scratch = Scratch::new()?;
-    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| format!("cannot open the scratch directory to memcached: {e}"))?;
-    let dir = scratch.path().to_string_lossy().into_owned();
-    let pki = pki(scratch.path())?;
-    let server_args = ["-m", "64", "-t", "2"].map(str::to_owned);
-    let tls_files = format!("ssl_chain_cert={dir}/tls.crt,ssl_key={dir}/tls.key");
-
-    // Plain text: the server, and the proxy over it.
-    let plain_port = free_port()?;
-    let _server = start(&server_binary, plain_port, &server_args)?;
-    let plain_dir = scratch.path().join("plain");
-    let tls_dir = scratch.path().join("tls");
-    for sub in [&plain_dir, &tls_dir] {
-        std::fs::create_dir_all(sub).map_err(|e| e.to_string())?;
-        std::fs::set_permissions(sub, std::fs::Permissions::from_mode(0o1777))
-            .map_err(|e| e.to_string())?;
-    }
-    let address = format!("127.0.0.1:{plain_port}");
-    std::fs::write(
-        plain_dir.join(routes::CONFIG_KEY),
-        routes::config("bench", &[address.as_str()]),
-    )
-    .map_err(|e| format!("cannot write the route configuration: {e}"))?;
-    let proxy_port = free_port()?;
-    let (_, proxy_args) = bench_args(
-        proxy_args_in(
-            i32::from(proxy_port),
-            &plain_dir.to_string_lossy(),
-            None,
-            false,
-        ),
-        &options.proxy_args,
-    );
-    let _proxy = start(&proxy_binary, proxy_port, &proxy_args)?;
-
-    // TLS: the server serving TLS, and the proxy serving TLS and speaking it to the server.
-    let tls_port = free_port()?;
-    let mut tls_server_args = server_args.to_vec();
-    tls_server_args.extend(["-Z".to_owned(), "-o".to_owned(), tls_files]);
-    let _tls_server = start(&server_binary, tls_port, &tls_server_args)?;
-    let address = format!("127.0.0.1:{tls_port}");
-    std::fs::write(
-        tls_dir.join(routes::CONFIG_KEY),
-        routes::tls_config("bench", &[address.as_str()]),
-    )
-    .map_err(|e| format!("cannot write the TLS route configuration: {e}"))?;
-    let tls_proxy_port = free_port()?;
-    let (_, proxy_tls_args) = bench_args(
-        proxy_args_in(
-            i32::from(tls_proxy_port),
-            &tls_dir.to_string_lossy(),
-            Some(&dir),
-            false,
-        ),
-        &options.proxy_args,
-    );
-    let _tls_proxy = start(&proxy_binary, tls_proxy_port, &proxy_tls_args)?;
-
-    // Access control: the same, plus client certificates of the CA required on the clients' listener
-    // and the operator's access library checking each key against the identity of the certificate's
-    // common name (one identity, the bench's keys' prefix), in files as its configuration writer
-    // writes them.
-    let access_dir = scratch.path().join("access");
-    std::fs::create_dir_all(&access_dir).map_err(|e| e.to_string())?;
-    std::fs::set_permissions(&access_dir, std::fs::Permissions::from_mode(0o1777))
-        .map_err(|e| e.to_string())?;
-    let bundle = ClientCa::parse(pki.ca.as_bytes()).map_err(|e| format!("the client CA: {e}"))?;
-    let access = RouteAccess {
-        epoch: "b0".to_owned(),
-        client_ca: bundle.pem.clone(),
-        identities: vec![RouteIdentity {
-            name: "bench".to_owned(),
-            common_name: CLIENT_CN.to_owned(),
-            prefixes: vec![PREFIX.to_owned()],
-            read_only: false,
-        }],
-    };
-    let route = Route {
-        servers: vec![address.clone()],
-        backend_tls: true,
-        access: Some(access.clone()),
-    };
-    Route::parse(&route.to_data()).map_err(|e| e.to_string())?;
-    Files {
-        config: routes::render("bench", &route),
-        client_ca: Some(access.client_ca.clone()),
-        epoch: Some(access.epoch.clone()),
-    }
-    .write(&access_dir)
-    .map_err(|e| format!("cannot write the access configuration: {e}"))?;
-    for entry in std::fs::read_dir(&access_dir)
-        .map_err(|e| e.to_string())?
-        .flatten()
-    {
-        let _ = std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o644));
-    }
-    let access_port = free_port()?;
-    let (access_listen, proxy_access_args) = bench_args(
-        proxy_args_in(
-            i32::from(access_port),
-            &access_dir.to_string_lossy(),
-            Some(&dir),
-            true,
-        ),
-        &options.proxy_args,
-    );
-    if !access_listen.contains(&format!("tag[{CLIENT_TAG}]")) {
-        return Err(format!(
-            "the operator's access listener is not tagged {CLIENT_TAG}: {access_listen}"
-        ));
-    }
-    let _access_proxy = start_on(
-        &proxy_binary,
-        &access_listen,
-        access_port,
-        &proxy_access_args,
-    )?;
-
-    let plain: [(&'static str, u16, Option<Arc<ClientConfig>>); 2] =
-        [("direct", plain_port, None), ("proxy", proxy_port, None)];
+    let rig = Rig::prepare(&options.proxy_args)?;
+    let _proxy = rig.start(&rig.proxy)?;
+    let _tls_proxy = rig.start(&rig.tls_proxy)?;
+    let _access_proxy = rig.start(&rig.access_proxy)?;
+    let plain: [(&'static str, u16, Option<Arc<ClientConfig>>); 2] = [
+        ("direct", rig.plain_port, None),
+        ("proxy", rig.proxy.port, None),
+    ];
+    let client = Some(rig.pki.client.clone());
     let tls: [(&'static str, u16, Option<Arc<ClientConfig>>); 3] = [
-        ("direct TLS", tls_port, Some(pki.client.clone())),
-        ("proxy TLS", tls_proxy_port, Some(pki.client.clone())),
+        ("direct TLS", rig.tls_port, client.clone()),
+        ("proxy TLS", rig.tls_proxy.port, client),
         (
             "proxy mTLS+access",
-            access_port,
-            Some(pki.identified.clone()),
+            rig.access_proxy.port,
+            Some(rig.pki.identified.clone()),
         ),
     ];
     let groups = vec![
@@ -496,14 +179,12 @@ pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
         group("TLS", &tls, options, None)?,
     ];
     Ok(LoadReport {
-        server_version: version(&server_binary),
-        proxy_version: version(&proxy_binary),
-        proxy_args,
-        proxy_tls_args,
+        server_version: version(&rig.server_binary),
+        proxy_version: version(&rig.proxy_binary),
+        proxy_args: rig.proxy.args.clone(),
+        proxy_tls_args: rig.tls_proxy.args.clone(),
         handshake_retries: HANDSHAKE_RETRIES.load(Ordering::Relaxed),
-        proxy_access_args: std::iter::once(format!("-l {access_listen}"))
-            .chain(proxy_access_args)
-            .collect(),
+        proxy_access_args: rig.access_proxy.describe(),
         connections: options.connections,
         capacity_window: CAPACITY_WINDOW,
         seconds: options.seconds,
@@ -572,13 +253,14 @@ fn group(
         for &step in &options.steps {
             let offered = capacity * f64::from(step) / 100.0;
             let mut samples = vec![Samples::default(); paths.len()];
-            for _ in 0..options.rounds.max(1) {
-                for ((path, port, tls), samples) in paths.iter().zip(&mut samples) {
+            for round in 0..options.rounds.max(1) {
+                for i in round_order(round, paths.len()) {
+                    let (path, port, tls) = &paths[i];
                     let measured = measure(*port, tls.as_ref(), workload, Some(offered), options)
                         .map_err(|e| {
                         format!("{transport} {path}, {} at {step} %: {e}", workload.name())
                     })?;
-                    samples.add(measured);
+                    samples[i].add(measured);
                 }
             }
             let mut figures = Vec::new();
@@ -610,34 +292,15 @@ fn group(
     })
 }
 
-/// Stores the [`KEYS`] keys.
-fn store(port: u16, tls: Option<&Arc<ClientConfig>>) -> Result<(), String> {
-    let (mut writer, mut reader) = connect(port, tls)?;
-    let mut command = Vec::new();
-    for k in 0..KEYS {
-        command.extend(format!("set {} 0 0 {VALUE_BYTES}\r\n", key(k)).bytes());
-        command.extend(std::iter::repeat_n(b'v', VALUE_BYTES));
-        command.extend(b"\r\n");
+/// The order of the paths in round `round`: forward, then backward, and so on, so that a drift of the
+/// machine's speed during a step (another process, the CPU's clock) weighs on every path alike instead of
+/// on the one measured last.
+pub fn round_order(round: usize, paths: usize) -> Vec<usize> {
+    let forward = 0..paths;
+    match round % 2 {
+        0 => forward.collect(),
+        _ => forward.rev().collect(),
     }
-    writer.send(&command).map_err(|e| e.to_string())?;
-    let expected = b"STORED\r\n".repeat(KEYS);
-    let mut answer = Vec::new();
-    let deadline = Instant::now() + STALL;
-    while answer.len() < expected.len() && Instant::now() < deadline {
-        match reader.receive(&mut answer) {
-            Ok(0) => return Err("the server closed the connection".to_owned()),
-            Ok(_) => {}
-            Err(e) if timed_out(&e) => {}
-            Err(e) => return Err(e.to_string()),
-        }
-    }
-    if answer != expected {
-        return Err(format!(
-            "the sets answered {:?}",
-            String::from_utf8_lossy(&answer)
-        ));
-    }
-    Ok(())
 }
 
 fn load_average() -> f64 {
@@ -645,145 +308,6 @@ fn load_average() -> f64 {
         .ok()
         .and_then(|l| l.split_whitespace().next()?.parse().ok())
         .unwrap_or(f64::NAN)
-}
-
-fn timed_out(e: &io::Error) -> bool {
-    matches!(
-        e.kind(),
-        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-    )
-}
-
-/// TLS handshakes refused by a server and tried again.
-static HANDSHAKE_RETRIES: AtomicUsize = AtomicUsize::new(0);
-
-/// [`connect`], its handshake tried up to 5 times.
-fn connect_retrying(
-    port: u16,
-    tls: Option<&Arc<ClientConfig>>,
-) -> Result<(Writer, Reader), String> {
-    let mut tries = 0;
-    loop {
-        match connect(port, tls) {
-            Err(e) if e.starts_with("TLS handshake") && tries < 4 => {
-                tries += 1;
-                HANDSHAKE_RETRIES.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            outcome => return outcome,
-        }
-    }
-}
-
-/// The writing half of a connection.
-struct Writer {
-    socket: TcpStream,
-    tls: Option<Arc<Mutex<ClientConnection>>>,
-}
-
-/// The reading half of a connection.
-struct Reader {
-    socket: TcpStream,
-    tls: Option<Arc<Mutex<ClientConnection>>>,
-    buffer: Vec<u8>,
-}
-
-/// A connection to `port` on loopback (`TCP_NODELAY`), over TLS with `tls` (handshake done), split
-/// into its halves. Over TLS both share the session: the writer holds it only while it encrypts and
-/// writes (its socket gives up after 1 ms, so the session is let go while the socket is full), the
-/// reader while it decrypts what it read.
-fn connect(port: u16, tls: Option<&Arc<ClientConfig>>) -> Result<(Writer, Reader), String> {
-    let mut socket = TcpStream::connect(("127.0.0.1", port)).map_err(|e| e.to_string())?;
-    socket.set_nodelay(true).map_err(|e| e.to_string())?;
-    let session = match tls {
-        Some(config) => {
-            let name = ServerName::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST).into());
-            let mut session =
-                ClientConnection::new(config.clone(), name).map_err(|e| e.to_string())?;
-            session.set_buffer_limit(None);
-            while session.is_handshaking() {
-                session
-                    .complete_io(&mut socket)
-                    .map_err(|e| format!("TLS handshake: {e}"))?;
-            }
-            socket
-                .set_write_timeout(Some(Duration::from_millis(1)))
-                .map_err(|e| e.to_string())?;
-            Some(Arc::new(Mutex::new(session)))
-        }
-        None => None,
-    };
-    socket
-        .set_read_timeout(Some(Duration::from_millis(50)))
-        .map_err(|e| e.to_string())?;
-    let reading = socket.try_clone().map_err(|e| e.to_string())?;
-    Ok((
-        Writer {
-            socket,
-            tls: session.clone(),
-        },
-        Reader {
-            socket: reading,
-            tls: session,
-            buffer: vec![0; 64 * 1024],
-        },
-    ))
-}
-
-impl Writer {
-    fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
-        let Some(tls) = &self.tls else {
-            return self.socket.write_all(bytes);
-        };
-        let mut session = tls.lock().expect("session");
-        session.writer().write_all(bytes)?;
-        while session.wants_write() {
-            match session.write_tls(&mut self.socket) {
-                Ok(_) => {}
-                Err(e) if timed_out(&e) => {
-                    // The socket is full: let the reader decrypt (and so the server write) meanwhile.
-                    drop(session);
-                    std::thread::yield_now();
-                    session = tls.lock().expect("session");
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Reader {
-    /// Reads what has come (waiting at most 50 ms), appends its plain text to `out`; `Ok(0)` when
-    /// the peer closed.
-    fn receive(&mut self, out: &mut Vec<u8>) -> io::Result<usize> {
-        let read = self.socket.read(&mut self.buffer)?;
-        if read == 0 {
-            return Ok(0);
-        }
-        let Some(tls) = &self.tls else {
-            out.extend_from_slice(&self.buffer[..read]);
-            return Ok(read);
-        };
-        let mut session = tls.lock().expect("session");
-        let mut incoming = &self.buffer[..read];
-        while !incoming.is_empty() {
-            session.read_tls(&mut incoming)?;
-            session
-                .process_new_packets()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
-            let mut chunk = [0u8; 16 * 1024];
-            loop {
-                match session.reader().read(&mut chunk) {
-                    Ok(0) => break,
-                    Ok(n) => out.extend_from_slice(&chunk[..n]),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(read)
-    }
 }
 
 /// The samples of one or more measurements of a path: latencies in µs, answers and counted seconds.
@@ -1012,7 +536,7 @@ impl fmt::Display for LoadReport {
             f,
             "the proxy's hop, open loop: {} connections (a writer and a reader thread each) on {} cores \
              (load average {:.2} before, {:.2} after), {:.1} s counted per measurement after {:.1} s, \
-             {} rounds per path and step alternating, pooled",
+             {} rounds per path and step, the paths in alternating order (forward, backward), pooled",
             self.connections,
             self.cores,
             self.load_average.0,
@@ -1134,36 +658,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn answers_are_what_the_server_sends() {
-        let (request, answer) = Workload::Pipelined8.exchange();
-        assert_eq!(request.windows(5).filter(|w| w == b"get b").count(), 8);
-        assert_eq!(answer.windows(5).filter(|w| w == b"END\r\n").count(), 8);
-        let (request, answer) = Workload::MultiGet10.exchange();
-        assert!(request.starts_with(b"get bench:hop:0 bench:hop:1 "));
-        assert_eq!(answer.windows(5).filter(|w| w == b"VALUE").count(), 10);
-        assert!(answer.ends_with(b"v\r\nEND\r\n"));
-    }
-
-    #[test]
-    fn the_operators_arguments_lose_their_listeners_and_pod_paths() {
-        let extra = ["-t".to_owned(), "2".to_owned()];
-        let (listen, args) = bench_args(
-            proxy_args_in(11211, "/scratch/tls", Some("/scratch"), false),
-            &extra,
-        );
-        assert_eq!(listen, "127.0.0.1");
-        assert!(!args.iter().any(|a| a == "-p" || a == "-l"));
-        assert!(
-            args.iter()
-                .any(|a| a.contains("ssl_chain_cert=/scratch/tls.crt"))
-        );
-        assert_eq!(args[args.len() - 2..], ["-t", "2"]);
-        let (listen, args) = bench_args(
-            proxy_args_in(11211, "/scratch/access", Some("/scratch"), true),
-            &extra,
-        );
-        assert_eq!(listen, "mtls:tag[client]:127.0.0.1:11211");
-        assert!(args.iter().any(|a| a.contains("access.lua")));
+    fn rounds_alternate_the_order_of_the_paths() {
+        assert_eq!(round_order(0, 3), [0, 1, 2]);
+        assert_eq!(round_order(1, 3), [2, 1, 0]);
+        assert_eq!(round_order(2, 3), [0, 1, 2]);
     }
 
     #[test]

@@ -109,8 +109,9 @@ pub struct IdentityStats {
     pub name: String,
 
     /// Its requests, allowed or refused (`user_access_<name>_requests` of `stats proxy`), since each
-    /// proxy pod started, summed over the pods read. For `unknown`, whose every request is refused, its
-    /// refusals.
+    /// proxy pod started, summed over the pods read. Each proxy worker thread adds its count every 64
+    /// requests and at once with a refusal, so this may trail by up to 63 requests per worker thread.
+    /// For `unknown`, whose every request is refused, its refusals.
     #[schemars(range(min = 0))]
     pub requests: i64,
 

@@ -131,3 +131,8 @@ fn the_library_tags_what_the_routes_tag() {
     assert!(LIBRARY.contains(&format!("local CLIENT <const> = \"{CLIENT_TAG}\"")));
     assert!(LIBRARY.contains("register_route_handlers({ \"access\" })"));
 }
+
+#[test]
+fn the_library_publishes_requests_as_often_as_documented() {
+    assert!(LIBRARY.contains(&format!("local PUBLISH_EVERY <const> = {PUBLISH_EVERY}\n")));
+}

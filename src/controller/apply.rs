@@ -9,7 +9,6 @@
 //! it exists only once there was a server to publish. A new instance may give its turn up after its
 //! workload (see [`super::turns`]).
 
-use std::collections::BTreeMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::Arc;
@@ -24,7 +23,7 @@ use kube::{Resource, ResourceExt};
 use tracing::info;
 
 use super::changes::Changes;
-use super::children::{self, Source, cached};
+use super::children::{self, Source};
 use super::context::Context;
 use super::error::Error;
 use super::pool::{self, Pool};
@@ -32,8 +31,6 @@ use super::report::{self, Children, Published};
 use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
-use crate::resources::proxy::identities::{EPOCH_ANNOTATION, Material, TRUSTED_ANNOTATION, trust};
-use crate::resources::proxy::proxy_name;
 use crate::resources::scaling::Step;
 use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
 use crate::status::{HandoverProgress, Problem, WorkloadStatus};
@@ -175,7 +172,7 @@ async fn server_list(writer: &Writer, view: &View<'_>, published: &[Server]) -> 
 /// for it), deleted with it. Not an event either: it changes with the list.
 async fn proxy_routes(writer: &Writer, view: &View<'_>, published: &[Server]) -> Result<(), Error> {
     // With access control the route carries the client CA and the trust epoch the Deployment records.
-    let instance = &view.instance.with_proxy_access(proxy_access(view)?);
+    let instance = &view.instance.with_proxy_access(view.proxy_access.clone());
     let source = view.source();
     let api = writer.api(instance.namespace);
     let routed = match instance.spec.workload {
@@ -465,7 +462,7 @@ async fn built(
     let instance = view
         .instance
         .with_proxy_secret_hash(view.proxy_secret_hash.clone())
-        .with_proxy_access(proxy_access(view)?);
+        .with_proxy_access(view.proxy_access.clone());
     let mut collect = Collect {
         instance: &instance,
         view,
@@ -478,38 +475,6 @@ async fn built(
         child.apply(writer, view, changes).await?;
     }
     Ok(collect.unserved)
-}
-
-/// With `spec.proxy.access`: the client CA read and the trust to record, from what the live proxy
-/// Deployment records (see `resources::proxy::identities::trust`).
-fn proxy_access(view: &View<'_>) -> Result<Option<Material>, Error> {
-    let Some(ca) = &view.client_ca else {
-        return Ok(None);
-    };
-    let instance = view.instance;
-    let live = cached::<Deployment>(instance, &proxy_name(instance.name), &view.source())?;
-    let annotation = |annotations: Option<&BTreeMap<String, String>>, key: &str| {
-        annotations
-            .and_then(|a| a.get(key))
-            .cloned()
-            .unwrap_or_default()
-    };
-    let previous = live.map(|deployment| {
-        let template = deployment
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.template.metadata.as_ref())
-            .and_then(|meta| meta.annotations.as_ref());
-        (
-            annotation(deployment.metadata.annotations.as_ref(), TRUSTED_ANNOTATION),
-            annotation(template, EPOCH_ANNOTATION),
-        )
-    });
-    let previous = previous.as_ref().map(|(t, e)| (t.as_str(), e.as_str()));
-    Ok(Some(Material {
-        ca: ca.clone(),
-        trust: trust(previous, ca),
-    }))
 }
 
 /// The status problem of an instance whose `desired` children are of a kind the cluster did not serve at

@@ -4,6 +4,7 @@
 //! Reading it is the reconcile's first step; what stops it there (a workload of the other kind, a
 //! missing Secret) is reported as the reconcile's outcome, and nothing is applied.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -11,13 +12,15 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::children::Source;
+use super::children::{self, Source};
 use super::error::Error;
 use super::secrets::{self, Resolved};
 use crate::api::names::proxy_name;
 use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
-use crate::resources::proxy::identities::ClientCa;
+use crate::resources::proxy::identities::{
+    ClientCa, EPOCH_ANNOTATION, Material, TRUSTED_ANNOTATION, trust,
+};
 use crate::status::{Problem, WorkloadStatus};
 use crate::store::compact::Compactable;
 use crate::store::{Cache, ChildKind, SecretReader, Stores, Written};
@@ -60,8 +63,9 @@ pub(super) struct View<'a> {
     pub proxy_secret_hash: Option<String>,
     /// With `spec.security.auth`: the user's auth file (see `secrets::serve_auth_file`).
     pub auth_file: Option<secrets::UserFile>,
-    /// With `spec.proxy.access`: the client CA the proxy trusts.
-    pub client_ca: Option<ClientCa>,
+    /// With `spec.proxy.access`: the client CA the proxy trusts and the trust its Deployment records,
+    /// read once for the route (the publish step) and the Deployment (the children).
+    pub proxy_access: Option<Arc<Material>>,
     stores: &'a Stores,
     written: &'a Written,
 }
@@ -88,17 +92,49 @@ impl<'a> View<'a> {
             Ok(Resolved::Missing(missing)) => return Err(Stop::Held(missing.into())),
             Err(error) => return Err(Stop::Failed(error)),
         };
-        Ok(Self {
+        let mut view = Self {
             instance,
             mc,
             pods: &reads.pods,
             secret_hash: hashes.servers,
             proxy_secret_hash: hashes.proxy,
             auth_file: hashes.auth_file,
-            client_ca: hashes.client_ca,
+            proxy_access: None,
             stores,
             written,
-        })
+        };
+        if let Some(ca) = hashes.client_ca {
+            view.proxy_access = Some(Arc::new(view.access(ca).map_err(Stop::Failed)?));
+        }
+        Ok(view)
+    }
+
+    /// With `spec.proxy.access`: the client CA read and the trust to record, from what the live proxy
+    /// Deployment records (see `resources::proxy::identities::trust`).
+    fn access(&self, ca: ClientCa) -> Result<Material, Error> {
+        let instance = self.instance;
+        let live =
+            children::cached::<Deployment>(instance, &proxy_name(instance.name), &self.source())?;
+        let annotation = |annotations: Option<&BTreeMap<String, String>>, key: &str| {
+            annotations
+                .and_then(|a| a.get(key))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let previous = live.map(|deployment| {
+            let template = deployment
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.metadata.as_ref())
+                .and_then(|meta| meta.annotations.as_ref());
+            (
+                annotation(deployment.metadata.annotations.as_ref(), TRUSTED_ANNOTATION),
+                annotation(template, EPOCH_ANNOTATION),
+            )
+        });
+        let previous = previous.as_ref().map(|(t, e)| (t.as_str(), e.as_str()));
+        let trust = trust(previous, &ca);
+        Ok(Material { ca, trust })
     }
 
     /// Where children of the table's kind `K` are read from.

@@ -2,6 +2,8 @@
 //! and the owner reference its children carry. [`Instance::new`], which runs the checks that make it
 //! valid, is with those checks in `validate.rs`.
 
+use std::sync::Arc;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::defaults::OperatorPods;
@@ -33,7 +35,7 @@ pub struct Instance<'a> {
     /// With `spec.proxy.access`: the client CA read from its Secret and the trust the proxy Deployment
     /// records (see [`identities`](super::proxy::identities)); set by the reconcile
     /// ([`Self::with_proxy_access`]).
-    pub proxy_access: Option<Material>,
+    pub proxy_access: Option<Arc<Material>>,
     /// The controller owner reference every child carries (set by [`Instance::new`]).
     pub(super) owner: OwnerReference,
 }
@@ -48,7 +50,7 @@ impl<'a> Instance<'a> {
     }
 
     /// This instance, with `access` as [`Self::proxy_access`].
-    pub fn with_proxy_access(&self, access: Option<Material>) -> Self {
+    pub fn with_proxy_access(&self, access: Option<Arc<Material>>) -> Self {
         Self {
             proxy_access: access,
             ..self.clone()

@@ -1,3 +1,5 @@
+use std::sync::Arc;
+
 use super::*;
 use crate::api::{MemcachedSpec, Server};
 use crate::resources::Defaults;
@@ -410,7 +412,7 @@ fn material(trusted: &str, epoch: &str) -> identities::Material {
 
 fn with_access<T>(build: impl FnOnce(&Instance<'_>) -> T) -> T {
     with(access_spec(), |instance| {
-        build(&instance.with_proxy_access(Some(material("00aa", "e1"))))
+        build(&instance.with_proxy_access(Some(Arc::new(material("00aa", "e1")))))
     })
 }
 
@@ -473,7 +475,7 @@ fn with_access_clients_need_a_certificate_and_the_operator_has_its_own_listener(
 fn a_new_trust_epoch_rolls_the_pods_and_added_cas_do_not() {
     let template = |trusted: &str, epoch: &str| {
         with(access_spec(), |instance| {
-            let instance = instance.with_proxy_access(Some(material(trusted, epoch)));
+            let instance = instance.with_proxy_access(Some(Arc::new(material(trusted, epoch))));
             deployment(&instance).unwrap().spec.unwrap().template
         })
     };

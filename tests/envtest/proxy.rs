@@ -25,7 +25,7 @@ use std::collections::BTreeSet;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 use serde_json::{Value, json};
@@ -297,6 +297,23 @@ fn reloads_in_time(s: &Scenario, step: &str, delays: &[Duration], expected: bool
             "{step}: the proxy loaded a route change {slowest:?} after it (bound {RELOAD_BOUND:?})"
         );
     }
+}
+
+/// The instance `cache`'s TLS Secret `cache-tls` (its Services', its pods' and the proxy's names), and
+/// its CA's certificate (PEM), which clients of the proxy trust.
+async fn proxy_tls_secret(s: &Scenario) -> String {
+    let ns = s.namespace.clone();
+    let names = [
+        format!("cache.{ns}.svc"),
+        format!("*.cache-headless.{ns}.svc"),
+        format!("cache-proxy.{ns}.svc"),
+    ];
+    crate::secrets::tls_secrets(s, "cache-tls", names.to_vec(), None).await;
+    let secret = Api::<Secret>::namespaced(s.client.clone(), &ns)
+        .get("cache-tls")
+        .await
+        .expect("the TLS Secret");
+    String::from_utf8(secret.data.unwrap_or_default()["ca.crt"].0.clone()).expect("a PEM CA")
 }
 
 /// The scenario `name`'s control plane with real servers, or why it cannot run.

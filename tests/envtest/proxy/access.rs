@@ -13,17 +13,16 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 use serde_json::{Value, json};
 
 use super::{
-    RouteWatch, VALUE_LEN, proxy_available, proxy_follows, proxy_pod, reloads_in_time, same_proxy,
+    RouteWatch, VALUE_LEN, proxy_available, proxy_follows, proxy_pod, proxy_tls_secret,
+    reloads_in_time, same_proxy,
 };
 use crate::instances::{apply, memcacheds};
 use crate::real_clients::{drive, published};
-use crate::secrets::{apply as apply_secret, tls_secrets};
+use crate::secrets::apply as apply_secret;
 use crate::{Scenario, wait_for};
 
 /// Keys of each identity.
@@ -159,19 +158,7 @@ async fn two_identities_keep_their_own_keys_and_nothing_else() {
     let Some(s) = super::start_with("proxy-access", OPERATOR_ARGS).await else {
         return;
     };
-    let ns = s.namespace.clone();
-    let names = [
-        format!("cache.{ns}.svc"),
-        format!("*.cache-headless.{ns}.svc"),
-        format!("cache-proxy.{ns}.svc"),
-    ];
-    tls_secrets(&s, "cache-tls", names.to_vec(), None).await;
-    let secret = Api::<Secret>::namespaced(s.client.clone(), &ns)
-        .get("cache-tls")
-        .await
-        .expect("the TLS Secret");
-    let server_ca =
-        String::from_utf8(secret.data.unwrap_or_default()["ca.crt"].0.clone()).expect("a PEM CA");
+    let server_ca = proxy_tls_secret(&s).await;
     let (clients_ca, clients_pem) = ca("clients CA");
     let (other_ca, other_pem) = ca("other CA");
     let orders = client(&clients_ca, "orders.clients");

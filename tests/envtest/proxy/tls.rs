@@ -11,14 +11,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::Api;
 use serde_json::{Value, json};
 
-use super::{KEYS, VALUE_LEN, proxy_available, proxy_follows, proxy_pod, same_proxy, stat};
+use super::{
+    KEYS, VALUE_LEN, proxy_available, proxy_follows, proxy_pod, proxy_tls_secret, same_proxy, stat,
+};
 use crate::instances::{apply, memcacheds};
 use crate::real_clients::{drive, published};
-use crate::secrets::tls_secrets;
 use crate::{Scenario, wait_for};
 
 /// The proxy's plain listener on its loopback (the operator's choice when the memcached port is not it).
@@ -76,18 +75,7 @@ async fn a_tls_client_of_the_proxy_keeps_every_key_through_a_scale() {
         return;
     };
     let ns = s.namespace.clone();
-    let names = [
-        format!("cache.{ns}.svc"),
-        format!("*.cache-headless.{ns}.svc"),
-        format!("cache-proxy.{ns}.svc"),
-    ];
-    tls_secrets(&s, "cache-tls", names.to_vec(), None).await;
-    let secret = Api::<Secret>::namespaced(s.client.clone(), &ns)
-        .get("cache-tls")
-        .await
-        .expect("the TLS Secret");
-    let ca = secret.data.unwrap_or_default()["ca.crt"].0.clone();
-    let ca = String::from_utf8(ca).expect("a PEM CA");
+    let ca = proxy_tls_secret(&s).await;
     apply(&s, "cache", spec(2)).await;
     let list = published(&s, 2, &BTreeSet::new(), Duration::from_secs(120)).await;
     let pod = proxy_pod(&s).await;

@@ -145,6 +145,13 @@ pub struct RunArgs {
     #[arg(long, env = "HANDOVER_MAX_TIMEOUT_SECONDS", default_value_t = crate::handover::DEFAULT_MAX_TIMEOUT_SECONDS, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub handover_max_timeout_seconds: u64,
 
+    /// How many instances the operator's own changes of the pod template (a new version, a changed
+    /// default such as --memcached-image, the digest key) roll at a time, in namespace/name order: a
+    /// number (3) or a percentage of the instances (5%), at least one. An instance owner's change rolls
+    /// at once and takes a slot first.
+    #[arg(long, env = "FLEET_ROLLOUT_BUDGET", default_value_t = crate::resources::fleet::DEFAULT_BUDGET)]
+    pub fleet_rollout_budget: crate::resources::fleet::Budget,
+
     /// Image for instances whose spec sets none.
     #[arg(long, env = "MEMCACHED_IMAGE", default_value = DEFAULT_IMAGE)]
     pub memcached_image: String,

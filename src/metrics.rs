@@ -69,6 +69,11 @@ const CONDITION_TYPES: [&str; 3] = [
 const OPTIONAL_CONDITION_TYPES: [&str; 1] = [crate::status::PROXY_AVAILABLE];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FleetLabels {
+    state: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ProtocolLabels {
     protocol: &'static str,
 }
@@ -88,6 +93,8 @@ const OPERATOR_SERIES: &[&str] = &[
     "memcached_operator_api_available",
     "memcached_operator_watch_errors_total",
     "memcached_operator_instance_condition",
+    "memcached_operator_fleet_rollout_instances",
+    "memcached_operator_fleet_rollout_completed_total",
     "memcached_operator_cache_objects",
     "memcached_operator_cache_bytes",
     "memcached_operator_stats_reads_total",
@@ -120,6 +127,8 @@ pub struct Metrics {
     api_available: Gauge,
     watch_errors: Family<WatchErrorLabels, Counter>,
     conditions: Family<ConditionLabels, Gauge>,
+    fleet: Family<FleetLabels, Gauge>,
+    fleet_completed: Counter,
     caches: CacheMetrics,
     operand_registry: Registry,
     operand: Arc<OperandMetrics>,
@@ -192,6 +201,20 @@ impl Default for Metrics {
             leader last computed it",
             Family::<ConditionLabels, Gauge>::default(),
         );
+        let fleet = registered(
+            &mut registry,
+            "fleet_rollout_instances",
+            "Instances in the fleet rollout of the operator's own pod-template changes: pending (waiting \
+            for a turn) and rolling (holding one of --fleet-rollout-budget's slots, whatever caused the \
+            rollout)",
+            Family::<FleetLabels, Gauge>::default(),
+        );
+        let fleet_completed = registered(
+            &mut registry,
+            "fleet_rollout_completed",
+            "Instances whose turn in the fleet rollout ended with their workload settled",
+            Counter::default(),
+        );
         let caches = CacheMetrics::registered(&mut registry);
         let handovers = Arc::new(HandoverMetrics::default());
         handovers.register(&mut registry);
@@ -212,6 +235,8 @@ impl Default for Metrics {
             api_available,
             watch_errors,
             conditions,
+            fleet,
+            fleet_completed,
             caches,
         }
     }
@@ -322,6 +347,19 @@ impl Metrics {
     /// Sets the number of managed instances.
     pub fn set_instances(&self, n: usize) {
         self.instances.set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    /// Sets the fleet rollout's instances waiting for a turn and holding a slot.
+    pub fn set_fleet_rollout(&self, pending: usize, rolling: usize) {
+        for (state, n) in [("pending", pending), ("rolling", rolling)] {
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            self.fleet.get_or_create(&FleetLabels { state }).set(n);
+        }
+    }
+
+    /// Counts an instance whose turn in the fleet rollout ended with its workload settled.
+    pub fn fleet_rollout_completed(&self) {
+        self.fleet_completed.inc();
     }
 
     /// Sets whether this replica leads.

@@ -69,7 +69,7 @@ pub fn run(extra: &[String]) -> Result<CostReport, String> {
     for workload in Workload::ALL {
         let mut rounds: [Vec<(f64, f64)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         for round in 0..ROUNDS {
-            for i in crate::proxy_load::round_order(round, paths.len()) {
+            for i in crate::proxy_rig::round_order(round, paths.len()) {
                 let (launch, tls) = &paths[i];
                 rounds[i].push(per_request(&rig, *launch, tls, workload)?);
             }

@@ -12,7 +12,8 @@
 //!
 //! Two groups ([`crate::proxy_rig`] prepares the servers and proxies): plain text (direct to the server,
 //! through the proxy), and TLS (direct to a server serving TLS; through a proxy serving TLS and speaking
-//! it to the server; through a proxy with access control). A request that fails (a refused key, an
+//! it to the server; through a proxy with access control). Each proxy is started afresh for each of its
+//! measurements and stopped after it. A request that fails (a refused key, an
 //! error) fails the run: every answer is compared with the one expected.
 
 use std::fmt;
@@ -26,7 +27,7 @@ use serde::Serialize;
 use tokio_rustls::rustls::ClientConfig;
 
 use crate::proxy_hop::version;
-use crate::proxy_rig::Rig;
+use crate::proxy_rig::{Launch, Rig, round_order};
 use crate::proxy_wire::{
     HANDSHAKE_RETRIES, Reader, STALL, Workload, Writer, connect_retrying, store, timed_out,
 };
@@ -153,30 +154,28 @@ pub struct LoadReport {
     pub groups: Vec<Group>,
 }
 
-/// Starts the servers and proxies, measures each group, and stops them.
+/// Starts the servers, measures each group (each proxy started afresh for each of its measurements),
+/// and stops them.
 pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
     let load_before = load_average();
     let rig = Rig::prepare(&options.proxy_args)?;
-    let _proxy = rig.start(&rig.proxy)?;
-    let _tls_proxy = rig.start(&rig.tls_proxy)?;
-    let _access_proxy = rig.start(&rig.access_proxy)?;
-    let plain: [(&'static str, u16, Option<Arc<ClientConfig>>); 2] = [
-        ("direct", rig.plain_port, None),
-        ("proxy", rig.proxy.port, None),
+    let plain = [
+        Path::direct("direct", rig.plain_port, None),
+        Path::proxied("proxy", &rig.proxy, None),
     ];
     let client = Some(rig.pki.client.clone());
-    let tls: [(&'static str, u16, Option<Arc<ClientConfig>>); 3] = [
-        ("direct TLS", rig.tls_port, client.clone()),
-        ("proxy TLS", rig.tls_proxy.port, client),
-        (
+    let tls = [
+        Path::direct("direct TLS", rig.tls_port, client.clone()),
+        Path::proxied("proxy TLS", &rig.tls_proxy, client),
+        Path::proxied(
             "proxy mTLS+access",
-            rig.access_proxy.port,
+            &rig.access_proxy,
             Some(rig.pki.identified.clone()),
         ),
     ];
     let groups = vec![
-        group("plain", &plain, options, None)?,
-        group("TLS", &tls, options, None)?,
+        group(&rig, "plain", &plain, options, None)?,
+        group(&rig, "TLS", &tls, options, None)?,
     ];
     Ok(LoadReport {
         server_version: version(&rig.server_binary),
@@ -195,23 +194,73 @@ pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
     })
 }
 
+/// One path of a group: its name, where it listens, the client's TLS, and for a proxy its launch.
+struct Path<'a> {
+    name: &'static str,
+    port: u16,
+    tls: Option<Arc<ClientConfig>>,
+    launch: Option<&'a Launch>,
+}
+
+impl<'a> Path<'a> {
+    fn direct(name: &'static str, port: u16, tls: Option<Arc<ClientConfig>>) -> Self {
+        Path {
+            name,
+            port,
+            tls,
+            launch: None,
+        }
+    }
+
+    fn proxied(name: &'static str, launch: &'a Launch, tls: Option<Arc<ClientConfig>>) -> Self {
+        Path {
+            name,
+            port: launch.port,
+            tls,
+            launch: Some(launch),
+        }
+    }
+
+    /// One measurement of the path; a proxy is started for it and stopped after, so where the proxy's
+    /// threads land against the client's on the machine's cores is drawn again at every measurement
+    /// (kept for a whole run, one draw swung a path's median by tens of microseconds).
+    fn measure(
+        &self,
+        rig: &Rig,
+        workload: Workload,
+        rate: Option<f64>,
+        options: &LoadOptions,
+    ) -> Result<Samples, String> {
+        let _proxy = self.launch.map(|launch| rig.start(launch)).transpose()?;
+        measure(self.port, self.tls.as_ref(), workload, rate, options)
+    }
+}
+
 /// One group: the keys stored on the group's server (through its direct path), then for each workload
 /// the direct path's capacity and each step on each path.
 fn group(
+    rig: &Rig,
     transport: &'static str,
-    paths: &[(&'static str, u16, Option<Arc<ClientConfig>>)],
+    paths: &[Path<'_>],
     options: &LoadOptions,
     missing: Option<String>,
 ) -> Result<Group, String> {
-    let (_, direct_port, direct_tls) = &paths[0];
-    store(*direct_port, direct_tls.as_ref())?;
+    let direct = &paths[0];
+    store(direct.port, direct.tls.as_ref())?;
     let mut capacities = Vec::new();
     let mut rows = Vec::new();
     for workload in Workload::ALL {
         let mut window_per_second = Vec::new();
-        for (path, port, tls) in paths {
-            let achieved = measure(*port, tls.as_ref(), workload, None, options)
-                .map_err(|e| format!("{transport} {path} window of {}: {e}", workload.name()))?
+        for path in paths {
+            let achieved = path
+                .measure(rig, workload, None, options)
+                .map_err(|e| {
+                    format!(
+                        "{transport} {} window of {}: {e}",
+                        path.name,
+                        workload.name()
+                    )
+                })?
                 .figures()
                 .achieved_per_second;
             window_per_second.push(achieved);
@@ -221,15 +270,10 @@ fn group(
         let mut capacity = window_per_second[0];
         let mut sustained = false;
         for _ in 0..CAPACITY_TRIES {
-            let measured = measure(
-                *direct_port,
-                direct_tls.as_ref(),
-                workload,
-                Some(capacity),
-                options,
-            )
-            .map_err(|e| format!("{transport} direct capacity of {}: {e}", workload.name()))?
-            .figures();
+            let measured = direct
+                .measure(rig, workload, Some(capacity), options)
+                .map_err(|e| format!("{transport} direct capacity of {}: {e}", workload.name()))?
+                .figures();
             if sustains(capacity, &measured) {
                 sustained = true;
                 break;
@@ -255,16 +299,18 @@ fn group(
             let mut samples = vec![Samples::default(); paths.len()];
             for round in 0..options.rounds.max(1) {
                 for i in round_order(round, paths.len()) {
-                    let (path, port, tls) = &paths[i];
-                    let measured = measure(*port, tls.as_ref(), workload, Some(offered), options)
+                    let path = &paths[i];
+                    let measured = path
+                        .measure(rig, workload, Some(offered), options)
                         .map_err(|e| {
-                        format!("{transport} {path}, {} at {step} %: {e}", workload.name())
-                    })?;
+                            let name = path.name;
+                            format!("{transport} {name}, {} at {step} %: {e}", workload.name())
+                        })?;
                     samples[i].add(measured);
                 }
             }
             let mut figures = Vec::new();
-            for ((path, ..), samples) in paths.iter().zip(samples) {
+            for (Path { name: path, .. }, samples) in paths.iter().zip(samples) {
                 let measured = samples.figures();
                 eprintln!(
                     "{transport}: {} at {step} % ({offered:.0}/s): {path}: {:.0}/s p50 {:.1}µs p99 {:.1}µs",
@@ -285,22 +331,11 @@ fn group(
     }
     Ok(Group {
         transport,
-        paths: paths.iter().map(|(path, ..)| *path).collect(),
+        paths: paths.iter().map(|path| path.name).collect(),
         capacities,
         rows,
         missing,
     })
-}
-
-/// The order of the paths in round `round`: forward, then backward, and so on, so that a drift of the
-/// machine's speed during a step (another process, the CPU's clock) weighs on every path alike instead of
-/// on the one measured last.
-pub fn round_order(round: usize, paths: usize) -> Vec<usize> {
-    let forward = 0..paths;
-    match round % 2 {
-        0 => forward.collect(),
-        _ => forward.rev().collect(),
-    }
 }
 
 fn load_average() -> f64 {
@@ -656,13 +691,6 @@ impl fmt::Display for LoadReport {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rounds_alternate_the_order_of_the_paths() {
-        assert_eq!(round_order(0, 3), [0, 1, 2]);
-        assert_eq!(round_order(1, 3), [2, 1, 0]);
-        assert_eq!(round_order(2, 3), [0, 1, 2]);
-    }
 
     #[test]
     fn added_latency_is_the_path_minus_direct() {

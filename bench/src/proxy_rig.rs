@@ -253,6 +253,17 @@ impl Rig {
     }
 }
 
+/// The order of the paths in round `round`: forward, then backward, and so on, so that a drift of the
+/// machine's speed during a step (another process, the CPU's clock) weighs on every path alike instead of
+/// on the one measured last.
+pub fn round_order(round: usize, paths: usize) -> Vec<usize> {
+    let forward = 0..paths;
+    match round % 2 {
+        0 => forward.collect(),
+        _ => forward.rev().collect(),
+    }
+}
+
 /// memcached runs as nobody when the bench is root: it reads the files of `path` and writes its pid file
 /// there.
 fn open_to_memcached(path: &Path) -> Result<(), String> {
@@ -325,6 +336,13 @@ fn launch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rounds_alternate_the_order_of_the_paths() {
+        assert_eq!(round_order(0, 3), [0, 1, 2]);
+        assert_eq!(round_order(1, 3), [2, 1, 0]);
+        assert_eq!(round_order(2, 3), [0, 1, 2]);
+    }
 
     #[test]
     fn the_operators_arguments_lose_their_listeners_and_pod_paths() {

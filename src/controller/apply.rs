@@ -16,7 +16,8 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
@@ -26,14 +27,17 @@ use super::changes::Changes;
 use super::children::{self, Source};
 use super::context::Context;
 use super::error::Error;
+use super::fleet::{Found, Turn};
 use super::pool::{self, Pool};
 use super::report::{self, Children, Published};
 use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
-use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
-use crate::status::{HandoverProgress, Problem, WorkloadStatus};
+use crate::resources::{
+    Instance, deployment, drift, fleet, labels, pod, proxy, rollout, servers, statefulset,
+};
+use crate::status::{FleetWait, HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
 use crate::store::kinds::{ChildKind, Desired, EachKind, Role, each_kind};
@@ -45,6 +49,8 @@ struct AppliedWorkload {
     created: bool,
     handovers: Vec<HandoverProgress>,
     wait: Option<Duration>,
+    /// The operator's change of the template, waiting for the instance's turn.
+    fleet: Option<FleetWait>,
 }
 
 /// Applies the children (see the module doc) and records what changed in `changes`.
@@ -88,6 +94,7 @@ pub(super) async fn children(
         pods: view.pods.to_vec(),
         problem: None,
         handovers,
+        fleet: applied.fleet,
         wait: [plan.wait, applied.wait].into_iter().flatten().min(),
         yielded: false,
         wrote_first_status: false,
@@ -239,8 +246,23 @@ async fn deployment(
         .as_deref()
         .and_then(|d| d.spec.as_ref())
         .map(|s| &s.template);
+    let mut fleet = None;
     if let Some(spec) = desired.spec.as_mut() {
         ctx.handover.gate(warm, &mut spec.template, live_template);
+        let live = live.as_deref().and_then(|d| {
+            let spec = d.spec.as_ref()?;
+            Some((&d.metadata, &spec.template, WorkloadStatus::from(d)))
+        });
+        let desired_meta = &mut desired.metadata;
+        let held = fleet_turn(
+            ctx,
+            view,
+            plan.replicas,
+            desired_meta,
+            &mut spec.template,
+            live,
+        );
+        fleet = held.await;
     }
     // The list a scale changes is published (or held back) above; its copies run from here on.
     let step = ctx
@@ -256,6 +278,7 @@ async fn deployment(
         created: live.is_none(),
         handovers: step.progress,
         wait: step.wait,
+        fleet,
     })
 }
 
@@ -273,9 +296,24 @@ async fn statefulset(
     let enabled = instance.spec.handover().enabled();
     let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
     let live_template = live.as_deref().and_then(template);
+    let mut fleet = None;
     if let Some(spec) = desired.spec.as_mut() {
         ctx.handover
             .gate(enabled, &mut spec.template, live_template.as_ref());
+        let live = live.as_deref().and_then(|s| {
+            let spec = s.spec.as_ref()?;
+            Some((&s.metadata, &spec.template, WorkloadStatus::from(s)))
+        });
+        let desired_meta = &mut desired.metadata;
+        let held = fleet_turn(
+            ctx,
+            view,
+            plan.replicas,
+            desired_meta,
+            &mut spec.template,
+            live,
+        );
+        fleet = held.await;
     }
     let pod_refs: Vec<&Pod> = view.pods.iter().map(Arc::as_ref).collect();
     let pace = rollout::paced(
@@ -302,7 +340,77 @@ async fn statefulset(
         created: live.is_none(),
         handovers: staging.progress,
         wait: [pace.wait, staging.wait].into_iter().flatten().min(),
+        fleet,
     })
+}
+
+/// The fleet rollout's turn for the workload (see [`super::fleet`]): the desired workload records the
+/// cause of its template ([`fleet::cause`]); a template the operator changed while that cause stayed
+/// (or on a workload of an operator before the record) waits for the instance's turn, keeping the live
+/// template and the cause it was built for. `live`: the workload's metadata, template and status;
+/// `replicas`: the pods it is to run.
+async fn fleet_turn(
+    ctx: &Context,
+    view: &View<'_>,
+    replicas: i32,
+    desired_meta: &mut ObjectMeta,
+    desired_template: &mut PodTemplateSpec,
+    live: Option<(&ObjectMeta, &PodTemplateSpec, WorkloadStatus)>,
+) -> Option<FleetWait> {
+    let instance = view.instance;
+    let versions: Vec<(String, Option<String>)> = fleet::secret_names(instance.spec)
+        .into_iter()
+        .map(|name| {
+            let version = ctx.memory.secrets.cached(instance.namespace, &name);
+            (
+                name,
+                version.and_then(|s| s.metadata.resource_version.clone()),
+            )
+        })
+        .collect();
+    let cause = fleet::cause(instance.spec, &versions);
+    let Some((meta, template, status)) = live else {
+        fleet::record(desired_meta, Some(&cause));
+        return None;
+    };
+    let changes = !drift::contains(
+        &serde_json::to_value(template).unwrap_or_default(),
+        &serde_json::to_value(&*desired_template).unwrap_or_default(),
+    );
+    let recorded = fleet::recorded(meta);
+    let wants = changes && replicas > 0 && recorded.is_none_or(|r| r == cause);
+    let found = Found {
+        namespace: instance.namespace,
+        name: instance.name,
+        // A spec its controller has not observed is a rollout starting, unless the template it runs is
+        // the one that waits (then it is the waiting workload's own metadata, written while it waits).
+        rolling: status.replacing(replicas) || (status.unobserved() && !wants),
+        wants,
+        instances: ctx.stores.memcacheds.len(),
+    };
+    match ctx.memory.fleet.turn(found) {
+        Turn::Go { started } => {
+            fleet::record(desired_meta, Some(&cause));
+            if started {
+                let note = format!(
+                    "its turn in the fleet rollout came: the operator's new pod template rolls out now \
+                     (at most {} instances at a time)",
+                    ctx.settings.fleet_rollout_budget
+                );
+                let event = normal("FleetRolloutStarted", "Rollout", note);
+                ctx.writer
+                    .events
+                    .send(&view.mc.object_ref(&()), event)
+                    .await;
+            }
+            None
+        }
+        Turn::Wait(wait) => {
+            *desired_template = template.clone();
+            fleet::record(desired_meta, recorded);
+            Some(wait)
+        }
+    }
 }
 
 /// What warm handover is told of this reconcile (see `crate::handover`): the instance, its pods, the
@@ -360,6 +468,7 @@ async fn first_status(ctx: &Context, view: &View<'_>, children: &Children) -> Re
         drain: children.drain.clone(),
         pods: children.pods.clone(),
         handovers: children.handovers.clone(),
+        fleet: children.fleet,
     };
     let selector = Some(labels::selector_string(view.instance.name));
     let workload = Some(children.workload.clone());

@@ -100,7 +100,7 @@ impl Context {
             max_timeout_seconds: settings.handover_max_timeout_seconds,
         });
         Self {
-            memory: Memory::new(&settings, secrets),
+            memory: Memory::new(&settings, secrets, metrics.clone()),
             settings,
             stores,
             writer,

@@ -1,14 +1,18 @@
 //! What the process remembers per instance between reconciles: its retry backoff, when its status was
-//! last written, its turn, and the Secrets it names (their hashes, and the served auth file this process
+//! last written, its turn, its place in the fleet rollout, and the Secrets it names (their hashes, and the served auth file this process
 //! wrote). None of it is in the cluster; a restart starts it afresh, and [`Memory::forget`] drops it
 //! all when the instance is deleted.
 
 use kube::runtime::reflector::ObjectRef;
 
+use std::sync::Arc;
+
 use super::backoff::Backoff;
+use super::fleet::Fleet;
 use super::pace::Pace;
 use super::settings::Settings;
 use super::turns::Turns;
+use crate::metrics::Metrics;
 use crate::store::SecretReader;
 
 /// Per-instance memory of the process, kept for as long as the instance lives.
@@ -22,16 +26,20 @@ pub struct Memory {
     /// The Secrets each instance names, read once per version through the one reader of their values
     /// (over `Stores::secret_cache`), and the served auth files this process wrote.
     pub secrets: SecretReader,
+    /// The fleet rollout's slots and queue: which instance the operator's own template change rolls
+    /// next.
+    pub fleet: Fleet,
 }
 
 impl Memory {
     /// Nothing remembered yet, paced and bounded as `settings` say; `secrets` reads the Secrets' values.
-    pub fn new(settings: &Settings, secrets: SecretReader) -> Self {
+    pub fn new(settings: &Settings, secrets: SecretReader, metrics: Arc<Metrics>) -> Self {
         Self {
             backoff: Backoff::new(settings.backoff_base, settings.backoff_max),
             pace: Pace::new(settings.status_pace),
             turns: Turns::new(settings.concurrency),
             secrets,
+            fleet: Fleet::new(settings.fleet_rollout_budget, metrics),
         }
     }
 
@@ -42,5 +50,6 @@ impl Memory {
         self.backoff.reset(&ObjectRef::new(name).within(namespace));
         self.pace.forget(namespace, name);
         self.secrets.forget(namespace, name);
+        self.fleet.forget(namespace, name);
     }
 }

@@ -18,6 +18,7 @@ mod changes;
 mod children;
 mod context;
 mod error;
+pub mod fleet;
 mod legacy_finalizer;
 mod memory;
 pub mod pace;

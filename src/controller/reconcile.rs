@@ -188,6 +188,11 @@ async fn reconcile_in_span(
     ctx.writer.written.prune();
     let key = ObjectRef::from_obj(mc.as_ref());
     let result = reconcile_instance(mc.clone(), &ctx, pass).await;
+    // Whatever the outcome: an instance that cannot be applied must not hold the fleet rollout back.
+    if let (Some(namespace), Some(name)) = (&mc.metadata.namespace, &mc.metadata.name) {
+        let instances = ctx.stores.memcacheds.len();
+        ctx.memory.fleet.saw(namespace, name, instances);
+    }
     match &result {
         Ok(action) => {
             ctx.memory.backoff.reset(&key);

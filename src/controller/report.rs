@@ -22,7 +22,7 @@ use crate::api::names::proxy_name;
 use crate::api::{Drain, Memcached, MemcachedStatus, Server};
 use crate::resources::{Instance, labels};
 use crate::status::{
-    self, DEGRADED, HandoverProgress, Observed, ObservedProxy, Problem, WorkloadStatus,
+    self, DEGRADED, FleetWait, HandoverProgress, Observed, ObservedProxy, Problem, WorkloadStatus,
 };
 use crate::store::compact::Compact;
 use crate::store::events::warning;
@@ -75,6 +75,8 @@ pub(super) struct Children {
     pub problem: Option<Problem>,
     /// The warm-handover copies running.
     pub handovers: Vec<HandoverProgress>,
+    /// The operator's change of the pod template, waiting for the instance's fleet-rollout turn.
+    pub fleet: Option<FleetWait>,
     /// How long until a drain is due, a paced rollout may replace the next server, or a running copy's
     /// progress is shown.
     pub wait: Option<Duration>,
@@ -105,6 +107,9 @@ pub(super) async fn outcome(
     let (workload, stored) = (reads.workload, Published::stored(mc, reads.pods));
     match outcome {
         Outcome::Held(problem) => {
+            if let (Some(namespace), Some(name)) = (&mc.metadata.namespace, &mc.metadata.name) {
+                ctx.memory.fleet.set_aside(namespace, name);
+            }
             let held = report(mc, ctx, workload, stored, Some(problem), selector).await?;
             Ok(requeue_within(&ctx.settings, [held]))
         }
@@ -125,6 +130,7 @@ async fn applied(
         drain: applied.drain,
         pods: applied.pods,
         handovers: applied.handovers,
+        fleet: applied.fleet,
     };
     // Compared with the first status just written, not with the instance as it came (none): as this
     // operator wrote it, or as the cache holds it once the watch has brought that write. Only the status is
@@ -191,6 +197,7 @@ pub(super) struct Published {
     pub drain: Option<Drain>,
     pub pods: Vec<Arc<Pod>>,
     pub handovers: Vec<HandoverProgress>,
+    pub fleet: Option<FleetWait>,
 }
 
 impl Published {
@@ -202,6 +209,7 @@ impl Published {
             drain: stored.drain,
             pods,
             handovers: Vec::new(),
+            fleet: None,
         }
     }
 }
@@ -223,6 +231,7 @@ pub(super) async fn report(
         drain,
         pods,
         handovers,
+        fleet,
     } = published;
     let observed = Observed {
         generation: mc.metadata.generation,
@@ -235,6 +244,7 @@ pub(super) async fn report(
         problem,
         handovers,
         proxy: observed_proxy(mc, &ctx.stores, &ctx.writer.written),
+        fleet,
     };
     let new = status::compute(&observed, mc.status.as_ref(), &(ctx.clock)());
     let (namespace, name) = (mc.namespace().unwrap_or_default(), mc.name_any());

@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use crate::handover;
 use crate::resources::Defaults;
+use crate::resources::fleet::{self, Budget};
 use crate::store::digest_key::{self, KeyLocation};
 
 /// Tunables of the reconciler.
@@ -32,6 +33,9 @@ pub struct Settings {
     /// The longest a warm-handover copy may take, whatever its instance's `timeoutSeconds`
     /// (`--handover-max-timeout-seconds`).
     pub handover_max_timeout_seconds: u64,
+    /// How many instances the operator's own changes of the pod template roll at once
+    /// (`--fleet-rollout-budget`, see [`super::fleet`]).
+    pub fleet_rollout_budget: Budget,
 }
 
 /// Default of [`Settings::concurrency`] (`--concurrency`).
@@ -53,6 +57,7 @@ impl Default for Settings {
                 name: digest_key::DEFAULT_SECRET.to_owned(),
             },
             handover_max_timeout_seconds: handover::DEFAULT_MAX_TIMEOUT_SECONDS,
+            fleet_rollout_budget: fleet::DEFAULT_BUDGET,
         }
     }
 }

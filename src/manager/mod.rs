@@ -304,6 +304,7 @@ fn settings(args: &RunArgs, config: &Config, stats_collected: bool) -> Settings 
         concurrency: args.concurrency,
         cluster_domain: args.cluster_domain.clone(),
         handover_max_timeout_seconds: args.handover_max_timeout_seconds,
+        fleet_rollout_budget: args.fleet_rollout_budget,
         digest_key: digest_key_location(args, config),
         ..Settings::default()
     }
@@ -490,6 +491,26 @@ mod tests {
         let config = Config::new("https://127.0.0.1:6443".parse().unwrap());
         let settings = settings(&cli.run, &config, true);
         assert_eq!(settings.handover_max_timeout_seconds, 90);
+    }
+
+    #[test]
+    fn the_fleet_rollout_budget_reaches_the_reconciler() {
+        use clap::Parser;
+        let parse = |args: &[&str]| {
+            let argv = std::iter::once("memcached-operator").chain(args.iter().copied());
+            crate::cli::Cli::try_parse_from(argv)
+        };
+        let config = Config::new("https://127.0.0.1:6443".parse().unwrap());
+        let budget =
+            |args: &[&str]| settings(&parse(args).unwrap().run, &config, true).fleet_rollout_budget;
+        use crate::resources::fleet::Budget;
+        assert_eq!(budget(&[]), Budget::Percent(5));
+        assert_eq!(
+            budget(&["--fleet-rollout-budget", "3"]),
+            Budget::Instances(3)
+        );
+        assert_eq!(budget(&["--fleet-rollout-budget=20%"]), Budget::Percent(20));
+        assert!(parse(&["--fleet-rollout-budget", "0"]).is_err());
     }
 
     #[tokio::test]

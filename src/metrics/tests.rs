@@ -120,6 +120,7 @@ fn record_one_of_each(metrics: &Metrics) {
     metrics.reconciled(Some("apply"));
     metrics.set_leader(true);
     metrics.set_instances(2);
+    metrics.set_fleet_rollout(1, 1);
     metrics.set_api_available(true);
     metrics.set_conditions("ns", "cache", &[]);
     metrics.watch_error("pods", "expired");

@@ -8,6 +8,7 @@ pub mod autoscaler;
 mod defaults;
 pub mod deployment;
 pub mod drift;
+pub mod fleet;
 mod instance;
 mod invalid_spec;
 pub mod labels;

@@ -96,6 +96,8 @@ pub async fn run(
         ))
         // The instances whose turn, waited for outside the controller, came (see `turns`).
         .reconcile_on(ctx.memory.turns.due())
+        // The instances whose turn in the fleet rollout may have come (see `controller::fleet`).
+        .reconcile_on(ctx.memory.fleet.due())
         .reconcile_all_on(recoveries(&connectivity, ctx.clone()))
         .graceful_shutdown_on(shutdown)
         .run(

@@ -32,6 +32,9 @@ pub const DEGRADED: &str = "Degraded";
 /// `Progressing` reason while a new instance's workload is created and its controller has not reported
 /// on it yet.
 pub const CREATING: &str = "Creating";
+/// `Progressing` reason while the operator's own change of the pod template (a new version, a changed
+/// default) waits for the instance's turn in the fleet rollout (see `crate::resources::fleet`).
+pub const WAITING_FOR_FLEET_ROLLOUT: &str = "WaitingForFleetRollout";
 /// `Progressing` reason while warm-handover copies run (a Deployment rollout's new servers being filled
 /// from the servers they replace).
 pub const HANDING_OVER: &str = "HandingOver";
@@ -60,6 +63,16 @@ pub struct Observed<'a> {
     pub handovers: Vec<HandoverProgress>,
     /// The proxy, while `spec.proxy.enabled`.
     pub proxy: Option<ObservedProxy>,
+    /// The operator's change of the pod template, waiting for the instance's turn in the fleet rollout.
+    pub fleet: Option<FleetWait>,
+}
+
+/// An instance's wait in the fleet rollout: its place among the instances waiting (1: next), as last
+/// written, and how many instances roll at once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FleetWait {
+    pub place: usize,
+    pub slots: usize,
 }
 
 /// How far one running warm-handover copy is: what `Progressing` says while it runs.
@@ -234,7 +247,17 @@ fn progressing(
         );
         return (true, HANDING_OVER, message);
     }
-    counted(c)
+    match (counted(c), o.fleet) {
+        ((false, ..), Some(FleetWait { place, slots })) => {
+            let message = format!(
+                "the operator's new pod template waits for this instance's turn in the fleet \
+                 rollout: place {place} in the queue, {slots} rolling at a time; the pods \
+                 run the template they have"
+            );
+            (true, WAITING_FOR_FLEET_ROLLOUT, message)
+        }
+        (counted, _) => counted,
+    }
 }
 
 /// The copies running, one per slot.

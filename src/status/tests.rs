@@ -50,6 +50,7 @@ fn observed<'a>(size: i32, deployment: Option<&'a Deployment>, pods: Vec<&'a Pod
         problem: None,
         handovers: vec![],
         proxy: None,
+        fleet: None,
     }
 }
 
@@ -364,4 +365,49 @@ fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
         &at(0),
     );
     assert_eq!(status.ready_replicas, 2);
+}
+
+#[test]
+fn an_instance_waiting_for_its_fleet_turn_says_so_with_its_place_until_it_rolls() {
+    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    let a = pod("cache-a", ready);
+    let settled = ready_deployment(1);
+    let mut waiting = observed(1, Some(&settled), vec![&a]);
+    waiting.fleet = Some(crate::status::FleetWait { place: 7, slots: 2 });
+    let status = compute(&waiting, None, &at(0));
+    expect(
+        &status,
+        [
+            ("True", "AllReplicasReady"),
+            ("True", crate::status::WAITING_FOR_FLEET_ROLLOUT),
+            ("False", "AsExpected"),
+        ],
+    );
+    let message = &status.conditions[1].message;
+    assert!(
+        message.contains("place 7 in the queue, 2 rolling at a time"),
+        "{message}"
+    );
+    // A rollout under way (the owner's, taking a slot) says what it does instead.
+    let rolling = deployment(json!({"replicas": 2, "readyReplicas": 1, "updatedReplicas": 1}));
+    let mut busy = observed(1, Some(&rolling), vec![&a]);
+    busy.fleet = waiting.fleet;
+    let status = compute(&busy, None, &at(0));
+    assert_eq!(status.conditions[1].reason, "RollingUpdate");
+}
+
+#[test]
+fn a_workload_replaces_pods_until_all_are_on_the_current_template() {
+    let status = |value| WorkloadStatus::from(&deployment(value));
+    assert!(!status(json!({"replicas": 2, "updatedReplicas": 2})).replacing(2));
+    assert!(
+        status(json!({"replicas": 3, "updatedReplicas": 2})).replacing(2),
+        "an old pod left"
+    );
+    assert!(status(json!({"replicas": 2, "updatedReplicas": 1})).replacing(2));
+    let mut unobserved = deployment(json!({"replicas": 2, "updatedReplicas": 2}));
+    assert!(!WorkloadStatus::from(&unobserved).unobserved());
+    unobserved.metadata.generation = Some(3);
+    let unobserved = WorkloadStatus::from(&unobserved);
+    assert!(unobserved.unobserved() && !unobserved.replacing(2));
 }

@@ -39,6 +39,20 @@ impl WorkloadStatus {
     }
 }
 
+impl WorkloadStatus {
+    /// Whether its pods are being replaced, with `desired` pods wanted: pods not on the current template,
+    /// or old pods left.
+    pub fn replacing(&self, desired: i32) -> bool {
+        self.updated < desired || self.replicas > self.updated
+    }
+
+    /// Whether its controller has not observed its latest spec yet. A Deployment's generation also moves
+    /// with its annotations (they are copied to its ReplicaSets), so this alone is no rollout.
+    pub fn unobserved(&self) -> bool {
+        self.observed_generation < self.generation
+    }
+}
+
 impl From<&Deployment> for WorkloadStatus {
     fn from(d: &Deployment) -> Self {
         let status = d.status.as_ref();

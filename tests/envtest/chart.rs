@@ -20,13 +20,24 @@ const NAMESPACE: &str = "memcached-operator-system";
 /// The chart's default rendering as one YAML stream, `crds/` first as Helm installs them, after the
 /// Namespace `--create-namespace` would make; or why it cannot be rendered here.
 fn chart_rendering() -> Result<(String, Value), String> {
+    let answer = render("{}")?;
+    assert!(
+        answer["error"].is_null(),
+        "the chart does not render: {}",
+        answer["error"]
+    );
+    stream_and_deployment(&answer)
+}
+
+/// Helm's answer to rendering the chart with `values` (JSON): the files, or its `error`.
+fn render(values: &str) -> Result<Value, String> {
     let out = Command::new("python3")
         .current_dir(REPO_ROOT)
         .args([
             "hack/helm_chart.py",
             "render",
             "charts/memcached-operator",
-            "{}",
+            values,
             RELEASE,
             NAMESPACE,
         ])
@@ -35,17 +46,16 @@ fn chart_rendering() -> Result<(String, Value), String> {
     if out.status.code() == Some(3) {
         return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
     }
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+    Ok(serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!(
             "hack/helm_chart.py printed no JSON ({e}): {}",
             String::from_utf8_lossy(&out.stderr)
         )
-    });
-    assert!(
-        answer["error"].is_null(),
-        "the chart does not render: {}",
-        answer["error"]
-    );
+    }))
+}
+
+/// The rendering's files as one YAML stream (see [`chart_rendering`]), and its Deployment.
+fn stream_and_deployment(answer: &Value) -> Result<(String, Value), String> {
     let mut stream =
         format!("---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: {NAMESPACE}\n");
     for key in ["crds", "manifests"] {
@@ -68,6 +78,51 @@ fn chart_rendering() -> Result<(String, Value), String> {
         .find(|o| o["kind"] == "Deployment")
         .expect("the chart renders the operator's Deployment");
     Ok((stream, deployment))
+}
+
+/// `fleetRolloutBudget` reaches the operator as `--fleet-rollout-budget` (the default, 5%, is the
+/// operator's own and not passed), and the schema refuses a budget of nothing.
+#[test]
+fn the_fleet_rollout_budget_value_becomes_the_flag() {
+    let flags = |values: &str| -> Option<Vec<String>> {
+        let answer = match render(values) {
+            Ok(answer) => answer,
+            Err(why) => {
+                eprintln!("skipped: {why}");
+                return None;
+            }
+        };
+        assert!(answer["error"].is_null(), "{values}: {}", answer["error"]);
+        let (_, deployment) = stream_and_deployment(&answer).expect("rendered");
+        let args = &deployment["spec"]["template"]["spec"]["containers"][0]["args"];
+        let args = args.as_array().expect("args");
+        Some(
+            args.iter()
+                .filter_map(Value::as_str)
+                .filter(|a| a.starts_with("--fleet-rollout-budget"))
+                .map(str::to_owned)
+                .collect(),
+        )
+    };
+    let Some(default) = flags("{}") else {
+        return;
+    };
+    assert!(default.is_empty(), "{default:?}");
+    assert_eq!(
+        flags(r#"{"fleetRolloutBudget": 3}"#).unwrap(),
+        ["--fleet-rollout-budget=3"]
+    );
+    assert_eq!(
+        flags(r#"{"fleetRolloutBudget": "20%"}"#).unwrap(),
+        ["--fleet-rollout-budget=20%"]
+    );
+    for refused in [
+        r#"{"fleetRolloutBudget": 0}"#,
+        r#"{"fleetRolloutBudget": "0%"}"#,
+    ] {
+        let answer = render(refused).expect("rendered");
+        assert!(!answer["error"].is_null(), "{refused} was accepted");
+    }
 }
 
 #[tokio::test]

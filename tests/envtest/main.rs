@@ -58,6 +58,7 @@ mod convergence;
 mod crd;
 mod drain;
 mod drift;
+mod fleet;
 mod handover;
 mod in_clear;
 mod instances;

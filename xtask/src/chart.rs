@@ -139,7 +139,14 @@ pub fn values_table(values: &str, schema: &str) -> Result<String, Error> {
                 .filter_map(Value::as_str)
                 .collect::<Vec<_>>()
                 .join(" or "),
-            _ => String::new(),
+            // One of several schemas: their types.
+            _ => node["anyOf"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|alternative| alternative["type"].as_str())
+                .collect::<Vec<_>>()
+                .join(" or "),
         };
         let default = serde_json::to_string(value).unwrap_or_default();
         rows.push_str(&format!(
@@ -287,13 +294,14 @@ mod tests {
     #[test]
     fn the_values_table_has_a_row_per_leaf_with_its_comment_or_description() {
         let values = "# header\n\nimage:\n  # The repository.\n  repository: r\n  tag: \"\"\n\
-                      # Free-form.\nresources:\n  limits:\n    cpu: 1\nlist:\n  - a\n";
+                      # Free-form.\nresources:\n  limits:\n    cpu: 1\nlist:\n  - a\nbudget: \"5%\"\n";
         let schema = json!({"properties": {
             "image": {"type": "object", "properties": {
                 "repository": {"type": "string"},
                 "tag": {"type": "string", "description": "The tag."}}},
             "resources": {"type": "object"},
-            "list": {"type": "array", "description": "A list."}}});
+            "list": {"type": "array", "description": "A list."},
+            "budget": {"anyOf": [{"type": "integer"}, {"type": "string"}], "description": "One."}}});
         let table = values_table(values, &schema.to_string()).unwrap();
         let rows: Vec<&str> = table.lines().skip(2).collect();
         assert_eq!(
@@ -303,6 +311,7 @@ mod tests {
                 "| `image.tag` | string | `\"\"` | The tag. |",
                 "| `resources` | object | `{\"limits\":{\"cpu\":1}}` | Free-form. |",
                 "| `list` | array | `[\"a\"]` | A list. |",
+                "| `budget` | integer or string | `\"5%\"` | One. |",
             ]
         );
         // A key documented nowhere is refused, naming it.

@@ -248,6 +248,7 @@ async fn deployment(
         .map(|s| &s.template);
     let mut fleet = None;
     if let Some(spec) = desired.spec.as_mut() {
+        let as_built = drift::hash_of(&spec.template);
         ctx.handover.gate(warm, &mut spec.template, live_template);
         let live = live.as_deref().and_then(|d| {
             let spec = d.spec.as_ref()?;
@@ -257,7 +258,7 @@ async fn deployment(
         let held = fleet_turn(
             ctx,
             view,
-            plan.replicas,
+            (as_built, plan.replicas),
             desired_meta,
             &mut spec.template,
             live,
@@ -298,6 +299,7 @@ async fn statefulset(
     let live_template = live.as_deref().and_then(template);
     let mut fleet = None;
     if let Some(spec) = desired.spec.as_mut() {
+        let as_built = drift::hash_of(&spec.template);
         ctx.handover
             .gate(enabled, &mut spec.template, live_template.as_ref());
         let live = live.as_deref().and_then(|s| {
@@ -308,7 +310,7 @@ async fn statefulset(
         let held = fleet_turn(
             ctx,
             view,
-            plan.replicas,
+            (as_built, plan.replicas),
             desired_meta,
             &mut spec.template,
             live,
@@ -345,30 +347,33 @@ async fn statefulset(
 }
 
 /// The fleet rollout's turn for the workload (see [`super::fleet`]): the desired workload records the
-/// cause of its template ([`fleet::cause`]); a template the operator changed while that cause stayed
-/// (or on a workload of an operator before the record) waits for the instance's turn, keeping the live
-/// template and the cause it was built for. `live`: the workload's metadata, template and status;
-/// `replicas`: the pods it is to run.
+/// cause of its template ([`fleet::Cause`]); a template the operator changed ([`fleet::changed`]: not
+/// the owner, through the spec or a Secret, nor someone by hand) waits for the instance's turn, keeping
+/// the live template and the cause it was built for. `built`: the hash of the template as built (before
+/// warm handover's gate); `live`: the workload's metadata, template and status; `replicas`: the pods
+/// it is to run.
 async fn fleet_turn(
     ctx: &Context,
     view: &View<'_>,
-    replicas: i32,
+    (built, replicas): (String, i32),
     desired_meta: &mut ObjectMeta,
     desired_template: &mut PodTemplateSpec,
     live: Option<(&ObjectMeta, &PodTemplateSpec, WorkloadStatus)>,
 ) -> Option<FleetWait> {
     let instance = view.instance;
-    let versions: Vec<(String, Option<String>)> = fleet::secret_names(instance.spec)
-        .into_iter()
-        .map(|name| {
-            let version = ctx.memory.secrets.cached(instance.namespace, &name);
-            (
-                name,
-                version.and_then(|s| s.metadata.resource_version.clone()),
-            )
-        })
-        .collect();
-    let cause = fleet::cause(instance.spec, &versions);
+    let secret_hash = |template: &PodTemplateSpec| {
+        let annotations = template.metadata.as_ref()?.annotations.as_ref()?;
+        annotations.get(pod::SECRET_HASH_ANNOTATION).cloned()
+    };
+    let desired_secrets = secret_hash(desired_template);
+    let cause = fleet::Cause {
+        spec: fleet::spec_hash(instance.spec),
+        template: built,
+        key: match desired_secrets {
+            Some(_) => digest_key_id(ctx, instance).await,
+            None => None,
+        },
+    };
     let Some((meta, template, status)) = live else {
         fleet::record(desired_meta, Some(&cause));
         return None;
@@ -378,7 +383,13 @@ async fn fleet_turn(
         &serde_json::to_value(&*desired_template).unwrap_or_default(),
     );
     let recorded = fleet::recorded(meta);
-    let wants = changes && replicas > 0 && recorded.is_none_or(|r| r == cause);
+    let secrets = (secret_hash(template), desired_secrets);
+    let changed = fleet::changed(
+        recorded.as_ref(),
+        &cause,
+        (secrets.0.as_deref(), secrets.1.as_deref()),
+    );
+    let wants = changes && replicas > 0 && changed == fleet::Changed::Operator;
     let found = Found {
         namespace: instance.namespace,
         name: instance.name,
@@ -407,10 +418,22 @@ async fn fleet_turn(
         }
         Turn::Wait(wait) => {
             *desired_template = template.clone();
-            fleet::record(desired_meta, recorded);
+            fleet::record(desired_meta, recorded.as_ref());
             Some(wait)
         }
     }
+}
+
+/// A short identity of the digest key that hashes `instance`'s Secrets in its template, for
+/// [`fleet::Cause::key`] (`None` when the key cannot be read: then the reconcile has failed before).
+async fn digest_key_id(ctx: &Context, instance: &Instance<'_>) -> Option<String> {
+    let key = ctx.memory.secrets.digest_key().await.ok()?;
+    let owner = crate::resources::secrets::Owner {
+        namespace: instance.namespace,
+        uid: instance.uid(),
+    };
+    let id = crate::resources::secrets::keyed(key, &owner, "template-cause");
+    Some(id.chars().take(16).collect())
 }
 
 /// What warm handover is told of this reconcile (see `crate::handover`): the instance, its pods, the

@@ -1,11 +1,11 @@
 //! What the process remembers per instance between reconciles: its retry backoff, when its status was
-//! last written, its turn, its place in the fleet rollout, and the Secrets it names (their hashes, and the served auth file this process
-//! wrote). None of it is in the cluster; a restart starts it afresh, and [`Memory::forget`] drops it
-//! all when the instance is deleted.
-
-use kube::runtime::reflector::ObjectRef;
+//! last written, its turn, its place in the fleet rollout, and the Secrets it names (their hashes, and
+//! the served auth file this process wrote). None of it is in the cluster; a restart starts it afresh,
+//! and [`Memory::forget`] drops it all when the instance is deleted.
 
 use std::sync::Arc;
+
+use kube::runtime::reflector::ObjectRef;
 
 use super::backoff::Backoff;
 use super::fleet::Fleet;

@@ -4,7 +4,6 @@
 //! Reading it is the reconcile's first step; what stops it there (a workload of the other kind, a
 //! missing Secret) is reported as the reconcile's outcome, and nothing is applied.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
@@ -18,9 +17,7 @@ use super::secrets::{self, Resolved};
 use crate::api::names::proxy_name;
 use crate::api::{Memcached, Workload};
 use crate::resources::Instance;
-use crate::resources::proxy::identities::{
-    ClientCa, EPOCH_ANNOTATION, Material, TRUSTED_ANNOTATION, trust,
-};
+use crate::resources::proxy::identities::{ClientCa, Material, recorded, trust};
 use crate::status::{Problem, WorkloadStatus};
 use crate::store::compact::Compactable;
 use crate::store::{Cache, ChildKind, SecretReader, Stores, Written};
@@ -115,23 +112,7 @@ impl<'a> View<'a> {
         let instance = self.instance;
         let live =
             children::cached::<Deployment>(instance, &proxy_name(instance.name), &self.source())?;
-        let annotation = |annotations: Option<&BTreeMap<String, String>>, key: &str| {
-            annotations
-                .and_then(|a| a.get(key))
-                .cloned()
-                .unwrap_or_default()
-        };
-        let previous = live.map(|deployment| {
-            let template = deployment
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.template.metadata.as_ref())
-                .and_then(|meta| meta.annotations.as_ref());
-            (
-                annotation(deployment.metadata.annotations.as_ref(), TRUSTED_ANNOTATION),
-                annotation(template, EPOCH_ANNOTATION),
-            )
-        });
+        let previous = live.as_deref().map(recorded);
         let previous = previous.as_ref().map(|(t, e)| (t.as_str(), e.as_str()));
         let trust = trust(previous, &ca);
         Ok(Material { ca, trust })

@@ -5,9 +5,11 @@
 //! and the operator's (its version's builders, its defaults such as the image, the key of the Secrets'
 //! hash). A change of the first kind is the instance owner's rollout and rolls at once; a change of the
 //! second kind reaches every instance together (an operator upgrade), and the operator paces it over the
-//! fleet ([`Budget`]). The workload records, in [`CAUSE_ANNOTATION`], the [`cause`] of the template it
-//! runs: a hash of the instance's own inputs alone. A template that differs from the live one while the
-//! cause is unchanged was changed by the operator.
+//! fleet ([`Budget`]). The workload records, in [`CAUSE_ANNOTATION`], the [`Cause`] of the template it
+//! runs: a hash of what the owner controls of the spec, the hash of the template the operator built,
+//! and which digest key hashed the Secrets in the template. A template the operator now builds
+//! differently while the spec's hash is unchanged, and whose Secrets' hash changed only with the digest
+//! key (or not at all), was changed by the operator ([`changed`]).
 
 use std::fmt;
 use std::str::FromStr;
@@ -16,46 +18,141 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
 use super::drift::hash_of;
-use super::secrets::referenced;
 use crate::api::MemcachedSpec;
 
-/// Workload annotation: the [`cause`] of the pod template the workload runs.
+/// Workload annotation: the [`Cause`] of the pod template the workload runs.
 pub const CAUSE_ANNOTATION: &str = "cache.example.com/template-cause";
 
-/// The hash of what the instance's owner controls of its pod template: the spec without its sizes (a
-/// scale rolls no pod; the scale subresource and autoscalers change them), and the version of each
-/// Secret it names (`versions`: name and resourceVersion, `None` for a missing one). The Secrets'
-/// versions, not their content's hash: that hash is keyed with the operator's digest key, whose change
-/// is the operator's.
-pub fn cause(spec: &MemcachedSpec, versions: &[(String, Option<String>)]) -> String {
+/// Spec fields no pod template reads: the sizes (a scale rolls no pod; the scale subresource and
+/// autoscalers change them), the Services, the drain, the autoscaler, the clients' hashing, the proxy
+/// (its own Deployment), the rollout's pace (the workload's, not its pods'), the budget, the
+/// ServiceMonitor and the NetworkPolicy. Left out of [`spec_hash`], so that changing them writes nothing to the workload. A
+/// field wrongly listed here would only make an owner's change of it wait for a free slot like the
+/// operator's.
+const NOT_IN_TEMPLATE: &[&[&str]] = &[
+    &["size"],
+    &["service"],
+    &["scaling"],
+    &["autoscaling"],
+    &["clients"],
+    &["proxy"],
+    &["rollout"],
+    &["highAvailability", "podDisruptionBudget"],
+    &["monitoring", "serviceMonitor"],
+    &["security", "networkPolicy"],
+];
+
+/// The hash of what the instance's owner controls of its pod template in its spec: the spec without the
+/// fields no template reads ([`NOT_IN_TEMPLATE`]).
+pub fn spec_hash(spec: &MemcachedSpec) -> String {
     let mut spec = serde_json::to_value(spec).unwrap_or(Value::Null);
-    if let Some(fields) = spec.as_object_mut() {
-        fields.remove("size");
-        if let Some(proxy) = fields.get_mut("proxy").and_then(Value::as_object_mut) {
-            proxy.remove("replicas");
+    for path in NOT_IN_TEMPLATE {
+        let (last, parents) = path.split_last().expect("a path");
+        let parent = parents
+            .iter()
+            .try_fold(&mut spec, |value, key| value.get_mut(*key));
+        if let Some(fields) = parent.and_then(Value::as_object_mut) {
+            fields.remove(*last);
         }
     }
-    hash_of(&(spec, versions))
+    prune(&mut spec);
+    hash_of(&spec)
 }
 
-/// The Secrets whose versions go into [`cause`]: those the servers' pods mount, by name.
-pub fn secret_names(spec: &MemcachedSpec) -> Vec<String> {
-    referenced(spec).into_iter().map(|r| r.name).collect()
+/// Drops null fields and the objects left empty, so that an unset field and one set to nothing (or
+/// holding only unread fields) hash alike.
+fn prune(value: &mut Value) {
+    if let Some(fields) = value.as_object_mut() {
+        for field in fields.values_mut() {
+            prune(field);
+        }
+        fields.retain(|_, field| {
+            !(field.is_null() || field.as_object().is_some_and(|o| o.is_empty()))
+        });
+    }
+}
+
+/// What caused a workload's pod template, as [`CAUSE_ANNOTATION`] records it
+/// (`<spec>/<template>[/<key>]`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cause {
+    /// [`spec_hash`] of the spec the template was built from.
+    pub spec: String,
+    /// The hash of the template as the operator built it (before warm handover's gate), to tell a
+    /// template someone else changed (drift, put back at once) from one the operator now builds
+    /// differently.
+    pub template: String,
+    /// With Secrets hashed in the template: an identity of the digest key that hashed them (a keyed
+    /// hash of a constant, short; it tells nothing of the key).
+    pub key: Option<String>,
+}
+
+impl Cause {
+    pub fn to_annotation(&self) -> String {
+        match &self.key {
+            Some(key) => format!("{}/{}/{key}", self.spec, self.template),
+            None => format!("{}/{}", self.spec, self.template),
+        }
+    }
+
+    /// The cause an annotation records (`None`: not one this operator wrote).
+    pub fn parse(annotation: &str) -> Option<Self> {
+        let mut parts = annotation.split('/');
+        let (spec, template) = (parts.next()?, parts.next()?);
+        let key = parts.next().map(str::to_owned);
+        parts.next().is_none().then(|| Cause {
+            spec: spec.to_owned(),
+            template: template.to_owned(),
+            key,
+        })
+    }
+}
+
+/// Who changed the template the workload runs, now that the operator builds `now`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Changed {
+    /// Nobody since the recorded cause (or only someone else, by hand: drift to put back).
+    Nobody,
+    /// The owner: the spec, or (under the same digest key) a Secret's content.
+    Owner,
+    /// The operator: its builders, its defaults or its digest key.
+    Operator,
+}
+
+/// Who changed the template from the one `recorded` was built for to the one `now` causes
+/// (`secret_hashes`: the Secrets' hash on the live template and on the desired one). A workload without
+/// a record (written before the record existed) was changed by the operator.
+pub fn changed(
+    recorded: Option<&Cause>,
+    now: &Cause,
+    secret_hashes: (Option<&str>, Option<&str>),
+) -> Changed {
+    let Some(recorded) = recorded else {
+        return Changed::Operator;
+    };
+    let secrets_changed = secret_hashes.0 != secret_hashes.1 && recorded.key == now.key;
+    if recorded.spec != now.spec || secrets_changed {
+        Changed::Owner
+    } else if recorded.template == now.template && recorded.key == now.key {
+        Changed::Nobody
+    } else {
+        Changed::Operator
+    }
 }
 
 /// The cause a live workload records (`None`: a workload of an operator before this record).
-pub fn recorded(meta: &ObjectMeta) -> Option<&str> {
+pub fn recorded(meta: &ObjectMeta) -> Option<Cause> {
     meta.annotations
         .as_ref()?
         .get(CAUSE_ANNOTATION)
-        .map(String::as_str)
+        .and_then(|annotation| Cause::parse(annotation))
 }
 
 /// Sets (or with `None` removes) the cause a desired workload records.
-pub fn record(meta: &mut ObjectMeta, cause: Option<&str>) {
+pub fn record(meta: &mut ObjectMeta, cause: Option<&Cause>) {
     let annotations = meta.annotations.get_or_insert_with(Default::default);
     match cause {
-        Some(cause) => annotations.insert(CAUSE_ANNOTATION.to_owned(), cause.to_owned()),
+        Some(cause) => annotations.insert(CAUSE_ANNOTATION.to_owned(), cause.to_annotation()),
         None => annotations.remove(CAUSE_ANNOTATION),
     };
 }
@@ -121,40 +218,65 @@ mod tests {
         serde_json::from_value(value).expect("a spec")
     }
 
-    #[test]
-    fn sizes_are_not_a_cause_and_everything_else_of_the_spec_is() {
-        let base = cause(&spec(serde_json::json!({"size": 1})), &[]);
-        assert_eq!(base, cause(&spec(serde_json::json!({"size": 7})), &[]));
-        let proxied = |replicas: i32| {
-            let proxy = serde_json::json!({"enabled": true, "replicas": replicas});
-            cause(&spec(serde_json::json!({"size": 1, "proxy": proxy})), &[])
-        };
-        assert_eq!(proxied(2), proxied(5));
-        assert_ne!(base, proxied(2));
-        let image = spec(serde_json::json!({"size": 1, "image": "memcached:1.6.40"}));
-        assert_ne!(base, cause(&image, &[]));
+    fn cause(spec: &str, template: &str, key: Option<&str>) -> Cause {
+        Cause {
+            spec: spec.to_owned(),
+            template: template.to_owned(),
+            key: key.map(str::to_owned),
+        }
     }
 
     #[test]
-    fn a_new_version_of_a_named_secret_is_a_cause() {
-        let tls = spec(serde_json::json!({
-            "size": 1,
-            "security": {"tls": {"enabled": true, "secretName": "t"}}
-        }));
-        assert_eq!(secret_names(&tls), ["t"]);
-        let at = |version: &str| cause(&tls, &[("t".to_owned(), Some(version.to_owned()))]);
-        assert_eq!(at("5"), at("5"));
-        assert_ne!(at("5"), at("6"));
+    fn only_what_the_pod_template_reads_is_in_the_specs_hash() {
+        let base = spec_hash(&spec(serde_json::json!({"size": 1})));
+        let unread = [
+            serde_json::json!({"size": 7}),
+            serde_json::json!({"size": 1, "proxy": {"enabled": true, "replicas": 3}}),
+            serde_json::json!({"size": 1, "service": {"type": "NodePort"}}),
+            serde_json::json!({"size": 1, "rollout": {"warmupSeconds": 30}}),
+            serde_json::json!({"size": 1, "highAvailability": {"podDisruptionBudget": {"enabled": false}}}),
+            serde_json::json!({"size": 1, "highAvailability": {}}),
+        ];
+        for unread in unread {
+            assert_eq!(base, spec_hash(&spec(unread.clone())), "{unread}");
+        }
+        let read = [
+            serde_json::json!({"size": 1, "image": "memcached:1.6.40"}),
+            serde_json::json!({"size": 1, "highAvailability": {"terminationGracePeriodSeconds": 60}}),
+            serde_json::json!({"size": 1, "memcached": {"maxMemoryMB": 65}}),
+        ];
+        for read in read {
+            assert_ne!(base, spec_hash(&spec(read.clone())), "{read}");
+        }
     }
 
     #[test]
-    fn the_cause_is_recorded_and_removed_on_the_metadata() {
-        let mut meta = ObjectMeta::default();
-        assert_eq!(recorded(&meta), None);
-        record(&mut meta, Some("abc"));
-        assert_eq!(recorded(&meta), Some("abc"));
-        record(&mut meta, None);
-        assert_eq!(recorded(&meta), None);
+    fn the_owner_changes_the_spec_or_a_secret_and_the_operator_the_rest() {
+        let was = cause("s1", "t1", Some("k1"));
+        let same = (Some("h1"), Some("h1"));
+        // Nothing the operator builds changed: a different live template is drift.
+        assert_eq!(changed(Some(&was), &was, same), Changed::Nobody);
+        // A new version of a Secret, under the same key: the owner's.
+        assert_eq!(
+            changed(Some(&was), &was, (Some("h1"), Some("h2"))),
+            Changed::Owner
+        );
+        // A new template from the same spec: the operator's; so are the same Secrets rekeyed.
+        let rebuilt = cause("s1", "t2", Some("k1"));
+        assert_eq!(changed(Some(&was), &rebuilt, same), Changed::Operator);
+        let rekeyed = cause("s1", "t2", Some("k2"));
+        assert_eq!(
+            changed(Some(&was), &rekeyed, (Some("h1"), Some("h3"))),
+            Changed::Operator
+        );
+        // A changed spec: the owner's, whatever else changed.
+        let respecced = cause("s2", "t2", Some("k2"));
+        assert_eq!(
+            changed(Some(&was), &respecced, (Some("h1"), Some("h3"))),
+            Changed::Owner
+        );
+        // No record (an earlier build's workload): the operator's.
+        assert_eq!(changed(None, &was, same), Changed::Operator);
     }
 
     #[test]

@@ -4,11 +4,11 @@
 //! instance rolls it at once, and the operator restarted midway (as a leader change) rolls none twice
 //! and forgets none.
 //!
-//! What rolls is observed from the API server, not from the operator: a watch of the Deployments counts,
-//! after every event, those rolling (a changed template their controller has not observed yet, or pods
-//! not on the current template), and each Deployment's template images in the order they came. (A
-//! Deployment's generation also moves with its annotations, which roll nothing: only the generation of
-//! a template change counts.)
+//! What rolls is observed from the API server, not from the operator: a watch of the Deployments and
+//! StatefulSets (one instance in ten runs one) counts, after every event, those rolling (a changed
+//! template their controller has not observed yet, or pods not on the current template), and each
+//! workload's template images in the order they came. (A Deployment's generation also moves with its
+//! annotations, which roll nothing: only the generation of a template change counts.)
 //!
 //! `ENVTEST_FLEET_INSTANCES` sets how many instances (default 40).
 
@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use kube::api::ListParams;
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
@@ -35,6 +35,8 @@ const BUDGET: &str = "10%";
 /// them after (warm handover is on by default).
 const WITH_KEYS_EVERY: usize = 8;
 const VALUE_LEN: usize = 32;
+/// Every this many instances, one (the 5th, 15th, ...) runs a StatefulSet.
+const STATEFULSET_EVERY: usize = 10;
 
 /// What the watch saw of one Deployment.
 #[derive(Default)]
@@ -50,68 +52,132 @@ struct Seen {
 
 #[derive(Default)]
 struct Fleet {
-    deployments: BTreeMap<String, Seen>,
-    /// The instance whose owner changes its spec during the fleet rollout.
-    owner_changed: String,
-    /// The most Deployments rolling after any one event: all, and all but the owner's.
+    workloads: BTreeMap<String, Seen>,
+    /// The most workloads rolling after any one event: all, and all but the owner's.
     most_rolling: usize,
     most_rolling_for_the_operator: usize,
+    /// The operator's rollouts at that moment.
+    at_most: Vec<String>,
 }
 
-fn image(d: &Deployment) -> String {
-    d.spec
-        .as_ref()
-        .and_then(|s| s.template.spec.as_ref())
-        .and_then(|p| p.containers.first())
-        .and_then(|c| c.image.clone())
-        .unwrap_or_default()
+/// What the watch reads of a workload of either kind, at the API server's revision `version`.
+#[derive(Clone)]
+struct Workload {
+    version: u64,
+    name: String,
+    generation: Option<i64>,
+    image: String,
+    wanted: i64,
+    observed_generation: Option<i64>,
+    replicas: i64,
+    updated: i64,
 }
 
-/// Whether `d`, whose template changed at `template_generation`, rolls: that change not observed by
-/// its controller yet, or pods not on the current template.
-fn rolling(d: &Deployment, template_generation: Option<i64>) -> bool {
-    let wanted = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
-    let status = d.status.clone().unwrap_or_default();
-    let updated = status.updated_replicas.unwrap_or(0);
-    status.observed_generation < template_generation
-        || updated < wanted
-        || status.replicas.unwrap_or(0) > updated
+impl Workload {
+    fn of<K: serde::Serialize>(object: &K) -> Self {
+        let v = serde_json::to_value(object).expect("a workload");
+        let number = |v: &serde_json::Value| v.as_i64();
+        Workload {
+            // The etcd revision the object was written at: one order over both kinds (an integer on
+            // every etcd-backed API server, though clients are told to treat it as opaque).
+            version: v["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .expect("a numeric resourceVersion"),
+            name: v["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            generation: number(&v["metadata"]["generation"]),
+            image: v["spec"]["template"]["spec"]["containers"][0]["image"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned(),
+            wanted: number(&v["spec"]["replicas"]).unwrap_or(1),
+            observed_generation: number(&v["status"]["observedGeneration"]),
+            replicas: number(&v["status"]["replicas"]).unwrap_or(0),
+            updated: number(&v["status"]["updatedReplicas"]).unwrap_or(0),
+        }
+    }
+
+    /// Whether it rolls, its template having changed at `template_generation`: that change not
+    /// observed by its controller yet, or pods not on the current template.
+    fn rolling(&self, template_generation: Option<i64>) -> bool {
+        self.observed_generation < template_generation
+            || self.updated < self.wanted
+            || self.replicas > self.updated
+    }
 }
 
-/// Watches the scenario's Deployments into `fleet` until the task is dropped.
-fn observe(s: &Scenario, fleet: Arc<Mutex<Fleet>>) -> tokio::task::JoinHandle<()> {
-    let api: Api<Deployment> = Api::namespaced(s.client.clone(), &s.namespace);
-    let started = Instant::now();
+/// Every event the watches saw (a workload of an instance, and when since the watches started).
+type Events = Arc<Mutex<Vec<(Duration, Workload)>>>;
+
+/// The fleet as the API server committed `events`, replayed in its order (two watches, one per kind,
+/// deliver each kind in order but not the two in one): `owner_changed` is the instance whose owner
+/// changed its spec.
+fn replay(events: &Events, owner_changed: &str) -> Fleet {
+    let mut events = events.lock().unwrap().clone();
+    events.sort_by_key(|(_, workload)| workload.version);
+    let mut fleet = Fleet::default();
+    for (at, workload) in &events {
+        let seen = fleet.workloads.entry(workload.name.clone()).or_default();
+        if seen.images.last() != Some(&workload.image) {
+            if workload.image == NEW_IMAGE && seen.rolled_at.is_none() {
+                seen.rolled_at = Some(*at);
+            }
+            seen.images.push(workload.image.clone());
+            seen.template_generation = workload.generation;
+        }
+        seen.rolling = workload.rolling(seen.template_generation);
+        let rolling: Vec<&String> = fleet
+            .workloads
+            .iter()
+            .filter_map(|(name, d)| d.rolling.then_some(name))
+            .collect();
+        let operator: Vec<String> = rolling
+            .iter()
+            .filter(|n| n.as_str() != owner_changed)
+            .map(|n| (*n).clone())
+            .collect();
+        fleet.most_rolling = fleet.most_rolling.max(rolling.len());
+        if operator.len() > fleet.most_rolling_for_the_operator {
+            fleet.most_rolling_for_the_operator = operator.len();
+            fleet.at_most = operator;
+        }
+    }
+    fleet
+}
+
+/// Watches the scenario's workloads of kind `K` (those of the instances `names`) into `events` until the
+/// task is dropped.
+fn observe<K>(
+    s: &Scenario,
+    names: Vec<String>,
+    events: Events,
+    started: Instant,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource<Scope = kube::core::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + Send
+        + 'static,
+{
+    let api: Api<K> = Api::namespaced(s.client.clone(), &s.namespace);
     tokio::spawn(async move {
-        let mut events = Box::pin(watcher(api, watcher::Config::default()));
-        while let Some(event) = events.next().await {
-            let (watcher::Event::Apply(d) | watcher::Event::InitApply(d)) = event.expect("watch")
+        let mut stream = Box::pin(watcher(api, watcher::Config::default()));
+        while let Some(event) = stream.next().await {
+            let (watcher::Event::Apply(object) | watcher::Event::InitApply(object)) =
+                event.expect("watch")
             else {
                 continue;
             };
-            let mut fleet = fleet.lock().unwrap();
-            let seen = fleet.deployments.entry(d.name_any()).or_default();
-            let now = image(&d);
-            if seen.images.last() != Some(&now) {
-                if now == NEW_IMAGE && seen.rolled_at.is_none() {
-                    seen.rolled_at = Some(started.elapsed());
-                }
-                seen.images.push(now);
-                seen.template_generation = d.metadata.generation;
+            let workload = Workload::of(&object);
+            if names.contains(&workload.name) {
+                events.lock().unwrap().push((started.elapsed(), workload));
             }
-            seen.rolling = rolling(&d, seen.template_generation);
-            let rolling: Vec<&String> = fleet
-                .deployments
-                .iter()
-                .filter_map(|(name, d)| d.rolling.then_some(name))
-                .collect();
-            let all = rolling.len();
-            let operator = rolling
-                .iter()
-                .filter(|n| **n != &fleet.owner_changed)
-                .count();
-            fleet.most_rolling = fleet.most_rolling.max(all);
-            fleet.most_rolling_for_the_operator = fleet.most_rolling_for_the_operator.max(operator);
         }
     })
 }
@@ -184,6 +250,9 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
         if i.is_multiple_of(WITH_KEYS_EVERY) {
             spec["clients"] = json!({"hashing": "jump"});
         }
+        if i % STATEFULSET_EVERY == STATEFULSET_EVERY / 2 {
+            spec["workload"] = json!("StatefulSet");
+        }
         apply(&s, &name(i), spec).await;
     }
     let took = wait_all_settled(&s, count, Duration::from_secs(300)).await;
@@ -204,11 +273,13 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     ));
 
     let owner_changed = name(count - 2);
-    let fleet = Arc::new(Mutex::new(Fleet {
-        owner_changed: owner_changed.clone(),
-        ..Fleet::default()
-    }));
-    let watch = observe(&s, fleet.clone());
+    let events = Events::default();
+    let names: Vec<String> = (0..count).map(name).collect();
+    let started = Instant::now();
+    let watches = [
+        observe::<Deployment>(&s, names.clone(), events.clone(), started),
+        observe::<StatefulSet>(&s, names, events.clone(), started),
+    ];
     let image_arg = s
         .operator_args
         .iter()
@@ -250,9 +321,9 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
 
     // The operator restarted midway (as a leader change would): none rolls twice, none is forgotten.
     let rolled = || {
-        let fleet = fleet.lock().unwrap();
+        let fleet = replay(&events, &owner_changed);
         let new = |d: &&Seen| d.images.last().map(String::as_str) == Some(NEW_IMAGE);
-        fleet.deployments.values().filter(new).count()
+        fleet.workloads.values().filter(new).count()
     };
     wait_for(
         "a third of the fleet to roll",
@@ -274,12 +345,12 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     s.restart_operator().await;
 
     wait_for(
-        "every Deployment to run the new image, settled",
+        "every workload to run the new image, settled",
         Duration::from_secs(600),
         || async {
-            let fleet = fleet.lock().unwrap();
+            let fleet = replay(&events, &owner_changed);
             let done = fleet
-                .deployments
+                .workloads
                 .values()
                 .filter(|d| d.images.last().map(String::as_str) == Some(NEW_IMAGE) && !d.rolling)
                 .count();
@@ -294,19 +365,25 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     .await;
     let total = restarted.elapsed();
     wait_all_settled(&s, count, Duration::from_secs(120)).await;
-    watch.abort();
+    for watch in watches {
+        watch.abort();
+    }
 
     let (mut waits, most_rolling, most_for_operator, names) = {
-        let fleet = fleet.lock().unwrap();
-        for (name, d) in &fleet.deployments {
+        let fleet = replay(&events, &owner_changed);
+        for (name, d) in &fleet.workloads {
             assert_eq!(d.images, [OLD_IMAGE, NEW_IMAGE], "{name} rolled once");
         }
         let waits: Vec<(String, Duration)> = fleet
-            .deployments
+            .workloads
             .iter()
             .map(|(name, d)| (name.clone(), d.rolled_at.expect("rolled")))
             .collect();
-        let names: Vec<String> = fleet.deployments.keys().cloned().collect();
+        let names: Vec<String> = fleet.workloads.keys().cloned().collect();
+        s.step(&format!(
+            "the most of the operator's rollouts at once: {:?}",
+            fleet.at_most
+        ));
         let most = (fleet.most_rolling, fleet.most_rolling_for_the_operator);
         (waits, most.0, most.1, names)
     };

@@ -10,8 +10,8 @@
 //! its one endpoint, the ready proxy pod's IP and port (the pod the Service's selector picks).
 //!
 //! The proxy pods run for real only when `$MEMCACHED_PROXY_BINARY` names a proxy-capable memcached
-//! (1.6.23 or later, built with `--enable-proxy`); without it the scenarios print
-//! `envtest: skipped proxy...: ...` and pass. After each change a scenario waits for the pool to settle
+//! (1.6.23 or later, built with `--enable-proxy`); without it, or without pymemcache (their clients'
+//! library, which `.ci/run` installs), the scenarios print `envtest: skipped proxy...: ...` and pass. After each change a scenario waits for the pool to settle
 //! (the published list of `status.servers`), for the route ConfigMap `<name>-proxy` to list it, and for
 //! the proxy to have reloaded it (its `proxy_config_reloads` counting the change and then staying still).
 //! Meanwhile a [`RouteWatch`] times each change of the route ConfigMap to the proxy's reload of it.
@@ -332,6 +332,11 @@ async fn start_with(name: &str, args: &[&str]) -> Option<Scenario> {
             "no proxy-capable memcached (set {PROXY_BINARY_VAR} to a memcached 1.6.23+ built with --enable-proxy)"
         );
         envtest::skip_because(name, &reason);
+        return None;
+    }
+    // Its clients are pymemcache's, as every real-client scenario's.
+    if let Err(why) = crate::real_clients::probe("plain", false).await {
+        envtest::skip_because(name, &why);
         return None;
     }
     Scenario::start_with_memcached(name, args).await

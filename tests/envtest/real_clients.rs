@@ -101,7 +101,7 @@ pub(crate) async fn drive(request: Value) -> Result<Value, String> {
 
 /// The library behind `hashing` as `clients.py` names it, or why it cannot run here (the names of a
 /// StatefulSet need a mount namespace for the client's /etc/hosts).
-async fn probe(hashing: &str, names: bool) -> Result<String, String> {
+pub(crate) async fn probe(hashing: &str, names: bool) -> Result<String, String> {
     let hosts = match names {
         true => json!({"probe.cache-headless.envtest.svc": "127.0.0.1"}),
         false => json!({}),

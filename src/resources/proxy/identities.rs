@@ -37,6 +37,7 @@ use std::fmt::Write;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
+use k8s_openapi::api::apps::v1::Deployment;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio_rustls::rustls::RootCertStore;
@@ -184,6 +185,26 @@ pub fn trust(previous: Option<(&str, &str)>, ca: &ClientCa) -> Trust {
         None => fingerprint(trusted.as_bytes()),
     };
     Trust { trusted, epoch }
+}
+
+/// What a live proxy Deployment records of its trust, for [`trust`]: its [`TRUSTED_ANNOTATION`] and its
+/// pod template's [`EPOCH_ANNOTATION`] (each empty when missing).
+pub fn recorded(deployment: &Deployment) -> (String, String) {
+    let get = |annotations: Option<&std::collections::BTreeMap<String, String>>, key: &str| {
+        annotations
+            .and_then(|a| a.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let template = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.metadata.as_ref())
+        .and_then(|meta| meta.annotations.as_ref());
+    (
+        get(deployment.metadata.annotations.as_ref(), TRUSTED_ANNOTATION),
+        get(template, EPOCH_ANNOTATION),
+    )
 }
 
 /// Access control as the route ConfigMap carries it.

@@ -136,3 +136,20 @@ fn the_library_tags_what_the_routes_tag() {
 fn the_library_publishes_requests_as_often_as_documented() {
     assert!(LIBRARY.contains(&format!("local PUBLISH_EVERY <const> = {PUBLISH_EVERY}\n")));
 }
+
+#[test]
+fn a_deployment_records_its_trust_on_itself_and_its_epoch_on_its_pods() {
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"annotations": {TRUSTED_ANNOTATION: "a,b"}},
+        "spec": {
+            "selector": {},
+            "template": {"metadata": {"annotations": {EPOCH_ANNOTATION: "e1"}}}
+        }
+    }))
+    .expect("a Deployment");
+    assert_eq!(recorded(&deployment), ("a,b".to_owned(), "e1".to_owned()));
+    assert_eq!(
+        recorded(&Deployment::default()),
+        (String::new(), String::new())
+    );
+}

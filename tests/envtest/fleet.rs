@@ -23,7 +23,7 @@ use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
-use crate::handover::{KEYS, fill, hits, notes};
+use crate::handover::{KEYS, fill, hits, notes, operator_metrics};
 use crate::instances::{apply, condition, memcacheds, wait_all_settled};
 use crate::{Scenario, wait_for};
 
@@ -184,18 +184,7 @@ where
 
 /// The operator's fleet-rollout series, as `/metrics` has them now.
 async fn fleet_metrics(s: &Scenario) -> BTreeMap<String, f64> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let port = s.operator.metrics_port().expect("a metrics port chosen");
-    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .expect("connecting to /metrics");
-    conn.write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
-        .await
-        .expect("asking for /metrics");
-    let mut text = String::new();
-    conn.read_to_string(&mut text)
-        .await
-        .expect("reading /metrics");
+    let text = operator_metrics(s).await;
     text.lines()
         .filter(|line| line.starts_with("memcached_operator_fleet_rollout"))
         .filter_map(|line| line.rsplit_once(' '))

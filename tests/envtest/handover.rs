@@ -199,10 +199,8 @@ pub async fn notes(s: &Scenario, reason: &str) -> Vec<String> {
         .collect()
 }
 
-/// The operator's `memcached_operator_handover*` series for the scenario's namespace, from its
-/// `/metrics` (plain HTTP here): keyed by name and the labels other than `namespace` and `memcached`,
-/// e.g. `memcached_operator_handover_items_total{outcome="copied"}`.
-pub async fn handover_metrics(s: &Scenario) -> BTreeMap<String, f64> {
+/// The operator's `/metrics` answer (plain HTTP, as the scenarios run it), headers and all.
+pub async fn operator_metrics(s: &Scenario) -> String {
     let port = s.operator.metrics_port().expect("a metrics port chosen");
     let mut conn = TcpStream::connect(("127.0.0.1", port))
         .await
@@ -214,6 +212,14 @@ pub async fn handover_metrics(s: &Scenario) -> BTreeMap<String, f64> {
     conn.read_to_string(&mut text)
         .await
         .expect("reading /metrics");
+    text
+}
+
+/// The operator's `memcached_operator_handover*` series for the scenario's namespace, from its
+/// `/metrics` (plain HTTP here): keyed by name and the labels other than `namespace` and `memcached`,
+/// e.g. `memcached_operator_handover_items_total{outcome="copied"}`.
+pub async fn handover_metrics(s: &Scenario) -> BTreeMap<String, f64> {
+    let text = operator_metrics(s).await;
     let namespace = format!("namespace=\"{}\"", s.namespace);
     let mut series = BTreeMap::new();
     for line in text.lines() {

@@ -140,6 +140,10 @@ struct Cli {
     /// round trip, one request in flight, for gets, 8 pipelined gets and 10-key multi-gets (--json).
     #[arg(long, requires = "proxy_hop", conflicts_with = "open_loop")]
     cost: bool,
+    /// With --open-loop: the TLS proxy measured a second time as a path of its own (an A/A control),
+    /// to show how far two runs of one proxy differ on this machine.
+    #[arg(long, requires = "open_loop")]
+    control: bool,
     /// With --open-loop: client connections, each with a writer and a reader thread.
     #[arg(long, default_value_t = 4, requires = "open_loop")]
     connections: usize,
@@ -378,6 +382,7 @@ fn proxy_hop(cli: &Cli) -> ExitCode {
             seconds: cli.step_seconds.max(0.1),
             rounds: cli.rounds.max(1),
             proxy_args: cli.proxy_args.clone(),
+            control: cli.control,
         };
         return print_report(bench::proxy_load::run(&options), cli.json);
     }

@@ -53,6 +53,9 @@ pub fn sustains(offered: f64, measured: &PathFigures) -> bool {
 /// How long after the counted time the answers still outstanding are waited for.
 const DRAIN: Duration = Duration::from_secs(1);
 
+/// The control path's name (see [`LoadOptions::control`]).
+pub const CONTROL: &str = "proxy TLS, again";
+
 /// What to run.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -66,6 +69,9 @@ pub struct LoadOptions {
     pub rounds: usize,
     /// Extra arguments for the proxy, after the operator's.
     pub proxy_args: Vec<String>,
+    /// A control: the TLS proxy measured a second time as a path of its own (an A/A comparison), so
+    /// the report shows how far two runs of the same proxy differ on this machine.
+    pub control: bool,
 }
 
 /// One path's figures at one offered rate: answers per second, p50 and p99 in microseconds.
@@ -96,6 +102,19 @@ impl StepRow {
         Some((
             (access.0 - proxy.0) / proxy.0 * 100.0,
             (access.1 - proxy.1) / proxy.1 * 100.0,
+        ))
+    }
+
+    /// With the control path (a fourth: the TLS proxy again), how much its added latency differs from
+    /// the second's, in % of the second's: p50 and p99. What two runs of one proxy differ by.
+    pub fn control_difference(&self) -> Option<(f64, f64)> {
+        if self.paths.len() < 4 {
+            return None;
+        }
+        let (proxy, again) = (self.added(1), self.added(3));
+        Some((
+            (again.0 - proxy.0) / proxy.0 * 100.0,
+            (again.1 - proxy.1) / proxy.1 * 100.0,
         ))
     }
 
@@ -164,15 +183,18 @@ pub fn run(options: &LoadOptions) -> Result<LoadReport, String> {
         Path::proxied("proxy", &rig.proxy, None),
     ];
     let client = Some(rig.pki.client.clone());
-    let tls = [
+    let mut tls = vec![
         Path::direct("direct TLS", rig.tls_port, client.clone()),
-        Path::proxied("proxy TLS", &rig.tls_proxy, client),
+        Path::proxied("proxy TLS", &rig.tls_proxy, client.clone()),
         Path::proxied(
             "proxy mTLS+access",
             &rig.access_proxy,
             Some(rig.pki.identified.clone()),
         ),
     ];
+    if options.control {
+        tls.push(Path::proxied(CONTROL, &rig.tls_proxy, client));
+    }
     let groups = vec![
         group(&rig, "plain", &plain, options, None)?,
         group(&rig, "TLS", &tls, options, None)?,
@@ -632,7 +654,7 @@ impl fmt::Display for LoadReport {
             for _ in group.paths.iter().skip(1) {
                 write!(f, " | {:>7} {:>8} {:>6}", "+p50", "+p99", "x p50")?;
             }
-            if group.paths.len() > 2 {
+            for _ in group.paths.iter().skip(2).take(2) {
                 write!(f, " | {:>8} {:>8}", "+p50 %", "+p99 %")?;
             }
             writeln!(f)?;
@@ -645,6 +667,9 @@ impl fmt::Display for LoadReport {
             }
             if let [_, proxy, access, ..] = group.paths.as_slice() {
                 write!(f, " | {:<17}", format!("{access} over {proxy}"))?;
+            }
+            if let [_, proxy, _, again] = group.paths.as_slice() {
+                write!(f, " | {:<17}", format!("{again} over {proxy}"))?;
             }
             writeln!(f)?;
             for row in &group.rows {
@@ -676,6 +701,9 @@ impl fmt::Display for LoadReport {
                     )?;
                 }
                 if let Some((p50, p99)) = row.access_increase() {
+                    write!(f, " | {p50:>7.1}% {p99:>7.1}%")?;
+                }
+                if let Some((p50, p99)) = row.control_difference() {
                     write!(f, " | {p50:>7.1}% {p99:>7.1}%")?;
                 }
                 writeln!(f)?;

@@ -15,9 +15,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodTemplateSpec};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::Api;
 use kube::{Resource, ResourceExt};
 
@@ -27,16 +26,14 @@ use super::changes::Changes;
 use super::children::{self, Source};
 use super::context::Context;
 use super::error::Error;
-use super::fleet::{Found, Turn};
+use super::fleet_turn::template_turn;
 use super::pool::{self, Pool};
 use super::report::{self, Children, Published};
 use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
-use crate::resources::{
-    Instance, deployment, drift, fleet, labels, pod, proxy, rollout, servers, statefulset,
-};
+use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
 use crate::status::{FleetWait, HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
@@ -242,29 +239,8 @@ async fn deployment(
     let live: Option<Arc<Deployment>> = children::cached(instance, instance.name, &view.source())?;
     // Without a surge the old pod goes before the new one starts: nothing to copy from.
     let warm = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
-    let live_template = live
-        .as_deref()
-        .and_then(|d| d.spec.as_ref())
-        .map(|s| &s.template);
-    let mut fleet = None;
-    if let Some(spec) = desired.spec.as_mut() {
-        let as_built = drift::hash_of(&spec.template);
-        ctx.handover.gate(warm, &mut spec.template, live_template);
-        let live = live.as_deref().and_then(|d| {
-            let spec = d.spec.as_ref()?;
-            Some((&d.metadata, &spec.template, WorkloadStatus::from(d)))
-        });
-        let desired_meta = &mut desired.metadata;
-        let held = fleet_turn(
-            ctx,
-            view,
-            (as_built, plan.replicas),
-            desired_meta,
-            &mut spec.template,
-            live,
-        );
-        fleet = held.await;
-    }
+    let turn = (warm, plan.replicas);
+    let fleet = template_turn(ctx, view, turn, &mut desired, live.as_deref()).await;
     // The list a scale changes is published (or held back) above; its copies run from here on.
     let step = ctx
         .handover
@@ -295,28 +271,8 @@ async fn statefulset(
     let mut desired = statefulset::statefulset(instance, plan.replicas, secret_hash, 0);
     let live = children::cached(instance, instance.name, &view.source())?;
     let enabled = instance.spec.handover().enabled();
-    let template = |s: &StatefulSet| s.spec.as_ref().map(|s| s.template.clone());
-    let live_template = live.as_deref().and_then(template);
-    let mut fleet = None;
-    if let Some(spec) = desired.spec.as_mut() {
-        let as_built = drift::hash_of(&spec.template);
-        ctx.handover
-            .gate(enabled, &mut spec.template, live_template.as_ref());
-        let live = live.as_deref().and_then(|s| {
-            let spec = s.spec.as_ref()?;
-            Some((&s.metadata, &spec.template, WorkloadStatus::from(s)))
-        });
-        let desired_meta = &mut desired.metadata;
-        let held = fleet_turn(
-            ctx,
-            view,
-            (as_built, plan.replicas),
-            desired_meta,
-            &mut spec.template,
-            live,
-        );
-        fleet = held.await;
-    }
+    let turn = (enabled, plan.replicas);
+    let fleet = template_turn(ctx, view, turn, &mut desired, live.as_deref()).await;
     let pod_refs: Vec<&Pod> = view.pods.iter().map(Arc::as_ref).collect();
     let pace = rollout::paced(
         &desired,
@@ -344,96 +300,6 @@ async fn statefulset(
         wait: [pace.wait, staging.wait].into_iter().flatten().min(),
         fleet,
     })
-}
-
-/// The fleet rollout's turn for the workload (see [`super::fleet`]): the desired workload records the
-/// cause of its template ([`fleet::Cause`]); a template the operator changed ([`fleet::changed`]: not
-/// the owner, through the spec or a Secret, nor someone by hand) waits for the instance's turn, keeping
-/// the live template and the cause it was built for. `built`: the hash of the template as built (before
-/// warm handover's gate); `live`: the workload's metadata, template and status; `replicas`: the pods
-/// it is to run.
-async fn fleet_turn(
-    ctx: &Context,
-    view: &View<'_>,
-    (built, replicas): (String, i32),
-    desired_meta: &mut ObjectMeta,
-    desired_template: &mut PodTemplateSpec,
-    live: Option<(&ObjectMeta, &PodTemplateSpec, WorkloadStatus)>,
-) -> Option<FleetWait> {
-    let instance = view.instance;
-    let secret_hash = |template: &PodTemplateSpec| {
-        let annotations = template.metadata.as_ref()?.annotations.as_ref()?;
-        annotations.get(pod::SECRET_HASH_ANNOTATION).cloned()
-    };
-    let desired_secrets = secret_hash(desired_template);
-    let cause = fleet::Cause {
-        spec: fleet::spec_hash(instance.spec),
-        template: built,
-        key: match desired_secrets {
-            Some(_) => digest_key_id(ctx, instance).await,
-            None => None,
-        },
-    };
-    let Some((meta, template, status)) = live else {
-        fleet::record(desired_meta, Some(&cause));
-        return None;
-    };
-    let changes = !drift::contains(
-        &serde_json::to_value(template).unwrap_or_default(),
-        &serde_json::to_value(&*desired_template).unwrap_or_default(),
-    );
-    let recorded = fleet::recorded(meta);
-    let secrets = (secret_hash(template), desired_secrets);
-    let changed = fleet::changed(
-        recorded.as_ref(),
-        &cause,
-        (secrets.0.as_deref(), secrets.1.as_deref()),
-    );
-    let wants = changes && replicas > 0 && changed == fleet::Changed::Operator;
-    let found = Found {
-        namespace: instance.namespace,
-        name: instance.name,
-        // A spec its controller has not observed is a rollout starting, unless the template it runs is
-        // the one that waits (then it is the waiting workload's own metadata, written while it waits).
-        rolling: status.replacing(replicas) || (status.unobserved() && !wants),
-        wants,
-        instances: ctx.stores.memcacheds.len(),
-    };
-    match ctx.memory.fleet.turn(found) {
-        Turn::Go { started } => {
-            fleet::record(desired_meta, Some(&cause));
-            if started {
-                let note = format!(
-                    "its turn in the fleet rollout came: the operator's new pod template rolls out now \
-                     (at most {} instances at a time)",
-                    ctx.settings.fleet_rollout_budget
-                );
-                let event = normal("FleetRolloutStarted", "Rollout", note);
-                ctx.writer
-                    .events
-                    .send(&view.mc.object_ref(&()), event)
-                    .await;
-            }
-            None
-        }
-        Turn::Wait(wait) => {
-            *desired_template = template.clone();
-            fleet::record(desired_meta, recorded.as_ref());
-            Some(wait)
-        }
-    }
-}
-
-/// A short identity of the digest key that hashes `instance`'s Secrets in its template, for
-/// [`fleet::Cause::key`] (`None` when the key cannot be read: then the reconcile has failed before).
-async fn digest_key_id(ctx: &Context, instance: &Instance<'_>) -> Option<String> {
-    let key = ctx.memory.secrets.digest_key().await.ok()?;
-    let owner = crate::resources::secrets::Owner {
-        namespace: instance.namespace,
-        uid: instance.uid(),
-    };
-    let id = crate::resources::secrets::keyed(key, &owner, "template-cause");
-    Some(id.chars().take(16).collect())
 }
 
 /// What warm handover is told of this reconcile (see `crate::handover`): the instance, its pods, the

@@ -2,7 +2,8 @@
 //!
 //! The flow, in the order one reconcile goes: [`reconcile`] (take a turn, then validate, plan, apply,
 //! report), [`view`] (what it reads once), [`pool`] (slots, drain marks), [`secrets`] (the referenced
-//! Secrets' hashes, the served auth file), [`apply`] and [`children`] (apply only what differs),
+//! Secrets' hashes, the served auth file), [`apply`] and [`children`] (apply only what differs; the
+//! workload's template through [`fleet_turn`]: warm handover's gate and the fleet rollout's turn),
 //! [`changes`] (what changed, said once), [`report`] (the status, only when it differs) and [`error`];
 //! warm handover is [`crate::handover`]'s, which the context holds.
 //!
@@ -19,6 +20,7 @@ mod children;
 mod context;
 mod error;
 pub mod fleet;
+mod fleet_turn;
 mod legacy_finalizer;
 mod memory;
 pub mod pace;

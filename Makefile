@@ -132,9 +132,10 @@ bench-warm: ## Measure warm handovers on a real control plane (needs KUBEBUILDER
 # ARGS=--open-loop: offered rates instead of one waiting client (plain gets, 8 pipelined gets, 10-key
 # multi-gets; plain text and TLS): the direct path's capacity, then --steps of it (default 10,50,80 %)
 # to each path, p50/p99 and the proxy's added latency in µs; --connections 4, --step-seconds 1,
-# --rounds 2, --json. ARGS=--cost: the proxy's own CPU time and round trip per request, one request in
-# flight, the TLS proxy against the proxy with access control (what the access checks cost, in figures the
-# rest of the machine barely moves).
+# --rounds 2, --json; --control measures the TLS proxy twice (an A/A path: the runs' own spread).
+# ARGS=--cost: the proxy's own CPU time and round trip per request, one request in flight, the TLS proxy
+# against the proxy with access control (what the access checks cost, in figures the rest of the machine
+# barely moves).
 .PHONY: bench-proxy
 bench-proxy: ## Measure the proxy's hop: get latency direct and through the proxy (needs MEMCACHED_PROXY_BINARY).
 	$(CARGO) run --quiet --release --package bench -- --proxy-hop $(ARGS)

@@ -12,8 +12,9 @@
 //!
 //! Two groups ([`crate::proxy_rig`] prepares the servers and proxies): plain text (direct to the server,
 //! through the proxy), and TLS (direct to a server serving TLS; through a proxy serving TLS and speaking
-//! it to the server; through a proxy with access control). Each proxy is started afresh for each of its
-//! measurements and stopped after it. A request that fails (a refused key, an
+//! it to the server; through a proxy with access control; with [`LoadOptions::control`], through the TLS
+//! proxy again, an A/A path). Each proxy is started afresh for each of its measurements and stopped
+//! after it. A request that fails (a refused key, an
 //! error) fails the run: every answer is compared with the one expected.
 
 use std::fmt;

@@ -63,6 +63,7 @@ fn the_alerts_cover_caches_and_operator() {
         "MemcachedInstanceDegraded",
         "MemcachedHandoverFailed",
         "MemcachedOperatorReconcileErrors",
+        "MemcachedOperatorFleetRolloutStalled",
         "MemcachedOperatorAPIServerUnreachable",
         "MemcachedOperatorNoLeader",
         "MemcachedOperatorMetricsAbsent",

@@ -331,6 +331,38 @@ fn an_operator_not_scraped_yet_warns_and_does_not_page() {
 }
 
 #[test]
+fn a_fleet_rollout_with_no_instance_finished_for_an_hour_warns() {
+    // The leader rolls 30 instances in the first 30 minutes, then the 10 left wait behind rollouts that
+    // never settle; at 131 m the fleet is through. The follower reports an empty queue all along.
+    let pending = |pod: &str, values: &str| {
+        json!({"series": format!(
+            "memcached_operator_fleet_rollout_instances{{pod=\"{pod}\",state=\"pending\"}}"
+        ), "values": values})
+    };
+    let completed = |pod: &str, values: &str| {
+        json!({"series": format!(
+            "memcached_operator_fleet_rollout_completed_total{{pod=\"{pod}\"}}"
+        ), "values": values})
+    };
+    test_rules(json!({
+        "interval": "1m",
+        "input_series": [
+            pending("op-1", "40-1x30 10x99 0x20"),
+            completed("op-1", "0+1x30 30x99 40x20"),
+            pending("op-2", "0x150"),
+            completed("op-2", "0x150"),
+        ],
+        "promql_expr_test": [
+            alerts_at("60m", "MemcachedOperatorFleetRolloutStalled", None),
+            alerts_at("92m", "MemcachedOperatorFleetRolloutStalled", None),
+            alerts_at("102m", "MemcachedOperatorFleetRolloutStalled", Some("warning")),
+            alerts_at("125m", "MemcachedOperatorFleetRolloutStalled", Some("warning")),
+            alerts_at("140m", "MemcachedOperatorFleetRolloutStalled", None),
+        ],
+    }));
+}
+
+#[test]
 fn scraped_replicas_without_a_leader_page() {
     test_rules(json!({
         "interval": "1m",

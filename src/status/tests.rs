@@ -368,6 +368,50 @@ fn a_pod_counts_as_ready_before_its_workload_has_counted_it() {
 }
 
 #[test]
+fn a_new_workloads_ready_pods_complete_it_before_its_controller_reports() {
+    let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    let (a, b) = (pod("cache-a", ready.clone()), pod("cache-b", ready));
+    // Generation 1, its controller has reported nothing yet (a burst: it lags the pods by seconds).
+    let unreported: Deployment = serde_json::from_value(json!({
+        "metadata": {"name": "cache", "namespace": "default", "generation": 1},
+    }))
+    .unwrap();
+    let early = compute(&observed(2, Some(&unreported), vec![&a, &b]), None, &at(0));
+    expect(
+        &early,
+        [
+            ("True", "AllReplicasReady"),
+            ("False", "Complete"),
+            ("False", "AsExpected"),
+        ],
+    );
+    assert_eq!((early.replicas, early.ready_replicas), (2, 2));
+    // When the controller catches up, the status is the same: no second write.
+    let later = compute(
+        &observed(2, Some(&ready_deployment(2)), vec![&a, &b]),
+        Some(&early),
+        &at(5),
+    );
+    assert_eq!(later, early);
+    // One pod of two: still being created.
+    let one = compute(&observed(2, Some(&unreported), vec![&a]), None, &at(0));
+    assert_eq!(
+        find(Some(&one), PROGRESSING).unwrap().reason,
+        CREATING,
+        "{one:?}"
+    );
+    // A workload whose spec changed since (generation 2) is not judged by its pods: they may be old.
+    let mut changed = unreported.clone();
+    changed.metadata.generation = Some(2);
+    changed.status = ready_deployment(2).status;
+    let status = compute(&observed(2, Some(&changed), vec![&a, &b]), None, &at(0));
+    assert_eq!(
+        find(Some(&status), PROGRESSING).unwrap().reason,
+        "Reconciling"
+    );
+}
+
+#[test]
 fn an_instance_waiting_for_its_fleet_turn_says_so_with_its_place_until_it_rolls() {
     let ready = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
     let a = pod("cache-a", ready);

@@ -105,6 +105,8 @@ pub fn compute(
     // has no pods but of that template, so its pods are its counts while its controller's status lags
     // (measured on a real v1.28.7 API server, 1 500 new instances: a Deployment's status followed its
     // pod's readiness by a median 19.9 s, its ReplicaSet's by 0.36 s, and `Available` waited for it).
+    // One case reads `Complete` a moment early: a re-created Deployment (deleted by someone) whose old
+    // ReplicaSet's pods of an earlier template have not gone yet; the controller's counts correct it.
     let first = workload.is_some_and(|w| w.generation == Some(1));
     let live = i32::try_from(pods.len()).unwrap_or(i32::MAX);
     let from_pods = |count: i32| if first { count.max(live) } else { count };

@@ -96,26 +96,24 @@ impl StepRow {
     /// With a third path (access control on), how much its added latency exceeds the second's (the
     /// plain proxy's), in % of the second's: p50 and p99.
     pub fn access_increase(&self) -> Option<(f64, f64)> {
-        if self.paths.len() < 3 {
-            return None;
-        }
-        let (proxy, access) = (self.added(1), self.added(2));
-        Some((
-            (access.0 - proxy.0) / proxy.0 * 100.0,
-            (access.1 - proxy.1) / proxy.1 * 100.0,
-        ))
+        self.added_over(2, 1)
     }
 
     /// With the control path (a fourth: the TLS proxy again), how much its added latency differs from
     /// the second's, in % of the second's: p50 and p99. What two runs of one proxy differ by.
     pub fn control_difference(&self) -> Option<(f64, f64)> {
-        if self.paths.len() < 4 {
+        self.added_over(3, 1)
+    }
+
+    /// How much path `i`'s added latency differs from path `base`'s, in % of `base`'s: p50 and p99.
+    fn added_over(&self, i: usize, base: usize) -> Option<(f64, f64)> {
+        if self.paths.len() <= i {
             return None;
         }
-        let (proxy, again) = (self.added(1), self.added(3));
+        let (base, path) = (self.added(base), self.added(i));
         Some((
-            (again.0 - proxy.0) / proxy.0 * 100.0,
-            (again.1 - proxy.1) / proxy.1 * 100.0,
+            (path.0 - base.0) / base.0 * 100.0,
+            (path.1 - base.1) / base.1 * 100.0,
         ))
     }
 

@@ -23,29 +23,23 @@ pub(super) trait Templated {
     fn rollout(&self) -> WorkloadStatus;
 }
 
-impl Templated for Deployment {
-    fn parts(&self) -> Option<(&ObjectMeta, &PodTemplateSpec)> {
-        Some((&self.metadata, &self.spec.as_ref()?.template))
-    }
-    fn parts_mut(&mut self) -> Option<(&mut ObjectMeta, &mut PodTemplateSpec)> {
-        Some((&mut self.metadata, &mut self.spec.as_mut()?.template))
-    }
-    fn rollout(&self) -> WorkloadStatus {
-        WorkloadStatus::from(self)
-    }
+/// Both workload kinds keep their template at `spec.template` and map their status the same way.
+macro_rules! templated {
+    ($($kind:ty),+) => {$(
+        impl Templated for $kind {
+            fn parts(&self) -> Option<(&ObjectMeta, &PodTemplateSpec)> {
+                Some((&self.metadata, &self.spec.as_ref()?.template))
+            }
+            fn parts_mut(&mut self) -> Option<(&mut ObjectMeta, &mut PodTemplateSpec)> {
+                Some((&mut self.metadata, &mut self.spec.as_mut()?.template))
+            }
+            fn rollout(&self) -> WorkloadStatus {
+                WorkloadStatus::from(self)
+            }
+        }
+    )+};
 }
-
-impl Templated for StatefulSet {
-    fn parts(&self) -> Option<(&ObjectMeta, &PodTemplateSpec)> {
-        Some((&self.metadata, &self.spec.as_ref()?.template))
-    }
-    fn parts_mut(&mut self) -> Option<(&mut ObjectMeta, &mut PodTemplateSpec)> {
-        Some((&mut self.metadata, &mut self.spec.as_mut()?.template))
-    }
-    fn rollout(&self) -> WorkloadStatus {
-        WorkloadStatus::from(self)
-    }
-}
+templated!(Deployment, StatefulSet);
 
 /// Gates `desired`'s template when its rollout can be `warm`, then takes the fleet turn against `live`
 /// for `replicas` pods: `Some` while the operator's change waits (the desired template is then the

@@ -12,25 +12,28 @@
 //! A new instance's first status is never held: written on its first reconcile (`Progressing=True`,
 //! `Creating`, the counts), so that `kubectl get memcached` right after `kubectl apply` shows progress, as a
 //! Deployment's does. While it says `Creating`, the next status waits until the instance is `Available`
-//! and done ([`settled`]), or something is wrong or the spec changed ([`urgent`]), at most
-//! [`CREATING_HOLD`]: its pods being created, scheduled and started, and its servers coming up one by one
-//! (published in the server list ConfigMap at once), would otherwise each be a write. Measured on a real
-//! v1.28.7 API server with 300 new instances: 3.5 status writes per instance with the gap alone, 2.8 when
-//! only the counts waited, 2 with this.
+//! and done ([`settled`]), or something is wrong or the spec changed ([`urgent`]), or [`CREATING_HOLD`]
+//! passed and it moved on (a pod more ready, another phase: [`moved_on`]): its pods being created,
+//! scheduled and started, and its servers coming up one by one (published in the server list ConfigMap at
+//! once), would otherwise each be a write. Measured on a real v1.28.7 API server with 300 new instances:
+//! 3.5 status writes per instance with the gap alone, 2.8 when only the counts waited, 2 with this; with
+//! 10 000 on 2 cores (2026-11-30), 2.12 while the hold's end alone let a write through (it said only that
+//! the pod existed), 2.00 with [`moved_on`] (the second write up to 760 s after the first).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use crate::api::MemcachedStatus;
-use crate::status::{AVAILABLE, CREATING, DEGRADED, PROGRESSING, find};
+use crate::status::{AVAILABLE, CREATING, DEGRADED, PROGRESSING, SCALING_UP, find};
 
 type Key = (String, String);
 
 /// How long the changes that can wait are held while the status says `Creating` (counted from the last
-/// write): as long as a Deployment's default progress deadline (`progressDeadlineSeconds`, 600 s), after
-/// which a pod that never gets ready is reported as `Degraded` `ProgressDeadlineExceeded`; a pod that
-/// cannot be scheduled, pulled or started is reported at once (`Degraded` reasons are never held).
+/// write), after which a status that moved on is written ([`moved_on`]): as long as a Deployment's default
+/// progress deadline (`progressDeadlineSeconds`, 600 s), after which a pod that never gets ready is
+/// reported as `Degraded` `ProgressDeadlineExceeded`; a pod that cannot be scheduled, pulled or started
+/// is reported at once (`Degraded` reasons are never held).
 ///
 /// It was 30 s, as long as a pod takes to start. Under a burst the control plane takes longer: measured on
 /// a real v1.28.4 API server with 3 000 new instances (2026-11-28), the last were `Available` 180-300 s
@@ -119,22 +122,27 @@ impl Pace {
         let before = previous?;
         let creating = find(Some(before), PROGRESSING)
             .is_some_and(|c| c.status == "True" && c.reason == CREATING);
-        let wait = if creating {
+        let key = (namespace.to_owned(), name.to_owned());
+        let written = self.lock().at.get(&key).copied();
+        if creating {
             // Being created: said at once when done (`kubectl wait --for=condition=Available` waits for
             // it) or when something is wrong or the spec changed; the servers coming up one by one (in the
-            // server list ConfigMap at once) wait with the counts.
+            // server list ConfigMap at once) wait with the counts, and after the hold only a status that
+            // moved on is written.
             if settled(new) || urgent(previous, new) {
                 return None;
             }
-            self.gap.max(CREATING_HOLD)
-        } else {
-            if !can_wait(previous, new) {
-                return None;
-            }
-            self.gap
-        };
-        let key = (namespace.to_owned(), name.to_owned());
-        left(wait, *self.lock().at.get(&key)?, now)
+            let wait = self.gap.max(CREATING_HOLD);
+            return match written.and_then(|at| left(wait, at, now)) {
+                Some(left) => Some(left),
+                None if moved_on(before, new) => None,
+                None => Some(wait),
+            };
+        }
+        if !can_wait(previous, new) {
+            return None;
+        }
+        left(self.gap, written?, now)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Writes> {
@@ -160,6 +168,26 @@ pub fn settled(status: &MemcachedStatus) -> bool {
     holds(AVAILABLE) && !holds(PROGRESSING) && status.servers.iter().all(|s| s.ready)
 }
 
+/// Whether a status still being created moved on from `before`, the last one written: more or fewer pods
+/// ready, other servers published, or a phase other than the pods starting (`Creating`, `ScalingUp`). A
+/// pod that exists but is not ready yet does not; the workload's controller reports one that never gets
+/// ready (`ProgressDeadlineExceeded`, a `Degraded` reason: never held). Pure.
+fn moved_on(before: &MemcachedStatus, new: &MemcachedStatus) -> bool {
+    let starting = find(Some(new), PROGRESSING)
+        .is_some_and(|c| c.status == "True" && (c.reason == CREATING || c.reason == SCALING_UP));
+    before.ready_replicas != new.ready_replicas || published(before) != published(new) || !starting
+}
+
+/// The ready servers in slot order with their addresses: what clients see. Pure.
+fn published(status: &MemcachedStatus) -> Vec<(i32, Option<&str>)> {
+    status
+        .servers
+        .iter()
+        .filter(|server| server.ready)
+        .map(|server| (server.slot, server.address.as_deref()))
+        .collect()
+}
+
 /// Whether the change from `previous` to `new` acknowledges a spec change (`observedGeneration`, unless
 /// there was none yet), starts or ends a drain, or changes the `Degraded` condition's status or reason:
 /// never held. Pure.
@@ -180,13 +208,6 @@ fn urgent(previous: Option<&MemcachedStatus>, new: &MemcachedStatus) -> bool {
 /// none yet), the published servers, the number of slots (unless there were none yet), the drain and the
 /// `Degraded` condition's status and reason as they were. Pure.
 pub fn can_wait(previous: Option<&MemcachedStatus>, new: &MemcachedStatus) -> bool {
-    let published = |s: &MemcachedStatus| -> Vec<(i32, Option<String>)> {
-        s.servers
-            .iter()
-            .filter(|server| server.ready)
-            .map(|server| (server.slot, server.address.clone()))
-            .collect()
-    };
     let empty = MemcachedStatus::default();
     let before = previous.unwrap_or(&empty);
     !urgent(previous, new)
@@ -394,8 +415,32 @@ mod tests {
         );
         assert_eq!(
             pace.hold_at("ns", "a", Some(&creating), &scaling, after(600)),
+            Some(CREATING_HOLD),
+            "after the hold, a pod that exists but is not ready is not worth a write"
+        );
+        let one_ready = MemcachedStatus {
+            ready_replicas: 1,
+            ..scaling.clone()
+        };
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&creating), &one_ready, after(600)),
             None,
-            "and no longer than the hold"
+            "and a pod more ready is, after the hold"
+        );
+        let reconciling = status(("True", "Reconciling"), "False");
+        assert_eq!(
+            pace.hold_at("ns", "a", Some(&creating), &reconciling, after(600)),
+            None,
+            "as is another phase"
+        );
+        assert_eq!(
+            pace.hold_at("ns", "b", Some(&creating), &scaling, after(5)),
+            Some(CREATING_HOLD),
+            "nothing written since the operator started: the same rule"
+        );
+        assert_eq!(
+            pace.hold_at("ns", "b", Some(&creating), &one_ready, after(5)),
+            None
         );
         assert_eq!(
             pace.hold_at("ns", "a", Some(&scaling), &creating, after(5)),

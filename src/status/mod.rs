@@ -32,6 +32,8 @@ pub const DEGRADED: &str = "Degraded";
 /// `Progressing` reason while a new instance's workload is created and its controller has not reported
 /// on it yet.
 pub const CREATING: &str = "Creating";
+/// `Progressing` reason while pods are missing or not ready yet, nothing else in progress.
+pub const SCALING_UP: &str = "ScalingUp";
 /// `Progressing` reason while the operator's own change of the pod template (a new version, a changed
 /// default) waits for the instance's turn in the fleet rollout (see `crate::resources::fleet`).
 pub const WAITING_FOR_FLEET_ROLLOUT: &str = "WaitingForFleetRollout";
@@ -327,7 +329,7 @@ fn counted(c: &Counts) -> (bool, &'static str, String) {
     } else if c.ready < c.size || c.updated < c.size {
         (
             true,
-            "ScalingUp",
+            SCALING_UP,
             format!("{} of {} pods ready", c.ready, c.size),
         )
     } else {

@@ -26,14 +26,16 @@ use super::changes::Changes;
 use super::children::{self, Source};
 use super::context::Context;
 use super::error::Error;
-use super::fleet_turn::template_turn;
+use super::fleet_turn::{Part, template_turn};
 use super::pool::{self, Pool};
 use super::report::{self, Children, Published};
 use super::view::View;
 use crate::api::{Server, Workload};
 use crate::handover::{self, Rollout};
 use crate::resources::scaling::Step;
-use crate::resources::{Instance, deployment, labels, pod, proxy, rollout, servers, statefulset};
+use crate::resources::{
+    Instance, deployment, drift, fleet, labels, pod, proxy, rollout, servers, statefulset,
+};
 use crate::status::{FleetWait, HandoverProgress, Problem, WorkloadStatus};
 use crate::store::compact::{Compact, Compactable};
 use crate::store::events::normal;
@@ -79,10 +81,20 @@ pub(super) async fn children(
         matches!(step, Step::Draining { .. })
     })
     .await;
+    // The proxy's Deployment carries the hash of what the proxy reads of the Secrets, and with access
+    // control the CAs its pods may trust; its template takes the instance's fleet turn with the
+    // workload's.
+    let proxied = instance
+        .with_proxy_secret_hash(view.proxy_secret_hash.clone())
+        .with_proxy_access(view.proxy_access.clone());
+    let proxy = proxy_part(ctx, view, &proxied).await?;
+    let parts = (secret_hash, proxy.as_ref());
     let applied = match instance.spec.workload {
-        Workload::Deployment => deployment(ctx, view, &plan, secret_hash, changes).await?,
-        Workload::StatefulSet => statefulset(ctx, view, &plan, secret_hash, changes).await?,
+        Workload::Deployment => deployment(ctx, view, &plan, parts, changes).await?,
+        Workload::StatefulSet => statefulset(ctx, view, &plan, parts, changes).await?,
     };
+    let held = proxy.map(|part| Arc::new(part.held(applied.fleet.is_some())));
+    let proxied = proxied.with_proxy_fleet(held);
     let handovers = applied.handovers;
     let mut children = Children {
         workload: applied.status,
@@ -113,8 +125,28 @@ pub(super) async fn children(
         matches!(step, Step::Drained { .. })
     })
     .await;
-    children.problem = built(view, writer, changes).await?;
+    children.problem = built(&proxied, view, writer, changes).await?;
     Ok(children)
+}
+
+/// The proxy's Deployment as a part of the instance's fleet turn, while the proxy is on (`proxied`: the
+/// instance with what the proxy reads of the Secrets).
+async fn proxy_part(
+    ctx: &Context,
+    view: &View<'_>,
+    proxied: &Instance<'_>,
+) -> Result<Option<Part>, Error> {
+    let Some(desired) = proxy::deployment(proxied) else {
+        return Ok(None);
+    };
+    let name = proxy::proxy_name(view.instance.name);
+    let live: Option<Arc<Deployment>> = children::cached(view.instance, &name, &view.source())?;
+    let replicas = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let built = desired.spec.as_ref().map(|s| drift::hash_of(&s.template));
+    let spec = fleet::proxy_spec_hash(view.instance.spec);
+    let built = (spec, built.unwrap_or_default(), replicas);
+    let part = Part::of(ctx, view.instance, built, &desired, live.as_deref()).await;
+    Ok(Some(part))
 }
 
 /// Publishes an event for each step of the drain that `which` selects.
@@ -231,7 +263,7 @@ async fn deployment(
     ctx: &Context,
     view: &View<'_>,
     plan: &Pool,
-    secret_hash: Option<&str>,
+    (secret_hash, proxy): (Option<&str>, Option<&Part>),
     changes: &mut Changes,
 ) -> Result<AppliedWorkload, Error> {
     let instance = view.instance;
@@ -240,7 +272,8 @@ async fn deployment(
     // Without a surge the old pod goes before the new one starts: nothing to copy from.
     let warm = instance.spec.handover().enabled() && !pod::hard_anti_affinity(instance.spec);
     let turn = (warm, plan.replicas);
-    let fleet = template_turn(ctx, view, turn, &mut desired, live.as_deref()).await;
+    let workload = (&mut desired, live.as_deref());
+    let fleet = template_turn(ctx, view, turn, workload, proxy).await;
     // The list a scale changes is published (or held back) above; its copies run from here on.
     let step = ctx
         .handover
@@ -264,7 +297,7 @@ async fn statefulset(
     ctx: &Context,
     view: &View<'_>,
     plan: &Pool,
-    secret_hash: Option<&str>,
+    (secret_hash, proxy): (Option<&str>, Option<&Part>),
     changes: &mut Changes,
 ) -> Result<AppliedWorkload, Error> {
     let instance = view.instance;
@@ -272,7 +305,8 @@ async fn statefulset(
     let live = children::cached(instance, instance.name, &view.source())?;
     let enabled = instance.spec.handover().enabled();
     let turn = (enabled, plan.replicas);
-    let fleet = template_turn(ctx, view, turn, &mut desired, live.as_deref()).await;
+    let workload = (&mut desired, live.as_deref());
+    let fleet = template_turn(ctx, view, turn, workload, proxy).await;
     let pod_refs: Vec<&Pod> = view.pods.iter().map(Arc::as_ref).collect();
     let pace = rollout::paced(
         &desired,
@@ -422,10 +456,12 @@ impl<K: ChildKind> Apply for Built<K> {
     }
 }
 
-/// Applies every child the table's builders make: those of the [`Role::Built`] kinds in the table's
-/// order, then those of the other kinds (see [`ChildKind::desired`]). A child of a kind the cluster does
-/// not serve is a problem for the status, not an error: the first such kind is returned.
+/// Applies every child the table's builders make for `instance` (with what the proxy reads and its fleet
+/// turn): those of the [`Role::Built`] kinds in the table's order, then those of the other kinds (see
+/// [`ChildKind::desired`]). A child of a kind the cluster does not serve is a problem for the status, not
+/// an error: the first such kind is returned.
 async fn built(
+    instance: &Instance<'_>,
     view: &View<'_>,
     writer: &Writer,
     changes: &mut Changes,
@@ -455,14 +491,8 @@ async fn built(
             }
         }
     }
-    // The proxy's Deployment carries the hash of what the proxy reads of the Secrets, and with access
-    // control the CAs its pods may trust.
-    let instance = view
-        .instance
-        .with_proxy_secret_hash(view.proxy_secret_hash.clone())
-        .with_proxy_access(view.proxy_access.clone());
     let mut collect = Collect {
-        instance: &instance,
+        instance,
         view,
         children: Vec::new(),
         last: Vec::new(),

@@ -2,7 +2,8 @@
 //! handover's gate on the template as built, then the fleet rollout's turn (see [`super::fleet`]): the
 //! desired workload records the cause of its template ([`fleet::Cause`]); a template the operator changed
 //! ([`fleet::changed`]: not the owner, through the spec or a Secret, nor someone by hand) waits for the
-//! instance's turn, keeping the live template and the cause it was built for.
+//! instance's turn, keeping the live template and the cause it was built for. The proxy's Deployment is
+//! a second part of the same instance ([`Part`]): both roll in the instance's one turn.
 
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::PodTemplateSpec;
@@ -12,6 +13,7 @@ use kube::Resource;
 use super::context::Context;
 use super::fleet::{Found, Turn};
 use super::view::View;
+use crate::resources::proxy::identities;
 use crate::resources::{Instance, drift, fleet, pod};
 use crate::status::{FleetWait, WorkloadStatus};
 use crate::store::events::normal;
@@ -41,90 +43,151 @@ macro_rules! templated {
 }
 templated!(Deployment, StatefulSet);
 
-/// Gates `desired`'s template when its rollout can be `warm`, then takes the fleet turn against `live`
-/// for `replicas` pods: `Some` while the operator's change waits (the desired template is then the
-/// live one).
+/// Gates `desired`'s template when its rollout can be `warm`, then takes the instance's fleet turn for
+/// it and, when the proxy is on, for the proxy's Deployment (`proxy`, see [`Part::of`]): one turn, one
+/// slot for both. `Some` while the operator's change waits (the parts it changed then keep their live
+/// templates: see [`Part::held`]).
 pub(super) async fn template_turn<K: Templated>(
     ctx: &Context,
     view: &View<'_>,
     (warm, replicas): (bool, i32),
-    desired: &mut K,
-    live: Option<&K>,
+    (desired, live): (&mut K, Option<&K>),
+    proxy: Option<&Part>,
 ) -> Option<FleetWait> {
-    let (meta, template) = desired.parts_mut()?;
-    let live = live.and_then(|l| Some((l.parts()?, l.rollout())));
+    let (_, template) = desired.parts_mut()?;
     let built = drift::hash_of(template);
-    ctx.handover
-        .gate(warm, template, live.as_ref().map(|((_, t), _)| *t));
-    let live = live.map(|((meta, template), status)| (meta, template, status));
-    fleet_turn(ctx, view, (built, replicas), meta, template, live).await
+    let live_template = live.and_then(Templated::parts).map(|(_, t)| t);
+    ctx.handover.gate(warm, template, live_template);
+    let spec = fleet::spec_hash(view.instance.spec);
+    let workload = Part::of(ctx, view.instance, (spec, built, replicas), &*desired, live).await;
+    let wait = turn(ctx, view, [Some(&workload), proxy]).await;
+    if let Some((meta, template)) = desired.parts_mut() {
+        workload.held(wait.is_some()).apply(meta, template);
+    }
+    wait
 }
 
-/// The turn (see the module doc). `built`: the hash of the template as built (before warm handover's
-/// gate); `live`: the workload's metadata, template and status; `replicas`: the pods it is to run.
-async fn fleet_turn(
-    ctx: &Context,
-    view: &View<'_>,
-    (built, replicas): (String, i32),
-    desired_meta: &mut ObjectMeta,
-    desired_template: &mut PodTemplateSpec,
-    live: Option<(&ObjectMeta, &PodTemplateSpec, WorkloadStatus)>,
-) -> Option<FleetWait> {
-    let instance = view.instance;
-    let desired_secrets = secret_hash(desired_template);
-    let cause = fleet::Cause {
-        spec: fleet::spec_hash(instance.spec),
-        template: built,
-        key: match desired_secrets {
-            Some(_) => digest_key_id(ctx, instance).await,
-            None => None,
-        },
-    };
-    let Some((meta, template, status)) = live else {
-        fleet::record(desired_meta, Some(&cause));
+/// One part of an instance whose pod template the fleet rollout paces: its workload, or its proxy's
+/// Deployment (see the module doc).
+pub(super) struct Part {
+    /// What caused the template built now.
+    cause: fleet::Cause,
+    /// The live template and the cause it records; `None` before the part exists.
+    live: Option<(PodTemplateSpec, Option<fleet::Cause>)>,
+    /// The operator changed its template and it does not roll yet.
+    wants: bool,
+    /// It rolls now, whatever caused it.
+    rolling: bool,
+}
+
+impl Part {
+    /// The part `desired` against `live`, for `replicas` pods: `spec`, the hash of what its template
+    /// reads of the spec ([`fleet::spec_hash`]); `built`, the hash of its template as built (before
+    /// warm handover's gate).
+    pub(super) async fn of<K: Templated>(
+        ctx: &Context,
+        instance: &Instance<'_>,
+        (spec, built, replicas): (String, String, i32),
+        desired: &K,
+        live: Option<&K>,
+    ) -> Part {
+        let desired_template = desired.parts().map(|(_, t)| t);
+        let desired_secrets = desired_template.and_then(owner_inputs);
+        let cause = fleet::Cause {
+            spec,
+            template: built,
+            key: match desired_secrets {
+                Some(_) => digest_key_id(ctx, instance).await,
+                None => None,
+            },
+        };
+        let Some(((meta, template), status)) = live.and_then(|l| Some((l.parts()?, l.rollout())))
+        else {
+            return Part {
+                cause,
+                live: None,
+                wants: false,
+                rolling: false,
+            };
+        };
+        let changes = !drift::contains(
+            &serde_json::to_value(template).unwrap_or_default(),
+            &serde_json::to_value(desired_template).unwrap_or_default(),
+        );
+        let recorded = fleet::recorded(meta);
+        let secrets = (owner_inputs(template), desired_secrets);
+        let changed = fleet::changed(
+            recorded.as_ref(),
+            &cause,
+            (secrets.0.as_deref(), secrets.1.as_deref()),
+        );
+        let wants = changes && replicas > 0 && changed == fleet::Changed::Operator;
+        Part {
+            cause,
+            live: Some((template.clone(), recorded)),
+            wants,
+            // A spec its controller has not observed is a rollout starting, unless the template it
+            // runs is the one that waits (then it is the waiting workload's own metadata, written
+            // while it waits).
+            rolling: status.replacing(replicas) || (status.unobserved() && !wants),
+        }
+    }
+
+    /// What the turn leaves of the part's template: while the instance `waits`, a template the
+    /// operator changed stays the live one with the cause it records; otherwise the template as built,
+    /// with its cause.
+    pub(super) fn held(&self, waits: bool) -> fleet::Held {
+        match &self.live {
+            Some((template, recorded)) if waits && self.wants => fleet::Held {
+                cause: recorded.clone(),
+                template: Some(template.clone()),
+            },
+            _ => fleet::Held {
+                cause: Some(self.cause.clone()),
+                template: None,
+            },
+        }
+    }
+}
+
+/// The instance's turn for its `parts`: it rolls when one of them does, and wants a turn when the
+/// operator changed one of them. A new instance (no part live) takes none.
+async fn turn(ctx: &Context, view: &View<'_>, parts: [Option<&Part>; 2]) -> Option<FleetWait> {
+    let parts = || parts.into_iter().flatten();
+    if parts().all(|p| p.live.is_none()) {
         return None;
-    };
-    let changes = !drift::contains(
-        &serde_json::to_value(template).unwrap_or_default(),
-        &serde_json::to_value(&*desired_template).unwrap_or_default(),
-    );
-    let recorded = fleet::recorded(meta);
-    let secrets = (secret_hash(template), desired_secrets);
-    let changed = fleet::changed(
-        recorded.as_ref(),
-        &cause,
-        (secrets.0.as_deref(), secrets.1.as_deref()),
-    );
-    let wants = changes && replicas > 0 && changed == fleet::Changed::Operator;
+    }
+    let instance = view.instance;
     let found = Found {
         namespace: instance.namespace,
         name: instance.name,
-        // A spec its controller has not observed is a rollout starting, unless the template it runs is
-        // the one that waits (then it is the waiting workload's own metadata, written while it waits).
-        rolling: status.replacing(replicas) || (status.unobserved() && !wants),
-        wants,
+        rolling: parts().any(|p| p.rolling),
+        wants: parts().any(|p| p.wants),
         instances: ctx.stores.memcacheds.len(),
     };
     match ctx.memory.fleet.turn(found) {
         Turn::Go { started } => {
-            fleet::record(desired_meta, Some(&cause));
             if started {
                 turn_started(ctx, view).await;
             }
             None
         }
-        Turn::Wait(wait) => {
-            *desired_template = template.clone();
-            fleet::record(desired_meta, recorded.as_ref());
-            Some(wait)
-        }
+        Turn::Wait(wait) => Some(wait),
     }
 }
 
-/// The hash of the Secrets a template carries (see [`pod::SECRET_HASH_ANNOTATION`]).
-fn secret_hash(template: &PodTemplateSpec) -> Option<String> {
+/// What the instance's owner, not the operator's builders, put into a template without it showing in
+/// the spec: the hash of the Secrets it carries (see [`pod::SECRET_HASH_ANNOTATION`]) and, on a proxy's,
+/// the trust epoch of its clients' CAs ([`identities::EPOCH_ANNOTATION`]).
+fn owner_inputs(template: &PodTemplateSpec) -> Option<String> {
     let annotations = template.metadata.as_ref()?.annotations.as_ref()?;
-    annotations.get(pod::SECRET_HASH_ANNOTATION).cloned()
+    let secrets = annotations.get(pod::SECRET_HASH_ANNOTATION);
+    let epoch = annotations.get(identities::EPOCH_ANNOTATION);
+    match (secrets, epoch) {
+        (None, None) => None,
+        (secrets, None) => secrets.cloned(),
+        (secrets, Some(epoch)) => Some(format!("{}/{epoch}", secrets.map_or("", String::as_str))),
+    }
 }
 
 /// The event of an instance whose turn came.
@@ -151,4 +214,83 @@ async fn digest_key_id(ctx: &Context, instance: &Instance<'_>) -> Option<String>
     };
     let id = crate::resources::secrets::keyed(key, &owner, "template-cause");
     Some(id.chars().take(16).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+
+    fn template(annotations: &[(&str, &str)]) -> PodTemplateSpec {
+        let annotations: BTreeMap<String, String> = annotations
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect();
+        PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                annotations: Some(annotations),
+                ..ObjectMeta::default()
+            }),
+            spec: None,
+        }
+    }
+
+    /// A server's template is told by its Secrets' hash alone (as the causes recorded before the proxy
+    /// took turns); a proxy's also by its clients' trust epoch, which its owner changes with the CA.
+    #[test]
+    fn the_owners_inputs_are_the_secrets_hash_and_the_proxys_trust_epoch() {
+        let secrets = pod::SECRET_HASH_ANNOTATION;
+        let epoch = identities::EPOCH_ANNOTATION;
+        assert_eq!(owner_inputs(&template(&[])), None);
+        assert_eq!(
+            owner_inputs(&template(&[(secrets, "h1")])),
+            Some("h1".into())
+        );
+        let proxy = owner_inputs(&template(&[(secrets, "h1"), (epoch, "e1")]));
+        assert_eq!(proxy, Some("h1/e1".into()));
+        let rotated = owner_inputs(&template(&[(secrets, "h1"), (epoch, "e2")]));
+        assert_ne!(proxy, rotated, "a new epoch is the owner's change");
+        assert_eq!(
+            owner_inputs(&template(&[(epoch, "e1")])),
+            Some("/e1".into())
+        );
+    }
+
+    /// Only a part the operator changed keeps its live template while the instance waits.
+    #[test]
+    fn while_the_instance_waits_only_the_parts_the_operator_changed_keep_their_template() {
+        let cause = |template: &str| fleet::Cause {
+            spec: "s".into(),
+            template: template.into(),
+            key: None,
+        };
+        let live = template(&[("a", "b")]);
+        let part = |wants: bool| Part {
+            cause: cause("t2"),
+            live: Some((live.clone(), Some(cause("t1")))),
+            wants,
+            rolling: false,
+        };
+        let built = |c: fleet::Cause| fleet::Held {
+            cause: Some(c),
+            template: None,
+        };
+        let kept = fleet::Held {
+            cause: Some(cause("t1")),
+            template: Some(live.clone()),
+        };
+        assert_eq!(part(true).held(true), kept);
+        assert_eq!(part(true).held(false), built(cause("t2")), "its turn");
+        assert_eq!(
+            part(false).held(true),
+            built(cause("t2")),
+            "the other part waits"
+        );
+        let new = Part {
+            live: None,
+            ..part(false)
+        };
+        assert_eq!(new.held(true), built(cause("t2")), "created as built");
+    }
 }

@@ -14,6 +14,7 @@
 use std::fmt;
 use std::str::FromStr;
 
+use k8s_openapi::api::core::v1::PodTemplateSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
@@ -42,11 +43,35 @@ const NOT_IN_TEMPLATE: &[&[&str]] = &[
     &["security", "networkPolicy"],
 ];
 
-/// The hash of what the instance's owner controls of its pod template in its spec: the spec without the
-/// fields no template reads ([`NOT_IN_TEMPLATE`]).
+/// Spec fields the proxy's pod template does not read (see [`NOT_IN_TEMPLATE`]): the same but the
+/// proxy and what the servers' template reads, which the proxy's may too (the port, TLS, the image's
+/// defaults). A field read by the servers alone only lets an owner's change of it carry a waiting change
+/// of the proxy's template at once.
+const NOT_IN_PROXY_TEMPLATE: &[&[&str]] = &[
+    &["size"],
+    &["scaling"],
+    &["autoscaling"],
+    &["rollout"],
+    &["proxy", "replicas"],
+    &["highAvailability", "podDisruptionBudget"],
+    &["monitoring", "serviceMonitor"],
+    &["security", "networkPolicy"],
+];
+
+/// The hash of what the instance's owner controls of its servers' pod template in its spec: the spec
+/// without the fields no such template reads ([`NOT_IN_TEMPLATE`]).
 pub fn spec_hash(spec: &MemcachedSpec) -> String {
+    hash_without(spec, NOT_IN_TEMPLATE)
+}
+
+/// The same for the proxy's pod template ([`NOT_IN_PROXY_TEMPLATE`]).
+pub fn proxy_spec_hash(spec: &MemcachedSpec) -> String {
+    hash_without(spec, NOT_IN_PROXY_TEMPLATE)
+}
+
+fn hash_without(spec: &MemcachedSpec, unread: &[&[&str]]) -> String {
     let mut spec = serde_json::to_value(spec).unwrap_or(Value::Null);
-    for path in NOT_IN_TEMPLATE {
+    for path in unread {
         let (last, parents) = path.split_last().expect("a path");
         let parent = parents
             .iter()
@@ -157,6 +182,25 @@ pub fn record(meta: &mut ObjectMeta, cause: Option<&Cause>) {
     };
 }
 
+/// What the fleet rollout leaves of a pod template the operator built: the cause its workload records,
+/// and, while the instance waits for its turn, the live template it keeps (see
+/// `Instance::proxy_fleet` for the proxy's Deployment).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    pub cause: Option<Cause>,
+    pub template: Option<PodTemplateSpec>,
+}
+
+impl Held {
+    /// Records the cause on a built workload's `meta`, and puts the kept template in place of `template`.
+    pub fn apply(&self, meta: &mut ObjectMeta, template: &mut PodTemplateSpec) {
+        record(meta, self.cause.as_ref());
+        if let Some(kept) = &self.template {
+            *template = kept.clone();
+        }
+    }
+}
+
 /// How many instances the operator rolls at once for its own changes (`--fleet-rollout-budget`): a
 /// number, or a percentage of the instances it manages; never less than one.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -247,6 +291,22 @@ mod tests {
         ];
         for read in read {
             assert_ne!(base, spec_hash(&spec(read.clone())), "{read}");
+        }
+    }
+
+    #[test]
+    fn the_proxys_spec_hash_reads_the_proxy_but_not_its_replicas() {
+        let base = proxy_spec_hash(&spec(
+            serde_json::json!({"size": 1, "proxy": {"enabled": true}}),
+        ));
+        let unread = serde_json::json!({"size": 3, "proxy": {"enabled": true, "replicas": 4}});
+        assert_eq!(base, proxy_spec_hash(&spec(unread)));
+        let read = [
+            serde_json::json!({"size": 1, "proxy": {"enabled": true, "image": "memcached:1.6.40"}}),
+            serde_json::json!({"size": 1, "proxy": {"enabled": true}, "containerPort": 11212}),
+        ];
+        for read in read {
+            assert_ne!(base, proxy_spec_hash(&spec(read.clone())), "{read}");
         }
     }
 

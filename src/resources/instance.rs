@@ -7,6 +7,7 @@ use std::sync::Arc;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::defaults::OperatorPods;
+use super::fleet::Held;
 use super::labels;
 use super::proxy::identities::Material;
 use crate::api::MemcachedSpec;
@@ -36,6 +37,11 @@ pub struct Instance<'a> {
     /// records (see [`identities`](super::proxy::identities)); set by the reconcile
     /// ([`Self::with_proxy_access`]).
     pub proxy_access: Option<Arc<Material>>,
+    /// While the proxy is on: what the fleet rollout leaves of the proxy Deployment's template (the
+    /// cause it records, the live template while the instance waits for its turn; see
+    /// [`fleet`](super::fleet)); set by the reconcile ([`Self::with_proxy_fleet`]). `None`: as built,
+    /// no cause recorded.
+    pub proxy_fleet: Option<Arc<Held>>,
     /// The controller owner reference every child carries (set by [`Instance::new`]).
     pub(super) owner: OwnerReference,
 }
@@ -53,6 +59,14 @@ impl<'a> Instance<'a> {
     pub fn with_proxy_access(&self, access: Option<Arc<Material>>) -> Self {
         Self {
             proxy_access: access,
+            ..self.clone()
+        }
+    }
+
+    /// This instance, with `held` as [`Self::proxy_fleet`].
+    pub fn with_proxy_fleet(&self, held: Option<Arc<Held>>) -> Self {
+        Self {
+            proxy_fleet: held,
             ..self.clone()
         }
     }

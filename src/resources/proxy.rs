@@ -66,7 +66,8 @@ pub const TLS_KEYS: [&str; 2] = ["tls.crt", "tls.key"];
 
 /// The proxy Deployment of `instance`, or `None` when the proxy is off. Its template depends on the
 /// spec (and the hash of the TLS Secret's keys it reads) only, never on the server list: a scale or a
-/// server's new address rolls no proxy pod.
+/// server's new address rolls no proxy pod. An operator's change of it waits for the instance's fleet
+/// turn (`Instance::proxy_fleet`: the live template kept, the cause recorded).
 pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
     let proxy = instance.spec.proxy()?;
     let trust = instance.proxy_access.as_ref().map(|access| &access.trust);
@@ -84,6 +85,17 @@ pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
     if let Some(trust) = trust {
         annotations.insert(identities::EPOCH_ANNOTATION.to_owned(), trust.epoch.clone());
     }
+    let mut template = PodTemplateSpec {
+        metadata: Some(ObjectMeta {
+            labels: Some(labels::proxy_labels(instance.name)),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            ..ObjectMeta::default()
+        }),
+        spec: Some(pod_spec(instance, proxy)),
+    };
+    if let Some(held) = &instance.proxy_fleet {
+        held.apply(&mut metadata, &mut template);
+    }
     Some(Deployment {
         metadata,
         spec: Some(DeploymentSpec {
@@ -97,14 +109,7 @@ pub fn deployment(instance: &Instance<'_>) -> Option<Deployment> {
                     max_surge: Some(IntOrString::Int(1)),
                 }),
             }),
-            template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels::proxy_labels(instance.name)),
-                    annotations: (!annotations.is_empty()).then_some(annotations),
-                    ..ObjectMeta::default()
-                }),
-                spec: Some(pod_spec(instance, proxy)),
-            },
+            template,
             ..DeploymentSpec::default()
         }),
         status: None,

@@ -53,6 +53,7 @@ impl<'a> Instance<'a> {
             stats_collected: defaults.stats_collected,
             operator_image: &defaults.operator_image,
             proxy_secret_hash: None,
+            proxy_fleet: None,
             proxy_access: None,
             owner,
         })

@@ -1,24 +1,27 @@
 //! The fleet rollout: an operator restarted with a changed pod template (a new `--memcached-image`, as an
 //! upgrade that changes the template) rolls at most `--fleet-rollout-budget` instances at a time, each
-//! once, warm, in namespace/name order, and tells the waiting ones why; an owner's change of a waiting
-//! instance rolls it at once, and the operator restarted midway (as a leader change) rolls none twice
-//! and forgets none.
+//! once, warm, in namespace/name order, and tells the waiting ones why; an instance's proxy rolls in the
+//! instance's turn (its Deployment runs the operator's default image too); an owner's change of a waiting
+//! instance rolls it at once, so does a waiting instance's workload edited by hand (its turn puts the
+//! operator's template in place of the edit); and the operator restarted midway (as a leader change)
+//! rolls none twice and forgets none.
 //!
 //! What rolls is observed from the API server, not from the operator: a watch of the Deployments and
-//! StatefulSets (one instance in ten runs one) counts, after every event, those rolling (a changed
-//! template their controller has not observed yet, or pods not on the current template), and each
-//! workload's template images in the order they came. (A Deployment's generation also moves with its
-//! annotations, which roll nothing: only the generation of a template change counts.)
+//! StatefulSets (one instance in ten runs one, one in eight has a proxy) counts, after every event, the
+//! instances rolling (one of their workloads with a changed template its controller has not observed
+//! yet, or pods not on the current template), and each workload's template images in the order they
+//! came. (A Deployment's generation also moves with its annotations, which roll nothing: only the
+//! generation of a template change counts.)
 //!
 //! `ENVTEST_FLEET_INSTANCES` sets how many instances (default 40).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
-use kube::api::ListParams;
+use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use kube::{Api, ResourceExt};
 use serde_json::json;
@@ -37,6 +40,11 @@ const WITH_KEYS_EVERY: usize = 8;
 const VALUE_LEN: usize = 32;
 /// Every this many instances, one (the 5th, 15th, ...) runs a StatefulSet.
 const STATEFULSET_EVERY: usize = 10;
+/// Every this many instances, one (the 3rd, 11th, ...) runs a proxy, which runs the default image.
+const PROXY_EVERY: usize = 8;
+/// The grace period every instance asks for, and the one a hand edit puts on a workload instead.
+const GRACE_SECONDS: i64 = 5;
+const EDITED_GRACE_SECONDS: i64 = 7;
 
 /// What the watch saw of one Deployment.
 #[derive(Default)]
@@ -53,7 +61,7 @@ struct Seen {
 #[derive(Default)]
 struct Fleet {
     workloads: BTreeMap<String, Seen>,
-    /// The most workloads rolling after any one event: all, and all but the owner's.
+    /// The most instances rolling after any one event: all, and all but those rolled by someone else.
     most_rolling: usize,
     most_rolling_for_the_operator: usize,
     /// The operator's rollouts at that moment.
@@ -112,10 +120,15 @@ impl Workload {
 /// Every event the watches saw (a workload of an instance, and when since the watches started).
 type Events = Arc<Mutex<Vec<(Duration, Workload)>>>;
 
+/// The instance a workload is of: a proxy's Deployment (`<name>-proxy`) is its instance's.
+fn instance_of(workload: &str) -> &str {
+    workload.strip_suffix("-proxy").unwrap_or(workload)
+}
+
 /// The fleet as the API server committed `events`, replayed in its order (two watches, one per kind,
-/// deliver each kind in order but not the two in one): `owner_changed` is the instance whose owner
-/// changed its spec.
-fn replay(events: &Events, owner_changed: &str) -> Fleet {
+/// deliver each kind in order but not the two in one): `others` are the instances someone else rolled
+/// (their owner changed the spec, or someone edited the workload).
+fn replay(events: &Events, others: &[&str]) -> Fleet {
     let mut events = events.lock().unwrap().clone();
     events.sort_by_key(|(_, workload)| workload.version);
     let mut fleet = Fleet::default();
@@ -129,15 +142,15 @@ fn replay(events: &Events, owner_changed: &str) -> Fleet {
             seen.template_generation = workload.generation;
         }
         seen.rolling = workload.rolling(seen.template_generation);
-        let rolling: Vec<&String> = fleet
+        let rolling: BTreeSet<&str> = fleet
             .workloads
             .iter()
-            .filter_map(|(name, d)| d.rolling.then_some(name))
+            .filter_map(|(name, d)| d.rolling.then_some(instance_of(name)))
             .collect();
         let operator: Vec<String> = rolling
             .iter()
-            .filter(|n| n.as_str() != owner_changed)
-            .map(|n| (*n).clone())
+            .filter(|n| !others.contains(n))
+            .map(|n| (*n).to_owned())
             .collect();
         fleet.most_rolling = fleet.most_rolling.max(rolling.len());
         if operator.len() > fleet.most_rolling_for_the_operator {
@@ -234,13 +247,19 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     for i in 0..count {
         let mut spec = json!({
             "size": 1,
-            "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+            "highAvailability": {
+                "preStopDelaySeconds": 1,
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
+            },
         });
         if i.is_multiple_of(WITH_KEYS_EVERY) {
             spec["clients"] = json!({"hashing": "jump"});
         }
         if i % STATEFULSET_EVERY == STATEFULSET_EVERY / 2 {
             spec["workload"] = json!("StatefulSet");
+        }
+        if i % PROXY_EVERY == 3 {
+            spec["proxy"] = json!({"enabled": true});
         }
         apply(&s, &name(i), spec).await;
     }
@@ -262,8 +281,19 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     ));
 
     let owner_changed = name(count - 2);
+    // A Deployment's instance near the end of the queue.
+    let edited = (0..count - 2)
+        .rev()
+        .find(|i| i % STATEFULSET_EVERY != STATEFULSET_EVERY / 2)
+        .map(name)
+        .expect("a Deployment's instance");
+    let others = [owner_changed.as_str(), edited.as_str()];
     let events = Events::default();
-    let names: Vec<String> = (0..count).map(name).collect();
+    let proxies: Vec<String> = (3..count)
+        .step_by(PROXY_EVERY)
+        .map(|i| format!("{}-proxy", name(i)))
+        .collect();
+    let names: Vec<String> = (0..count).map(name).chain(proxies.clone()).collect();
     let started = Instant::now();
     let watches = [
         observe::<Deployment>(&s, names.clone(), events.clone(), started),
@@ -299,7 +329,10 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     // An owner's change of a waiting instance rolls it at once (with the operator's change).
     let mut spec = json!({
         "size": 1,
-        "highAvailability": {"preStopDelaySeconds": 1, "terminationGracePeriodSeconds": 5},
+        "highAvailability": {
+                "preStopDelaySeconds": 1,
+                "terminationGracePeriodSeconds": GRACE_SECONDS,
+            },
         "memcached": {"maxMemoryMB": 65},
     });
     if (count - 2).is_multiple_of(WITH_KEYS_EVERY) {
@@ -308,9 +341,19 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     apply(&s, &owner_changed, spec).await;
     s.step(&format!("{owner_changed}'s owner changed its spec"));
 
+    // A waiting instance's workload edited by hand: its controller rolls the edit, so the instance takes
+    // its turn, and the operator's template replaces the edit.
+    let deployments: Api<Deployment> = Api::namespaced(s.client.clone(), &s.namespace);
+    let edit = json!({"spec": {"template": {"spec": {"terminationGracePeriodSeconds": EDITED_GRACE_SECONDS}}}});
+    deployments
+        .patch(&edited, &PatchParams::default(), &Patch::Merge(&edit))
+        .await
+        .expect("a hand edit");
+    s.step(&format!("{edited}'s Deployment edited by hand"));
+
     // The operator restarted midway (as a leader change would): none rolls twice, none is forgotten.
     let rolled = || {
-        let fleet = replay(&events, &owner_changed);
+        let fleet = replay(&events, &others);
         let new = |d: &&Seen| d.images.last().map(String::as_str) == Some(NEW_IMAGE);
         fleet.workloads.values().filter(new).count()
     };
@@ -337,17 +380,18 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
         "every workload to run the new image, settled",
         Duration::from_secs(600),
         || async {
-            let fleet = replay(&events, &owner_changed);
+            let fleet = replay(&events, &others);
             let done = fleet
                 .workloads
                 .values()
                 .filter(|d| d.images.last().map(String::as_str) == Some(NEW_IMAGE) && !d.rolling)
                 .count();
             let most = fleet.most_rolling;
-            if done == count {
+            let all = count + proxies.len();
+            if done == all {
                 Ok(())
             } else {
-                Err(format!("{done} of {count}; at most {most} rolling"))
+                Err(format!("{done} of {all}; at most {most} instances rolling"))
             }
         },
     )
@@ -359,16 +403,31 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
     }
 
     let (mut waits, most_rolling, most_for_operator, names) = {
-        let fleet = replay(&events, &owner_changed);
+        let fleet = replay(&events, &others);
         for (name, d) in &fleet.workloads {
             assert_eq!(d.images, [OLD_IMAGE, NEW_IMAGE], "{name} rolled once");
+        }
+        // Each proxy rolled in its instance's turn: after the instance's workload took the new template,
+        // before the next turns could have started and ended.
+        for proxy in &proxies {
+            let rolled = |name: &str| fleet.workloads[name].rolled_at.expect("rolled");
+            let (proxy_at, workload_at) = (rolled(proxy), rolled(instance_of(proxy)));
+            s.step(&format!(
+                "{proxy} took the new template {:+.1} s after its instance's workload",
+                proxy_at.as_secs_f64() - workload_at.as_secs_f64()
+            ));
+            assert!(
+                proxy_at.abs_diff(workload_at) < Duration::from_secs(10),
+                "{proxy} rolled at {proxy_at:?}, its instance at {workload_at:?}"
+            );
         }
         let waits: Vec<(String, Duration)> = fleet
             .workloads
             .iter()
+            .filter(|(name, _)| instance_of(name) == name.as_str())
             .map(|(name, d)| (name.clone(), d.rolled_at.expect("rolled")))
             .collect();
-        let names: Vec<String> = fleet.workloads.keys().cloned().collect();
+        let names: Vec<String> = waits.iter().map(|(name, _)| name.clone()).collect();
         s.step(&format!(
             "the most of the operator's rollouts at once: {:?}",
             fleet.at_most
@@ -392,26 +451,37 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
         "{most_for_operator} rolling at once"
     );
     assert!(most_for_operator >= budget.min(2), "turns ran side by side");
-    // The owner's rollout takes a slot: at most one more when it started as the slots were full.
-    assert!(most_rolling <= budget + 1, "{most_rolling} rolling at once");
-    let owner_wait = waits
-        .iter()
-        .find(|(n, _)| *n == owner_changed)
-        .expect("rolled")
-        .1;
+    // The owner's and the hand edit's rollouts take slots: at most one more each when they started as
+    // the slots were full.
+    assert!(most_rolling <= budget + 2, "{most_rolling} rolling at once");
     // `waits` is in name order here: the instance in the middle of the queue.
     let middle_wait = waits[count / 2].1;
-    assert!(
-        owner_wait < middle_wait,
-        "{owner_changed} rolled at {owner_wait:?}, not at once"
-    );
+    for other in others {
+        let wait = waits.iter().find(|(n, _)| *n == other).expect("rolled").1;
+        assert!(
+            wait < middle_wait,
+            "{other} rolled at {wait:?}, not at once"
+        );
+    }
+    let live = deployments
+        .get(&edited)
+        .await
+        .expect("the edited Deployment");
+    let grace = live
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|s| s.termination_grace_period_seconds);
+    assert_eq!(grace, Some(GRACE_SECONDS), "{edited}'s hand edit put back");
     // Turns in namespace/name order: each turn goes to the first waiting instance that a free slot
     // reaches, so the k-th instance to roll is at most `budget - 1` places behind the k-th by name.
     waits.sort_by_key(|(_, wait)| *wait);
     let order: Vec<&str> = waits.iter().map(|(name, _)| name.as_str()).collect();
     s.step(&format!("turns by time: {order:?}"));
-    let order: Vec<&str> = order.into_iter().filter(|n| *n != owner_changed).collect();
-    let names: Vec<&String> = names.iter().filter(|n| **n != owner_changed).collect();
+    let order: Vec<&str> = order.into_iter().filter(|n| !others.contains(n)).collect();
+    let names: Vec<&String> = names
+        .iter()
+        .filter(|n| !others.contains(&n.as_str()))
+        .collect();
     for (k, name) in order.iter().enumerate() {
         let by_name = names.iter().position(|n| n == name).expect("seen");
         assert!(
@@ -437,7 +507,8 @@ async fn an_operator_upgrade_rolls_the_fleet_within_its_budget_once_each_and_war
         "{metrics:?}"
     );
     let started = notes(&s, "FleetRolloutStarted").await;
-    assert_eq!(started.len(), count - 1, "one event per turn: {started:#?}");
+    // Every instance but the owner's and the edited one took its turn from the fleet.
+    assert_eq!(started.len(), count - 2, "one event per turn: {started:#?}");
     for (name, old) in &stored {
         let new = servers(&s, name).await;
         assert_ne!(&new, old, "{name} got a new server");

@@ -545,3 +545,50 @@ fn with_access_the_operator_alone_reaches_the_stats_listener() {
         "the namespace's pods, without the operator's"
     );
 }
+
+/// While its instance waits for its fleet turn, the proxy Deployment keeps the live template and the
+/// cause it records; given its turn, it is built and records the new cause.
+#[test]
+fn the_fleet_turn_decides_the_proxy_template_and_its_recorded_cause() {
+    use crate::resources::fleet::{CAUSE_ANNOTATION, Cause, Held};
+    let cause = |template: &str| Cause {
+        spec: "s1".into(),
+        template: template.into(),
+        key: None,
+    };
+    let annotation = |d: &Deployment| {
+        let annotations = d.metadata.annotations.as_ref();
+        annotations.and_then(|a| a.get(CAUSE_ANNOTATION)).cloned()
+    };
+    with(spec(1, on()), |instance| {
+        let built = deployment(instance).unwrap();
+        assert_eq!(annotation(&built), None, "no turn taken: no cause");
+        let live = PodTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(labels::proxy_labels("cache")),
+                ..ObjectMeta::default()
+            }),
+            spec: Some(PodSpec::default()),
+        };
+        let waits = Held {
+            cause: Some(cause("t1")),
+            template: Some(live.clone()),
+        };
+        let held = deployment(&instance.with_proxy_fleet(Some(Arc::new(waits)))).unwrap();
+        assert_eq!(held.spec.as_ref().unwrap().template, live);
+        assert_eq!(annotation(&held), Some(cause("t1").to_annotation()));
+        let unrecorded = Held {
+            cause: None,
+            template: Some(live.clone()),
+        };
+        let held = deployment(&instance.with_proxy_fleet(Some(Arc::new(unrecorded)))).unwrap();
+        assert_eq!(annotation(&held), None, "an earlier build's, kept so");
+        let goes = Held {
+            cause: Some(cause("t2")),
+            template: None,
+        };
+        let rolled = deployment(&instance.with_proxy_fleet(Some(Arc::new(goes)))).unwrap();
+        assert_eq!(rolled.spec, built.spec, "as built");
+        assert_eq!(annotation(&rolled), Some(cause("t2").to_annotation()));
+    });
+}

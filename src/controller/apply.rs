@@ -87,7 +87,7 @@ pub(super) async fn children(
     let proxied = instance
         .with_proxy_secret_hash(view.proxy_secret_hash.clone())
         .with_proxy_access(view.proxy_access.clone());
-    let proxy = proxy_part(ctx, view, &proxied).await?;
+    let proxy = proxy_part(ctx, view, &proxied).await;
     let parts = (secret_hash, proxy.as_ref());
     let applied = match instance.spec.workload {
         Workload::Deployment => deployment(ctx, view, &plan, parts, changes).await?,
@@ -131,22 +131,17 @@ pub(super) async fn children(
 
 /// The proxy's Deployment as a part of the instance's fleet turn, while the proxy is on (`proxied`: the
 /// instance with what the proxy reads of the Secrets).
-async fn proxy_part(
-    ctx: &Context,
-    view: &View<'_>,
-    proxied: &Instance<'_>,
-) -> Result<Option<Part>, Error> {
-    let Some(desired) = proxy::deployment(proxied) else {
-        return Ok(None);
-    };
+async fn proxy_part(ctx: &Context, view: &View<'_>, proxied: &Instance<'_>) -> Option<Part> {
+    let desired = proxy::deployment(proxied)?;
     let name = proxy::proxy_name(view.instance.name);
-    let live: Option<Arc<Deployment>> = children::cached(view.instance, &name, &view.source())?;
+    // One not the instance's (another owner's, or not the operator's) is refused when the proxy's
+    // Deployment is applied, after the workload, as every optional child: no part to take a turn for.
+    let live = children::cached::<Deployment>(view.instance, &name, &view.source()).ok()?;
     let replicas = desired.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let built = desired.spec.as_ref().map(|s| drift::hash_of(&s.template));
     let spec = fleet::proxy_spec_hash(view.instance.spec);
     let built = (spec, built.unwrap_or_default(), replicas);
-    let part = Part::of(ctx, view.instance, built, &desired, live.as_deref()).await;
-    Ok(Some(part))
+    Some(Part::of(ctx, view.instance, built, &desired, live.as_deref()).await)
 }
 
 /// Publishes an event for each step of the drain that `which` selects.

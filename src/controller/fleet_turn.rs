@@ -72,10 +72,11 @@ pub(super) async fn template_turn<K: Templated>(
 pub(super) struct Part {
     /// What caused the template built now.
     cause: fleet::Cause,
-    /// The live template and the cause it records; `None` before the part exists.
-    live: Option<(PodTemplateSpec, Option<fleet::Cause>)>,
-    /// The operator changed its template and it does not roll yet.
-    wants: bool,
+    /// The part exists.
+    live: bool,
+    /// The operator changed its template and it does not roll yet: the live template and the cause it
+    /// records, to keep while the instance waits (`None` otherwise).
+    wants: Option<(PodTemplateSpec, Option<fleet::Cause>)>,
     /// It rolls now, whatever caused it.
     rolling: bool,
 }
@@ -105,8 +106,8 @@ impl Part {
         else {
             return Part {
                 cause,
-                live: None,
-                wants: false,
+                live: false,
+                wants: None,
                 rolling: false,
             };
         };
@@ -124,12 +125,12 @@ impl Part {
         let wants = changes && replicas > 0 && changed == fleet::Changed::Operator;
         Part {
             cause,
-            live: Some((template.clone(), recorded)),
-            wants,
+            live: true,
             // A spec its controller has not observed is a rollout starting, unless the template it
             // runs is the one that waits (then it is the waiting workload's own metadata, written
             // while it waits).
             rolling: status.replacing(replicas) || (status.unobserved() && !wants),
+            wants: wants.then(|| (template.clone(), recorded)),
         }
     }
 
@@ -137,8 +138,8 @@ impl Part {
     /// operator changed stays the live one with the cause it records; otherwise the template as built,
     /// with its cause.
     pub(super) fn held(&self, waits: bool) -> fleet::Held {
-        match &self.live {
-            Some((template, recorded)) if waits && self.wants => fleet::Held {
+        match &self.wants {
+            Some((template, recorded)) if waits => fleet::Held {
                 cause: recorded.clone(),
                 template: Some(template.clone()),
             },
@@ -154,7 +155,7 @@ impl Part {
 /// operator changed one of them. A new instance (no part live) takes none.
 async fn turn(ctx: &Context, view: &View<'_>, parts: [Option<&Part>; 2]) -> Option<FleetWait> {
     let parts = || parts.into_iter().flatten();
-    if parts().all(|p| p.live.is_none()) {
+    if parts().all(|p| !p.live) {
         return None;
     }
     let instance = view.instance;
@@ -162,7 +163,7 @@ async fn turn(ctx: &Context, view: &View<'_>, parts: [Option<&Part>; 2]) -> Opti
         namespace: instance.namespace,
         name: instance.name,
         rolling: parts().any(|p| p.rolling),
-        wants: parts().any(|p| p.wants),
+        wants: parts().any(|p| p.wants.is_some()),
         instances: ctx.stores.memcacheds.len(),
     };
     match ctx.memory.fleet.turn(found) {
@@ -268,8 +269,8 @@ mod tests {
         let live = template(&[("a", "b")]);
         let part = |wants: bool| Part {
             cause: cause("t2"),
-            live: Some((live.clone(), Some(cause("t1")))),
-            wants,
+            live: true,
+            wants: wants.then(|| (live.clone(), Some(cause("t1")))),
             rolling: false,
         };
         let built = |c: fleet::Cause| fleet::Held {
@@ -288,7 +289,7 @@ mod tests {
             "the other part waits"
         );
         let new = Part {
-            live: None,
+            live: false,
             ..part(false)
         };
         assert_eq!(new.held(true), built(cause("t2")), "created as built");
